@@ -1,0 +1,179 @@
+//! Invariant CRC (ICRC) of RoCEv2 packets.
+//!
+//! ICRC = CRC-32 (reflected, polynomial 0x04C11DB7, as zlib / `crc32fast`) over
+//! `8 × 0xFF ‖ masked IP header ‖ masked UDP header ‖ masked BTH ‖ rest of the headers ‖
+//! payload ‖ pad`; the four wire bytes are that CRC least-significant byte first.
+//! Masked to all-ones on a copy: IPv4 TOS, TTL and header checksum; IPv6 traffic class, flow
+//! label and hop limit (the version nibble is kept); the UDP checksum; BTH byte 4 (FECN, BECN,
+//! reserved). The IPv4 Identification field is *covered*.
+//!
+//! Source: IBTA Annex A17 (RoCEv2 ICRC); rxe `rxe_icrc.c` (`rxe_icrc_hdr` starts `crc32_le` at
+//! 0xDEBB20E3, the state after eight 0xFF bytes, and stores the inverted CRC); checked against
+//! every packet in shared/captures (tests/wire_vectors.rs).
+
+use core::net::{Ipv4Addr, Ipv6Addr};
+
+/// The outer IP and UDP fields that the ICRC covers, for a packet whose IP header we build
+/// ourselves (sending) or infer (a plain UDP socket receive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IcrcIp {
+    /// IPv4 without options, DF set, fragment offset 0.
+    V4 {
+        /// Source address.
+        src: Ipv4Addr,
+        /// Destination address.
+        dst: Ipv4Addr,
+        /// IP Identification (0 for what softroce sends through an unconnected
+        /// `IP_PMTUDISC_DO` socket; kernel rxe sends a non-zero per-destination counter).
+        ident: u16,
+        /// UDP source port.
+        src_port: u16,
+        /// UDP destination port.
+        dst_port: u16,
+    },
+    /// IPv6 without extension headers.
+    V6 {
+        /// Source address.
+        src: Ipv6Addr,
+        /// Destination address.
+        dst: Ipv6Addr,
+        /// UDP source port.
+        src_port: u16,
+        /// UDP destination port.
+        dst_port: u16,
+    },
+}
+
+const LRH_ONES: [u8; 8] = [0xff; 8];
+
+/// ICRC over an IP header, a UDP header and `roce_body` = BTH up to and including the pad
+/// (everything before the 4 ICRC bytes). The headers are the bytes as on the wire; masking is
+/// done here on copies. `ip_header` is 20 bytes (IPv4, no options) or 40 (IPv6); another
+/// length is hashed as given (callers check the version first).
+///
+/// Returns the four ICRC bytes in wire order. Panics: never (a `roce_body` shorter than a BTH
+/// is hashed as it is).
+pub fn icrc_compute(ip_header: &[u8], udp_header: &[u8], roce_body: &[u8]) -> [u8; 4] {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&LRH_ONES);
+    let mut ip = [0u8; 40];
+    let n = ip_header.len().min(40);
+    ip[..n].copy_from_slice(&ip_header[..n]);
+    if n >= 20 && ip[0] >> 4 == 4 {
+        ip[1] = 0xff; // TOS
+        ip[8] = 0xff; // TTL
+        ip[10] = 0xff; // header checksum
+        ip[11] = 0xff;
+    } else if n >= 40 && ip[0] >> 4 == 6 {
+        ip[0] |= 0x0f; // traffic class, high nibble
+        ip[1] = 0xff; // traffic class low nibble + flow label
+        ip[2] = 0xff;
+        ip[3] = 0xff;
+        ip[7] = 0xff; // hop limit
+    }
+    h.update(&ip[..n]);
+    let mut udp = [0u8; 8];
+    let u = udp_header.len().min(8);
+    udp[..u].copy_from_slice(&udp_header[..u]);
+    udp[6] = 0xff;
+    udp[7] = 0xff;
+    h.update(&udp[..u]);
+    if roce_body.len() > 4 {
+        h.update(&roce_body[..4]);
+        h.update(&[0xff]);
+        h.update(&roce_body[5..]);
+    } else {
+        h.update(roce_body);
+    }
+    h.finalize().to_le_bytes()
+}
+
+impl IcrcIp {
+    /// Builds the IP and UDP headers the ICRC covers for a UDP payload of `udp_payload_len`
+    /// bytes. Returns the 48-byte scratch and how many of its bytes are the IP header.
+    fn headers(&self, udp_payload_len: usize) -> ([u8; 48], usize) {
+        let mut b = [0u8; 48];
+        let udp_len = (8 + udp_payload_len) as u16;
+        let (ip_len, sport, dport) = match *self {
+            IcrcIp::V4 {
+                src,
+                dst,
+                ident,
+                src_port,
+                dst_port,
+            } => {
+                let total = 20 + udp_len;
+                b[0] = 0x45;
+                b[2..4].copy_from_slice(&total.to_be_bytes());
+                b[4..6].copy_from_slice(&ident.to_be_bytes());
+                b[6] = 0x40; // DF
+                b[9] = 17; // UDP
+                b[12..16].copy_from_slice(&src.octets());
+                b[16..20].copy_from_slice(&dst.octets());
+                (20, src_port, dst_port)
+            }
+            IcrcIp::V6 {
+                src,
+                dst,
+                src_port,
+                dst_port,
+            } => {
+                b[0] = 0x60;
+                b[4..6].copy_from_slice(&udp_len.to_be_bytes());
+                b[6] = 17;
+                b[8..24].copy_from_slice(&src.octets());
+                b[24..40].copy_from_slice(&dst.octets());
+                (40, src_port, dst_port)
+            }
+        };
+        b[ip_len..ip_len + 2].copy_from_slice(&sport.to_be_bytes());
+        b[ip_len + 2..ip_len + 4].copy_from_slice(&dport.to_be_bytes());
+        b[ip_len + 4..ip_len + 6].copy_from_slice(&udp_len.to_be_bytes());
+        (b, ip_len)
+    }
+}
+
+/// ICRC of a whole UDP payload `datagram` (BTH ‖ … ‖ pad ‖ ICRC) sent or received on the flow
+/// `ip`; the last 4 bytes of `datagram` (the ICRC slot) are not hashed.
+/// Returns the four expected ICRC bytes. Panics: never (a datagram under 4 bytes is hashed
+/// whole).
+pub fn icrc_of_datagram(ip: &IcrcIp, datagram: &[u8]) -> [u8; 4] {
+    icrc_of_body(ip, &datagram[..datagram.len().saturating_sub(4)])
+}
+
+/// ICRC of `body` = a UDP payload without its 4 ICRC bytes, on the flow `ip`.
+/// Returns the four expected ICRC bytes. Panics: never.
+pub fn icrc_of_body(ip: &IcrcIp, body: &[u8]) -> [u8; 4] {
+    let (hdrs, ip_len) = ip.headers(body.len() + 4);
+    icrc_compute(&hdrs[..ip_len], &hdrs[ip_len..ip_len + 8], body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_do_not_matter_covered_fields_do() {
+        let body = [
+            0x04, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0, 0, 1, 1, 2, 3, 4,
+        ];
+        let v4 = |ttl: u8, tos: u8, id: u16| {
+            let mut ip = [0u8; 20];
+            ip[0] = 0x45;
+            ip[1] = tos;
+            ip[4..6].copy_from_slice(&id.to_be_bytes());
+            ip[8] = ttl;
+            icrc_compute(&ip, &[0xc0, 0, 0x12, 0xb7, 0, 28, 0x12, 0x34], &body)
+        };
+        assert_eq!(v4(64, 0, 7), v4(1, 0xc2, 7));
+        assert_ne!(v4(64, 0, 7), v4(64, 0, 8));
+        let mut fecn = body;
+        fecn[4] = 0xc0;
+        let ip = [0x45u8; 20];
+        let udp = [0u8; 8];
+        assert_eq!(
+            icrc_compute(&ip, &udp, &body),
+            icrc_compute(&ip, &udp, &fecn)
+        );
+    }
+}
