@@ -1,1 +1,14 @@
+//! Net: the only layer with sockets, threads and the real clock.
+//!
+//! - [`clock`]: [`SystemClock`] (monotonic, ns since the device opened) and [`ManualClock`]
+//!   (set by tests).
+//! - [`udp`]: one UDP socket per device bound to its IP on port 4791 for receiving, plus one
+//!   unconnected send socket per UDP source port with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so
+//!   that Linux writes IPv4 ID 0 and DF on every datagram and the ICRC of what we send is
+//!   computable; and the driver thread that feeds received datagrams to the device.
 
+pub mod clock;
+pub mod udp;
+
+pub use clock::{ManualClock, SystemClock};
+pub use udp::{UdpDevice, UdpLink};

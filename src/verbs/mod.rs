@@ -1,1 +1,189 @@
+//! Verbs: devices, protection domains, memory regions, completion queues and queue pairs,
+//! with libibverbs names, API checks and errno-style errors. Opens no sockets: a device
+//! sends through a [`Link`] and reads time from a [`Clock`], both injected (`net` provides
+//! the UDP link and the system clock; tests and `net::sim` provide their own).
+//!
+//! Threading: every object is `Send + Sync`; a device serialises its protocol work behind
+//! one lock and runs it to completion in the calling thread (`post_send` transmits at once;
+//! the driver thread that calls [`Device::handle_datagram`] sends the answers).
 
+mod device;
+mod modify;
+
+pub use crate::transport::{
+    AccessFlags, Counters, DropReason, PathMtu, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr,
+    Sge, Transmit, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+};
+pub use device::{
+    Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
+    rdma_get_udp_sport, rxe_initial_udp_sport,
+};
+pub use modify::{AhAttr, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+
+use crate::transport::Instant;
+use std::borrow::Cow;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// errno-shaped error kinds. Source: the errno values libibverbs returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// EINVAL: an argument or attribute is invalid.
+    Inval,
+    /// ENOMEM: a queue or table is full.
+    NoMem,
+    /// EPERM: not permitted.
+    Perm,
+    /// EAGAIN: try again.
+    Again,
+    /// EBUSY: the object is in use.
+    Busy,
+    /// ENOENT: no such object.
+    NoEnt,
+    /// EOPNOTSUPP: not supported.
+    OpNotSupp,
+    /// EFAULT: bad address.
+    Fault,
+    /// EIO: an I/O error from the link.
+    Io,
+}
+
+impl ErrorKind {
+    /// The Linux errno value.
+    pub const fn errno(self) -> i32 {
+        match self {
+            ErrorKind::Perm => 1,
+            ErrorKind::NoEnt => 2,
+            ErrorKind::Io => 5,
+            ErrorKind::Again => 11,
+            ErrorKind::NoMem => 12,
+            ErrorKind::Fault => 14,
+            ErrorKind::Busy => 16,
+            ErrorKind::Inval => 22,
+            ErrorKind::OpNotSupp => 95,
+        }
+    }
+}
+
+/// A verbs API error: a kind and a message saying what was wrong, e.g.
+/// "modify_qp INIT->RTR: missing DEST_QPN". For `post_send`/`post_recv`, `bad_wr` is the
+/// index of the first work request that was refused (none after it was posted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    kind: ErrorKind,
+    what: Cow<'static, str>,
+    bad_wr: Option<usize>,
+}
+
+impl Error {
+    /// A new error.
+    pub fn new(kind: ErrorKind, what: impl Into<Cow<'static, str>>) -> Error {
+        Error {
+            kind,
+            what: what.into(),
+            bad_wr: None,
+        }
+    }
+    /// The kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+    /// The errno value.
+    pub fn errno(&self) -> i32 {
+        self.kind.errno()
+    }
+    /// What was wrong.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+    /// Index of the first refused work request (post calls only).
+    pub fn bad_wr(&self) -> Option<usize> {
+        self.bad_wr
+    }
+    pub(crate) fn at_wr(mut self, i: usize) -> Error {
+        self.bad_wr = Some(i);
+        self
+    }
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.what)?;
+        if let Some(i) = self.bad_wr {
+            write!(f, " (bad_wr {i})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result of a verbs call.
+pub type Result<T> = core::result::Result<T, Error>;
+
+/// A 128-bit global identifier. For RoCEv2 it is an IPv6 address, IPv4-mapped for IPv4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The all-zero GID.
+    pub const ZERO: Gid = Gid([0; 16]);
+
+    /// The GID of an IP address (IPv4 becomes `::ffff:a.b.c.d`).
+    pub fn from_ip(ip: IpAddr) -> Gid {
+        match ip {
+            IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
+
+    /// The IP address this GID names (IPv4 for an IPv4-mapped GID).
+    pub fn ip(&self) -> IpAddr {
+        let v6 = Ipv6Addr::from(self.0);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        }
+    }
+}
+
+impl core::fmt::Display for Gid {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // ibv_devinfo prints GIDs as eight 16-bit groups.
+        let g = &self.0;
+        for i in 0..8 {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", g[2 * i], g[2 * i + 1])?;
+        }
+        Ok(())
+    }
+}
+
+impl From<Ipv4Addr> for Gid {
+    fn from(v: Ipv4Addr) -> Gid {
+        Gid::from_ip(IpAddr::V4(v))
+    }
+}
+
+/// Where a device's packets go. Implemented by `net` (UDP sockets) and by simulators.
+pub trait Link: Send + Sync {
+    /// Sends one RoCEv2 datagram. Errors are counted (`send_err`); the transport recovers
+    /// by retransmission.
+    fn send(&self, t: &Transmit) -> std::io::Result<()>;
+
+    /// Prepares to send from UDP source port `want` and returns the port actually used (a
+    /// link that cannot bind `want` picks another; the ICRC is computed over the result).
+    fn source_port(&self, want: u16) -> u16 {
+        want
+    }
+
+    /// Tells the link's receive side that a timer may now be due earlier than it planned.
+    fn wake(&self) {}
+}
+
+/// A monotonic clock for the device. `net::SystemClock` reads the real one.
+pub trait Clock: Send + Sync {
+    /// Now, in ns from the clock's origin.
+    fn now(&self) -> Instant;
+}

@@ -49,8 +49,13 @@ impl Psn {
 }
 
 impl PartialOrd for Psn {
+    /// `None` for two PSNs exactly 2^23 apart: each is 2^23 ahead of the other, so neither is
+    /// before the other (rxe's `psn_compare` calls both "before", which no order can).
     fn partial_cmp(&self, other: &Psn) -> Option<core::cmp::Ordering> {
-        Some(self.diff(*other).cmp(&0))
+        match self.diff(*other) {
+            -0x80_0000 => None,
+            d => Some(d.cmp(&0)),
+        }
     }
 }
 
@@ -86,6 +91,11 @@ mod tests {
     fn half_window_boundary() {
         let a = Psn::new(0);
         assert!(a.add(0x7f_ffff) > a);
-        assert!(a.add(0x80_0000) < a);
+        assert!(a.add(0x80_0001) < a);
+        // Exactly half way round: unordered both ways; `diff` still says -2^23 like rxe.
+        let h = a.add(0x80_0000);
+        assert_eq!(h.partial_cmp(&a), None);
+        assert!(!(h < a) && !(a < h));
+        assert_eq!(h.diff(a), -0x80_0000);
     }
 }

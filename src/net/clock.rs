@@ -1,0 +1,60 @@
+//! Clocks for devices.
+
+use crate::transport::Instant;
+use crate::verbs::Clock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The real monotonic clock: ns since this clock was made.
+#[derive(Debug)]
+pub struct SystemClock {
+    origin: std::time::Instant,
+}
+
+impl SystemClock {
+    /// A clock whose origin is now.
+    pub fn new() -> SystemClock {
+        SystemClock {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> SystemClock {
+        SystemClock::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// A clock that moves only when told to (tests, simulations).
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    ns: AtomicU64,
+}
+
+impl ManualClock {
+    /// A clock at time 0.
+    pub fn new() -> ManualClock {
+        ManualClock::default()
+    }
+    /// Sets the time; it must not go backwards (a smaller value is ignored).
+    pub fn set(&self, t: Instant) {
+        self.ns.fetch_max(t.as_nanos(), Ordering::SeqCst);
+    }
+    /// Advances the time by `d`.
+    pub fn advance(&self, d: core::time::Duration) {
+        let add = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.ns.fetch_add(add, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.ns.load(Ordering::SeqCst))
+    }
+}

@@ -1,0 +1,279 @@
+//! Completer: turns ACKs, NAKs, READ responses and ATOMIC ACKNOWLEDGEs into work
+//! completions, in order; runs the retransmit and RNR timers and the retry counters.
+//!
+//! Source: IBTA Vol 1 ch. 9 (requester side of ACK/NAK processing; a NAK acknowledges all
+//! earlier PSNs); rxe `rxe_comp.c` (`check_psn`, `check_ack`, `do_read`, `do_atomic`,
+//! `rxe_completer`, `rnrnak_usec`).
+
+use super::error::nak_wc_status;
+use super::{
+    DropReason, Instant, MemoryTable, QpAttrs, QpEngine, Timer, WcStatus, WrOpcode, ack_timeout,
+};
+use crate::wire::{AethSyndrome, NakCode, OpKind, Position, Psn, RNR_TIMER_TABLE_US, RocePacket};
+use core::time::Duration;
+
+/// Completer state.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CompState {
+    /// Oldest PSN not yet acknowledged.
+    pub psn: Psn,
+    retry_left: u8,
+    rnr_left: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+}
+
+impl CompState {
+    pub(super) fn new(sq_psn: Psn, a: &QpAttrs) -> CompState {
+        CompState {
+            psn: sq_psn,
+            retry_left: a.retry_cnt,
+            rnr_left: a.rnr_retry,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+        }
+    }
+}
+
+impl QpEngine {
+    pub(super) fn completer_handle(
+        &mut self,
+        now: Instant,
+        pkt: &RocePacket<'_>,
+        mem: &mut MemoryTable,
+    ) {
+        let psn = pkt.repr.bth.psn;
+        // A response must answer a PSN we sent: older than the next one we will send.
+        if psn.diff(self.req.psn) >= 0 {
+            self.counters.drop_packet(DropReason::UnexpectedResponse);
+            return;
+        }
+        match pkt.info.kind {
+            OpKind::Acknowledge => {
+                let Some(aeth) = pkt.repr.aeth else { return };
+                match AethSyndrome::from_byte(aeth.syndrome) {
+                    // Any credit count is accepted (ConnectX may advertise real credits).
+                    AethSyndrome::Ack { .. } => {
+                        if !self.ack_through(psn, now) {
+                            self.counters.drop_packet(DropReason::UnexpectedResponse);
+                        }
+                    }
+                    AethSyndrome::RnrNak { timer } => self.rnr_nak(psn, timer, now),
+                    AethSyndrome::Nak(NakCode::PsnSeqErr) => self.seq_nak(psn, now),
+                    AethSyndrome::Nak(code) => self.fatal_nak(psn, code, now),
+                    AethSyndrome::Reserved(_) => {
+                        self.counters.drop_packet(DropReason::UnexpectedResponse)
+                    }
+                }
+            }
+            OpKind::ReadResponse => self.read_response(pkt, now, mem),
+            OpKind::AtomicAcknowledge => self.atomic_ack(pkt, now, mem),
+            _ => self.counters.drop_packet(DropReason::UnexpectedResponse),
+        }
+    }
+
+    /// Cumulative ACK through `q`: completes, in order, every SEND/WRITE WQE whose last PSN
+    /// is ≤ q. A READ/atomic WQE whose last PSN is ≤ q but which has not completed means its
+    /// response was lost (an implied NAK): go back to it. Returns false if the ACK is stale.
+    fn ack_through(&mut self, q: Psn, now: Instant) -> bool {
+        let before = self.comp.psn;
+        while let Some(w) = self.sq.front() {
+            if !w.assigned {
+                break;
+            }
+            let last = w.first_psn.add(w.npsn - 1);
+            if last.diff(q) > 0 {
+                break;
+            }
+            if w.wr.opcode.is_rd_atomic() {
+                // Implied NAK: a later PSN was acknowledged, so this response was lost.
+                let resume = w.first_psn.add((w.read_done / self.pmtu()) as u32);
+                self.rewind_to(resume);
+                break;
+            }
+            self.pop_completed(WcStatus::Success, 0);
+        }
+        if q.add(1).diff(self.comp.psn) > 0 {
+            self.comp.psn = q.add(1);
+        }
+        let progressed = self.comp.psn != before;
+        if progressed {
+            self.progress(now);
+        }
+        progressed || q.add(1) == self.comp.psn
+    }
+
+    fn pop_completed(&mut self, status: WcStatus, byte_len: u32) {
+        if let Some(w) = self.sq.pop_front() {
+            self.req.wqe = self.req.wqe.saturating_sub(1);
+            self.complete_send(&w, status, byte_len);
+        }
+    }
+
+    /// Forward progress: retry counters are reset and the retransmit timer restarted while
+    /// PSNs are outstanding (rxe `reset_retry_timer`: only while req.psn > comp.psn).
+    fn progress(&mut self, now: Instant) {
+        self.comp.retry_left = self.comp.retry_cnt;
+        self.comp.rnr_left = self.comp.rnr_retry;
+        if self.req.psn.diff(self.comp.psn) > 0 {
+            if let Some(d) = ack_timeout(self.attrs.timeout) {
+                self.timers.set(Timer::Retransmit, now.add(d));
+            }
+        } else {
+            self.timers.stop(Timer::Retransmit);
+        }
+    }
+
+    fn rnr_nak(&mut self, q: Psn, timer: u8, now: Instant) {
+        self.counters.rcvd_rnr_err += 1;
+        self.ack_through(q.sub(1), now);
+        // rnr_retry 7 means retry forever.
+        if self.comp.rnr_retry != 7 {
+            if self.comp.rnr_left == 0 {
+                self.counters.retry_rnr_exceeded_err += 1;
+                self.pop_completed(WcStatus::RnrRetryExcErr, 0);
+                self.enter_error();
+                return;
+            }
+            self.comp.rnr_left -= 1;
+        }
+        let wait_us = RNR_TIMER_TABLE_US[usize::from(timer & 0x1f)];
+        // The requester waits at least the RNR time; the retransmit timer must not cut it
+        // short, so it is stopped until sending resumes.
+        self.timers.stop(Timer::Retransmit);
+        self.timers.set(
+            Timer::Rnr,
+            now.add(Duration::from_micros(u64::from(wait_us))),
+        );
+        self.rewind_to(q);
+    }
+
+    fn seq_nak(&mut self, q: Psn, now: Instant) {
+        self.counters.rcvd_seq_err += 1;
+        // A NAK acknowledges every earlier PSN.
+        self.ack_through(q.sub(1), now);
+        if !self.use_retry() {
+            return;
+        }
+        self.rewind_to(q);
+    }
+
+    fn fatal_nak(&mut self, q: Psn, code: NakCode, now: Instant) {
+        self.ack_through(q.sub(1), now);
+        self.pop_completed(nak_wc_status(code), 0);
+        self.enter_error();
+    }
+
+    /// Uses one retry; when none is left completes the oldest WQE with
+    /// `IBV_WC_RETRY_EXC_ERR`, moves to ERR and returns false.
+    fn use_retry(&mut self) -> bool {
+        if self.comp.retry_left == 0 {
+            self.counters.retry_exceeded_err += 1;
+            self.pop_completed(WcStatus::RetryExcErr, 0);
+            self.enter_error();
+            return false;
+        }
+        self.comp.retry_left -= 1;
+        true
+    }
+
+    fn read_response(&mut self, pkt: &RocePacket<'_>, now: Instant, mem: &mut MemoryTable) {
+        let r = pkt.repr.bth.psn;
+        // Responses arrive in PSN order, so this one acknowledges every earlier request.
+        self.ack_through(r.sub(1), now);
+        let pmtu = self.pmtu();
+        let pd = self.pd;
+        let Some(w) = self.sq.front() else {
+            self.counters.drop_packet(DropReason::UnexpectedResponse);
+            return;
+        };
+        let expected = w.first_psn.add((w.read_done / pmtu) as u32);
+        if w.wr.opcode != WrOpcode::RdmaRead || !w.assigned || r != expected {
+            // Out of order or not ours: ignored; the retransmit timer recovers.
+            self.counters.drop_packet(DropReason::UnexpectedResponse);
+            return;
+        }
+        let pos = pkt.info.position;
+        let remaining = w.length - w.read_done;
+        let len = pkt.payload.len() as u64;
+        let seq_ok = if w.read_done == 0 {
+            pos.starts_message()
+        } else {
+            !pos.starts_message()
+        };
+        let len_ok = match pos {
+            Position::First | Position::Middle => len == pmtu && len < remaining,
+            Position::Last | Position::Only => len == remaining,
+        };
+        if !seq_ok || !len_ok {
+            self.counters.drop_packet(DropReason::BadResponseLength);
+            return;
+        }
+        if len > 0 {
+            let off = w.read_done;
+            if mem.scatter(&w.wr.sg_list, pd, off, pkt.payload).is_err() {
+                self.pop_completed(WcStatus::LocProtErr, 0);
+                self.enter_error();
+                return;
+            }
+        }
+        let total = w.length;
+        if let Some(w) = self.sq.front_mut() {
+            w.read_done += len;
+        }
+        self.comp.psn = r.add(1);
+        self.progress(now);
+        if pos.ends_message() {
+            self.pop_completed(WcStatus::Success, total as u32);
+        }
+    }
+
+    fn atomic_ack(&mut self, pkt: &RocePacket<'_>, now: Instant, mem: &mut MemoryTable) {
+        let r = pkt.repr.bth.psn;
+        self.ack_through(r.sub(1), now);
+        let pd = self.pd;
+        let Some(w) = self.sq.front() else {
+            self.counters.drop_packet(DropReason::UnexpectedResponse);
+            return;
+        };
+        let Some(ack) = pkt.repr.atomic_ack_eth else {
+            return;
+        };
+        if !w.wr.opcode.is_atomic() || !w.assigned || w.first_psn != r {
+            self.counters.drop_packet(DropReason::UnexpectedResponse);
+            return;
+        }
+        // The original value lands in the local buffer in host order (rxe `do_atomic`).
+        let bytes = ack.orig_remote_data.to_ne_bytes();
+        if mem.scatter(&w.wr.sg_list, pd, 0, &bytes).is_err() {
+            self.pop_completed(WcStatus::LocProtErr, 0);
+            self.enter_error();
+            return;
+        }
+        self.comp.psn = r.add(1);
+        self.progress(now);
+        self.pop_completed(WcStatus::Success, 8);
+    }
+
+    pub(super) fn completer_timeout(&mut self, now: Instant) {
+        self.timers.fire(Timer::Rnr, now);
+        if !self.timers.fire(Timer::Retransmit, now) {
+            return;
+        }
+        let Some(front) = self.sq.front() else { return };
+        if self.req.psn.diff(self.comp.psn) <= 0 || !front.assigned {
+            return;
+        }
+        self.counters.completer_retry_err += 1;
+        let resume = if front.wr.opcode == WrOpcode::RdmaRead {
+            front.first_psn.add((front.read_done / self.pmtu()) as u32)
+        } else if self.comp.psn.diff(front.first_psn) > 0 {
+            self.comp.psn
+        } else {
+            front.first_psn
+        };
+        if self.use_retry() {
+            self.rewind_to(resume);
+        }
+    }
+}

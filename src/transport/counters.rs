@@ -1,0 +1,212 @@
+//! Counters, named as kernel rxe's hw_counters (`rxe_hw_counters.c`), plus one counter per
+//! drop reason so that no dropped packet goes uncounted.
+
+use crate::wire;
+
+/// Why a received packet was dropped without being executed.
+///
+/// Source: the silent drops of rxe `rxe_recv.c` and `rxe_resp.c`/`rxe_comp.c`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// Shorter than its headers, pad and ICRC.
+    Truncated,
+    /// BTH TVer ≠ 0.
+    BadTver,
+    /// Reserved or unsupported opcode.
+    UnknownOpcode,
+    /// Pad count does not fit.
+    BadPadCount,
+    /// Length does not match the opcode.
+    LengthMismatch,
+    /// ICRC mismatch.
+    IcrcMismatch,
+    /// Not IPv4/IPv6 + UDP.
+    BadFraming,
+    /// Destination QPN unknown (or 0).
+    UnknownQp,
+    /// The opcode's transport does not match the QP type.
+    WrongQpType,
+    /// QP state does not accept this packet (e.g. a request before RTR).
+    WrongQpState,
+    /// P_Key is not the default partition.
+    BadPkey,
+    /// Source address does not match the QP's path.
+    WrongSource,
+    /// Request PSN beyond the expected one after the NAK was sent (rxe drops silently).
+    OutOfSequence,
+    /// A response (ACK, READ response, ATOMIC ACK) that matches no outstanding request.
+    UnexpectedResponse,
+    /// A response with a length that does not fit the request.
+    BadResponseLength,
+    /// A duplicate request that cannot be replayed.
+    StaleDuplicate,
+    /// A datagram that arrived while the device had no room for it.
+    NoResources,
+}
+
+impl DropReason {
+    /// Every reason, for reports.
+    pub const ALL: [DropReason; 17] = [
+        DropReason::Truncated,
+        DropReason::BadTver,
+        DropReason::UnknownOpcode,
+        DropReason::BadPadCount,
+        DropReason::LengthMismatch,
+        DropReason::IcrcMismatch,
+        DropReason::BadFraming,
+        DropReason::UnknownQp,
+        DropReason::WrongQpType,
+        DropReason::WrongQpState,
+        DropReason::BadPkey,
+        DropReason::WrongSource,
+        DropReason::OutOfSequence,
+        DropReason::UnexpectedResponse,
+        DropReason::BadResponseLength,
+        DropReason::StaleDuplicate,
+        DropReason::NoResources,
+    ];
+
+    /// snake_case name for reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DropReason::Truncated => "truncated",
+            DropReason::BadTver => "bad_tver",
+            DropReason::UnknownOpcode => "unknown_opcode",
+            DropReason::BadPadCount => "bad_pad_count",
+            DropReason::LengthMismatch => "length_mismatch",
+            DropReason::IcrcMismatch => "icrc_errors",
+            DropReason::BadFraming => "bad_framing",
+            DropReason::UnknownQp => "unknown_qp",
+            DropReason::WrongQpType => "wrong_qp_type",
+            DropReason::WrongQpState => "wrong_qp_state",
+            DropReason::BadPkey => "bad_pkey",
+            DropReason::WrongSource => "wrong_source",
+            DropReason::OutOfSequence => "out_of_sequence_dropped",
+            DropReason::UnexpectedResponse => "unexpected_response",
+            DropReason::BadResponseLength => "bad_response_length",
+            DropReason::StaleDuplicate => "stale_duplicate",
+            DropReason::NoResources => "no_resources",
+        }
+    }
+}
+
+impl From<wire::Error> for DropReason {
+    fn from(e: wire::Error) -> DropReason {
+        match e {
+            wire::Error::Truncated => DropReason::Truncated,
+            wire::Error::BadTver(_) => DropReason::BadTver,
+            wire::Error::UnknownOpcode(_) => DropReason::UnknownOpcode,
+            wire::Error::BadPadCount => DropReason::BadPadCount,
+            wire::Error::LengthMismatch => DropReason::LengthMismatch,
+            wire::Error::IcrcMismatch => DropReason::IcrcMismatch,
+            wire::Error::BadFraming => DropReason::BadFraming,
+        }
+    }
+}
+
+/// Packet and event counters of a device or a QP. Field names are rxe's hw_counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets sent.
+    pub sent_pkts: u64,
+    /// Packets received and accepted past the header checks.
+    pub rcvd_pkts: u64,
+    /// Duplicate requests seen by the responder.
+    pub duplicate_request: u64,
+    /// Requests beyond the expected PSN (once per gap, when the NAK is sent).
+    pub out_of_seq_request: u64,
+    /// RNR NAKs received by the requester.
+    pub rcvd_rnr_err: u64,
+    /// RNR NAKs sent by the responder.
+    pub send_rnr_err: u64,
+    /// PSN sequence error NAKs received by the requester.
+    pub rcvd_seq_err: u64,
+    /// ACK requests answered later (coalesced).
+    pub ack_deferred: u64,
+    /// Work requests failed with `IBV_WC_RETRY_EXC_ERR`.
+    pub retry_exceeded_err: u64,
+    /// Work requests failed with `IBV_WC_RNR_RETRY_EXC_ERR`.
+    pub retry_rnr_exceeded_err: u64,
+    /// Retransmit timer expiries.
+    pub completer_retry_err: u64,
+    /// Packets that could not be sent.
+    pub send_err: u64,
+    /// Times the link went down.
+    pub link_downed: u64,
+    /// SEND messages completed at the requester.
+    pub rdma_sends: u64,
+    /// Receive WQEs completed at the responder.
+    pub rdma_recvs: u64,
+    /// Drops by reason, indexed like [`DropReason::ALL`].
+    pub drops: [u64; 17],
+}
+
+impl Counters {
+    /// Counts one dropped packet.
+    pub fn drop_packet(&mut self, why: DropReason) {
+        if let Some(i) = DropReason::ALL.iter().position(|r| *r == why) {
+            self.drops[i] += 1;
+        }
+    }
+
+    /// Drops counted for one reason.
+    pub fn dropped(&self, why: DropReason) -> u64 {
+        DropReason::ALL
+            .iter()
+            .position(|r| *r == why)
+            .map_or(0, |i| self.drops[i])
+    }
+
+    /// Total drops.
+    pub fn dropped_total(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, o: &Counters) {
+        self.sent_pkts += o.sent_pkts;
+        self.rcvd_pkts += o.rcvd_pkts;
+        self.duplicate_request += o.duplicate_request;
+        self.out_of_seq_request += o.out_of_seq_request;
+        self.rcvd_rnr_err += o.rcvd_rnr_err;
+        self.send_rnr_err += o.send_rnr_err;
+        self.rcvd_seq_err += o.rcvd_seq_err;
+        self.ack_deferred += o.ack_deferred;
+        self.retry_exceeded_err += o.retry_exceeded_err;
+        self.retry_rnr_exceeded_err += o.retry_rnr_exceeded_err;
+        self.completer_retry_err += o.completer_retry_err;
+        self.send_err += o.send_err;
+        self.link_downed += o.link_downed;
+        self.rdma_sends += o.rdma_sends;
+        self.rdma_recvs += o.rdma_recvs;
+        for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
+            *a += b;
+        }
+    }
+
+    /// `(name, value)` pairs in rxe's order, then the drop reasons.
+    pub fn entries(&self) -> Vec<(&'static str, u64)> {
+        let mut v = vec![
+            ("sent_pkts", self.sent_pkts),
+            ("rcvd_pkts", self.rcvd_pkts),
+            ("duplicate_request", self.duplicate_request),
+            ("out_of_seq_request", self.out_of_seq_request),
+            ("rcvd_rnr_err", self.rcvd_rnr_err),
+            ("send_rnr_err", self.send_rnr_err),
+            ("rcvd_seq_err", self.rcvd_seq_err),
+            ("ack_deferred", self.ack_deferred),
+            ("retry_exceeded_err", self.retry_exceeded_err),
+            ("retry_rnr_exceeded_err", self.retry_rnr_exceeded_err),
+            ("completer_retry_err", self.completer_retry_err),
+            ("send_err", self.send_err),
+            ("link_downed", self.link_downed),
+            ("rdma_sends", self.rdma_sends),
+            ("rdma_recvs", self.rdma_recvs),
+        ];
+        for (r, n) in DropReason::ALL.iter().zip(self.drops.iter()) {
+            v.push((r.name(), *n));
+        }
+        v
+    }
+}

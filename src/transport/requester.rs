@@ -1,0 +1,237 @@
+//! Requester: turns send WQEs into request packets — path-MTU segmentation, PSN assignment,
+//! AckReq, the unacknowledged window, READ/atomic limits and fences — and rewinds for
+//! go-back-N retransmission.
+//!
+//! Source: IBTA Vol 1 ch. 9 (requester behaviour); rxe `rxe_req.c` (`init_req_packet`,
+//! `update_wqe_psn`, `req_retry`, `rxe_requester`).
+
+use super::{
+    MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Path, QpEngine, QpState, SendFlags, Timer, Transmit,
+    WcStatus, WrOpcode, ack_timeout, psns_for,
+};
+use crate::transport::{Instant, MemoryTable};
+use crate::wire::{
+    AtomicEthRepr, BthRepr, DEFAULT_PKEY, ImmDtRepr, Opcode, PacketRepr, Psn, RethRepr,
+};
+
+/// Requester cursor: which WQE and byte offset the next packet comes from, and its PSN.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ReqState {
+    /// PSN of the next request packet.
+    pub psn: Psn,
+    /// Index in the send queue of the WQE being sent.
+    pub wqe: usize,
+    /// Bytes of that WQE already sent.
+    pub offset: u64,
+    /// Packets sent since the last one with AckReq.
+    pub noack_pkts: u32,
+}
+
+impl QpEngine {
+    /// Builds the next request packet, if the window, the READ/atomic limit and fences allow.
+    pub(super) fn requester_transmit(
+        &mut self,
+        now: Instant,
+        path: &Path,
+        mem: &MemoryTable,
+    ) -> Option<Transmit> {
+        if self.state != QpState::Rts || self.timers.is_armed(Timer::Rnr) {
+            return None;
+        }
+        let idx = self.req.wqe;
+        let pmtu = self.pmtu();
+        let max_rd = usize::from(self.attrs.max_rd_atomic.max(1));
+        let wqe = self.sq.get(idx)?;
+        // rxe: at most RXE_MAX_UNACKED_PSNS outstanding PSNs.
+        if self.req.psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {
+            return None;
+        }
+        if self.req.offset == 0 {
+            let outstanding = self
+                .sq
+                .iter()
+                .take(idx)
+                .filter(|w| w.wr.opcode.is_rd_atomic())
+                .count();
+            if wqe.wr.opcode.is_rd_atomic() && outstanding >= max_rd {
+                return None;
+            }
+            // IBV_SEND_FENCE: wait until earlier READ/atomics have completed.
+            if wqe.wr.send_flags.contains(SendFlags::FENCE) && outstanding > 0 {
+                return None;
+            }
+        }
+        if !wqe.assigned {
+            let npsn = if wqe.wr.opcode.is_atomic() {
+                1
+            } else {
+                psns_for(wqe.length, pmtu)
+            };
+            let psn = self.req.psn;
+            let w = self.sq.get_mut(idx)?;
+            w.first_psn = psn;
+            w.npsn = npsn;
+            w.assigned = true;
+        }
+        let wqe = self.sq.get(idx)?;
+        let wr = &wqe.wr;
+        let mut bth = BthRepr {
+            opcode: Opcode::RC_SEND_ONLY,
+            se: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: self.attrs.dest_qp_num,
+            ack_req: false,
+            psn: self.req.psn,
+        };
+        let mut advance_psns = 1;
+        let mut done_wqe = true;
+        let mut payload_off = 0u64;
+        let mut repr;
+        match wr.opcode {
+            WrOpcode::Send
+            | WrOpcode::SendWithImm
+            | WrOpcode::RdmaWrite
+            | WrOpcode::RdmaWriteWithImm => {
+                let off = self.req.offset;
+                let pay = (wqe.length - off).min(pmtu);
+                let first = off == 0;
+                let last = off + pay == wqe.length;
+                let send = matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm);
+                let imm = matches!(
+                    wr.opcode,
+                    WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm
+                );
+                bth.opcode = match (send, first, last, imm) {
+                    (true, true, true, false) => Opcode::RC_SEND_ONLY,
+                    (true, true, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+                    (true, true, false, _) => Opcode::RC_SEND_FIRST,
+                    (true, false, false, _) => Opcode::RC_SEND_MIDDLE,
+                    (true, false, true, false) => Opcode::RC_SEND_LAST,
+                    (true, false, true, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+                    (false, true, true, false) => Opcode::RC_RDMA_WRITE_ONLY,
+                    (false, true, true, true) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                    (false, true, false, _) => Opcode::RC_RDMA_WRITE_FIRST,
+                    (false, false, false, _) => Opcode::RC_RDMA_WRITE_MIDDLE,
+                    (false, false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
+                    (false, false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                };
+                // rxe: AckReq on the last packet and on one in MAX_PKT_PER_ACK of a long
+                // message; its responder ACKs nothing else.
+                bth.ack_req = last || self.req.noack_pkts >= MAX_PKT_PER_ACK;
+                bth.se = last && wr.send_flags.contains(SendFlags::SOLICITED) && (send || imm);
+                repr = PacketRepr::new(bth);
+                if !send && first {
+                    repr.reth = Some(RethRepr {
+                        va: wr.remote_addr,
+                        rkey: wr.rkey,
+                        dma_len: wqe.length as u32,
+                    });
+                }
+                if imm && last {
+                    repr.immdt = Some(ImmDtRepr {
+                        imm_data: wr.imm_data,
+                    });
+                }
+                repr.payload_len = pay as usize;
+                payload_off = off;
+                done_wqe = last;
+            }
+            WrOpcode::RdmaRead => {
+                let off = self.req.offset;
+                let remaining = wqe.length - off;
+                bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                bth.ack_req = true;
+                repr = PacketRepr::new(bth);
+                repr.reth = Some(RethRepr {
+                    va: wr.remote_addr.wrapping_add(off),
+                    rkey: wr.rkey,
+                    dma_len: remaining as u32,
+                });
+                advance_psns = psns_for(remaining, pmtu);
+            }
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+                let cas = wr.opcode == WrOpcode::AtomicCmpAndSwp;
+                bth.opcode = if cas {
+                    Opcode::RC_COMPARE_SWAP
+                } else {
+                    Opcode::RC_FETCH_ADD
+                };
+                bth.ack_req = true;
+                repr = PacketRepr::new(bth);
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: wr.remote_addr,
+                    rkey: wr.rkey,
+                    swap_add: if cas { wr.swap } else { wr.compare_add },
+                    compare: if cas { wr.compare_add } else { 0 },
+                });
+            }
+        }
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit_headers(&mut buf);
+        let h = repr.header_len();
+        let pay = repr.payload_len;
+        if pay > 0 {
+            if let Err(_e) = mem.gather(&wr.sg_list, self.pd, payload_off, &mut buf[h..h + pay]) {
+                // A local SGE that fails its key/range check: IBV_WC_LOC_PROT_ERR, QP to ERR.
+                if let Some(w) = self.sq.remove(idx) {
+                    self.complete_send(&w, WcStatus::LocProtErr, 0);
+                }
+                self.enter_error();
+                return None;
+            }
+        }
+        repr.finish(&mut buf, &path.icrc_ip());
+        // Advance the cursor.
+        self.req.psn = self.req.psn.add(advance_psns);
+        if repr.bth.ack_req {
+            self.req.noack_pkts = 0;
+        } else {
+            self.req.noack_pkts += 1;
+        }
+        if done_wqe {
+            self.req.wqe += 1;
+            self.req.offset = 0;
+        } else {
+            self.req.offset += pay as u64;
+        }
+        if !self.timers.is_armed(Timer::Retransmit) {
+            if let Some(d) = ack_timeout(self.attrs.timeout) {
+                self.timers.set(Timer::Retransmit, now.add(d));
+            }
+        }
+        Some(Transmit {
+            dst: path.remote,
+            src_port: path.src_port,
+            payload: buf,
+        })
+    }
+
+    /// Go-back-N: the next packet sent will be the one at `psn`, from the WQE that holds it.
+    /// A READ restarts at that response PSN with its address advanced and length reduced by
+    /// the bytes already received (rxe `req_retry`). A PSN no WQE holds changes nothing.
+    pub(super) fn rewind_to(&mut self, psn: Psn) {
+        let pmtu = self.pmtu();
+        for (i, w) in self.sq.iter().enumerate() {
+            if !w.assigned {
+                break;
+            }
+            let d = psn.diff(w.first_psn);
+            if d >= 0 && (d as u32) < w.npsn {
+                self.req.wqe = i;
+                self.req.offset = if w.wr.opcode.is_atomic() {
+                    0
+                } else {
+                    d as u64 * pmtu
+                };
+                self.req.psn = psn;
+                self.req.noack_pkts = 0;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,574 @@
+//! Responder: checks request packets in rxe's order (PSN → opcode sequence → operation
+//! allowed → resources → length → R_Key), executes them against registered memory, and
+//! queues ACKs, NAKs, READ responses and ATOMIC ACKNOWLEDGEs in PSN order.
+//!
+//! Source: IBTA Vol 1 ch. 9 (responder behaviour; C9-105 duplicates are re-ACKed, not
+//! re-executed; C9-88 zero-length RDMA needs no R_Key); rxe `rxe_resp.c`.
+
+use super::error::Disposition;
+use super::{
+    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, RecvWqe, RespError,
+    Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
+};
+use crate::transport::{Instant, MemoryTable};
+use crate::wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, DEFAULT_PKEY, OpKind, Opcode, PacketRepr,
+    Position, Psn, RocePacket,
+};
+use std::collections::VecDeque;
+
+/// Saved atomic results kept for duplicate replay.
+const ATOMIC_REPLAY: usize = 16;
+/// Most queued responder outputs; beyond this a request is dropped (and retried by the peer).
+const MAX_RESP_QUEUE: usize = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InProgress {
+    Send,
+    Write,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum RespItem {
+    Ack {
+        psn: Psn,
+        syndrome: AethSyndrome,
+        msn: u32,
+    },
+    Read {
+        psn: Psn,
+        va: u64,
+        rkey: u32,
+        remaining: u64,
+        first: bool,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+}
+
+/// Responder state.
+#[derive(Debug, Clone, Default)]
+pub(super) struct RespState {
+    /// Expected PSN of the next request.
+    pub epsn: Psn,
+    msn: u32,
+    sent_psn_nak: bool,
+    in_progress: Option<InProgress>,
+    recv: Option<RecvWqe>,
+    recv_offset: u64,
+    write_va: u64,
+    write_rkey: u32,
+    write_resid: u64,
+    write_len: u64,
+    out: VecDeque<RespItem>,
+    atomics: VecDeque<(Psn, u64)>,
+}
+
+impl RespState {
+    pub(super) fn has_recv(&self) -> bool {
+        self.recv.is_some()
+    }
+    pub(super) fn take_recv(&mut self) -> Option<RecvWqe> {
+        self.in_progress = None;
+        self.recv.take()
+    }
+}
+
+impl QpEngine {
+    pub(super) fn responder_handle(
+        &mut self,
+        _now: Instant,
+        pkt: &RocePacket<'_>,
+        mem: &mut MemoryTable,
+    ) {
+        let psn = pkt.repr.bth.psn;
+        let d = psn.diff(self.resp.epsn);
+        if d > 0 {
+            // IBTA: one NAK-sequence per gap, carrying the expected PSN; later packets of
+            // the gap are dropped silently (and counted) until the expected one arrives.
+            if !self.resp.sent_psn_nak {
+                self.resp.sent_psn_nak = true;
+                self.counters.out_of_seq_request += 1;
+                let epsn = self.resp.epsn;
+                self.resp_fail(RespError::PsnOutOfSeq, epsn);
+            } else {
+                self.counters.drop_packet(DropReason::OutOfSequence);
+            }
+            return;
+        }
+        if d < 0 {
+            self.counters.duplicate_request += 1;
+            self.duplicate(pkt, mem);
+            return;
+        }
+        self.resp.sent_psn_nak = false;
+        if let Err(e) = self.execute(pkt, mem) {
+            self.resp_fail(e, psn);
+        }
+    }
+
+    fn execute(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) -> Result<(), RespError> {
+        let info = pkt.info;
+        let pos = info.position;
+        let bth = pkt.repr.bth;
+        // Opcode sequence.
+        match (self.resp.in_progress, info.kind, pos) {
+            (Some(InProgress::Send), OpKind::Send, Position::Middle | Position::Last)
+            | (Some(InProgress::Write), OpKind::RdmaWrite, Position::Middle | Position::Last) => {}
+            (None, _, Position::First | Position::Only) => {}
+            (None, _, _) => return Err(RespError::MissingOpcodeFirst),
+            (Some(_), _, _) => return Err(RespError::MissingOpcodeLast),
+        }
+        // Operation allowed by the QP's access flags.
+        let need = match info.kind {
+            OpKind::RdmaWrite => Some(AccessFlags::REMOTE_WRITE),
+            OpKind::RdmaRead => Some(AccessFlags::REMOTE_READ),
+            OpKind::CompareSwap | OpKind::FetchAdd => Some(AccessFlags::REMOTE_ATOMIC),
+            OpKind::Send => None,
+            _ => return Err(RespError::UnsupportedOpcode),
+        };
+        if let Some(need) = need {
+            if !self.attrs.qp_access_flags.contains(need) {
+                return Err(RespError::UnsupportedOpcode);
+            }
+        }
+        // Per-packet length against the path MTU (rxe R6.12 `rxe_resp_check_length`).
+        let pmtu = self.pmtu();
+        let len = pkt.payload.len() as u64;
+        if matches!(info.kind, OpKind::Send | OpKind::RdmaWrite) {
+            let ok = match pos {
+                Position::First | Position::Middle => len == pmtu,
+                Position::Last => len > 0 && len <= pmtu,
+                Position::Only => len <= pmtu,
+            };
+            if !ok {
+                return Err(RespError::InvalidLength);
+            }
+        }
+        match info.kind {
+            OpKind::Send => self.exec_send(pkt, mem),
+            OpKind::RdmaWrite => self.exec_write(pkt, mem),
+            OpKind::RdmaRead => self.exec_read(pkt, mem),
+            _ => self.exec_atomic(pkt, mem),
+        }?;
+        if matches!(info.kind, OpKind::Send | OpKind::RdmaWrite) {
+            self.resp.epsn = self.resp.epsn.add(1);
+            if bth.ack_req {
+                let msn = self.resp.msn;
+                self.queue_resp(RespItem::Ack {
+                    psn: bth.psn,
+                    syndrome: AethSyndrome::ACK_UNLIMITED,
+                    msn,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn exec_send(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) -> Result<(), RespError> {
+        let pos = pkt.info.position;
+        if pos.starts_message() {
+            let Some(r) = self.rq.pop_front() else {
+                return Err(RespError::Rnr);
+            };
+            self.resp.recv = Some(r);
+            self.resp.recv_offset = 0;
+            self.resp.in_progress = Some(InProgress::Send);
+        }
+        let Some(recv) = self.resp.recv.as_ref() else {
+            return Err(RespError::MissingOpcodeFirst);
+        };
+        let room: u64 = recv.wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let len = pkt.payload.len() as u64;
+        if self.resp.recv_offset + len > room {
+            return Err(RespError::RecvTooShort);
+        }
+        if len > 0 {
+            mem.scatter(
+                &recv.wr.sg_list,
+                self.pd,
+                self.resp.recv_offset,
+                pkt.payload,
+            )
+            .map_err(|_| RespError::MalformedWqe)?;
+        }
+        self.resp.recv_offset += len;
+        if pos.ends_message() {
+            let imm = pkt.repr.immdt.map(|i| i.imm_data);
+            let byte_len = self.resp.recv_offset;
+            self.finish_recv(WcOpcode::Recv, byte_len, imm);
+            self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+        }
+        Ok(())
+    }
+
+    fn finish_recv(&mut self, opcode: WcOpcode, byte_len: u64, imm: Option<u32>) {
+        self.resp.in_progress = None;
+        if let Some(r) = self.resp.recv.take() {
+            let wc = Wc {
+                wr_id: r.wr.wr_id,
+                status: WcStatus::Success,
+                opcode,
+                vendor_err: 0,
+                byte_len: byte_len as u32,
+                imm_data: imm.unwrap_or(0),
+                qp_num: self.qpn,
+                src_qp: self.attrs.dest_qp_num,
+                wc_flags: if imm.is_some() {
+                    WcFlags::WITH_IMM
+                } else {
+                    WcFlags::empty()
+                },
+            };
+            self.counters.rdma_recvs += 1;
+            self.push_wc(CqSel::Recv, wc);
+        }
+    }
+
+    fn exec_write(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) -> Result<(), RespError> {
+        let pos = pkt.info.position;
+        if let Some(reth) = pkt.repr.reth {
+            let dma_len = u64::from(reth.dma_len);
+            if dma_len > MAX_MSG_BYTES {
+                return Err(RespError::InvalidLength);
+            }
+            // C9-88: a zero-length WRITE needs no valid R_Key or address.
+            if dma_len > 0 {
+                mem.check(
+                    reth.rkey,
+                    self.pd,
+                    reth.va,
+                    dma_len,
+                    AccessFlags::REMOTE_WRITE,
+                )
+                .map_err(|_| RespError::RkeyViolation)?;
+            }
+            self.resp.write_va = reth.va;
+            self.resp.write_rkey = reth.rkey;
+            self.resp.write_resid = dma_len;
+            self.resp.write_len = dma_len;
+        }
+        let len = pkt.payload.len() as u64;
+        // The data must fill the RETH length exactly (rxe R6.12 `check_rkey`).
+        let fits = if pos.ends_message() {
+            len == self.resp.write_resid
+        } else {
+            len < self.resp.write_resid
+        };
+        if !fits {
+            return Err(RespError::InvalidLength);
+        }
+        // The payload of an ends-message packet needs a receive WQE if it has immediate
+        // data; check it before touching memory so that an RNR retry replays cleanly.
+        let imm = pkt.repr.immdt.map(|i| i.imm_data);
+        if pos.ends_message() && imm.is_some() {
+            let Some(r) = self.rq.pop_front() else {
+                return Err(RespError::Rnr);
+            };
+            self.resp.recv = Some(r);
+        }
+        if len > 0 {
+            let r = mem.write_remote(
+                self.resp.write_rkey,
+                self.pd,
+                self.resp.write_va,
+                pkt.payload,
+            );
+            if r.is_err() {
+                if let Some(r) = self.resp.recv.take() {
+                    // Put the WQE back: it was not consumed.
+                    self.rq.push_front(r);
+                }
+                return Err(RespError::RkeyViolation);
+            }
+        }
+        self.resp.write_va = self.resp.write_va.wrapping_add(len);
+        self.resp.write_resid -= len;
+        if pos.ends_message() {
+            self.resp.in_progress = None;
+            self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+            if imm.is_some() {
+                let total = self.resp.write_len;
+                self.finish_recv(WcOpcode::RecvRdmaWithImm, total, imm);
+            }
+        } else {
+            self.resp.in_progress = Some(InProgress::Write);
+        }
+        Ok(())
+    }
+
+    fn exec_read(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) -> Result<(), RespError> {
+        let reth = pkt.repr.reth.ok_or(RespError::InvalidLength)?;
+        let len = u64::from(reth.dma_len);
+        if len > MAX_MSG_BYTES {
+            return Err(RespError::InvalidLength);
+        }
+        if self.attrs.max_dest_rd_atomic == 0 {
+            return Err(RespError::TooManyRdAtomic);
+        }
+        if len > 0 {
+            mem.check(reth.rkey, self.pd, reth.va, len, AccessFlags::REMOTE_READ)
+                .map_err(|_| RespError::RkeyViolation)?;
+        }
+        let psn = pkt.repr.bth.psn;
+        // C9-148: the MSN counts the READ when it is accepted, before its responses.
+        self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+        let msn = self.resp.msn;
+        self.queue_resp(RespItem::Read {
+            psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: len,
+            first: true,
+            msn,
+        });
+        self.resp.epsn = psn.add(psns_for(len, self.pmtu()));
+        Ok(())
+    }
+
+    fn exec_atomic(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        mem: &mut MemoryTable,
+    ) -> Result<(), RespError> {
+        let a = pkt.repr.atomic_eth.ok_or(RespError::InvalidLength)?;
+        if self.attrs.max_dest_rd_atomic == 0 {
+            return Err(RespError::TooManyRdAtomic);
+        }
+        if a.va % 8 != 0 {
+            return Err(RespError::MisalignedAtomic);
+        }
+        let (_, off) = mem
+            .check(a.rkey, self.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+            .map_err(|_| RespError::RkeyViolation)?;
+        let mr = mem.get_mut(a.rkey).ok_or(RespError::RkeyViolation)?;
+        let cell = &mut mr.bytes_mut()[off..off + 8];
+        let mut cur = [0u8; 8];
+        cur.copy_from_slice(cell);
+        // The target is 8 bytes in the responder's host order (rxe does a native u64 op).
+        let orig = u64::from_ne_bytes(cur);
+        let new = if pkt.info.kind == OpKind::CompareSwap {
+            if orig == a.compare { a.swap_add } else { orig }
+        } else {
+            orig.wrapping_add(a.swap_add)
+        };
+        cell.copy_from_slice(&new.to_ne_bytes());
+        let psn = pkt.repr.bth.psn;
+        self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
+        let msn = self.resp.msn;
+        self.queue_resp(RespItem::AtomicAck { psn, orig, msn });
+        if self.resp.atomics.len() == ATOMIC_REPLAY {
+            self.resp.atomics.pop_front();
+        }
+        self.resp.atomics.push_back((psn, orig));
+        self.resp.epsn = psn.add(1);
+        Ok(())
+    }
+
+    /// A request below the expected PSN. IBTA C9-105: a duplicate SEND/WRITE is re-ACKed with
+    /// the last in-order PSN, never re-executed; a duplicate READ is answered again after the
+    /// MR is re-validated; a duplicate atomic is answered from its saved result.
+    fn duplicate(&mut self, pkt: &RocePacket<'_>, mem: &MemoryTable) {
+        let psn = pkt.repr.bth.psn;
+        let msn = self.resp.msn;
+        match pkt.info.kind {
+            OpKind::Send | OpKind::RdmaWrite => {
+                let last = self.resp.epsn.sub(1);
+                self.queue_resp(RespItem::Ack {
+                    psn: last,
+                    syndrome: AethSyndrome::ACK_UNLIMITED,
+                    msn,
+                });
+            }
+            OpKind::RdmaRead => {
+                let Some(reth) = pkt.repr.reth else { return };
+                let len = u64::from(reth.dma_len);
+                let ok = len == 0
+                    || mem
+                        .check(reth.rkey, self.pd, reth.va, len, AccessFlags::REMOTE_READ)
+                        .is_ok();
+                if ok && len <= MAX_MSG_BYTES {
+                    self.queue_resp(RespItem::Read {
+                        psn,
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        remaining: len,
+                        first: true,
+                        msn,
+                    });
+                } else {
+                    self.counters.drop_packet(DropReason::StaleDuplicate);
+                }
+            }
+            OpKind::CompareSwap | OpKind::FetchAdd => {
+                match self.resp.atomics.iter().find(|(p, _)| *p == psn) {
+                    Some(&(_, orig)) => self.queue_resp(RespItem::AtomicAck { psn, orig, msn }),
+                    None => self.counters.drop_packet(DropReason::StaleDuplicate),
+                }
+            }
+            _ => self.counters.drop_packet(DropReason::StaleDuplicate),
+        }
+    }
+
+    fn queue_resp(&mut self, item: RespItem) {
+        // ACKs are cumulative: a newer ACK replaces one still waiting at the tail.
+        if let (
+            RespItem::Ack {
+                syndrome: AethSyndrome::Ack { .. },
+                ..
+            },
+            Some(RespItem::Ack {
+                syndrome: AethSyndrome::Ack { .. },
+                ..
+            }),
+        ) = (item, self.resp.out.back())
+        {
+            self.counters.ack_deferred += 1;
+            self.resp.out.pop_back();
+        }
+        if self.resp.out.len() >= MAX_RESP_QUEUE {
+            self.counters.drop_packet(DropReason::NoResources);
+            return;
+        }
+        self.resp.out.push_back(item);
+    }
+
+    fn resp_fail(&mut self, e: RespError, psn: Psn) {
+        let Disposition { nak, wc_status, qp } = e.disposition(self.attrs.min_rnr_timer);
+        if e == RespError::Rnr {
+            self.counters.send_rnr_err += 1;
+        }
+        if let Some(syndrome) = nak {
+            let msn = self.resp.msn;
+            self.queue_resp(RespItem::Ack { psn, syndrome, msn });
+        }
+        if let Some(status) = wc_status {
+            if let Some(r) = self.resp.take_recv() {
+                let mut wc = super::recv_wc(&r.wr, status, self.qpn);
+                wc.src_qp = self.attrs.dest_qp_num;
+                self.push_wc(CqSel::Recv, wc);
+            }
+        }
+        if qp == QpAction::Error {
+            self.enter_error();
+        }
+    }
+
+    /// The next responder packet (ACK/NAK, one READ response, ATOMIC ACKNOWLEDGE), if any.
+    pub(super) fn responder_transmit(
+        &mut self,
+        path: &Path,
+        mem: &MemoryTable,
+    ) -> Option<Transmit> {
+        let pmtu = self.pmtu();
+        let item = self.resp.out.front_mut()?;
+        let mut bth = BthRepr {
+            opcode: Opcode::RC_ACKNOWLEDGE,
+            se: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: self.attrs.dest_qp_num,
+            ack_req: false,
+            psn: Psn::new(0),
+        };
+        let mut read_src = None;
+        let repr = match item {
+            RespItem::Ack { psn, syndrome, msn } => {
+                bth.psn = *psn;
+                let mut r = PacketRepr::new(bth);
+                r.aeth = Some(AethRepr {
+                    syndrome: syndrome.to_byte(),
+                    msn: *msn,
+                });
+                self.resp.out.pop_front();
+                r
+            }
+            RespItem::AtomicAck { psn, orig, msn } => {
+                bth.psn = *psn;
+                bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
+                let mut r = PacketRepr::new(bth);
+                r.aeth = Some(AethRepr {
+                    syndrome: AethSyndrome::ACK_UNLIMITED.to_byte(),
+                    msn: *msn,
+                });
+                r.atomic_ack_eth = Some(AtomicAckEthRepr {
+                    orig_remote_data: *orig,
+                });
+                self.resp.out.pop_front();
+                r
+            }
+            RespItem::Read {
+                psn,
+                va,
+                rkey,
+                remaining,
+                first,
+                msn,
+            } => {
+                let pay = (*remaining).min(pmtu);
+                let last = *remaining <= pmtu;
+                bth.psn = *psn;
+                bth.opcode = match (*first, last) {
+                    (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                };
+                let mut r = PacketRepr::new(bth);
+                if *first || last {
+                    r.aeth = Some(AethRepr {
+                        syndrome: AethSyndrome::ACK_UNLIMITED.to_byte(),
+                        msn: *msn,
+                    });
+                }
+                r.payload_len = pay as usize;
+                read_src = Some((*rkey, *va));
+                *psn = psn.add(1);
+                *va = va.wrapping_add(pay);
+                *remaining -= pay;
+                *first = false;
+                if last {
+                    self.resp.out.pop_front();
+                }
+                r
+            }
+        };
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit_headers(&mut buf);
+        if let Some((rkey, va)) = read_src {
+            let h = repr.header_len();
+            let n = repr.payload_len;
+            if n > 0
+                && mem
+                    .read_remote(rkey, self.pd, va, &mut buf[h..h + n])
+                    .is_err()
+            {
+                // The MR went away between the request and this response.
+                self.resp
+                    .out
+                    .retain(|i| !matches!(i, RespItem::Read { rkey: k, .. } if *k == rkey));
+                let msn = self.resp.msn;
+                self.resp.out.push_front(RespItem::Ack {
+                    psn: repr.bth.psn,
+                    syndrome: AethSyndrome::Nak(crate::wire::NakCode::RemoteAccessErr),
+                    msn,
+                });
+                return self.responder_transmit(path, mem);
+            }
+        }
+        repr.finish(&mut buf, &path.icrc_ip());
+        Some(Transmit {
+            dst: path.remote,
+            src_port: path.src_port,
+            payload: buf,
+        })
+    }
+}

@@ -1,0 +1,976 @@
+//! The device and its objects.
+
+use super::modify::{QpAttrMask as A, check_modify};
+use super::{Clock, Error, ErrorKind, Gid, Link, QpAttr, QpAttrMask, Result};
+use crate::transport::{
+    AccessFlags, Completion, Counters, CqSel, DropReason, Instant, MemoryTable, Path, PathMtu,
+    PostError, QpCap, QpEngine, QpState, QpType, RecvWr, SendWr, Wc, WcOpcode, WcStatus,
+};
+use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, RocePacket, solve_ipv4_ident};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How to build a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Device name (`hca_id`), e.g. `softroce0`.
+    pub name: String,
+    /// The IP address the device owns (its RoCEv2 GID is the IPv4-mapped form).
+    pub ip: IpAddr,
+    /// Seed for MR key bytes (deterministic runs use a fixed seed).
+    pub seed: u64,
+    /// Active MTU of the port.
+    pub active_mtu: PathMtu,
+}
+
+impl DeviceConfig {
+    /// A config for `name` on `ip`, seed from the address, active MTU 4096 (loopback).
+    pub fn new(name: &str, ip: IpAddr) -> DeviceConfig {
+        let seed = match ip {
+            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+            IpAddr::V6(v6) => u128::from(v6) as u64,
+        };
+        DeviceConfig {
+            name: name.to_string(),
+            ip,
+            seed,
+            active_mtu: PathMtu::Mtu4096,
+        }
+    }
+}
+
+/// GID type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidType {
+    /// RoCE v2 (UDP/IP encapsulation).
+    RoceV2,
+}
+
+/// One GID table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    /// Index in the table.
+    pub index: u8,
+    /// The GID.
+    pub gid: Gid,
+    /// Its type.
+    pub gid_type: GidType,
+}
+
+/// Device attributes (`struct ibv_device_attr`, the fields softroce fills).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Node GUID (EUI-64 of the device's derived MAC).
+    pub node_guid: u64,
+    /// System image GUID.
+    pub sys_image_guid: u64,
+    /// Largest MR in bytes.
+    pub max_mr_size: u64,
+    /// Vendor id (rxe reports 0xFFFFFF).
+    pub vendor_id: u32,
+    /// Most QPs.
+    pub max_qp: u32,
+    /// Most WRs per queue.
+    pub max_qp_wr: u32,
+    /// Most SGEs per WR.
+    pub max_sge: u32,
+    /// Most CQs.
+    pub max_cq: u32,
+    /// Most CQEs per CQ.
+    pub max_cqe: u32,
+    /// Most MRs.
+    pub max_mr: u32,
+    /// Most PDs.
+    pub max_pd: u32,
+    /// Outstanding READ/atomics per QP as responder.
+    pub max_qp_rd_atom: u32,
+    /// Outstanding READ/atomics per QP as requester.
+    pub max_qp_init_rd_atom: u32,
+    /// Largest message in bytes.
+    pub max_msg_sz: u64,
+    /// Physical ports.
+    pub phys_port_cnt: u8,
+}
+
+/// Port attributes (`struct ibv_port_attr`, the fields softroce fills).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Always `PORT_ACTIVE` (4).
+    pub state: u8,
+    /// Largest path MTU.
+    pub max_mtu: PathMtu,
+    /// Active path MTU.
+    pub active_mtu: PathMtu,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// P_Key table length.
+    pub pkey_tbl_len: u16,
+    /// Link layer name.
+    pub link_layer: &'static str,
+}
+
+/// Largest queue depth, SGE count, CQ size.
+const MAX_QP_WR: u32 = 16384;
+const MAX_SGE: u32 = 32;
+const MAX_CQE: u32 = 1 << 20;
+const MAX_QP: u32 = 1 << 16;
+const MAX_RD_ATOM: u32 = 128;
+/// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
+const FIRST_QPN: u32 = 0x11;
+
+struct CqShared {
+    ring: Mutex<VecDeque<Wc>>,
+    ready: Condvar,
+    cqe: usize,
+    overflows: AtomicU64,
+}
+
+struct QpSlot {
+    engine: QpEngine,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+}
+
+struct State {
+    mrs: MemoryTable,
+    qps: BTreeMap<u32, QpSlot>,
+    next_qpn: u32,
+    next_pd: u32,
+    live_pds: Vec<u32>,
+    counters: Counters,
+}
+
+struct Shared {
+    cfg: DeviceConfig,
+    node_guid: u64,
+    gids: [GidEntry; 2],
+    link: Arc<dyn Link>,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+}
+
+/// A softroce device: one IP address, one port, a GID table, and the verbs objects made on
+/// it. Cloning gives another handle to the same device.
+#[derive(Clone)]
+pub struct Device {
+    shared: Arc<Shared>,
+}
+
+impl core::fmt::Debug for Device {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.shared.cfg.name)
+            .field("ip", &self.shared.cfg.ip)
+            .finish()
+    }
+}
+
+/// The UDP source port rxe gives a QP at creation: `0xC000 + hash_32(qpn, 14)`, where
+/// `hash_32(v, 14) = (v × 0x61C88647 mod 2^32) >> 18`. Source: rxe `rxe_qp.c`
+/// `rxe_qp_init_req`; Linux `include/linux/hash.h`. Example: QPN 0x13 → 0xD078.
+pub fn rxe_initial_udp_sport(qpn: u32) -> u16 {
+    0xc000 + ((qpn.wrapping_mul(0x61c8_8647) >> 18) & 0x3fff) as u16
+}
+
+/// The UDP source port rxe uses for an RC/UC QP once its address vector is set:
+/// `rdma_get_udp_sport(flow_label, lqpn, dqpn)`; a zero flow label is first derived from the
+/// product of the two QPNs, so both directions of a connection share one port.
+/// Source: Linux `include/rdma/ib_verbs.h` (`rdma_calc_flow_label`, `rdma_flow_label_to_udp_sport`).
+/// Example: QPN 0x18 ↔ 0x18 → 0xC240.
+pub fn rdma_get_udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
+    let fl = if flow_label == 0 {
+        let v = u64::from(lqpn) * u64::from(rqpn);
+        ((v ^ (v >> 20) ^ (v >> 40)) & 0x000f_ffff) as u32
+    } else {
+        flow_label & 0x000f_ffff
+    };
+    let fl_low = fl & 0x3fff;
+    let fl_high = (fl >> 14) & 0x3f;
+    ((fl_low ^ fl_high) | 0xc000) as u16
+}
+
+impl Device {
+    /// Makes a device that sends through `link` and reads time from `clock`.
+    pub fn new(cfg: DeviceConfig, link: Arc<dyn Link>, clock: Arc<dyn Clock>) -> Device {
+        // A locally administered MAC from the IP (02:00:a:b:c:d) and its EUI-64.
+        let ip4 = match cfg.ip {
+            IpAddr::V4(v4) => v4.octets(),
+            IpAddr::V6(v6) => {
+                let o = v6.octets();
+                [o[12], o[13], o[14], o[15]]
+            }
+        };
+        let mac = [0x02, 0x00, ip4[0], ip4[1], ip4[2], ip4[3]];
+        let eui = [
+            mac[0] ^ 0x02,
+            mac[1],
+            mac[2],
+            0xff,
+            0xfe,
+            mac[3],
+            mac[4],
+            mac[5],
+        ];
+        let node_guid = u64::from_be_bytes(eui);
+        let mut ll = [0u8; 16];
+        ll[0] = 0xfe;
+        ll[1] = 0x80;
+        ll[8..].copy_from_slice(&eui);
+        let gids = [
+            GidEntry {
+                index: 0,
+                gid: Gid(ll),
+                gid_type: GidType::RoceV2,
+            },
+            GidEntry {
+                index: 1,
+                gid: Gid::from_ip(cfg.ip),
+                gid_type: GidType::RoceV2,
+            },
+        ];
+        let state = State {
+            mrs: MemoryTable::new(cfg.seed),
+            qps: BTreeMap::new(),
+            next_qpn: FIRST_QPN,
+            next_pd: 1,
+            live_pds: Vec::new(),
+            counters: Counters::default(),
+        };
+        Device {
+            shared: Arc::new(Shared {
+                cfg,
+                node_guid,
+                gids,
+                link,
+                clock,
+                state: Mutex::new(state),
+            }),
+        }
+    }
+
+    /// Device name.
+    pub fn name(&self) -> &str {
+        &self.shared.cfg.name
+    }
+
+    /// The device's IP address.
+    pub fn ip(&self) -> IpAddr {
+        self.shared.cfg.ip
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        DeviceAttr {
+            fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+            node_guid: self.shared.node_guid,
+            sys_image_guid: self.shared.node_guid,
+            max_mr_size: 1 << 31,
+            vendor_id: 0x00ff_ffff,
+            max_qp: MAX_QP,
+            max_qp_wr: MAX_QP_WR,
+            max_sge: MAX_SGE,
+            max_cq: MAX_QP,
+            max_cqe: MAX_CQE,
+            max_mr: crate::transport::MAX_MR as u32,
+            max_pd: MAX_QP,
+            max_qp_rd_atom: MAX_RD_ATOM,
+            max_qp_init_rd_atom: MAX_RD_ATOM,
+            max_msg_sz: crate::transport::MAX_MSG_BYTES,
+            phys_port_cnt: 1,
+        }
+    }
+
+    /// `ibv_query_port` for port 1. Errors: `EINVAL` for another port number.
+    pub fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+        if port_num != 1 {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "query_port: only port 1 exists",
+            ));
+        }
+        Ok(PortAttr {
+            state: 4,
+            max_mtu: PathMtu::Mtu4096,
+            active_mtu: self.shared.cfg.active_mtu,
+            gid_tbl_len: self.shared.gids.len() as u32,
+            pkey_tbl_len: 1,
+            link_layer: "Ethernet",
+        })
+    }
+
+    /// `ibv_query_gid`. Errors: `EINVAL` for port ≠ 1 or an index past the table.
+    pub fn query_gid(&self, port_num: u8, index: u8) -> Result<GidEntry> {
+        if port_num != 1 {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "query_gid: only port 1 exists",
+            ));
+        }
+        self.shared
+            .gids
+            .get(usize::from(index))
+            .copied()
+            .ok_or_else(|| Error::new(ErrorKind::Inval, "query_gid: index past the GID table"))
+    }
+
+    /// The GID table.
+    pub fn gids(&self) -> &[GidEntry] {
+        &self.shared.gids
+    }
+
+    /// Device-level counters plus every QP's.
+    pub fn counters(&self) -> Counters {
+        let st = self.shared.state.lock();
+        let mut c = st.counters.clone();
+        for slot in st.qps.values() {
+            c.add(slot.engine.counters());
+        }
+        c
+    }
+
+    /// `ibv_alloc_pd`. Errors: `ENOMEM` past the PD limit.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let mut st = self.shared.state.lock();
+        if st.live_pds.len() >= MAX_QP as usize {
+            return Err(Error::new(ErrorKind::NoMem, "alloc_pd: too many PDs"));
+        }
+        let handle = st.next_pd;
+        st.next_pd += 1;
+        st.live_pds.push(handle);
+        Ok(Pd {
+            dev: self.clone(),
+            handle,
+        })
+    }
+
+    /// `ibv_create_cq` with `cqe` entries. Errors: `EINVAL` for 0 or more than the device
+    /// maximum.
+    pub fn create_cq(&self, cqe: u32) -> Result<Cq> {
+        if cqe == 0 || cqe > MAX_CQE {
+            return Err(Error::new(ErrorKind::Inval, "create_cq: cqe out of range"));
+        }
+        Ok(Cq {
+            shared: Arc::new(CqShared {
+                ring: Mutex::new(VecDeque::with_capacity(cqe.min(4096) as usize)),
+                ready: Condvar::new(),
+                cqe: cqe as usize,
+                overflows: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    fn now(&self) -> Instant {
+        self.shared.clock.now()
+    }
+
+    /// Feeds one received UDP datagram (sent from `src` to this device's port 4791). Parses
+    /// it, finds the QP, checks the ICRC, runs the engine, delivers completions and sends
+    /// what the engine answers. Malformed, unknown-QP or bad-ICRC packets are dropped and
+    /// counted by reason (never NAKed), as rxe `rxe_rcv` does.
+    pub fn handle_datagram(&self, src: SocketAddr, data: &[u8]) {
+        let now = self.now();
+        let mut st = self.shared.state.lock();
+        let pkt = match RocePacket::parse(data) {
+            Ok(p) => p,
+            Err(e) => {
+                st.counters.drop_packet(DropReason::from(e));
+                return;
+            }
+        };
+        let qpn = pkt.repr.bth.dest_qpn;
+        if !st.qps.contains_key(&qpn) {
+            st.counters.drop_packet(DropReason::UnknownQp);
+            return;
+        }
+        let ip = match (src.ip(), self.shared.cfg.ip) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => IcrcIp::V4 {
+                src: s,
+                dst: d,
+                ident: 0,
+                src_port: src.port(),
+                dst_port: ROCE_V2_UDP_PORT,
+            },
+            (s, d) => IcrcIp::V6 {
+                src: to_v6(s),
+                dst: to_v6(d),
+                src_port: src.port(),
+                dst_port: ROCE_V2_UDP_PORT,
+            },
+        };
+        // Our own senders write IPv4 ID 0; kernel rxe and NICs write a counter that a UDP
+        // socket cannot see, which is recovered by CRC linearity (see solve_ipv4_ident).
+        let icrc_ok = pkt.icrc_ok(&ip)
+            || (matches!(ip, IcrcIp::V4 { .. })
+                && solve_ipv4_ident(&ip, pkt.body, pkt.icrc).is_some());
+        if !icrc_ok {
+            st.counters.drop_packet(DropReason::IcrcMismatch);
+            return;
+        }
+        let State { mrs, qps, .. } = &mut *st;
+        if let Some(slot) = qps.get_mut(&qpn) {
+            slot.engine.handle_packet(now, &pkt, src.ip(), mrs);
+        }
+        self.pump(&mut st, qpn, now);
+    }
+
+    /// Runs every QP timer that is due and sends what follows.
+    pub fn handle_timeouts(&self) {
+        let now = self.now();
+        let mut st = self.shared.state.lock();
+        let due: Vec<u32> = st
+            .qps
+            .iter()
+            .filter(|(_, s)| s.engine.poll_timeout().is_some_and(|t| t <= now))
+            .map(|(q, _)| *q)
+            .collect();
+        for qpn in due {
+            if let Some(slot) = st.qps.get_mut(&qpn) {
+                slot.engine.handle_timeout(now);
+            }
+            self.pump(&mut st, qpn, now);
+        }
+    }
+
+    /// Time until the earliest QP timer, if any.
+    pub fn next_timeout(&self) -> Option<Duration> {
+        let now = self.now();
+        let st = self.shared.state.lock();
+        st.qps
+            .values()
+            .filter_map(|s| s.engine.poll_timeout())
+            .min()
+            .map(|t| t.since(now))
+    }
+
+    /// Sends everything QP `qpn` has to send and delivers its completions.
+    fn pump(&self, st: &mut State, qpn: u32, now: Instant) {
+        let State {
+            mrs, qps, counters, ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            return;
+        };
+        while let Some(t) = slot.engine.poll_transmit(now, mrs) {
+            if self.shared.link.send(&t).is_err() {
+                counters.send_err += 1;
+            }
+        }
+        while let Some(Completion { cq, wc }) = slot.engine.poll_completion() {
+            let target = match cq {
+                CqSel::Send => &slot.send_cq,
+                CqSel::Recv => &slot.recv_cq,
+            };
+            target.push(wc);
+        }
+    }
+}
+
+fn to_v6(a: IpAddr) -> std::net::Ipv6Addr {
+    match a {
+        IpAddr::V4(v) => v.to_ipv6_mapped(),
+        IpAddr::V6(v) => v,
+    }
+}
+
+impl CqShared {
+    fn push(&self, wc: Wc) {
+        let mut ring = self.ring.lock();
+        if ring.len() >= self.cqe {
+            // CQ overrun: rxe raises IB_EVENT_CQ_ERR; we count and drop the entry.
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        ring.push_back(wc);
+        drop(ring);
+        self.ready.notify_all();
+    }
+}
+
+/// A protection domain.
+#[derive(Debug, Clone)]
+pub struct Pd {
+    dev: Device,
+    handle: u32,
+}
+
+impl Pd {
+    /// The PD's handle (unique within its device).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// `ibv_reg_mr` of a new zeroed buffer of `length` bytes owned by the MR.
+    /// Errors: `EINVAL` for a length of 0 or over 2 GiB, or REMOTE_WRITE / REMOTE_ATOMIC
+    /// without LOCAL_WRITE (as `ibv_reg_mr`); `ENOMEM` when the key table is full.
+    pub fn reg_mr(&self, length: usize, access: AccessFlags) -> Result<Mr> {
+        if length == 0 || length as u64 > crate::transport::MAX_MSG_BYTES {
+            return Err(Error::new(ErrorKind::Inval, "reg_mr: length out of range"));
+        }
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "reg_mr: remote write/atomic needs LOCAL_WRITE",
+            ));
+        }
+        let mut st = self.dev.shared.state.lock();
+        let lkey = st
+            .mrs
+            .register(self.handle, length, access)
+            .ok_or_else(|| Error::new(ErrorKind::NoMem, "reg_mr: MR table full"))?;
+        let addr = st.mrs.get(lkey).map_or(0, |m| m.iova);
+        Ok(Mr {
+            dev: self.dev.clone(),
+            lkey,
+            addr,
+            length,
+        })
+    }
+
+    /// `ibv_create_qp`. Errors: `EINVAL` for capacities over the device limits;
+    /// `EOPNOTSUPP` for UC/UD (not yet implemented); `ENOMEM` past the QP limit.
+    pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
+        if init.qp_type != QpType::Rc {
+            return Err(Error::new(
+                ErrorKind::OpNotSupp,
+                "create_qp: only RC QPs are implemented so far",
+            ));
+        }
+        let c = init.cap;
+        if c.max_send_wr == 0 || c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "create_qp: max_send_wr/max_recv_wr out of range",
+            ));
+        }
+        if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "create_qp: max_sge out of range",
+            ));
+        }
+        let mut st = self.dev.shared.state.lock();
+        if st.qps.len() >= MAX_QP as usize {
+            return Err(Error::new(ErrorKind::NoMem, "create_qp: too many QPs"));
+        }
+        let mut qpn = st.next_qpn;
+        while st.qps.contains_key(&qpn) {
+            qpn = if qpn >= 0x00ff_fffe {
+                FIRST_QPN
+            } else {
+                qpn + 1
+            };
+        }
+        st.next_qpn = if qpn >= 0x00ff_fffe {
+            FIRST_QPN
+        } else {
+            qpn + 1
+        };
+        let engine = QpEngine::new(qpn, init.qp_type, self.handle, c, init.sq_sig_all);
+        st.qps.insert(
+            qpn,
+            QpSlot {
+                engine,
+                send_cq: init.send_cq.shared.clone(),
+                recv_cq: init.recv_cq.shared.clone(),
+            },
+        );
+        Ok(Qp {
+            dev: self.dev.clone(),
+            qpn,
+        })
+    }
+}
+
+/// QP creation attributes (`struct ibv_qp_init_attr`).
+#[derive(Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    /// Transport type.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: &'a Cq,
+    /// CQ for receive completions.
+    pub recv_cq: &'a Cq,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Signal every send WR (`sq_sig_all`).
+    pub sq_sig_all: bool,
+}
+
+/// A memory region that owns its buffer. Dropping it deregisters it.
+#[derive(Debug)]
+pub struct Mr {
+    dev: Device,
+    lkey: u32,
+    addr: u64,
+    length: usize,
+}
+
+impl Mr {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    /// Remote key (equal to the local key, as in rxe).
+    pub fn rkey(&self) -> u32 {
+        self.lkey
+    }
+    /// Virtual address of byte 0: what a peer puts in its RETH.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.length
+    }
+    /// True for an empty MR (never: registration needs a length).
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+    /// An SGE covering `[offset, offset + length)` of this MR.
+    pub fn sge(&self, offset: usize, length: u32) -> crate::transport::Sge {
+        crate::transport::Sge {
+            addr: self.addr + offset as u64,
+            length,
+            lkey: self.lkey,
+        }
+    }
+    /// Copies bytes out of the MR. Errors: `EINVAL` if the range is outside the MR.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let st = self.dev.shared.state.lock();
+        let mr = st
+            .mrs
+            .get(self.lkey)
+            .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
+        let src = offset
+            .checked_add(out.len())
+            .and_then(|end| mr.bytes().get(offset..end))
+            .ok_or_else(|| Error::new(ErrorKind::Inval, "mr read: range outside the MR"))?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+    /// Copies bytes into the MR. Errors: `EINVAL` if the range is outside the MR.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let mut st = self.dev.shared.state.lock();
+        let mr = st
+            .mrs
+            .get_mut(self.lkey)
+            .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
+        let dst = offset
+            .checked_add(data.len())
+            .and_then(|end| mr.bytes_mut().get_mut(offset..end))
+            .ok_or_else(|| Error::new(ErrorKind::Inval, "mr write: range outside the MR"))?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+    /// The whole MR as a vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.length];
+        // The range is the MR itself, so this cannot fail while the MR lives.
+        let _ = self.read(0, &mut v);
+        v
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.dev.shared.state.lock().mrs.deregister(self.lkey);
+    }
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct Cq {
+    shared: Arc<CqShared>,
+}
+
+impl core::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Cq").field("cqe", &self.shared.cqe).finish()
+    }
+}
+
+impl Cq {
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let mut ring = self.shared.ring.lock();
+        let n = out.len().min(ring.len());
+        for slot in out.iter_mut().take(n) {
+            if let Some(wc) = ring.pop_front() {
+                *slot = wc;
+            }
+        }
+        n
+    }
+
+    /// One completion, if any.
+    pub fn poll_one(&self) -> Option<Wc> {
+        self.shared.ring.lock().pop_front()
+    }
+
+    /// Waits up to `timeout` for at least one completion, then polls like [`Cq::poll`].
+    /// Returns 0 on timeout.
+    pub fn wait(&self, out: &mut [Wc], timeout: Duration) -> usize {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut ring = self.shared.ring.lock();
+        while ring.is_empty() {
+            if self
+                .shared
+                .ready
+                .wait_until(&mut ring, deadline)
+                .timed_out()
+            {
+                break;
+            }
+        }
+        let n = out.len().min(ring.len());
+        for slot in out.iter_mut().take(n) {
+            if let Some(wc) = ring.pop_front() {
+                *slot = wc;
+            }
+        }
+        n
+    }
+
+    /// Completions dropped because the CQ was full.
+    pub fn overflows(&self) -> u64 {
+        self.shared.overflows.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Wc {
+    fn default() -> Wc {
+        Wc {
+            wr_id: 0,
+            status: WcStatus::GeneralErr,
+            opcode: WcOpcode::Send,
+            vendor_err: 0,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num: 0,
+            src_qp: 0,
+            wc_flags: crate::transport::WcFlags::empty(),
+        }
+    }
+}
+
+/// A queue pair. Dropping it destroys it (outstanding work is discarded).
+#[derive(Debug)]
+pub struct Qp {
+    dev: Device,
+    qpn: u32,
+}
+
+impl Qp {
+    /// QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        let st = self.dev.shared.state.lock();
+        st.qps
+            .get(&self.qpn)
+            .map_or(QpState::Err, |s| s.engine.state())
+    }
+
+    /// This QP's counters.
+    pub fn counters(&self) -> Counters {
+        let st = self.dev.shared.state.lock();
+        st.qps
+            .get(&self.qpn)
+            .map(|s| s.engine.counters().clone())
+            .unwrap_or_default()
+    }
+
+    /// `ibv_modify_qp`: applies the attributes named in `mask` and moves to
+    /// `attr.qp_state` when `mask` has STATE. The whole call is checked against the
+    /// transition table before anything changes.
+    ///
+    /// Errors: `EINVAL` naming the transition and the missing or forbidden attribute, an
+    /// out-of-range value, an unknown source GID index, or a destination GID of another IP
+    /// family than the device's.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let mut st = self.dev.shared.state.lock();
+        let slot = st
+            .qps
+            .get_mut(&self.qpn)
+            .ok_or_else(|| Error::new(ErrorKind::NoEnt, "modify_qp: QP destroyed"))?;
+        let e = &mut slot.engine;
+        let new = check_modify(e.qp_type(), e.state(), attr, mask)?;
+        let mut path = None;
+        if mask.contains(A::AV) {
+            let ah = &attr.ah_attr;
+            let local = self
+                .dev
+                .shared
+                .gids
+                .get(usize::from(ah.sgid_index))
+                .ok_or_else(|| {
+                    Error::new(ErrorKind::Inval, "modify_qp: sgid_index past the GID table")
+                })?;
+            let remote = ah.dgid.ip();
+            let local_ip = if ah.sgid_index == 1 {
+                self.dev.shared.cfg.ip
+            } else {
+                local.gid.ip()
+            };
+            if remote.is_ipv4() != local_ip.is_ipv4() {
+                return Err(Error::new(
+                    ErrorKind::Inval,
+                    "modify_qp: dgid and sgid are of different IP families",
+                ));
+            }
+            let dqpn = if mask.contains(A::DEST_QPN) {
+                attr.dest_qp_num
+            } else {
+                e.attrs().dest_qp_num
+            };
+            let want = rdma_get_udp_sport(ah.flow_label, self.qpn, dqpn);
+            let src_port = self.dev.shared.link.source_port(want);
+            path = Some(Path {
+                local: local_ip,
+                remote,
+                src_port,
+            });
+        }
+        // Everything checked: commit.
+        let a = e.attrs_mut();
+        if mask.contains(A::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(A::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if mask.contains(A::RQ_PSN) {
+            a.rq_psn = crate::wire::Psn::new(attr.rq_psn);
+        }
+        if mask.contains(A::SQ_PSN) {
+            a.sq_psn = crate::wire::Psn::new(attr.sq_psn);
+        }
+        if mask.contains(A::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(A::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+        }
+        if mask.contains(A::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+        }
+        if mask.contains(A::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(A::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if mask.contains(A::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(A::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(A::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if let Some(p) = path {
+            e.set_path(p);
+        }
+        if mask.contains(A::STATE) {
+            e.set_state(new);
+        }
+        let now = self.dev.now();
+        self.dev.pump(&mut st, self.qpn, now);
+        Ok(())
+    }
+
+    /// `ibv_post_send`: queues the work requests in order and transmits what the window
+    /// allows at once. Errors (with `bad_wr` = index of the first refused WR; those before
+    /// it were posted): `EINVAL` before RTS or for an invalid WR, `ENOMEM` when the send
+    /// queue is full, `EOPNOTSUPP` for an opcode the QP type cannot carry.
+    pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
+        let now = self.dev.now();
+        let mut st = self.dev.shared.state.lock();
+        let slot = st
+            .qps
+            .get_mut(&self.qpn)
+            .ok_or_else(|| Error::new(ErrorKind::NoEnt, "post_send: QP destroyed"))?;
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = slot.engine.post_send(wr.clone()) {
+                result = Err(post_error("post_send", e).at_wr(i));
+                break;
+            }
+        }
+        self.dev.pump(&mut st, self.qpn, now);
+        drop(st);
+        self.dev.shared.link.wake();
+        result
+    }
+
+    /// `ibv_post_recv`. Errors as [`Qp::post_send`] (RESET refuses; INIT and later accept).
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        let now = self.dev.now();
+        let mut st = self.dev.shared.state.lock();
+        let slot = st
+            .qps
+            .get_mut(&self.qpn)
+            .ok_or_else(|| Error::new(ErrorKind::NoEnt, "post_recv: QP destroyed"))?;
+        let mut result = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = slot.engine.post_recv(wr.clone()) {
+                result = Err(post_error("post_recv", e).at_wr(i));
+                break;
+            }
+        }
+        self.dev.pump(&mut st, self.qpn, now);
+        result
+    }
+}
+
+fn post_error(call: &'static str, e: PostError) -> Error {
+    match e {
+        PostError::QueueFull => Error::new(ErrorKind::NoMem, format!("{call}: queue full")),
+        PostError::WrongState => Error::new(
+            ErrorKind::Inval,
+            format!("{call}: QP state does not allow posting"),
+        ),
+        PostError::Invalid(what) => Error::new(ErrorKind::Inval, format!("{call}: {what}")),
+        PostError::NotSupported => Error::new(
+            ErrorKind::OpNotSupp,
+            format!("{call}: opcode not supported on this QP type"),
+        ),
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.dev.shared.state.lock().qps.remove(&self.qpn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_source_ports_match_rxe_captures() {
+        // FACTS §2.1: QPN 0x13 → 0xD078 at creation; RC pairs 0x18↔0x18 → 0xC240,
+        // 0x1E↔0x1E → 0xC384, 0x1C↔0x1C → 0xC310.
+        assert_eq!(rxe_initial_udp_sport(0x13), 0xd078);
+        assert_eq!(rdma_get_udp_sport(0, 0x18, 0x18), 0xc240);
+        assert_eq!(rdma_get_udp_sport(0, 0x1e, 0x1e), 0xc384);
+        assert_eq!(rdma_get_udp_sport(0, 0x1c, 0x1c), 0xc310);
+        assert_eq!(
+            rdma_get_udp_sport(0, 0x11, 0x12),
+            rdma_get_udp_sport(0, 0x12, 0x11)
+        );
+    }
+}

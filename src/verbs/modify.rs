@@ -1,0 +1,622 @@
+//! `modify_qp`: the attribute struct, the attribute mask, and the table of allowed state
+//! transitions with their required and optional attributes (also in `spec/qp_states.toml`,
+//! compared row by row in `tests/spec_tables_qp.rs`).
+//!
+//! Source: IBTA Vol 1 ch. 10 (QP state transitions); kernel ib_core `qp_state_table` and
+//! `ib_modify_qp_is_ok`, which rxe applies before `rxe_qp_chk_attr`.
+
+use super::{Error, ErrorKind, Gid};
+use crate::transport::{AccessFlags, PathMtu, QpState, QpType};
+use crate::wire::Psn;
+
+/// Which fields of [`QpAttr`] a `modify_qp` call sets. Bit values are `enum ibv_qp_attr_mask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct QpAttrMask(pub u32);
+
+impl QpAttrMask {
+    /// `IBV_QP_STATE`.
+    pub const STATE: QpAttrMask = QpAttrMask(1 << 0);
+    /// `IBV_QP_CUR_STATE`.
+    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
+    /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`.
+    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
+    /// `IBV_QP_ACCESS_FLAGS`.
+    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
+    /// `IBV_QP_PKEY_INDEX`.
+    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
+    /// `IBV_QP_PORT`.
+    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
+    /// `IBV_QP_QKEY`.
+    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
+    /// `IBV_QP_AV`.
+    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
+    /// `IBV_QP_PATH_MTU`.
+    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
+    /// `IBV_QP_TIMEOUT`.
+    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
+    /// `IBV_QP_RETRY_CNT`.
+    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
+    /// `IBV_QP_RNR_RETRY`.
+    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
+    /// `IBV_QP_RQ_PSN`.
+    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
+    /// `IBV_QP_MAX_QP_RD_ATOMIC`.
+    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
+    /// `IBV_QP_ALT_PATH`.
+    pub const ALT_PATH: QpAttrMask = QpAttrMask(1 << 14);
+    /// `IBV_QP_MIN_RNR_TIMER`.
+    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
+    /// `IBV_QP_SQ_PSN`.
+    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
+    /// `IBV_QP_MAX_DEST_RD_ATOMIC`.
+    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
+    /// `IBV_QP_PATH_MIG_STATE`.
+    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
+    /// `IBV_QP_CAP`.
+    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
+    /// `IBV_QP_DEST_QPN`.
+    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
+
+    /// Every named bit with its `IBV_QP_*` name (without the prefix), in bit order.
+    pub const NAMES: [(QpAttrMask, &'static str); 21] = [
+        (Self::STATE, "STATE"),
+        (Self::CUR_STATE, "CUR_STATE"),
+        (Self::EN_SQD_ASYNC_NOTIFY, "EN_SQD_ASYNC_NOTIFY"),
+        (Self::ACCESS_FLAGS, "ACCESS_FLAGS"),
+        (Self::PKEY_INDEX, "PKEY_INDEX"),
+        (Self::PORT, "PORT"),
+        (Self::QKEY, "QKEY"),
+        (Self::AV, "AV"),
+        (Self::PATH_MTU, "PATH_MTU"),
+        (Self::TIMEOUT, "TIMEOUT"),
+        (Self::RETRY_CNT, "RETRY_CNT"),
+        (Self::RNR_RETRY, "RNR_RETRY"),
+        (Self::RQ_PSN, "RQ_PSN"),
+        (Self::MAX_QP_RD_ATOMIC, "MAX_QP_RD_ATOMIC"),
+        (Self::ALT_PATH, "ALT_PATH"),
+        (Self::MIN_RNR_TIMER, "MIN_RNR_TIMER"),
+        (Self::SQ_PSN, "SQ_PSN"),
+        (Self::MAX_DEST_RD_ATOMIC, "MAX_DEST_RD_ATOMIC"),
+        (Self::PATH_MIG_STATE, "PATH_MIG_STATE"),
+        (Self::CAP, "CAP"),
+        (Self::DEST_QPN, "DEST_QPN"),
+    ];
+
+    /// True when every bit of `o` is set.
+    pub const fn contains(self, o: QpAttrMask) -> bool {
+        self.0 & o.0 == o.0
+    }
+
+    /// The mask bit with this name.
+    pub fn from_name(name: &str) -> Option<QpAttrMask> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(m, _)| *m)
+    }
+}
+
+impl core::ops::BitOr for QpAttrMask {
+    type Output = QpAttrMask;
+    fn bitor(self, o: QpAttrMask) -> QpAttrMask {
+        QpAttrMask(self.0 | o.0)
+    }
+}
+
+/// Address vector (`struct ibv_ah_attr` with its GRH) for RoCEv2: the peer is named by its
+/// GID, whose IPv4-mapped form selects IPv4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AhAttr {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Index of the local GID to send from (1 = the IPv4-mapped one).
+    pub sgid_index: u8,
+    /// Flow label (0 = derive the UDP source port from the QPNs, as rxe).
+    pub flow_label: u32,
+    /// Hop limit (IPv4 TTL); masked in the ICRC.
+    pub hop_limit: u8,
+    /// Traffic class (IPv4 TOS); masked in the ICRC.
+    pub traffic_class: u8,
+    /// Port number (1).
+    pub port_num: u8,
+}
+
+impl AhAttr {
+    /// A RoCEv2 address vector to `dgid` from GID index 1, hop limit 64.
+    pub fn roce_v2(dgid: Gid) -> AhAttr {
+        AhAttr {
+            dgid,
+            sgid_index: 1,
+            flow_label: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            port_num: 1,
+        }
+    }
+}
+
+/// QP attributes (`struct ibv_qp_attr`); only the fields named in the mask are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Target state.
+    pub qp_state: QpState,
+    /// Current state the caller believes the QP is in (checked when CUR_STATE is given).
+    pub cur_qp_state: QpState,
+    /// Path MTU.
+    pub path_mtu: PathMtu,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Receive queue PSN.
+    pub rq_psn: u32,
+    /// Send queue PSN.
+    pub sq_psn: u32,
+    /// Remote QPN.
+    pub dest_qp_num: u32,
+    /// Remote access allowed on this QP.
+    pub qp_access_flags: AccessFlags,
+    /// Address vector.
+    pub ah_attr: AhAttr,
+    /// P_Key index (0).
+    pub pkey_index: u16,
+    /// Requester outstanding READ/atomic limit.
+    pub max_rd_atomic: u8,
+    /// Responder outstanding READ/atomic limit.
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (0..=31).
+    pub min_rnr_timer: u8,
+    /// Port number (1).
+    pub port_num: u8,
+    /// ACK timeout exponent (0..=31).
+    pub timeout: u8,
+    /// Retry count (0..=7).
+    pub retry_cnt: u8,
+    /// RNR retry count (0..=7, 7 = infinite).
+    pub rnr_retry: u8,
+}
+
+impl Default for QpAttr {
+    fn default() -> QpAttr {
+        QpAttr {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            path_mtu: PathMtu::Mtu1024,
+            qkey: 0,
+            rq_psn: 0,
+            sq_psn: 0,
+            dest_qp_num: 0,
+            qp_access_flags: AccessFlags::empty(),
+            ah_attr: AhAttr::roce_v2(Gid::ZERO),
+            pkey_index: 0,
+            max_rd_atomic: 0,
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 0,
+            port_num: 1,
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+        }
+    }
+}
+
+/// One row of the transition table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// From state.
+    pub from: QpState,
+    /// To state.
+    pub to: QpState,
+    /// QP type.
+    pub qp_type: QpType,
+    /// Attributes that must be in the mask (besides STATE).
+    pub required: QpAttrMask,
+    /// Attributes that may be in the mask.
+    pub optional: QpAttrMask,
+}
+
+const fn m(bits: &[QpAttrMask]) -> QpAttrMask {
+    let mut v = 0;
+    let mut i = 0;
+    while i < bits.len() {
+        v |= bits[i].0;
+        i += 1;
+    }
+    QpAttrMask(v)
+}
+
+use QpAttrMask as A;
+use QpState as S;
+use QpType as T;
+
+const INIT_RC: QpAttrMask = m(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]);
+const INIT_UD: QpAttrMask = m(&[A::PKEY_INDEX, A::PORT, A::QKEY]);
+const RTR_OPT: QpAttrMask = m(&[A::ALT_PATH, A::ACCESS_FLAGS, A::PKEY_INDEX]);
+const RTS_RC_OPT: QpAttrMask = m(&[
+    A::CUR_STATE,
+    A::ALT_PATH,
+    A::ACCESS_FLAGS,
+    A::MIN_RNR_TIMER,
+    A::PATH_MIG_STATE,
+]);
+const RTS_UC_OPT: QpAttrMask = m(&[
+    A::CUR_STATE,
+    A::ALT_PATH,
+    A::ACCESS_FLAGS,
+    A::PATH_MIG_STATE,
+]);
+const UD_OPT: QpAttrMask = m(&[A::CUR_STATE, A::QKEY]);
+
+/// The transition table, mirrored in `spec/qp_states.toml`.
+pub const TRANSITIONS: &[Transition] = &[
+    Transition {
+        from: S::Reset,
+        to: S::Init,
+        qp_type: T::Rc,
+        required: INIT_RC,
+        optional: m(&[]),
+    },
+    Transition {
+        from: S::Reset,
+        to: S::Init,
+        qp_type: T::Uc,
+        required: INIT_RC,
+        optional: m(&[]),
+    },
+    Transition {
+        from: S::Reset,
+        to: S::Init,
+        qp_type: T::Ud,
+        required: INIT_UD,
+        optional: m(&[]),
+    },
+    Transition {
+        from: S::Init,
+        to: S::Init,
+        qp_type: T::Rc,
+        required: m(&[]),
+        optional: INIT_RC,
+    },
+    Transition {
+        from: S::Init,
+        to: S::Init,
+        qp_type: T::Uc,
+        required: m(&[]),
+        optional: INIT_RC,
+    },
+    Transition {
+        from: S::Init,
+        to: S::Init,
+        qp_type: T::Ud,
+        required: m(&[]),
+        optional: INIT_UD,
+    },
+    Transition {
+        from: S::Init,
+        to: S::Rtr,
+        qp_type: T::Rc,
+        required: m(&[
+            A::AV,
+            A::PATH_MTU,
+            A::DEST_QPN,
+            A::RQ_PSN,
+            A::MAX_DEST_RD_ATOMIC,
+            A::MIN_RNR_TIMER,
+        ]),
+        optional: RTR_OPT,
+    },
+    Transition {
+        from: S::Init,
+        to: S::Rtr,
+        qp_type: T::Uc,
+        required: m(&[A::AV, A::PATH_MTU, A::DEST_QPN, A::RQ_PSN]),
+        optional: RTR_OPT,
+    },
+    Transition {
+        from: S::Init,
+        to: S::Rtr,
+        qp_type: T::Ud,
+        required: m(&[]),
+        optional: m(&[A::PKEY_INDEX, A::QKEY]),
+    },
+    Transition {
+        from: S::Rtr,
+        to: S::Rts,
+        qp_type: T::Rc,
+        required: m(&[
+            A::SQ_PSN,
+            A::TIMEOUT,
+            A::RETRY_CNT,
+            A::RNR_RETRY,
+            A::MAX_QP_RD_ATOMIC,
+        ]),
+        optional: RTS_RC_OPT,
+    },
+    Transition {
+        from: S::Rtr,
+        to: S::Rts,
+        qp_type: T::Uc,
+        required: m(&[A::SQ_PSN]),
+        optional: RTS_UC_OPT,
+    },
+    Transition {
+        from: S::Rtr,
+        to: S::Rts,
+        qp_type: T::Ud,
+        required: m(&[A::SQ_PSN]),
+        optional: UD_OPT,
+    },
+    Transition {
+        from: S::Rts,
+        to: S::Rts,
+        qp_type: T::Rc,
+        required: m(&[]),
+        optional: m(&[
+            A::CUR_STATE,
+            A::ACCESS_FLAGS,
+            A::ALT_PATH,
+            A::PATH_MIG_STATE,
+            A::MIN_RNR_TIMER,
+        ]),
+    },
+    Transition {
+        from: S::Rts,
+        to: S::Rts,
+        qp_type: T::Uc,
+        required: m(&[]),
+        optional: RTS_UC_OPT,
+    },
+    Transition {
+        from: S::Rts,
+        to: S::Rts,
+        qp_type: T::Ud,
+        required: m(&[]),
+        optional: UD_OPT,
+    },
+    Transition {
+        from: S::Rts,
+        to: S::Sqd,
+        qp_type: T::Rc,
+        required: m(&[]),
+        optional: A::EN_SQD_ASYNC_NOTIFY,
+    },
+    Transition {
+        from: S::Rts,
+        to: S::Sqd,
+        qp_type: T::Uc,
+        required: m(&[]),
+        optional: A::EN_SQD_ASYNC_NOTIFY,
+    },
+    Transition {
+        from: S::Rts,
+        to: S::Sqd,
+        qp_type: T::Ud,
+        required: m(&[]),
+        optional: A::EN_SQD_ASYNC_NOTIFY,
+    },
+    Transition {
+        from: S::Sqd,
+        to: S::Rts,
+        qp_type: T::Rc,
+        required: m(&[]),
+        optional: RTS_RC_OPT,
+    },
+    Transition {
+        from: S::Sqd,
+        to: S::Rts,
+        qp_type: T::Uc,
+        required: m(&[]),
+        optional: RTS_UC_OPT,
+    },
+    Transition {
+        from: S::Sqd,
+        to: S::Rts,
+        qp_type: T::Ud,
+        required: m(&[]),
+        optional: UD_OPT,
+    },
+    Transition {
+        from: S::Sqd,
+        to: S::Sqd,
+        qp_type: T::Rc,
+        required: m(&[]),
+        optional: m(&[
+            A::AV,
+            A::TIMEOUT,
+            A::RETRY_CNT,
+            A::RNR_RETRY,
+            A::MAX_QP_RD_ATOMIC,
+            A::MAX_DEST_RD_ATOMIC,
+            A::ALT_PATH,
+            A::ACCESS_FLAGS,
+            A::PKEY_INDEX,
+            A::MIN_RNR_TIMER,
+            A::PATH_MIG_STATE,
+        ]),
+    },
+    Transition {
+        from: S::Sqd,
+        to: S::Sqd,
+        qp_type: T::Uc,
+        required: m(&[]),
+        optional: m(&[
+            A::AV,
+            A::ALT_PATH,
+            A::ACCESS_FLAGS,
+            A::PKEY_INDEX,
+            A::PATH_MIG_STATE,
+        ]),
+    },
+    Transition {
+        from: S::Sqd,
+        to: S::Sqd,
+        qp_type: T::Ud,
+        required: m(&[]),
+        optional: m(&[A::PKEY_INDEX, A::QKEY]),
+    },
+    Transition {
+        from: S::Sqe,
+        to: S::Rts,
+        qp_type: T::Uc,
+        required: m(&[]),
+        optional: m(&[A::CUR_STATE, A::ACCESS_FLAGS]),
+    },
+    Transition {
+        from: S::Sqe,
+        to: S::Rts,
+        qp_type: T::Ud,
+        required: m(&[]),
+        optional: UD_OPT,
+    },
+];
+
+/// Checks a `modify_qp` call against the table before anything changes (rxe
+/// `rxe_qp_chk_attr` after `ib_modify_qp_is_ok`). Returns the target state.
+///
+/// Errors (all `EINVAL`): an unknown transition; a required attribute missing (the message
+/// names the first one); an attribute not allowed for the transition; `CUR_STATE` that
+/// disagrees with the QP's state; out-of-range values (`timeout` > 31, `retry_cnt` /
+/// `rnr_retry` > 7, `min_rnr_timer` > 31, `port_num` ≠ 1, `pkey_index` ≠ 0).
+pub fn check_modify(
+    qp_type: QpType,
+    cur: QpState,
+    attr: &QpAttr,
+    mask: QpAttrMask,
+) -> Result<QpState, Error> {
+    let new = if mask.contains(A::STATE) {
+        attr.qp_state
+    } else {
+        cur
+    };
+    let inval = |msg: String| Error::new(ErrorKind::Inval, msg);
+    let arrow = format!("modify_qp {}->{}", cur.name(), new.name());
+    if mask.contains(A::CUR_STATE) && attr.cur_qp_state != cur {
+        return Err(inval(format!(
+            "{arrow}: CUR_STATE {} does not match",
+            attr.cur_qp_state.name()
+        )));
+    }
+    let rest = QpAttrMask(mask.0 & !(A::STATE.0));
+    if matches!(new, S::Reset | S::Err) && mask.contains(A::STATE) {
+        // Any state may go to RESET or ERR, with no other attribute.
+        if let Some((_, name)) = A::NAMES
+            .iter()
+            .find(|(b, _)| rest.contains(*b) && b.0 != A::CUR_STATE.0)
+        {
+            return Err(inval(format!("{arrow}: attribute {name} not allowed")));
+        }
+        return Ok(new);
+    }
+    let Some(row) = TRANSITIONS
+        .iter()
+        .find(|t| t.from == cur && t.to == new && t.qp_type == qp_type)
+    else {
+        return Err(inval(format!(
+            "{arrow}: transition not allowed for {qp_type:?} QPs"
+        )));
+    };
+    for (bit, name) in A::NAMES.iter().skip(1) {
+        if row.required.contains(*bit) && !mask.contains(*bit) {
+            return Err(inval(format!("{arrow}: missing {name}")));
+        }
+    }
+    for (bit, name) in A::NAMES.iter().skip(1) {
+        if mask.contains(*bit) && !row.required.contains(*bit) && !row.optional.contains(*bit) {
+            return Err(inval(format!("{arrow}: attribute {name} not allowed")));
+        }
+    }
+    let range = |ok: bool, what: &str| {
+        if ok {
+            Ok(())
+        } else {
+            Err(inval(format!("{arrow}: {what} out of range")))
+        }
+    };
+    if mask.contains(A::TIMEOUT) {
+        range(attr.timeout <= 31, "TIMEOUT")?;
+    }
+    if mask.contains(A::RETRY_CNT) {
+        range(attr.retry_cnt <= 7, "RETRY_CNT")?;
+    }
+    if mask.contains(A::RNR_RETRY) {
+        range(attr.rnr_retry <= 7, "RNR_RETRY")?;
+    }
+    if mask.contains(A::MIN_RNR_TIMER) {
+        range(attr.min_rnr_timer <= 31, "MIN_RNR_TIMER")?;
+    }
+    if mask.contains(A::PORT) {
+        range(attr.port_num == 1, "PORT")?;
+    }
+    if mask.contains(A::PKEY_INDEX) {
+        range(attr.pkey_index == 0, "PKEY_INDEX")?;
+    }
+    if mask.contains(A::RQ_PSN) {
+        range(attr.rq_psn <= Psn::MASK, "RQ_PSN")?;
+    }
+    if mask.contains(A::SQ_PSN) {
+        range(attr.sq_psn <= Psn::MASK, "SQ_PSN")?;
+    }
+    if mask.contains(A::DEST_QPN) {
+        range(attr.dest_qp_num <= 0x00ff_ffff, "DEST_QPN")?;
+    }
+    Ok(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rc_rtr_mask() -> QpAttrMask {
+        A::STATE
+            | A::AV
+            | A::PATH_MTU
+            | A::DEST_QPN
+            | A::RQ_PSN
+            | A::MAX_DEST_RD_ATOMIC
+            | A::MIN_RNR_TIMER
+    }
+
+    #[test]
+    fn init_to_rtr_names_the_missing_attribute() {
+        let attr = QpAttr {
+            qp_state: S::Rtr,
+            ..QpAttr::default()
+        };
+        let mask = QpAttrMask(rc_rtr_mask().0 & !A::DEST_QPN.0);
+        let e = check_modify(T::Rc, S::Init, &attr, mask).unwrap_err();
+        assert_eq!(e.to_string(), "modify_qp INIT->RTR: missing DEST_QPN");
+        assert_eq!(e.kind(), ErrorKind::Inval);
+        assert_eq!(
+            check_modify(T::Rc, S::Init, &attr, rc_rtr_mask()),
+            Ok(S::Rtr)
+        );
+    }
+
+    #[test]
+    fn forbidden_attribute_is_named() {
+        let attr = QpAttr {
+            qp_state: S::Init,
+            ..QpAttr::default()
+        };
+        let mask = A::STATE | A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS | A::SQ_PSN;
+        let e = check_modify(T::Rc, S::Reset, &attr, mask).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "modify_qp RESET->INIT: attribute SQ_PSN not allowed"
+        );
+    }
+
+    #[test]
+    fn skipping_a_state_is_refused_and_any_to_err_is_allowed() {
+        let attr = QpAttr {
+            qp_state: S::Rts,
+            ..QpAttr::default()
+        };
+        assert!(check_modify(T::Rc, S::Init, &attr, A::STATE).is_err());
+        let err = QpAttr {
+            qp_state: S::Err,
+            ..QpAttr::default()
+        };
+        for s in [S::Reset, S::Init, S::Rtr, S::Rts, S::Sqd] {
+            assert_eq!(check_modify(T::Rc, s, &err, A::STATE), Ok(S::Err));
+        }
+    }
+}
