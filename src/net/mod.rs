@@ -6,9 +6,13 @@
 //!   unconnected send socket per UDP source port with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so
 //!   that Linux writes IPv4 ID 0 and DF on every datagram and the ICRC of what we send is
 //!   computable; and the driver thread that feeds received datagrams to the device.
+//! - [`oob`]: the out-of-band TCP exchange of QP endpoints and remote buffers that the
+//!   examples and the demo use.
 
 pub mod clock;
+pub mod oob;
 pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
+pub use oob::{QpEndpoint, RemoteBuf};
 pub use udp::{UdpDevice, UdpLink};

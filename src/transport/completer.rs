@@ -117,7 +117,7 @@ impl QpEngine {
         self.comp.rnr_left = self.comp.rnr_retry;
         if self.req.psn.diff(self.comp.psn) > 0 {
             if let Some(d) = ack_timeout(self.attrs.timeout) {
-                self.timers.set(Timer::Retransmit, now.add(d));
+                self.timers.set(Timer::Retransmit, now + d);
             }
         } else {
             self.timers.stop(Timer::Retransmit);
@@ -141,10 +141,8 @@ impl QpEngine {
         // The requester waits at least the RNR time; the retransmit timer must not cut it
         // short, so it is stopped until sending resumes.
         self.timers.stop(Timer::Retransmit);
-        self.timers.set(
-            Timer::Rnr,
-            now.add(Duration::from_micros(u64::from(wait_us))),
-        );
+        self.timers
+            .set(Timer::Rnr, now + Duration::from_micros(u64::from(wait_us)));
         self.rewind_to(q);
     }
 

@@ -10,6 +10,8 @@
 //! not decrease between calls. Nothing here does I/O, reads a clock or uses a global RNG.
 //! Registered memory is passed in as a [`MemoryTable`] on every call that touches it.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod completer;
 mod counters;
 mod error;
@@ -777,7 +779,7 @@ impl QpEngine {
             if length != 8 || wr.sg_list.len() != 1 {
                 return Err(PostError::Invalid("atomic needs one 8-byte SGE"));
             }
-            if wr.remote_addr % 8 != 0 {
+            if !wr.remote_addr.is_multiple_of(8) {
                 return Err(PostError::Invalid("atomic remote_addr not 8-byte aligned"));
             }
         }

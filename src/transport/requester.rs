@@ -175,15 +175,15 @@ impl QpEngine {
         repr.emit_headers(&mut buf);
         let h = repr.header_len();
         let pay = repr.payload_len;
-        if pay > 0 {
-            if let Err(_e) = mem.gather(&wr.sg_list, self.pd, payload_off, &mut buf[h..h + pay]) {
-                // A local SGE that fails its key/range check: IBV_WC_LOC_PROT_ERR, QP to ERR.
-                if let Some(w) = self.sq.remove(idx) {
-                    self.complete_send(&w, WcStatus::LocProtErr, 0);
-                }
-                self.enter_error();
-                return None;
+        if pay > 0
+            && let Err(_e) = mem.gather(&wr.sg_list, self.pd, payload_off, &mut buf[h..h + pay])
+        {
+            // A local SGE that fails its key/range check: IBV_WC_LOC_PROT_ERR, QP to ERR.
+            if let Some(w) = self.sq.remove(idx) {
+                self.complete_send(&w, WcStatus::LocProtErr, 0);
             }
+            self.enter_error();
+            return None;
         }
         repr.finish(&mut buf, &path.icrc_ip());
         // Advance the cursor.
@@ -199,10 +199,10 @@ impl QpEngine {
         } else {
             self.req.offset += pay as u64;
         }
-        if !self.timers.is_armed(Timer::Retransmit) {
-            if let Some(d) = ack_timeout(self.attrs.timeout) {
-                self.timers.set(Timer::Retransmit, now.add(d));
-            }
+        if !self.timers.is_armed(Timer::Retransmit)
+            && let Some(d) = ack_timeout(self.attrs.timeout)
+        {
+            self.timers.set(Timer::Retransmit, now + d);
         }
         Some(Transmit {
             dst: path.remote,

@@ -131,10 +131,10 @@ impl QpEngine {
             OpKind::Send => None,
             _ => return Err(RespError::UnsupportedOpcode),
         };
-        if let Some(need) = need {
-            if !self.attrs.qp_access_flags.contains(need) {
-                return Err(RespError::UnsupportedOpcode);
-            }
+        if let Some(need) = need
+            && !self.attrs.qp_access_flags.contains(need)
+        {
+            return Err(RespError::UnsupportedOpcode);
         }
         // Per-packet length against the path MTU (rxe R6.12 `rxe_resp_check_length`).
         let pmtu = self.pmtu();
@@ -446,12 +446,12 @@ impl QpEngine {
             let msn = self.resp.msn;
             self.queue_resp(RespItem::Ack { psn, syndrome, msn });
         }
-        if let Some(status) = wc_status {
-            if let Some(r) = self.resp.take_recv() {
-                let mut wc = super::recv_wc(&r.wr, status, self.qpn);
-                wc.src_qp = self.attrs.dest_qp_num;
-                self.push_wc(CqSel::Recv, wc);
-            }
+        if let Some(status) = wc_status
+            && let Some(r) = self.resp.take_recv()
+        {
+            let mut wc = super::recv_wc(&r.wr, status, self.qpn);
+            wc.src_qp = self.attrs.dest_qp_num;
+            self.push_wc(CqSel::Recv, wc);
         }
         if qp == QpAction::Error {
             self.enter_error();

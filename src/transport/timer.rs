@@ -25,18 +25,20 @@ impl Instant {
         self.0
     }
 
+    /// Time from `earlier` to `self`, zero if `earlier` is later.
+    pub fn since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl core::ops::Add<Duration> for Instant {
+    type Output = Instant;
     /// `self + d`, saturating at the end of time.
-    #[must_use]
-    pub fn add(self, d: Duration) -> Instant {
+    fn add(self, d: Duration) -> Instant {
         Instant(
             self.0
                 .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         )
-    }
-
-    /// Time from `earlier` to `self`, zero if `earlier` is later.
-    pub fn since(self, earlier: Instant) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
     }
 }
 

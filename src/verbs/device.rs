@@ -935,6 +935,104 @@ impl Qp {
     }
 }
 
+/// Everything needed to take an RC QP from RESET to RTS in one call (see
+/// [`Qp::connect_rc`]). Field names are the `ibv_qp_attr` ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcConnect {
+    /// The peer's QPN.
+    pub dest_qp_num: u32,
+    /// The peer's GID.
+    pub dgid: Gid,
+    /// The first PSN the peer sends (our `rq_psn`).
+    pub rq_psn: u32,
+    /// The first PSN we send.
+    pub sq_psn: u32,
+    /// Path MTU (both sides must agree).
+    pub path_mtu: PathMtu,
+    /// Remote access this QP allows.
+    pub qp_access_flags: AccessFlags,
+    /// ACK timeout exponent (14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Retries on timeout.
+    pub retry_cnt: u8,
+    /// Retries on RNR NAK (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR timer code we send (12 = 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomics we issue and accept.
+    pub max_rd_atomic: u8,
+}
+
+impl RcConnect {
+    /// The settings rdma-core's `ibv_rc_pingpong` uses, towards `dest_qp_num` at `dgid`.
+    pub fn new(dest_qp_num: u32, dgid: Gid, rq_psn: u32, sq_psn: u32) -> RcConnect {
+        RcConnect {
+            dest_qp_num,
+            dgid,
+            rq_psn,
+            sq_psn,
+            path_mtu: PathMtu::Mtu1024,
+            qp_access_flags: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+impl Qp {
+    /// Takes an RC QP through RESET→INIT→RTR→RTS with `ibv_modify_qp`, exactly as the
+    /// rdma-core examples do. Errors: those of [`Qp::modify`].
+    pub fn connect_rc(&self, c: &RcConnect) -> Result<()> {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: c.qp_access_flags,
+            ..QpAttr::default()
+        };
+        self.modify(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS)?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: c.path_mtu,
+            dest_qp_num: c.dest_qp_num,
+            rq_psn: c.rq_psn,
+            max_dest_rd_atomic: c.max_rd_atomic,
+            min_rnr_timer: c.min_rnr_timer,
+            ah_attr: super::AhAttr::roce_v2(c.dgid),
+            ..QpAttr::default()
+        };
+        self.modify(
+            &rtr,
+            A::STATE
+                | A::AV
+                | A::PATH_MTU
+                | A::DEST_QPN
+                | A::RQ_PSN
+                | A::MAX_DEST_RD_ATOMIC
+                | A::MIN_RNR_TIMER,
+        )?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: c.sq_psn,
+            timeout: c.timeout,
+            retry_cnt: c.retry_cnt,
+            rnr_retry: c.rnr_retry,
+            max_rd_atomic: c.max_rd_atomic,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &rts,
+            A::STATE | A::SQ_PSN | A::TIMEOUT | A::RETRY_CNT | A::RNR_RETRY | A::MAX_QP_RD_ATOMIC,
+        )
+    }
+}
+
 fn post_error(call: &'static str, e: PostError) -> Error {
     match e {
         PostError::QueueFull => Error::new(ErrorKind::NoMem, format!("{call}: queue full")),

@@ -16,7 +16,7 @@ pub use crate::transport::{
 };
 pub use device::{
     Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
-    rdma_get_udp_sport, rxe_initial_udp_sport,
+    RcConnect, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
 pub use modify::{AhAttr, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
 
@@ -147,16 +147,9 @@ impl Gid {
 }
 
 impl core::fmt::Display for Gid {
+    /// As `inet_ntop` prints it, like rdma-core's tools (`::ffff:10.77.0.1`).
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        // ibv_devinfo prints GIDs as eight 16-bit groups.
-        let g = &self.0;
-        for i in 0..8 {
-            if i > 0 {
-                f.write_str(":")?;
-            }
-            write!(f, "{:02x}{:02x}", g[2 * i], g[2 * i + 1])?;
-        }
-        Ok(())
+        write!(f, "{}", Ipv6Addr::from(self.0))
     }
 }
 

@@ -12,6 +12,8 @@
 //! `BTH (12) ‖ extension headers (by opcode) ‖ payload ‖ pad (0..=3) ‖ ICRC (4)`.
 //! Source: IBTA Vol 1 ch. 9 (transport headers) and Annex A17 (RoCEv2); kernel rxe `rxe_hdr.h`.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 /// Declares a fixed-length header view `$name<T: AsRef<[u8]>>` with `new_unchecked`,
 /// `new_checked`, `check_len` and `into_inner`, following the contract above.
 macro_rules! header_view {
