@@ -3,73 +3,35 @@
 //! parse, pass the ICRC computed over the IP header as captured, and re-emit from its Repr to
 //! the identical bytes. Source of the captures: shared/captures/README.md.
 
-use softroce::wire::ip_udp::{LinkType, parse_frame};
-use softroce::wire::{Error, IcrcIp, PacketRepr, ROCE_V2_UDP_PORT, RocePacket};
+mod common;
+
+use common::{CapturedDatagram, datagrams};
+use softroce::wire::{Error, PacketRepr, ROCE_V2_UDP_PORT, RocePacket};
 use std::collections::BTreeMap;
-use std::net::IpAddr;
-use std::path::PathBuf;
 
-struct Frame {
-    file: String,
-    index: usize,
-    data: Vec<u8>,
-    link: LinkType,
-}
-
-fn frames() -> Vec<Frame> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/captures");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+/// (file name, datagram) for every UDP datagram of every capture, files in name order.
+fn all_datagrams() -> Vec<(String, CapturedDatagram)> {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/captures");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
         .expect("tests/captures exists")
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n.ends_with(".pcap"))
         .collect();
-    paths.sort();
+    names.sort();
     assert!(
-        paths.len() >= 35,
+        names.len() >= 35,
         "expected the rxe captures, found {}",
-        paths.len()
+        names.len()
     );
-    let mut out = Vec::new();
-    for p in paths {
-        let f = std::fs::File::open(&p).expect("open pcap");
-        let mut r = pcap_file::pcap::PcapReader::new(f).expect("pcap header");
-        let link = match r.header().datalink {
-            pcap_file::DataLink::ETHERNET => LinkType::Ethernet,
-            pcap_file::DataLink::RAW => LinkType::RawIp,
-            other => panic!("{}: unexpected link type {other:?}", p.display()),
-        };
-        let mut index = 0;
-        while let Some(pkt) = r.next_packet() {
-            index += 1;
-            let pkt = pkt.expect("pcap record");
-            out.push(Frame {
-                file: p.file_name().unwrap().to_string_lossy().into_owned(),
-                index,
-                data: pkt.data.into_owned(),
-                link,
-            });
-        }
-    }
-    out
-}
-
-fn icrc_ip(ip_header: &[u8], src: IpAddr, dst: IpAddr, sport: u16, dport: u16) -> IcrcIp {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcIp::V4 {
-            src: s,
-            dst: d,
-            ident: u16::from_be_bytes([ip_header[4], ip_header[5]]),
-            src_port: sport,
-            dst_port: dport,
-        },
-        (IpAddr::V6(s), IpAddr::V6(d)) => IcrcIp::V6 {
-            src: s,
-            dst: d,
-            src_port: sport,
-            dst_port: dport,
-        },
-        _ => panic!("mixed address families"),
-    }
+    names
+        .into_iter()
+        .flat_map(|n| datagrams(&n).into_iter().map(move |d| (n.clone(), d)))
+        .collect()
 }
 
 #[test]
@@ -77,42 +39,39 @@ fn every_captured_packet_parses_checks_and_reemits() {
     let mut by_opcode: BTreeMap<String, usize> = BTreeMap::new();
     let mut unknown = 0;
     let mut checked = 0;
-    for f in frames() {
-        let Ok(d) = parse_frame(&f.data, f.link) else {
-            continue;
-        };
+    for (file, d) in all_datagrams() {
         if d.dst_port != ROCE_V2_UDP_PORT {
             continue;
         }
-        let what = format!("{} #{}", f.file, f.index);
-        let pkt = match RocePacket::parse(d.payload) {
+        let what = format!("{file} #{}", d.frame);
+        let pkt = match RocePacket::parse(&d.payload) {
             Ok(p) => p,
             Err(e @ (Error::UnknownOpcode(_) | Error::BadTver(_))) => {
                 // The host-path captures hold three frames that are not RoCE (Wireshark
                 // calls them malformed "RD" packets); softroce drops them with a reason.
-                assert!(f.file.starts_with("host-path"), "{what}: {e}");
+                assert!(file.starts_with("host-path"), "{what}: {e}");
                 unknown += 1;
                 continue;
             }
             Err(e) => panic!("{what}: {e}"),
         };
         // ICRC over the IP header exactly as captured (rxe's non-zero IP ID is covered).
-        let expect = softroce::wire::icrc_compute(d.ip_header, d.udp_header, pkt.body);
+        let expect = softroce::wire::icrc_compute(&d.ip_header, &d.udp_header, pkt.body);
         assert_eq!(expect, pkt.icrc, "{what}: ICRC");
-        let ip = icrc_ip(d.ip_header, d.src, d.dst, d.src_port, d.dst_port);
+        let ip = d.icrc_ip();
         assert!(pkt.icrc_ok(&ip), "{what}: ICRC through IcrcIp");
         // Re-emit from the Repr: identical bytes.
         let repr: PacketRepr = pkt.repr;
         let mut buf = vec![0u8; repr.buffer_len()];
         let n = repr.emit(&mut buf, pkt.payload, &ip);
-        if !f.file.starts_with("oferby") {
-            assert_eq!(&buf[..n], d.payload, "{what}: re-emitted bytes differ");
+        if !file.starts_with("oferby") {
+            assert_eq!(&buf[..n], &d.payload[..], "{what}: re-emitted bytes differ");
         } else {
             // The third-party sender sets reserved bits in BTH byte 4, which BthRepr does not
             // keep (they are masked in the ICRC and ignored by receivers); all else is equal.
             assert_eq!(buf[4] & 0xc0, d.payload[4] & 0xc0, "{what}: FECN/BECN");
             buf[4] = d.payload[4];
-            assert_eq!(&buf[..n], d.payload, "{what}: re-emitted bytes differ");
+            assert_eq!(&buf[..n], &d.payload[..], "{what}: re-emitted bytes differ");
         }
         *by_opcode
             .entry(pkt.repr.bth.opcode.to_string())
@@ -163,17 +122,14 @@ fn every_captured_packet_parses_checks_and_reemits() {
 fn a_flipped_bit_fails_the_icrc() {
     // Every single-bit flip in the first RC packet of each capture breaks the ICRC.
     let mut tried = 0;
-    for f in frames().into_iter().filter(|f| f.index == 1) {
-        let Ok(d) = parse_frame(&f.data, f.link) else {
-            continue;
-        };
+    for (file, d) in all_datagrams().into_iter().filter(|(_, d)| d.frame == 1) {
         if d.dst_port != ROCE_V2_UDP_PORT {
             continue;
         }
-        let Ok(pkt) = RocePacket::parse(d.payload) else {
+        let Ok(pkt) = RocePacket::parse(&d.payload) else {
             continue;
         };
-        let ip = icrc_ip(d.ip_header, d.src, d.dst, d.src_port, d.dst_port);
+        let ip = d.icrc_ip();
         let good = pkt.icrc;
         let mut body = pkt.body.to_vec();
         for bit in 0..body.len() * 8 {
@@ -184,8 +140,7 @@ fn a_flipped_bit_fails_the_icrc() {
             assert_ne!(
                 softroce::wire::icrc_of_body(&ip, &body),
                 good,
-                "{} bit {bit}",
-                f.file
+                "{file} bit {bit}"
             );
             body[bit / 8] ^= 1 << (bit % 8);
             tried += 1;
