@@ -6,13 +6,24 @@
 //!   unconnected send socket per UDP source port with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so
 //!   that Linux writes IPv4 ID 0 and DF on every datagram and the ICRC of what we send is
 //!   computable; and the driver thread that feeds received datagrams to the device.
+//!   IPv6 sockets set `UDP_NO_CHECK6_RX` (rxe sends IPv6 UDP checksum 0). [`UdpOptions`]
+//!   adds the exact receive-side ICRC mode and a pcap capture.
+//! - [`pcap`]: [`Capture`], a pcap (raw-IP link type) of every datagram drivers send and
+//!   receive, each with the IP header its ICRC was computed over.
+//! - `raw`: the raw IPv4 socket of the exact ICRC mode (CAP_NET_RAW).
+//! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
+//!   drive the same devices and engines deterministically.
 //! - [`oob`]: the out-of-band TCP exchange of QP endpoints and remote buffers that the
 //!   examples and the demo use.
 
 pub mod clock;
 pub mod oob;
+pub mod pcap;
+mod raw;
+pub mod sim;
 pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
 pub use oob::{QpEndpoint, RemoteBuf};
-pub use udp::{UdpDevice, UdpLink};
+pub use pcap::Capture;
+pub use udp::{UdpDevice, UdpLink, UdpOptions};

@@ -21,6 +21,9 @@ pub(super) struct CompState {
     rnr_left: u8,
     retry_cnt: u8,
     rnr_retry: u8,
+    /// A NAK-triggered retry is under way and nothing was acknowledged since: further
+    /// sequence NAKs start no new retry (rxe `comp.started_retry`).
+    started_retry: bool,
 }
 
 impl CompState {
@@ -31,6 +34,7 @@ impl CompState {
             rnr_left: a.rnr_retry,
             retry_cnt: a.retry_cnt,
             rnr_retry: a.rnr_retry,
+            started_retry: false,
         }
     }
 }
@@ -77,6 +81,8 @@ impl QpEngine {
     /// response was lost (an implied NAK): go back to it. Returns false if the ACK is stale.
     fn ack_through(&mut self, q: Psn, now: Instant) -> bool {
         let before = self.comp.psn;
+        let mut acked = q.add(1);
+        let mut implied_nak = None;
         while let Some(w) = self.sq.front() {
             if !w.assigned {
                 break;
@@ -86,19 +92,32 @@ impl QpEngine {
                 break;
             }
             if w.wr.opcode.is_rd_atomic() {
-                // Implied NAK: a later PSN was acknowledged, so this response was lost.
+                // Implied NAK: a later PSN was acknowledged, so this response was lost. The
+                // PSNs from the first missing response on stay unacknowledged.
                 let resume = w.first_psn.add((w.read_done / self.pmtu()) as u32);
-                self.rewind_to(resume);
+                if acked.diff(resume) > 0 {
+                    acked = resume;
+                }
+                implied_nak = Some(resume);
                 break;
             }
             self.pop_completed(WcStatus::Success, 0);
         }
-        if q.add(1).diff(self.comp.psn) > 0 {
-            self.comp.psn = q.add(1);
+        if acked.diff(self.comp.psn) > 0 {
+            self.comp.psn = acked;
         }
         let progressed = self.comp.psn != before;
         if progressed {
             self.progress(now);
+        }
+        // An implied NAK is a retry like a sequence NAK: counted, and not restarted while a
+        // retry is under way (rxe `check_psn` → COMPST_ERROR_RETRY).
+        if let Some(resume) = implied_nak
+            && !self.comp.started_retry
+            && self.use_retry()
+        {
+            self.comp.started_retry = true;
+            self.rewind_to(resume);
         }
         progressed || q.add(1) == self.comp.psn
     }
@@ -115,6 +134,7 @@ impl QpEngine {
     fn progress(&mut self, now: Instant) {
         self.comp.retry_left = self.comp.retry_cnt;
         self.comp.rnr_left = self.comp.rnr_retry;
+        self.comp.started_retry = false;
         if self.req.psn.diff(self.comp.psn) > 0 {
             if let Some(d) = ack_timeout(self.attrs.timeout) {
                 self.timers.set(Timer::Retransmit, now + d);
@@ -150,9 +170,15 @@ impl QpEngine {
         self.counters.rcvd_seq_err += 1;
         // A NAK acknowledges every earlier PSN.
         self.ack_through(q.sub(1), now);
+        // rxe: while a retry is under way with no progress since, another sequence NAK (from
+        // the same burst of out-of-order packets) starts no new retry and uses no count.
+        if self.comp.started_retry {
+            return;
+        }
         if !self.use_retry() {
             return;
         }
+        self.comp.started_retry = true;
         self.rewind_to(q);
     }
 
@@ -194,11 +220,8 @@ impl QpEngine {
         let pos = pkt.info.position;
         let remaining = w.length - w.read_done;
         let len = pkt.payload.len() as u64;
-        let seq_ok = if w.read_done == 0 {
-            pos.starts_message()
-        } else {
-            !pos.starts_message()
-        };
+        // The response to a (re-issued) READ request starts with FIRST or ONLY.
+        let seq_ok = pos.starts_message() == (r == w.read_req_psn);
         let len_ok = match pos {
             Position::First | Position::Middle => len == pmtu && len < remaining,
             Position::Last | Position::Only => len == remaining,

@@ -608,6 +608,9 @@ struct SendWqe {
     assigned: bool,
     /// For READ: bytes of the response received so far.
     read_done: u64,
+    /// For READ: PSN of the last READ request sent for this WQE; its first response is a
+    /// FIRST or ONLY (a re-issued READ restarts the response sequence, rxe `req_retry`).
+    read_req_psn: Psn,
 }
 
 #[derive(Debug, Clone)]
@@ -790,6 +793,7 @@ impl QpEngine {
             npsn: 0,
             assigned: false,
             read_done: 0,
+            read_req_psn: Psn::new(0),
         };
         if self.state == QpState::Err {
             self.complete_send(&wqe, WcStatus::WrFlushErr, 0);

@@ -187,6 +187,11 @@ impl QpEngine {
         }
         repr.finish(&mut buf, &path.icrc_ip());
         // Advance the cursor.
+        if repr.bth.opcode == Opcode::RC_RDMA_READ_REQUEST
+            && let Some(w) = self.sq.get_mut(idx)
+        {
+            w.read_req_psn = repr.bth.psn;
+        }
         self.req.psn = self.req.psn.add(advance_psns);
         if repr.bth.ack_req {
             self.req.noack_pkts = 0;

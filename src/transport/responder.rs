@@ -28,7 +28,7 @@ enum InProgress {
     Write,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum RespItem {
     Ack {
         psn: Psn,
@@ -48,6 +48,8 @@ enum RespItem {
         orig: u64,
         msn: u32,
     },
+    /// A response already built (see `materialize_reads`).
+    Ready(Vec<u8>),
 }
 
 /// Responder state.
@@ -106,6 +108,9 @@ impl QpEngine {
             return;
         }
         self.resp.sent_psn_nak = false;
+        if pkt.info.kind != OpKind::RdmaRead {
+            self.materialize_reads(mem);
+        }
         if let Err(e) = self.execute(pkt, mem) {
             self.resp_fail(e, psn);
         }
@@ -414,6 +419,26 @@ impl QpEngine {
         }
     }
 
+    /// Requests execute in PSN order (IBTA ch. 9 responder ordering): a READ must return the
+    /// memory as it was before any later request changed it. READ responses are normally
+    /// built when polled; before a later request executes, any still queued are built now.
+    fn materialize_reads(&mut self, mem: &MemoryTable) {
+        if !self
+            .resp
+            .out
+            .iter()
+            .any(|i| matches!(i, RespItem::Read { .. }))
+        {
+            return;
+        }
+        let Some(path) = self.path else { return };
+        let mut ready = VecDeque::new();
+        while let Some(t) = self.responder_transmit(&path, mem) {
+            ready.push_back(RespItem::Ready(t.payload));
+        }
+        self.resp.out = ready;
+    }
+
     fn queue_resp(&mut self, item: RespItem) {
         // ACKs are cumulative: a newer ACK replaces one still waiting at the tail.
         if let (
@@ -425,7 +450,7 @@ impl QpEngine {
                 syndrome: AethSyndrome::Ack { .. },
                 ..
             }),
-        ) = (item, self.resp.out.back())
+        ) = (&item, self.resp.out.back())
         {
             self.counters.ack_deferred += 1;
             self.resp.out.pop_back();
@@ -481,6 +506,15 @@ impl QpEngine {
         };
         let mut read_src = None;
         let repr = match item {
+            RespItem::Ready(payload) => {
+                let payload = std::mem::take(payload);
+                self.resp.out.pop_front();
+                return Some(Transmit {
+                    dst: path.remote,
+                    src_port: path.src_port,
+                    payload,
+                });
+            }
             RespItem::Ack { psn, syndrome, msn } => {
                 bth.psn = *psn;
                 let mut r = PacketRepr::new(bth);

@@ -16,7 +16,7 @@ pub use crate::transport::{
 };
 pub use device::{
     Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
-    RcConnect, rdma_get_udp_sport, rxe_initial_udp_sport,
+    RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
 pub use modify::{AhAttr, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
 
@@ -121,6 +121,10 @@ impl std::error::Error for Error {}
 pub type Result<T> = core::result::Result<T, Error>;
 
 /// A 128-bit global identifier. For RoCEv2 it is an IPv6 address, IPv4-mapped for IPv4.
+///
+/// Shape: 16 bytes, network order. A GID of the form `::ffff:a.b.c.d` selects IPv4 (and an
+/// IPv4 address vector); any other GID selects IPv6 with the GID as the address, as rdma-core
+/// and ib_core do (`ipv6_addr_v4mapped`, `rdma_gid2ip`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Gid(pub [u8; 16]);
 

@@ -158,7 +158,10 @@ pub fn icrc_of_body(ip: &IcrcIp, body: &[u8]) -> [u8; 4] {
 /// `f(x) = f(0) ⊕ L(x)` for a linear `L`; we compute `L` on the 16 unit vectors and solve
 /// `L(x) = f(0) ⊕ received` over GF(2). A corrupted packet is then accepted only if its
 /// error happens to lie in the 16-dimensional image of `L`: about 2^-16 of random
-/// corruptions. Returns `None` when no ID fits; `ip` must be [`IcrcIp::V4`] (else `None`).
+/// corruptions. Measured (`examples/icrc_false_accept.rs`): 272 of 17,779,299 corrupted
+/// packets accepted (1.53e-5), whether 2 bits, 3–8 bits, a burst or random bytes were hit;
+/// none of 41,984 single-bit flips.
+/// Returns `None` when no ID fits; `ip` must be [`IcrcIp::V4`] (else `None`).
 /// Cost: 17 CRC passes over the packet.
 pub fn solve_ipv4_ident(ip: &IcrcIp, body: &[u8], received: [u8; 4]) -> Option<u16> {
     let IcrcIp::V4 {

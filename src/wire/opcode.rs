@@ -74,6 +74,7 @@ opcodes! {
     UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2b, Uc, RdmaWrite, Only, [RETH | IMMDT], true;
     UD_SEND_ONLY = 0x64, Ud, Send, Only, [DETH], true;
     UD_SEND_ONLY_WITH_IMMEDIATE = 0x65, Ud, Send, Only, [DETH | IMMDT], true;
+    CNP = 0x81, Cnp, Cnp, Only, [], true;
 }
 
 /// Transport class in BTH opcode bits 7–5. Source: IBTA Vol 1 ch. 9 (OpCode field).
@@ -116,6 +117,10 @@ pub enum OpKind {
     Flush,
     /// ATOMIC WRITE (8 bytes; kernel 6.2+).
     AtomicWrite,
+    /// Congestion notification (RoCEv2 CNP, opcode 0x81): BTH with BECN set, then 16 reserved
+    /// bytes, which the packet layer carries as its payload. Neither a request nor a response:
+    /// a receiver counts it and executes nothing.
+    Cnp,
 }
 
 /// Where a packet sits in its message.
@@ -239,18 +244,18 @@ pub struct OpcodeInfo {
 
 impl OpcodeInfo {
     /// True for packets a requester sends (requests), false for responses (ACK, READ
-    /// response, ATOMIC ACKNOWLEDGE).
+    /// response, ATOMIC ACKNOWLEDGE) and for CNPs, which belong to neither side.
     pub const fn is_request(&self) -> bool {
         !matches!(
             self.kind,
-            OpKind::ReadResponse | OpKind::Acknowledge | OpKind::AtomicAcknowledge
+            OpKind::ReadResponse | OpKind::Acknowledge | OpKind::AtomicAcknowledge | OpKind::Cnp
         )
     }
 }
 
 impl Opcode {
     /// The table row for this opcode, or `None` for a reserved / unsupported code point
-    /// (RD, XRC, CNP, 0x15, manufacturer-specific).
+    /// (RD, XRC, 0x15, manufacturer-specific).
     pub fn info(self) -> Option<&'static OpcodeInfo> {
         OPCODE_TABLE.iter().find(|row| row.opcode == self)
     }
@@ -314,10 +319,11 @@ mod tests {
 
     #[test]
     fn reserved_codes_are_unknown() {
-        for op in [0x15u8, 0x18, 0x40, 0x81, 0xa0, 0xb7, 0xe0] {
+        for op in [0x15u8, 0x18, 0x40, 0x80, 0x82, 0xa0, 0xb7, 0xe0] {
             assert!(Opcode(op).info().is_none(), "{op:#x}");
         }
         assert_eq!(Opcode(0x15).to_string(), "UNKNOWN_0x15");
+        assert_eq!(Opcode(0x81).to_string(), "CNP");
         assert_eq!(
             Opcode::RC_RDMA_WRITE_FIRST.to_string(),
             "RC_RDMA_WRITE_FIRST"

@@ -3,6 +3,8 @@
 //! - `softroce demo`: the classic RDMA WRITE exchange between two softroce devices
 //!   (127.0.0.1 and 127.0.0.2) in one process, over real UDP on loopback.
 //! - `softroce devinfo`: an `ibv_devinfo`-shaped description of a device.
+//! - `softroce decode [--json] FILE`: every frame of a pcap/pcapng explained, as text or JSON.
+//! - `softroce pingpong --rc`: rdma-core's `ibv_rc_pingpong`, interoperable with it.
 
 use clap::{Parser, Subcommand};
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -17,7 +19,9 @@ mod rdma_write_server;
 #[path = "../../../examples/rdma_write_client.rs"]
 mod rdma_write_client;
 
+mod decode;
 mod devinfo;
+mod pingpong;
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +32,14 @@ mod devinfo;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Write every RoCEv2 datagram the devices send and receive to this pcap (raw-IP link
+    /// type, readable by Wireshark and `softroce decode`).
+    #[arg(long, global = true, value_name = "FILE")]
+    pcap: Option<std::path::PathBuf>,
+    /// Check the ICRC of received IPv4 packets over their IP header as received (a raw
+    /// socket beside the UDP one; needs CAP_NET_RAW) instead of solving for the IPv4 ID.
+    #[arg(long, global = true)]
+    exact_icrc: bool,
 }
 
 #[derive(Subcommand)]
@@ -50,17 +62,38 @@ enum Command {
         #[arg(short = 'd', long = "ib-dev", default_value = "softroce0")]
         name: String,
     },
+    /// rdma-core's ibv_rc_pingpong on a softroce device (same options and TCP exchange).
+    Pingpong(pingpong::PingpongArgs),
+    /// Explains every frame of a pcap or pcapng file (Ethernet, raw IP or Linux cooked).
+    Decode {
+        /// One JSON object per frame instead of one line of text.
+        #[arg(long)]
+        json: bool,
+        /// The capture to read.
+        file: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `--pcap` and `--exact-icrc` apply to every device this process opens.
+    let capture = match net_options(cli.pcap.as_deref(), cli.exact_icrc) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("softroce: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let r = match cli.command {
         Command::Demo {
             server_ip,
             client_ip,
         } => demo(server_ip, client_ip),
         Command::Devinfo { ip, name } => devinfo::run(ip, &name),
+        Command::Pingpong(args) => pingpong::run(args),
+        Command::Decode { json, file } => decode::run(&file, json),
     };
+    let r = r.and_then(|()| finish_capture(capture, cli.pcap.as_deref()));
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -72,6 +105,37 @@ fn main() -> ExitCode {
 
 /// Error type of the subcommands.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Makes `--pcap` and `--exact-icrc` the options of every device this process opens.
+fn net_options(
+    pcap: Option<&std::path::Path>,
+    exact_icrc: bool,
+) -> Result<Option<std::sync::Arc<softroce::net::Capture>>, BoxError> {
+    let capture = match pcap {
+        Some(p) => Some(
+            softroce::net::Capture::create(p)
+                .map_err(|e| format!("--pcap {}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
+    softroce::net::UdpOptions::set_process_default(softroce::net::UdpOptions {
+        exact_icrc,
+        capture: capture.clone(),
+    });
+    Ok(capture)
+}
+
+/// Flushes the `--pcap` capture and says how many packets it holds.
+fn finish_capture(
+    capture: Option<std::sync::Arc<softroce::net::Capture>>,
+    pcap: Option<&std::path::Path>,
+) -> Result<(), BoxError> {
+    if let (Some(c), Some(p)) = (capture, pcap) {
+        c.flush()?;
+        eprintln!("[pcap] {} packets written to {}", c.packets(), p.display());
+    }
+    Ok(())
+}
 
 fn demo(server_ip: IpAddr, client_ip: IpAddr) -> Result<(), BoxError> {
     let listener = TcpListener::bind(SocketAddr::new(server_ip, 0))?;

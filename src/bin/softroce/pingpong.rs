@@ -1,0 +1,597 @@
+//! `softroce pingpong --rc`: rdma-core's `ibv_rc_pingpong`, on a softroce device.
+//!
+//! It interoperates with the unmodified rdma-core tool in either role: same options, same
+//! out-of-band TCP exchange, same verbs calls in the same order, same result lines.
+//!
+//! Out-of-band exchange (TCP, port 18515 unless `-p`): each side's address is one text message
+//! of 52 bytes, `"%04x:%06x:%06x:%s"` of LID, QPN, first PSN and GID, then a NUL. The GID is 32
+//! hex digits, byte 0 first (rdma-core prints each 4-byte word with `%08x` after `htobe32` of a
+//! native load, which puts the bytes in memory order on any host). The client connects, sends
+//! its message, reads the server's and answers `"done"` plus NUL (5 bytes). The server reads the
+//! client's message, takes its QP to RTS, then sends its own message and reads the `"done"`.
+//! Source: rdma-core `libibverbs/examples/rc_pingpong.c` (`pp_client_exch_dest`,
+//! `pp_server_exch_dest`), `pingpong.c` (`gid_to_wire_gid`).
+//!
+//! Semantics: both sides create an RC QP (1 send WR, `rx_depth` receive WRs) and post
+//! `rx_depth` receives before the exchange, and keep at least two posted; the client sends
+//! first; after that each side posts its next SEND only once both its previous SEND and the
+//! peer's next message have completed, until `iters` of each. Both print
+//! `"N bytes in S seconds = R Mbit/sec"` (N = size × iters × 2) and
+//! `"I iters in S seconds = U usec/iter"`, timed from the first SEND (client) or the end of the
+//! exchange (server).
+//!
+//! Data: like rc_pingpong, each side sends back the last message it received, so every message
+//! of a session carries the bytes the client started with. softroce checks that: every message
+//! it receives must equal the first one of the session (for a softroce client: the bytes it
+//! sent), and it fails on the first difference. Deliberate differences from rc_pingpong: the
+//! client fills its buffer with a position-dependent pattern instead of 0x7b, so that a
+//! misplaced segment shows; messages land in a separate receive area of the same MR and are
+//! copied to the send area before the next SEND (rc_pingpong receives into the buffer it sends
+//! from); without `-g` the RoCE v2 GID (index 1) is used, since a RoCE peer cannot connect
+//! without one; and the GRH hop limit is 64, what rxe puts on the wire, rather than 1.
+//!
+//! Only RC QPs exist so far: `--uc`, `--ud` and `--srq` (the other rdma-core pingpong tools)
+//! are refused with an error that says so.
+
+use crate::BoxError;
+use clap::{ArgGroup, Args};
+use softroce::net::UdpDevice;
+use softroce::net::oob::random_psn;
+use softroce::verbs::{
+    AccessFlags, AhAttr, Gid, Mr, PathMtu, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
+    QpType, RecvWr, SendWr, Wc, WcStatus, WrOpcode,
+};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// The TCP port rdma-core's examples use.
+pub const DEFAULT_TCP_PORT: u16 = 18515;
+
+/// Length of the address message: `"0000:000000:000000:"`, 32 hex digits, NUL.
+const MSG_LEN: usize = 52;
+/// rc_pingpong's work request ids.
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// rc_pingpong's `-c` checks the first byte of every page.
+const PAGE_BYTES: usize = 4096;
+
+/// Options of `softroce pingpong`, those of rdma-core's `ibv_rc_pingpong` plus `--ip`.
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("transport").required(true).args(["rc", "uc", "ud", "srq"])))]
+pub struct PingpongArgs {
+    /// RC QP, SEND/RECV (as ibv_rc_pingpong).
+    #[arg(long)]
+    rc: bool,
+    /// UC QP (as ibv_uc_pingpong): not implemented yet.
+    #[arg(long)]
+    uc: bool,
+    /// UD QP (as ibv_ud_pingpong): not implemented yet.
+    #[arg(long)]
+    ud: bool,
+    /// RC QPs on a shared receive queue (as ibv_srq_pingpong): not implemented yet.
+    #[arg(long)]
+    srq: bool,
+    /// Server to connect to; without it, wait for a client.
+    host: Option<String>,
+    /// Listen on / connect to this TCP port.
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_TCP_PORT)]
+    port: u16,
+    /// Device name.
+    #[arg(short = 'd', long = "ib-dev", default_value = "softroce0")]
+    ib_dev: String,
+    /// Device port (softroce devices have port 1 only).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// Size of each message, in bytes.
+    #[arg(short = 's', long = "size", default_value_t = 4096)]
+    size: u32,
+    /// Path MTU in bytes (256, 512, 1024, 2048 or 4096).
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
+    /// Receives to post at a time.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// Number of exchanges.
+    #[arg(short = 'n', long = "iters", default_value_t = 1000)]
+    iters: u32,
+    /// Service level (accepted and ignored: RoCE has none).
+    #[arg(short = 'l', long = "sl", default_value_t = 0)]
+    sl: u8,
+    /// Local GID index (default 1, the RoCE v2 GID of the device address).
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u8>,
+    /// Validate the received buffer as rc_pingpong -c does (first byte of every page).
+    #[arg(short = 'c', long = "chk")]
+    chk: bool,
+    /// Address the device binds (UDP 4791); default $SOFTROCE_IP, else 127.0.0.1.
+    #[arg(long)]
+    ip: Option<IpAddr>,
+    /// After the results, print the device's counters (rxe hw_counters names).
+    #[arg(long)]
+    counters: bool,
+}
+
+/// The device address: `--ip`, else `$SOFTROCE_IP`, else 127.0.0.1.
+/// Errors: `$SOFTROCE_IP` that is not an IP address.
+pub fn device_ip(ip: Option<IpAddr>) -> Result<IpAddr, BoxError> {
+    if let Some(ip) = ip {
+        return Ok(ip);
+    }
+    match std::env::var("SOFTROCE_IP") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| format!("SOFTROCE_IP={s:?} is not an IP address").into()),
+        Err(_) => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+    }
+}
+
+/// One side's address as the pingpong tools exchange it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PingpongDest {
+    /// LID (0 on RoCE).
+    pub lid: u16,
+    /// QP number.
+    pub qpn: u32,
+    /// First PSN this side sends.
+    pub psn: u32,
+    /// GID.
+    pub gid: Gid,
+}
+
+impl PingpongDest {
+    /// The 52-byte message: `"%04x:%06x:%06x:"`, the GID as 32 hex digits, NUL.
+    pub fn to_message(self) -> [u8; MSG_LEN] {
+        let mut text = format!("{:04x}:{:06x}:{:06x}:", self.lid, self.qpn, self.psn);
+        for b in self.gid.0 {
+            text.push_str(&format!("{b:02x}"));
+        }
+        let mut m = [0u8; MSG_LEN];
+        let n = text.len().min(MSG_LEN - 1);
+        m[..n].copy_from_slice(&text.as_bytes()[..n]);
+        m
+    }
+
+    /// Parses a message as rc_pingpong's `sscanf("%x:%x:%x:%s")` + `wire_gid_to_gid` do.
+    /// Errors: a message that is not four `:`-separated hex fields with a 32-digit GID.
+    pub fn from_message(m: &[u8]) -> Result<PingpongDest, BoxError> {
+        let end = m.iter().position(|b| *b == 0).unwrap_or(m.len());
+        let text = std::str::from_utf8(&m[..end])
+            .map_err(|_| format!("peer address message is not text: {m:02x?}"))?;
+        let bad = || format!("malformed peer address message {text:?}");
+        let mut f = text.split(':');
+        let mut hex = |max: u32| -> Result<u32, String> {
+            let v = f
+                .next()
+                .and_then(|s| u32::from_str_radix(s, 16).ok())
+                .ok_or_else(bad)?;
+            if v > max { Err(bad()) } else { Ok(v) }
+        };
+        let lid = hex(0xffff)? as u16;
+        let qpn = hex(0x00ff_ffff)?;
+        let psn = hex(0x00ff_ffff)?;
+        let g = f.next().ok_or_else(bad)?;
+        if g.len() != 32 || f.next().is_some() {
+            return Err(bad().into());
+        }
+        let mut gid = [0u8; 16];
+        for (i, b) in gid.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(PingpongDest {
+            lid,
+            qpn,
+            psn,
+            gid: Gid(gid),
+        })
+    }
+
+    fn print(self, which: &str) {
+        println!(
+            "  {which} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            self.lid, self.qpn, self.psn, self.gid
+        );
+    }
+}
+
+/// Runs `softroce pingpong`.
+pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
+    for (flag, what) in [(a.uc, "UC QPs"), (a.ud, "UD QPs"), (a.srq, "SRQs")] {
+        if flag {
+            return Err(format!(
+                "{what} are not implemented yet: softroce serves RC QPs only (use --rc)"
+            )
+            .into());
+        }
+    }
+    if a.ib_port != 1 {
+        return Err(format!("device port {} does not exist (only port 1)", a.ib_port).into());
+    }
+    let mtu = PathMtu::from_bytes(a.mtu)
+        .ok_or_else(|| format!("MTU {} is not one of 256, 512, 1024, 2048, 4096", a.mtu))?;
+    if a.rx_depth < 2 {
+        return Err("rx depth must be at least 2".into());
+    }
+    if a.iters == 0 {
+        return Err("iters must be at least 1".into());
+    }
+    let ip = device_ip(a.ip)?;
+    let size = a.size as usize;
+
+    let dev = UdpDevice::open(&a.ib_dev, ip).map_err(|e| {
+        format!(
+            "cannot open device {} on {ip} (UDP port 4791): {e}",
+            a.ib_dev
+        )
+    })?;
+    let pd = dev.alloc_pd()?;
+    let cq = dev.create_cq(a.rx_depth + 1)?;
+    let qp = pd.create_qp(&QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: QpCap {
+            max_send_wr: 1,
+            max_recv_wr: a.rx_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
+    })?;
+    // [0, size): the buffer SENDs go from; [size, 2 × size): where receives land.
+    let mr = pd.reg_mr((2 * size).max(1), AccessFlags::LOCAL_WRITE)?;
+    let mut buf: Vec<u8> = (0..size).map(fill_byte).collect();
+    if a.chk && a.host.is_some() {
+        // rc_pingpong -c: the client sets byte 0 of every page to (page % sizeof(char)) = 0.
+        for b in buf.iter_mut().step_by(PAGE_BYTES) {
+            *b = 0;
+        }
+    }
+    mr.write(0, &buf)?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: AccessFlags::empty(),
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )?;
+    let recv_wr = RecvWr {
+        wr_id: RECV_WRID,
+        sg_list: vec![mr.sge(size, a.size)],
+    };
+    let mut routs = post_recvs(&qp, &recv_wr, a.rx_depth);
+    if routs < a.rx_depth {
+        return Err(format!("Couldn't post receive ({routs})").into());
+    }
+    let gid_index = a.gid_idx.unwrap_or(1);
+    let gid = dev
+        .query_gid(1, gid_index)
+        .map_err(|e| format!("can't read sgid of index {gid_index}: {e}"))?
+        .gid;
+    let me = PingpongDest {
+        lid: 0,
+        qpn: qp.qp_num(),
+        psn: random_psn(),
+        gid,
+    };
+
+    let connect = |peer: &PingpongDest| -> Result<(), BoxError> {
+        connect_qp(&qp, peer, me.psn, mtu, gid_index)
+    };
+    match &a.host {
+        Some(host) => {
+            me.print("local address: ");
+            let peer = client_exchange(host, a.port, &me)?;
+            peer.print("remote address:");
+            connect(&peer)?;
+        }
+        None => {
+            let unspecified = if ip.is_ipv4() {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            };
+            let listener = TcpListener::bind(SocketAddr::new(unspecified, a.port))
+                .map_err(|e| format!("Couldn't listen to port {}: {e}", a.port))?;
+            // Printed once the listener exists, so a script that sees this line may connect.
+            me.print("local address: ");
+            let peer = server_exchange(listener, &me, connect)?;
+            peer.print("remote address:");
+        }
+    }
+
+    let mut pending = RECV_WRID;
+    if a.host.is_some() {
+        qp.post_send(&[send_wr(&mr, a.size)])
+            .map_err(|e| format!("Couldn't post send: {e}"))?;
+        pending |= SEND_WRID;
+    }
+    let start = Instant::now();
+    // What every received message must equal: the client knows it from the start, the server
+    // learns it from the first message.
+    let mut reference: Option<Vec<u8>> = a.host.as_ref().map(|_| buf.clone());
+    let mut last_rx: Option<Vec<u8>> = None;
+    let (mut rcnt, mut scnt) = (0u32, 0u32);
+    let mut wcs = [Wc::default(), Wc::default()];
+    while rcnt < a.iters || scnt < a.iters {
+        let n = cq.wait(&mut wcs, Duration::from_secs(1));
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "Failed status {} ({}) for wr_id {}",
+                    wc.status, wc.status as u32, wc.wr_id
+                )
+                .into());
+            }
+            match wc.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        routs += post_recvs(&qp, &recv_wr, a.rx_depth - routs);
+                        if routs < a.rx_depth {
+                            return Err(format!("Couldn't post receive ({routs})").into());
+                        }
+                    }
+                    rcnt += 1;
+                    if wc.byte_len != a.size {
+                        return Err(format!(
+                            "message {rcnt}: received {} bytes, expected {}",
+                            wc.byte_len, a.size
+                        )
+                        .into());
+                    }
+                    let mut got = vec![0u8; size];
+                    mr.read(size, &mut got)?;
+                    match &reference {
+                        Some(want) => check_same(want, &got, rcnt)?,
+                        None => reference = Some(got.clone()),
+                    }
+                    last_rx = Some(got);
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}").into()),
+            }
+            pending &= !wc.wr_id;
+            if scnt < a.iters && pending == 0 {
+                // Send back what came in last, as rc_pingpong does by receiving into its buffer.
+                if let Some(rx) = last_rx.take() {
+                    mr.write(0, &rx)?;
+                    buf = rx;
+                }
+                qp.post_send(&[send_wr(&mr, a.size)])
+                    .map_err(|e| format!("Couldn't post send: {e}"))?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    // Counters live with the QP: read them before anything is torn down.
+    let counters = dev.counters();
+    let tx_datagrams = dev
+        .link()
+        .tx_datagrams
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let rx_datagrams = dev
+        .link()
+        .rx_datagrams
+        .load(std::sync::atomic::Ordering::Relaxed);
+
+    let usec = (elapsed.as_secs_f64() * 1e6).max(1.0);
+    let bytes = u64::from(a.size) * u64::from(a.iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        a.iters,
+        usec / 1e6,
+        usec / f64::from(a.iters)
+    );
+    if let Some(rx) = last_rx {
+        buf = rx;
+    }
+    if a.chk {
+        let bad: Vec<usize> = (0..size)
+            .step_by(PAGE_BYTES)
+            .filter(|i| buf[*i] != 0)
+            .map(|i| i / PAGE_BYTES)
+            .collect();
+        for page in &bad {
+            println!("invalid data in page {page}");
+        }
+        if !bad.is_empty() {
+            return Err(format!("-c: {} page(s) hold invalid data", bad.len()).into());
+        }
+    }
+    println!(
+        "data: {rcnt} received messages of {} bytes checked, each equal to the first message of the session",
+        a.size
+    );
+    if a.counters {
+        let mut line = format!("counters: tx_datagrams={tx_datagrams} rx_datagrams={rx_datagrams}");
+        for (name, v) in counters.entries() {
+            line.push_str(&format!(" {name}={v}"));
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// The client's initial buffer: byte `i` is `0x7b ^ i ^ (i >> 8)` (rc_pingpong fills 0x7b).
+fn fill_byte(i: usize) -> u8 {
+    0x7b ^ (i as u8) ^ ((i >> 8) as u8)
+}
+
+fn check_same(want: &[u8], got: &[u8], msg: u32) -> Result<(), BoxError> {
+    match want.iter().zip(got).position(|(w, g)| w != g) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "data mismatch in received message {msg}: byte {i} is 0x{:02x}, expected 0x{:02x} \
+             (every message of a pingpong session carries the client's first message)",
+            got[i], want[i]
+        )
+        .into()),
+    }
+}
+
+fn send_wr(mr: &Mr, size: u32) -> SendWr {
+    SendWr::new(SEND_WRID, WrOpcode::Send, vec![mr.sge(0, size)])
+}
+
+/// Posts up to `n` copies of `wr`; returns how many were posted (as rc_pingpong's
+/// `pp_post_recv`).
+fn post_recvs(qp: &Qp, wr: &RecvWr, n: u32) -> u32 {
+    let mut posted = 0;
+    while posted < n && qp.post_recv(std::slice::from_ref(wr)).is_ok() {
+        posted += 1;
+    }
+    posted
+}
+
+/// INIT → RTR → RTS towards `peer` with rc_pingpong's attributes (`pp_connect_ctx`).
+fn connect_qp(
+    qp: &Qp,
+    peer: &PingpongDest,
+    my_psn: u32,
+    mtu: PathMtu,
+    sgid_index: u8,
+) -> Result<(), BoxError> {
+    // rc_pingpong sets a GRH only when the peer's interface id is non-zero; RoCE needs one.
+    if peer.gid.0[8..].iter().all(|b| *b == 0) {
+        return Err(format!(
+            "the peer sent GID {}: RoCE needs a GID, run the peer with -g <its RoCE v2 GID index>",
+            peer.gid
+        )
+        .into());
+    }
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: mtu,
+        dest_qp_num: peer.qpn,
+        rq_psn: peer.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: AhAttr {
+            sgid_index,
+            ..AhAttr::roce_v2(peer.gid)
+        },
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &rtr,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        sq_psn: my_psn,
+        max_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &rts,
+        QpAttrMask::STATE
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    Ok(())
+}
+
+/// Client side of the exchange (`pp_client_exch_dest`).
+fn client_exchange(host: &str, port: u16, me: &PingpongDest) -> Result<PingpongDest, BoxError> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{e} for {host}:{port}"))?
+        .collect();
+    let mut tcp = addrs
+        .iter()
+        .find_map(|a| TcpStream::connect(a).ok())
+        .ok_or_else(|| format!("Couldn't connect to {host}:{port}"))?;
+    tcp.write_all(&me.to_message())
+        .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    let mut msg = [0u8; MSG_LEN];
+    tcp.read_exact(&mut msg)
+        .and_then(|()| tcp.write_all(b"done\0"))
+        .map_err(|e| format!("Couldn't read/write remote address: {e}"))?;
+    PingpongDest::from_message(&msg)
+}
+
+/// Server side of the exchange (`pp_server_exch_dest`): one client, whose QP we connect to
+/// before answering.
+fn server_exchange(
+    listener: TcpListener,
+    me: &PingpongDest,
+    connect: impl Fn(&PingpongDest) -> Result<(), BoxError>,
+) -> Result<PingpongDest, BoxError> {
+    let (mut tcp, _) = listener
+        .accept()
+        .map_err(|e| format!("accept() failed: {e}"))?;
+    drop(listener);
+    let mut msg = [0u8; MSG_LEN];
+    tcp.read_exact(&mut msg)
+        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    let peer = PingpongDest::from_message(&msg)?;
+    connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
+    let mut done = [0u8; 5];
+    tcp.write_all(&me.to_message())
+        .and_then(|()| tcp.read_exact(&mut done))
+        .map_err(|e| format!("Couldn't send/recv local address: {e}"))?;
+    Ok(peer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_message_matches_rdma_core_layout() {
+        // LID 0, QPN 0x11, PSN 0x5d2b83, GID ::ffff:10.77.0.2 in rc_pingpong's layout:
+        // "%04x:%06x:%06x:" and the GID bytes in order as 32 hex digits, then a NUL.
+        let d = PingpongDest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0x5d_2b83,
+            gid: Gid::from_ip("10.77.0.2".parse().unwrap()),
+        };
+        let m = d.to_message();
+        assert_eq!(
+            &m[..51],
+            b"0000:000011:5d2b83:00000000000000000000ffff0a4d0002"
+        );
+        assert_eq!(m[51], 0);
+        assert_eq!(PingpongDest::from_message(&m).unwrap(), d);
+    }
+
+    #[test]
+    fn malformed_messages_are_refused() {
+        for m in [
+            &b"0000:000011:5d2b83"[..],
+            b"0000:000011:5d2b83:0000",
+            b"zzzz:000011:5d2b83:00000000000000000000ffff0a4d0002",
+            b"0000:1000011:5d2b83:00000000000000000000ffff0a4d0002",
+            b"0000:000011:5d2b83:00000000000000000000ffff0a4d0002:00",
+        ] {
+            assert!(PingpongDest::from_message(m).is_err(), "{m:?}");
+        }
+    }
+}

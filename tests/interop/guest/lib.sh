@@ -1,0 +1,105 @@
+# lib.sh — helpers for the host's guest jobs (source /share/lib.sh).  Runs INSIDE the guest;
+# the agent exports DEV, GIDX, HOST_IP, GUEST_IP and IF.
+
+# rxe's hw_counters of device $1 (default $DEV), one "name=value" per line.
+counters() {
+  local d=/sys/class/infiniband/${1:-$DEV}/ports/1/hw_counters f v
+  for f in "$d"/*; do read -r v < "$f"; echo "${f##*/}=$v"; done
+}
+
+# Wait until something listens on TCP port $1 (default 18515); fail after ~20 s.
+wait_listen() {
+  local port=${1:-18515} i
+  for i in $(seq 1 400); do
+    [[ -n $(ss -Hltn "sport = :$port") ]] && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on TCP $port after 20 s" >&2
+  return 1
+}
+
+# capture_start FILE: tcpdump the RoCE traffic of the NIC into FILE (tmpfs: writing pcaps to
+# the 9p share under TCG loses packets); capture_stop: flush and stop it.
+capture_start() {
+  tcpdump -i "$IF" -n --immediate-mode -B 4096 -s 256 -w "$1" udp port 4791 2> "$1.log" &
+  CAPTURE_PID=$!
+  local i
+  for i in $(seq 1 200); do grep -q listening "$1.log" && return 0; sleep 0.05; done
+  echo "tcpdump did not start" >&2
+  return 1
+}
+capture_stop() {
+  sleep 0.3
+  kill -INT "$CAPTURE_PID" 2>/dev/null
+  wait "$CAPTURE_PID" 2>/dev/null
+}
+
+# Two more rxe devices, rxea (10.77.0.1 on veth va) and rxeb (10.77.0.2 on vb), for the
+# rxe <-> rxe control runs.  Both addresses are local, so policy routing sends the traffic
+# between them through the veth wire (the kernel would short-cut it over lo, which rxe drops;
+# and 6.1 rxe works in init_net only, so two namespaces are no option).  Idempotent.
+rxe_pair_up() {
+  [[ -e /sys/class/infiniband/rxeb ]] && return 0
+  local A=10.77.0.1 B=10.77.0.2 i
+  ip link add va type veth peer name vb || return 1
+  for i in va vb; do
+    sysctl -qw net.ipv6.conf.$i.disable_ipv6=1 net.ipv4.conf.$i.rp_filter=0 net.ipv4.conf.$i.accept_local=1
+  done
+  sysctl -qw net.ipv4.conf.all.rp_filter=0
+  ip addr add $A/24 dev va; ip addr add $B/24 dev vb
+  ip link set va up; ip link set vb up
+  ip rule add pref 100 lookup local; ip rule del pref 0 lookup local
+  ip rule add pref 10 iif lo to $B lookup 101; ip rule add pref 11 iif lo to $A lookup 102
+  ip route add $B dev va src $A table 101; ip route add $A dev vb src $B table 102
+  rdma link add rxea type rxe netdev va && rdma link add rxeb type rxe netdev vb
+}
+
+# GID index of the RoCE v2 GID ::ffff:IP on device $1.
+gid_index() {
+  local want i g ty
+  want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' ${2//./ })
+  for _ in $(seq 1 50); do
+    for i in $(seq 0 15); do
+      read -r g < "/sys/class/infiniband/$1/ports/1/gids/$i" 2>/dev/null || continue
+      [[ $g == "$want" ]] || continue
+      read -r ty < "/sys/class/infiniband/$1/ports/1/gid_attrs/types/$i" 2>/dev/null || continue
+      [[ $ty == "RoCE v2" ]] && { echo "$i"; return 0; }
+    done
+    sleep 0.1
+  done
+  return 1
+}
+
+# loss egress|ingress PCT: netem drops PCT % of the RoCE packets (UDP port 4791) that the guest
+# sends (egress: a prio qdisc steers them to a netem band) or receives (ingress: redirected
+# through ifb0, whose root qdisc is netem).  Other traffic (the TCP exchanges, ARP) is spared.
+# loss_report prints "netem dropped N"; loss_off removes it all.
+LOSS_DEV=
+loss() {
+  local dir=$1 pct=$2
+  local match=(u32 match ip protocol 17 0xff match ip dport 4791 0xffff)
+  if [[ $dir == egress ]]; then
+    tc qdisc add dev "$IF" root handle 1: prio || return 1
+    tc qdisc add dev "$IF" parent 1:3 handle 30: netem loss "$pct%" || return 1
+    tc filter add dev "$IF" parent 1: protocol ip "${match[@]}" flowid 1:3 || return 1
+    LOSS_DEV=$IF
+  else
+    modprobe ifb numifbs=1 && ip link set ifb0 up || return 1
+    tc qdisc add dev "$IF" handle ffff: ingress || return 1
+    tc filter add dev "$IF" parent ffff: protocol ip "${match[@]}" \
+      action mirred egress redirect dev ifb0 || return 1
+    tc qdisc add dev ifb0 root netem loss "$pct%" || return 1
+    LOSS_DEV=ifb0
+  fi
+}
+loss_report() {
+  local d
+  d=$(tc -s qdisc show dev "$LOSS_DEV" | awk '/^qdisc netem/{n=1} n && /dropped/{sub(",", "", $7); print $7; exit}')
+  echo "netem dropped ${d:-?} RoCE packets ($LOSS_DEV)"
+}
+loss_off() {
+  tc qdisc del dev "$IF" root 2>/dev/null
+  tc qdisc del dev "$IF" ingress 2>/dev/null
+  tc qdisc del dev ifb0 root 2>/dev/null
+  return 0
+}

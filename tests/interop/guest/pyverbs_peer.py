@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""pyverbs_peer.py — the kernel-rxe side of softroce's RDMA WRITE scenarios, through rdma-core's
+Python binding (python3-pyverbs).  Runs INSIDE the rxe guest.
+
+It speaks the out-of-band TCP exchange of softroce's examples/rdma_write_{server,client}.rs:
+  1. both sides send, then read, a 24-byte endpoint: QPN u32, first PSN u32, GID 16 bytes
+     (big-endian); each then takes its RC QP INIT -> RTR -> RTS towards the other;
+  2. the server sends a 16-byte buffer description: addr u64, rkey u32, len u32 (big-endian);
+  3. the client RDMA-WRITEs its message there, polls the completion, and sends one byte 'D';
+     the server then looks at its buffer.
+
+usage:
+  pyverbs_peer.py server [--port P] [--bad-rkey] [--expect TEXT]
+      rxe is the responder.  With --bad-rkey the rkey handed out is wrong, so the client's WRITE
+      must be refused (NAK remote access error) and the buffer must stay all zero; otherwise
+      the buffer must start with TEXT.  Exit 0 when that holds.
+  pyverbs_peer.py client HOST [--port P] [--bad-rkey]
+      rxe is the requester: WRITEs MESSAGE to the host.  With --bad-rkey it flips the rkey's key
+      byte and expects IBV_WC_REM_ACCESS_ERR; otherwise IBV_WC_SUCCESS.  Exit 0 when it got it.
+  pyverbs_peer.py pcap-summary FILE
+      one line per RoCEv2 packet in a pcap: source, destination, opcode, PSN, AETH syndrome.
+Device and GID index come from $DEV and $GIDX (set by the guest agent).
+"""
+import argparse
+import os
+import random
+import socket
+import struct
+import sys
+import time
+
+MESSAGE = b'Hello RDMA from rxe! Data lands directly in softroce memory.\0'
+BUF_LEN = 4096
+
+
+def wc_status_name(e, status):
+    names = {getattr(e, n): n for n in dir(e) if n.startswith('IBV_WC_') and n.endswith('_ERR')}
+    names[e.IBV_WC_SUCCESS] = 'IBV_WC_SUCCESS'
+    return names.get(status, str(status))
+
+
+class Rc:
+    """One RC QP on rxe with a CQ and a registered buffer."""
+
+    def __init__(self, access):
+        import pyverbs.enums as e
+        from pyverbs.cq import CQ
+        from pyverbs.device import Context
+        from pyverbs.mr import MR
+        from pyverbs.pd import PD
+        from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+        self.e = e
+        self.ctx = Context(name=os.environ.get('DEV', 'rxe0'))
+        self.gidx = int(os.environ.get('GIDX', '1'))
+        self.pd = PD(self.ctx)
+        self.cq = CQ(self.ctx, 16, None, None, 0)
+        self.mr = MR(self.pd, BUF_LEN, access)
+        cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
+        init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
+        attr = QPAttr(port_num=1)
+        attr.qp_access_flags = access
+        self.qp = QP(self.pd, init, attr)
+        self.psn = random.getrandbits(24)
+        self.gid = self.ctx.query_gid(1, self.gidx)
+
+    def endpoint(self):
+        gid = bytes.fromhex(str(self.gid.gid).replace(':', ''))
+        return struct.pack('>II', self.qp.qp_num, self.psn) + gid
+
+    def connect(self, peer):
+        from pyverbs.addr import GID, AHAttr, GlobalRoute
+        from pyverbs.qp import QPAttr
+        e = self.e
+        qpn, psn = struct.unpack('>II', peer[:8])
+        h = peer[8:24].hex()
+        dgid = GID(':'.join(h[i:i + 4] for i in range(0, 32, 4)))
+        attr = QPAttr(port_num=1)
+        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        attr.path_mtu = e.IBV_MTU_1024
+        attr.max_dest_rd_atomic = 1
+        attr.max_rd_atomic = 1
+        attr.min_rnr_timer = 12
+        attr.timeout = 14
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7
+        attr.ah_attr = AHAttr(port_num=1, is_global=1,
+                              gr=GlobalRoute(dgid=dgid, sgid_index=self.gidx, hop_limit=64))
+        attr.dest_qp_num = qpn
+        attr.sq_psn = self.psn
+        attr.rq_psn = psn
+        self.qp.to_rts(attr)
+        print(f'pyverbs: rxe QPN 0x{self.qp.qp_num:06x} PSN 0x{self.psn:06x} connected to '
+              f'QPN 0x{qpn:06x} PSN 0x{psn:06x} GID {dgid.gid}', flush=True)
+
+    def poll(self, timeout=20.0):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            n, wcs = self.cq.poll(1)
+            if n:
+                return wcs[0]
+            time.sleep(0.001)
+        raise SystemExit(f'pyverbs: no completion within {timeout} s')
+
+
+def read_exact(s, n):
+    b = b''
+    while len(b) < n:
+        chunk = s.recv(n - len(b))
+        if not chunk:
+            raise SystemExit(f'pyverbs: peer closed the TCP connection after {len(b)}/{n} bytes')
+        b += chunk
+    return b
+
+
+def server(a):
+    import pyverbs.enums as e
+    rc = Rc(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+    lst = socket.socket()
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lst.bind(('0.0.0.0', a.port))
+    lst.listen(1)
+    print(f'pyverbs: server listening on TCP {a.port}', flush=True)
+    conn, peer_addr = lst.accept()
+    conn.sendall(rc.endpoint())
+    rc.connect(read_exact(conn, 24))
+    rkey = rc.mr.rkey ^ 0xff if a.bad_rkey else rc.mr.rkey
+    conn.sendall(struct.pack('>QII', rc.mr.buf, rkey, BUF_LEN))
+    print(f'pyverbs: buffer addr 0x{rc.mr.buf:x} rkey handed out 0x{rkey:x} '
+          f'(MR rkey 0x{rc.mr.rkey:x}{", deliberately wrong" if a.bad_rkey else ""})', flush=True)
+    read_exact(conn, 1)
+    got = rc.mr.read(BUF_LEN, 0)
+    if a.bad_rkey:
+        ok = got == bytes(BUF_LEN)
+        print(f'buffer: {"untouched (all zero)" if ok else "MODIFIED: " + repr(got[:80])}')
+    else:
+        want = a.expect.encode()
+        ok = got.startswith(want)
+        print(f'buffer: {got[:len(want)]!r} ({"as expected" if ok else "expected " + repr(want)})')
+    return 0 if ok else 1
+
+
+def client(a):
+    import pyverbs.enums as e
+    from pyverbs.wr import SGE, SendWR
+    rc = Rc(e.IBV_ACCESS_LOCAL_WRITE)
+    conn = socket.create_connection((a.host, a.port), timeout=30)
+    conn.sendall(rc.endpoint())
+    rc.connect(read_exact(conn, 24))
+    addr, rkey, length = struct.unpack('>QII', read_exact(conn, 16))
+    if length < len(MESSAGE):
+        raise SystemExit('pyverbs: remote buffer too small')
+    if a.bad_rkey:
+        rkey ^= 0xff
+    rc.mr.write(MESSAGE, len(MESSAGE))
+    wr = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, send_flags=e.IBV_SEND_SIGNALED, num_sge=1,
+                sg=[SGE(rc.mr.buf, len(MESSAGE), rc.mr.lkey)])
+    wr.set_wr_rdma(rkey=rkey, addr=addr)
+    rc.qp.post_send(wr)
+    wc = rc.poll()
+    conn.sendall(b'D')
+    want = e.IBV_WC_REM_ACCESS_ERR if a.bad_rkey else e.IBV_WC_SUCCESS
+    print(f'WC status={wc_status_name(e, wc.status)} opcode={wc.opcode} '
+          f'(RDMA WRITE of {len(MESSAGE)} B to 0x{addr:x} rkey 0x{rkey:x}; '
+          f'expected {wc_status_name(e, want)})')
+    return 0 if wc.status == want else 1
+
+
+def pcap_summary(a):
+    """RoCEv2 packets (UDP port 4791) of an Ethernet/IPv4 pcap, one line each."""
+    data = open(a.file, 'rb').read()
+    magic = struct.unpack('<I', data[:4])[0]
+    endian = '<' if magic in (0xa1b2c3d4, 0xa1b23c4d) else '>'
+    off = 24
+    while off + 16 <= len(data):
+        _, _, incl, _ = struct.unpack(endian + 'IIII', data[off:off + 16])
+        pkt = data[off + 16:off + 16 + incl]
+        off += 16 + incl
+        if len(pkt) < 14 + 20 + 8 + 12 or pkt[12:14] != b'\x08\x00':
+            continue
+        ihl = (pkt[14] & 0x0f) * 4
+        ip = pkt[14:14 + ihl]
+        if ip[9] != 17:
+            continue
+        udp = pkt[14 + ihl:14 + ihl + 8]
+        if struct.unpack('>H', udp[2:4])[0] != 4791:
+            continue
+        bth = pkt[14 + ihl + 8:]
+        opcode = bth[0]
+        psn = struct.unpack('>I', bth[8:12])[0] & 0xffffff
+        ident = struct.unpack('>H', ip[4:6])[0]
+        line = (f'{socket.inet_ntoa(ip[12:16])} > {socket.inet_ntoa(ip[16:20])} '
+                f'opcode=0x{opcode:02x} psn=0x{psn:06x} ipid=0x{ident:04x}')
+        if opcode in (0x0d, 0x0f, 0x10, 0x11, 0x12) and len(bth) >= 16:  # carries an AETH
+            line += f' syndrome=0x{bth[12]:02x}'
+        print(line)
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest='cmd', required=True)
+    s = sub.add_parser('server')
+    s.add_argument('--port', type=int, default=18515)
+    s.add_argument('--bad-rkey', action='store_true')
+    s.add_argument('--expect', default='')
+    c = sub.add_parser('client')
+    c.add_argument('host')
+    c.add_argument('--port', type=int, default=18515)
+    c.add_argument('--bad-rkey', action='store_true')
+    ps = sub.add_parser('pcap-summary')
+    ps.add_argument('file')
+    a = p.parse_args()
+    return {'server': server, 'client': client, 'pcap-summary': pcap_summary}[a.cmd](a)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,307 @@
+//! `softroce pingpong --rc` against itself, as two processes over UDP on loopback, and against
+//! a hand-written peer that speaks rc_pingpong's TCP exchange byte for byte.
+//!
+//! Each test uses its own 127.0.6x.y addresses (Linux routes all of 127/8 to loopback) and a
+//! free TCP port, so the tests can run in parallel with each other and with the other suites.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softroce");
+
+fn free_port(ip: &str) -> u16 {
+    TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free TCP port")
+}
+
+/// A softroce process that is killed if the test fails before it ends.
+struct Proc(Option<Child>);
+
+impl Proc {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("running")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(args: &[&str]) -> Proc {
+    Proc(Some(
+        Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start softroce"),
+    ))
+}
+
+/// Waits for the process; kills it and fails the test after `limit`.
+fn finish(mut p: Proc, limit: Duration) -> Output {
+    let mut c = p.0.take().expect("running");
+    let deadline = Instant::now() + limit;
+    while c.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let out = c.wait_with_output().expect("output");
+            panic!(
+                "softroce did not finish in {limit:?}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.wait_with_output().expect("output")
+}
+
+/// Reads the server's stdout until a line starts with `prefix`; returns what was read.
+fn wait_for_line(server: &mut Proc, prefix: &str) -> String {
+    let out = server.child().stdout.as_mut().expect("piped stdout");
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    // Complete lines only: the one we wait for must have arrived whole.
+    while !String::from_utf8_lossy(&seen)
+        .split_inclusive('\n')
+        .any(|l| l.starts_with(prefix) && l.ends_with('\n'))
+    {
+        match out.read(&mut byte) {
+            Ok(1) => seen.push(byte[0]),
+            _ => panic!(
+                "server stdout ended before {prefix:?}: {}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The value of `name=` in the `counters:` line.
+fn counter(stdout: &str, name: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("counters: "))
+        .expect("a counters line");
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("counter {name} missing: {line}"))
+}
+
+/// `(qpn, psn)` from a "  local address: ..." or "  remote address: ..." line.
+fn address(stdout: &str, which: &str) -> (String, String) {
+    let l = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(which))
+        .unwrap_or_else(|| panic!("no {which} line in {stdout}"));
+    let field = |name: &str| {
+        l.split(", ")
+            .find_map(|f| f.trim().strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} missing in {l}"))
+            .to_string()
+    };
+    (field("QPN "), field("PSN "))
+}
+
+fn run_pair(net: u8, size: u32, iters: u32, mtu: u32) {
+    let (sip, cip) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
+    let port = free_port(&sip).to_string();
+    let (size_s, iters_s, mtu_s) = (size.to_string(), iters.to_string(), mtu.to_string());
+    let common = [
+        "pingpong",
+        "--rc",
+        "-p",
+        &port,
+        "-s",
+        &size_s,
+        "-n",
+        &iters_s,
+        "-m",
+        &mtu_s,
+        "-g",
+        "1",
+        "-c",
+        "--counters",
+    ];
+    let mut server = spawn(&[&common[..], &["--ip", &sip]].concat());
+    let head = wait_for_line(&mut server, "  local address:");
+    let client = spawn(&[&common[..], &["--ip", &cip, &sip]].concat());
+    let c = finish(client, Duration::from_secs(60));
+    let s = finish(server, Duration::from_secs(60));
+    let (cs, ss) = (text(&c), format!("{head}{}", text(&s)));
+    assert!(c.status.success(), "client failed:\n{cs}\nserver:\n{ss}");
+    assert!(s.status.success(), "server failed:\n{ss}\nclient:\n{cs}");
+
+    let bytes = u64::from(size) * u64::from(iters) * 2;
+    for out in [&cs, &ss] {
+        // rc_pingpong's two result lines.
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("{bytes} bytes in ")) && l.ends_with(" Mbit/sec")),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("{iters} iters in ")) && l.ends_with(" usec/iter")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "data: {iters} received messages of {size} bytes checked"
+            )),
+            "{out}"
+        );
+        assert!(!out.contains("invalid data"), "{out}");
+        assert_eq!(counter(out, "icrc_errors"), 0, "{out}");
+    }
+    // Each side's remote address is the other's local address.
+    assert_eq!(
+        address(&cs, "remote address:"),
+        address(&ss, "local address:")
+    );
+    assert_eq!(
+        address(&ss, "remote address:"),
+        address(&cs, "local address:")
+    );
+    // Loopback loses nothing: every packet one side sent, the other accepted.
+    assert_eq!(counter(&cs, "sent_pkts"), counter(&ss, "rcvd_pkts"));
+    assert_eq!(counter(&ss, "sent_pkts"), counter(&cs, "rcvd_pkts"));
+    // One packet per MTU (at least one) per message, plus one ACK per message.
+    let per_msg = u64::from(size.div_ceil(mtu).max(1));
+    assert_eq!(
+        counter(&cs, "sent_pkts"),
+        u64::from(iters) * (per_msg + 1),
+        "{cs}"
+    );
+}
+
+#[test]
+fn rc_pingpong_64_bytes() {
+    run_pair(60, 64, 200, 1024);
+}
+
+#[test]
+fn rc_pingpong_4096_bytes_four_packets_per_message() {
+    run_pair(61, 4096, 200, 1024);
+}
+
+#[test]
+fn rc_pingpong_odd_size_with_padding_at_mtu_256() {
+    run_pair(62, 1001, 50, 256);
+}
+
+/// The server answers a peer that speaks rc_pingpong's exchange: a 52-byte
+/// `"%04x:%06x:%06x:<32 hex>"` + NUL message each way, then `"done"` + NUL from the client.
+#[test]
+fn server_speaks_rc_pingpong_exchange() {
+    let ip = "127.0.63.1";
+    let port = free_port(ip);
+    let mut server = spawn(&[
+        "pingpong",
+        "--rc",
+        "--ip",
+        ip,
+        "-p",
+        &port.to_string(),
+        "-n",
+        "1",
+    ]);
+    wait_for_line(&mut server, "  local address:");
+    let mut tcp = TcpStream::connect((ip, port)).expect("connect");
+    // A client at ::ffff:127.0.63.2 with QPN 0x123, PSN 0xabcdef.
+    let msg = b"0000:000123:abcdef:00000000000000000000ffff7f003f02\0";
+    assert_eq!(msg.len(), 52);
+    tcp.write_all(msg).expect("send our address");
+    let mut reply = [0u8; 52];
+    tcp.read_exact(&mut reply)
+        .expect("read the server's address");
+    assert_eq!(reply[51], 0, "NUL-terminated");
+    let text = std::str::from_utf8(&reply[..51]).expect("text");
+    let fields: Vec<&str> = text.split(':').collect();
+    assert_eq!(fields.len(), 4, "{text}");
+    for (f, n) in fields.iter().zip([4, 6, 6, 32]) {
+        assert_eq!(f.len(), n, "{text}");
+        assert!(f.chars().all(|c| c.is_ascii_hexdigit()), "{text}");
+    }
+    assert_eq!(
+        fields[3], "00000000000000000000ffff7f003f01",
+        "GID ::ffff:{ip}"
+    );
+    tcp.write_all(b"done\0").expect("done");
+    drop(tcp);
+    // No RoCE peer exists at 127.0.63.2: the server's QP is connected but nothing arrives.
+    // It must still have accepted the exchange (the remote line shows our QPN and PSN).
+    let head = wait_for_line(&mut server, "  remote address:");
+    assert!(
+        head.contains(
+            "  remote address: LID 0x0000, QPN 0x000123, PSN 0xabcdef, GID ::ffff:127.0.63.2"
+        ),
+        "{head}"
+    );
+    drop(server);
+}
+
+/// A peer without a GID (rc_pingpong run without -g) cannot be reached over RoCE.
+#[test]
+fn peer_without_gid_is_refused() {
+    let ip = "127.0.64.1";
+    let port = free_port(ip);
+    let mut server = spawn(&["pingpong", "--rc", "--ip", ip, "-p", &port.to_string()]);
+    wait_for_line(&mut server, "  local address:");
+    let mut tcp = TcpStream::connect((ip, port)).expect("connect");
+    tcp.write_all(b"0000:000123:abcdef:00000000000000000000000000000000\0")
+        .expect("send");
+    let s = finish(server, Duration::from_secs(20));
+    assert!(!s.status.success());
+    assert!(text(&s).contains("RoCE needs a GID"), "{}", text(&s));
+}
+
+#[test]
+fn uc_ud_srq_are_refused_with_a_clear_error() {
+    for (flag, what) in [("--uc", "UC QPs"), ("--ud", "UD QPs"), ("--srq", "SRQs")] {
+        let o = finish(spawn(&["pingpong", flag]), Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(1), "{flag}");
+        assert!(
+            text(&o).contains(&format!("{what} are not implemented yet")),
+            "{flag}: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn a_transport_must_be_chosen() {
+    let o = finish(spawn(&["pingpong"]), Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(2), "clap usage error");
+    assert!(text(&o).contains("--rc"), "{}", text(&o));
+}
+
+#[test]
+fn bad_mtu_is_refused() {
+    let o = finish(
+        spawn(&["pingpong", "--rc", "--ip", "127.0.65.1", "-m", "1500"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("MTU 1500"), "{}", text(&o));
+}

@@ -1,0 +1,49 @@
+//! Deterministic simulation: random RC workloads on a seeded lossy link, checked against the
+//! reference model (src/net/sim/workload.rs). A failure prints `SOFTROCE_SEED=<n>`; set that
+//! variable to replay exactly that seed. `SOFTROCE_SIM_SEEDS=<n>` runs more seeds (soak).
+
+use softroce::net::sim::SimFaults;
+use softroce::net::sim::workload::{WorkloadConfig, run};
+
+fn check(cfg: &WorkloadConfig) {
+    let r = run(cfg);
+    assert!(
+        r.ok(),
+        "SOFTROCE_SEED={} failed ({} ops done, MTU {:?}, faults {:?}): {:?}",
+        cfg.seed,
+        r.ops_done,
+        r.mtu,
+        cfg.faults,
+        r.violations
+    );
+    assert_eq!(r.ops_done, cfg.ops);
+}
+
+fn seeds(default: u64) -> Vec<u64> {
+    if let Ok(s) = std::env::var("SOFTROCE_SEED") {
+        return vec![s.parse().expect("SOFTROCE_SEED is a number")];
+    }
+    let n = std::env::var("SOFTROCE_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    (0..n).collect()
+}
+
+#[test]
+fn loss_free_link() {
+    for seed in seeds(20) {
+        let mut cfg = WorkloadConfig::from_seed(seed, 40);
+        cfg.faults = SimFaults::NONE;
+        check(&cfg);
+    }
+}
+
+#[test]
+fn swarm_faults_from_the_seed() {
+    for seed in seeds(200) {
+        let mut cfg = WorkloadConfig::from_seed(seed, 30);
+        cfg.max_size = 64 << 10;
+        check(&cfg);
+    }
+}
