@@ -172,7 +172,9 @@ impl QpEngine {
         self.ack_through(q.sub(1), now);
         // rxe: while a retry is under way with no progress since, another sequence NAK (from
         // the same burst of out-of-order packets) starts no new retry and uses no count.
-        if self.comp.started_retry {
+        // Likewise while an RNR wait is pending: the packets sent after the RNR-NAKed one draw
+        // this NAK, and the RNR retry resends from that PSN anyway.
+        if self.comp.started_retry || self.timers.is_armed(Timer::Rnr) {
             return;
         }
         if !self.use_retry() {
@@ -293,7 +295,10 @@ impl QpEngine {
         } else {
             front.first_psn
         };
+        // A timeout always retries (rxe `timeout_retry`), and marks the retry as under way
+        // so that NAKs drawn by the same lost packet start no second one.
         if self.use_retry() {
+            self.comp.started_retry = true;
             self.rewind_to(resume);
         }
     }

@@ -122,7 +122,6 @@ struct InFlight {
     payload: Vec<u8>,
 }
 
-#[derive(Debug)]
 struct NetState {
     now: Instant,
     seq: u64,
@@ -135,7 +134,12 @@ struct NetState {
     /// Latest delivery time per (source, destination): datagrams that are not explicitly
     /// reordered keep their order, as on a real path.
     last_at: BTreeMap<(SocketAddr, IpAddr), Instant>,
+    filter: Option<Filter>,
 }
+
+/// Decides, before the random faults, whether a datagram goes on the wire: called with the
+/// virtual time, source, destination and UDP payload; false drops it (counted as lost).
+pub type Filter = Box<dyn FnMut(Instant, SocketAddr, IpAddr, &[u8]) -> bool + Send>;
 
 /// One line describing a datagram, for `SOFTROCE_SIM_TRACE=1`.
 fn describe(p: &[u8]) -> String {
@@ -161,6 +165,15 @@ fn describe(p: &[u8]) -> String {
     }
 }
 
+impl core::fmt::Debug for NetState {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("NetState")
+            .field("now", &self.now)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
 /// The simulated network: a delivery queue ordered by virtual time.
 #[derive(Debug)]
 pub struct SimNet {
@@ -180,6 +193,7 @@ impl SimNet {
                 stats: SimStats::default(),
                 trace: std::env::var_os("SOFTROCE_SIM_TRACE").is_some(),
                 last_at: BTreeMap::new(),
+                filter: None,
             }),
         }
     }
@@ -188,7 +202,12 @@ impl SimNet {
         let mut st = self.state.lock();
         st.stats.sent += 1;
         let f = st.faults;
-        if st.rng.chance(f.loss) {
+        let now = st.now;
+        let pass = st
+            .filter
+            .as_mut()
+            .is_none_or(|keep| keep(now, src, dst, &payload));
+        if !pass || st.rng.chance(f.loss) {
             st.stats.lost += 1;
             if st.trace {
                 eprintln!(
@@ -338,6 +357,12 @@ impl Sim {
     /// Link counters.
     pub fn stats(&self) -> SimStats {
         self.net.stats()
+    }
+
+    /// Installs a filter that sees every datagram before the random faults (scenario tests
+    /// drop chosen packets with it); `None` removes it.
+    pub fn set_filter(&mut self, f: Option<Filter>) {
+        self.net.state.lock().filter = f;
     }
 
     /// Advances to the next event (a delivery or a timer), handles it, and returns true; false

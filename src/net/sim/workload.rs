@@ -75,6 +75,10 @@ pub struct Report {
     pub bytes: u64,
     /// Every disagreement with the model (empty = pass).
     pub violations: Vec<String>,
+    /// The operation that ended with `IBV_WC_RETRY_EXC_ERR`, if the link's losses used up
+    /// `retry_cnt` (legitimate under heavy loss; the run then checks that every later WR was
+    /// flushed and that memory no later operation touched still equals the model).
+    pub retry_exhausted: Option<usize>,
 }
 
 impl Report {
@@ -190,6 +194,7 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
                 virtual_ns: 0,
                 bytes: 0,
                 violations,
+                retry_exhausted: None,
             };
         }
     };
@@ -217,9 +222,12 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
     let mut ops: VecDeque<Op> = VecDeque::new();
     let mut pending_recvs: VecDeque<(crate::transport::Instant, RecvWr)> = VecDeque::new();
     let (mut posted, mut done, mut bytes) = (0usize, 0usize, 0u64);
+    let mut exhausted: Option<usize> = None;
+    // Byte ranges of the remote MR written by each operation (for the exhaustion case).
+    let mut touched: Vec<(usize, usize, usize)> = Vec::new();
     let end = sim.now() + cfg.time_limit;
 
-    while done < cfg.ops && violations.is_empty() {
+    while done < cfg.ops && violations.is_empty() && exhausted.is_none() {
         // Post new operations while the window allows.
         while posted < cfg.ops && posted - done < depth {
             let slot = posted % depth;
@@ -335,6 +343,11 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
             if let Err(e) = qa.post_send(&[wr]) {
                 violations.push(format!("op {posted}: post_send: {e}"));
             }
+            match op.kind {
+                Kind::Write | Kind::WriteImm => touched.push((posted, op.remote_off, op.len)),
+                Kind::Cas | Kind::Faa => touched.push((posted, ATOMIC_OFF, 8)),
+                _ => {}
+            }
             ops.push_back(op);
             posted += 1;
         }
@@ -356,6 +369,10 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
             };
             let i = done;
             done += 1;
+            if wc.wr_id == i as u64 && wc.status == WcStatus::RetryExcErr {
+                exhausted = Some(i);
+                break;
+            }
             if wc.wr_id != i as u64 || wc.status != WcStatus::Success {
                 violations.push(format!(
                     "op {i} ({:?}, {} B): completion {:?} status {}",
@@ -443,7 +460,39 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
             ));
         }
     }
-    if violations.is_empty() {
+    if let (Some(i), true) = (exhausted, violations.is_empty()) {
+        // Every WR after the failed one is flushed, in order, and the QP is in ERR.
+        for j in i + 1..posted {
+            let wc = loop {
+                if let Some(wc) = ca.poll_one() {
+                    break Some(wc);
+                }
+                if !sim.step() {
+                    break None;
+                }
+            };
+            match wc {
+                Some(wc) if wc.wr_id == j as u64 && wc.status == WcStatus::WrFlushErr => {}
+                other => violations.push(format!("after retry exhaustion, op {j}: {other:?}")),
+            }
+        }
+        if qa.state() != crate::verbs::QpState::Err {
+            violations.push("QP not in ERR after IBV_WC_RETRY_EXC_ERR".to_string());
+        }
+        // Bytes no operation from `i` on touched must equal the model.
+        let got = remote.to_vec();
+        let mut mask = vec![true; got.len()];
+        for &(op, off, len) in &touched {
+            if op >= i {
+                mask[off..off + len].iter_mut().for_each(|m| *m = false);
+            }
+        }
+        if let Some(b) = (0..got.len()).find(|&b| mask[b] && got[b] != model[b]) {
+            violations.push(format!(
+                "after retry exhaustion, remote byte {b} differs from the model"
+            ));
+        }
+    } else if violations.is_empty() {
         let got = remote.to_vec();
         if got != model {
             let first = got
@@ -472,5 +521,6 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
         virtual_ns: sim.now().as_nanos(),
         bytes,
         violations,
+        retry_exhausted: exhausted,
     }
 }

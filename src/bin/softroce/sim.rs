@@ -1,0 +1,187 @@
+//! `softroce sim`: random RC workloads between two simulated devices on a seeded lossy link,
+//! checked against a reference model (see `softroce::net::sim::workload`).
+
+use super::BoxError;
+use softroce::net::sim::SimFaults;
+use softroce::net::sim::workload::{Report, WorkloadConfig, run};
+use softroce::verbs::PathMtu;
+use std::time::Instant;
+
+/// Options of `softroce sim`.
+#[derive(clap::Args, Debug)]
+pub struct SimArgs {
+    /// First seed (every random choice of a run comes from its seed).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How many consecutive seeds to run (a soak).
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    /// Operations per run.
+    #[arg(long, default_value_t = 100)]
+    ops: usize,
+    /// Probability a datagram is lost (0..1). Unset: drawn from the seed, like the other
+    /// fault parameters.
+    #[arg(long)]
+    loss: Option<f64>,
+    /// Probability a datagram is duplicated.
+    #[arg(long)]
+    dup: Option<f64>,
+    /// Probability a datagram is held back behind later ones.
+    #[arg(long)]
+    reorder: Option<f64>,
+    /// Probability one bit of a datagram is flipped.
+    #[arg(long)]
+    corrupt: Option<f64>,
+    /// Path MTU in bytes (256..4096); unset: drawn from the seed.
+    #[arg(long)]
+    mtu: Option<u32>,
+    /// Largest message in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_size: usize,
+    /// One JSON object per run instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn json_report(r: &Report, faults: &SimFaults, wall_ms: u128) -> String {
+    let counters = |c: &softroce::verbs::Counters| {
+        c.entries()
+            .iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let violations = r
+        .violations
+        .iter()
+        .map(|v| format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        concat!(
+            "{{\"seed\":{},\"result\":\"{}\",\"retry_exhausted_at_op\":{},\"ops\":{},\"bytes\":{},\"mtu\":{},",
+            "\"faults\":{{\"loss\":{},\"dup\":{},\"reorder\":{},\"corrupt\":{},\"delay_ns\":{}}},",
+            "\"packets\":{{\"sent\":{},\"delivered\":{},\"lost\":{},\"duplicated\":{},\"reordered\":{},\"corrupted\":{}}},",
+            "\"retransmit_timeouts\":{},\"naks\":{{\"psn_seq\":{},\"rnr\":{}}},",
+            "\"requester\":{{{}}},\"responder\":{{{}}},\"virtual_ns\":{},\"wall_ms\":{},\"violations\":[{}]}}"
+        ),
+        r.seed,
+        if r.ok() { "pass" } else { "FAIL" },
+        r.retry_exhausted
+            .map_or("null".to_string(), |i| i.to_string()),
+        r.ops_done,
+        r.bytes,
+        r.mtu.bytes(),
+        faults.loss,
+        faults.dup,
+        faults.reorder,
+        faults.corrupt,
+        faults.delay_ns,
+        r.link.sent,
+        r.link.delivered,
+        r.link.lost,
+        r.link.duplicated,
+        r.link.reordered,
+        r.link.corrupted,
+        r.requester.completer_retry_err,
+        r.requester.rcvd_seq_err,
+        r.requester.rcvd_rnr_err,
+        counters(&r.requester),
+        counters(&r.responder),
+        r.virtual_ns,
+        wall_ms,
+        violations
+    )
+}
+
+/// Runs the seeds; fails (non-zero exit) if any run disagreed with the model.
+pub fn run_sim(a: SimArgs) -> Result<(), BoxError> {
+    let mtu = match a.mtu {
+        None => None,
+        Some(b) => {
+            Some(PathMtu::from_bytes(b).ok_or("--mtu must be 256, 512, 1024, 2048 or 4096")?)
+        }
+    };
+    for p in [a.loss, a.dup, a.reorder, a.corrupt].into_iter().flatten() {
+        if !(0.0..=1.0).contains(&p) {
+            return Err("fault probabilities are between 0 and 1".into());
+        }
+    }
+    let started = Instant::now();
+    let (mut failed, mut ops, mut packets, mut retries) = (0u64, 0u64, 0u64, 0u64);
+    let mut exhausted = 0u64;
+    for seed in a.seed..a.seed.saturating_add(a.seeds) {
+        let mut cfg = WorkloadConfig::from_seed(seed, a.ops);
+        cfg.mtu = mtu;
+        cfg.max_size = a.max_size.max(8);
+        let f = &mut cfg.faults;
+        if let Some(v) = a.loss {
+            f.loss = v;
+        }
+        if let Some(v) = a.dup {
+            f.dup = v;
+        }
+        if let Some(v) = a.reorder {
+            f.reorder = v;
+        }
+        if let Some(v) = a.corrupt {
+            f.corrupt = v;
+        }
+        let t = Instant::now();
+        let r = run(&cfg);
+        let wall_ms = t.elapsed().as_millis();
+        ops += r.ops_done as u64;
+        packets += r.link.sent;
+        retries +=
+            r.requester.completer_retry_err + r.requester.rcvd_seq_err + r.requester.rcvd_rnr_err;
+        if a.json {
+            println!("{}", json_report(&r, &cfg.faults, wall_ms));
+        } else {
+            println!(
+                "seed {seed}: {} — {} ops, {} B, MTU {}, {} datagrams ({} lost, {} dup, {} reordered, {} corrupted), \
+                 {} timeouts, {} NAK-seq, {} RNR NAKs, {:.3} ms virtual, {wall_ms} ms wall",
+                if r.ok() { "pass" } else { "FAIL" },
+                r.ops_done,
+                r.bytes,
+                r.mtu.bytes(),
+                r.link.sent,
+                r.link.lost,
+                r.link.duplicated,
+                r.link.reordered,
+                r.link.corrupted,
+                r.requester.completer_retry_err,
+                r.requester.rcvd_seq_err,
+                r.requester.rcvd_rnr_err,
+                r.virtual_ns as f64 / 1e6
+            );
+            if let Some(i) = r.retry_exhausted {
+                println!(
+                    "  op {i} used up retry_cnt (IBV_WC_RETRY_EXC_ERR); later WRs flushed; state checked"
+                );
+                exhausted += 1;
+            }
+            for v in &r.violations {
+                println!("  violation: {v}");
+            }
+        }
+        if !r.ok() {
+            failed += 1;
+            eprintln!(
+                "replay with: softroce sim --seed {seed} --ops {} (or SOFTROCE_SEED={seed})",
+                a.ops
+            );
+        }
+    }
+    if !a.json && a.seeds > 1 {
+        println!(
+            "{} seeds, {failed} failed, {exhausted} ended in legitimate retry exhaustion: {ops} ops, {packets} datagrams, {retries} retries, {:.1} s wall",
+            a.seeds,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of {} seeds disagreed with the model", a.seeds).into());
+    }
+    Ok(())
+}
