@@ -65,8 +65,12 @@ impl QpEngine {
                     AethSyndrome::RnrNak { timer } => self.rnr_nak(psn, timer, now),
                     AethSyndrome::Nak(NakCode::PsnSeqErr) => self.seq_nak(psn, now),
                     AethSyndrome::Nak(code) => self.fatal_nak(psn, code, now),
+                    // A reserved syndrome type: rxe's completer goes to COMPST_ERROR; the
+                    // WQE completes with IBV_WC_BAD_RESP_ERR (spec/deviations.toml).
                     AethSyndrome::Reserved(_) => {
-                        self.counters.drop_packet(DropReason::UnexpectedResponse)
+                        self.ack_through(psn.sub(1), now);
+                        self.pop_completed(WcStatus::BadRespErr, 0);
+                        self.enter_error();
                     }
                 }
             }

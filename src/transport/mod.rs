@@ -983,3 +983,6 @@ fn recv_wc(wr: &RecvWr, status: WcStatus, qpn: u32) -> Wc {
 pub fn psns_for(length: u64, pmtu: u64) -> u32 {
     length.div_ceil(pmtu).max(1) as u32
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,542 @@
+//! State-machine tests of one QP engine, fed hand-built packets at given times (the smoltcp
+//! habit: per-state constructors and a `deliver` helper; names `<state>_<event>_<outcome>`).
+
+use super::*;
+use crate::wire::{
+    AethRepr, AethSyndrome, AtomicEthRepr, BthRepr, DEFAULT_PKEY, NakCode, Opcode, PacketRepr,
+    RethRepr,
+};
+use core::net::Ipv4Addr;
+
+const ME: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+const PEER: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+const PD: u32 = 1;
+const PSN: u32 = 0x100;
+
+/// An RC QP in RTS, path MTU 1024, expecting and sending PSN 0x100; plus a 64 KiB MR.
+fn rc_qp_rts() -> (QpEngine, MemoryTable, u32, u64) {
+    let mut e = QpEngine::new(0x11, QpType::Rc, PD, QpCap::default(), false);
+    let a = e.attrs_mut();
+    a.dest_qp_num = 0x22;
+    a.rq_psn = Psn::new(PSN);
+    a.sq_psn = Psn::new(PSN);
+    a.qp_access_flags =
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    a.max_dest_rd_atomic = 4;
+    a.max_rd_atomic = 4;
+    a.min_rnr_timer = 5;
+    e.set_path(Path {
+        local: ME,
+        remote: PEER,
+        src_port: 0xc000,
+    });
+    for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        e.set_state(s);
+    }
+    let mut mem = MemoryTable::new(3);
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let key = mem.register(PD, 65536, all).unwrap();
+    let va = mem.get(key).unwrap().iova;
+    (e, mem, key, va)
+}
+
+fn bth(opcode: Opcode, psn: u32) -> BthRepr {
+    BthRepr {
+        opcode,
+        se: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qpn: 0x11,
+        ack_req: true,
+        psn: Psn::new(psn),
+    }
+}
+
+/// Feeds a packet (repr + payload) to the engine at time 0.
+fn deliver(e: &mut QpEngine, mem: &mut MemoryTable, mut repr: PacketRepr, payload: &[u8]) {
+    repr.payload_len = payload.len();
+    let mut buf = vec![0u8; repr.buffer_len()];
+    let ip = Path {
+        local: PEER,
+        remote: ME,
+        src_port: 0xc000,
+    }
+    .icrc_ip();
+    repr.emit(&mut buf, payload, &ip);
+    let pkt = RocePacket::parse(&buf).unwrap();
+    e.handle_packet(Instant::ZERO, &pkt, PEER, mem);
+}
+
+/// Everything the engine sends now, parsed: (opcode, psn, AETH syndrome).
+fn sent(e: &mut QpEngine, mem: &MemoryTable) -> Vec<(Opcode, u32, Option<u8>)> {
+    std::iter::from_fn(|| e.poll_transmit(Instant::ZERO, mem))
+        .map(|t| {
+            let p = RocePacket::parse(&t.payload).unwrap();
+            (
+                p.repr.bth.opcode,
+                p.repr.bth.psn.value(),
+                p.repr.aeth.map(|a| a.syndrome),
+            )
+        })
+        .collect()
+}
+
+fn write(opcode: Opcode, psn: u32, reth: Option<RethRepr>) -> PacketRepr {
+    let mut r = PacketRepr::new(bth(opcode, psn));
+    r.reth = reth;
+    r
+}
+
+const NAK_INV: Option<u8> = Some(0x61);
+
+#[test]
+fn rts_first_shorter_than_the_path_mtu_is_nak_invalid_request() {
+    // rxe R6.12 rxe_resp_check_length: FIRST/MIDDLE payload must equal the path MTU.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: 3000,
+    };
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_WRITE_FIRST, PSN, Some(reth)),
+        &[1; 1000],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_INV)]);
+    assert_eq!(e.state(), QpState::Err);
+}
+
+#[test]
+fn rts_only_longer_than_the_path_mtu_is_nak_invalid_request() {
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: 1028,
+    };
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_WRITE_ONLY, PSN, Some(reth)),
+        &[1; 1028],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_INV)]);
+}
+
+#[test]
+fn rts_write_data_not_filling_the_reth_length_is_nak_invalid_request() {
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: 100,
+    };
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_WRITE_ONLY, PSN, Some(reth)),
+        &[1; 64],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_INV)]);
+}
+
+#[test]
+fn rts_middle_without_first_is_nak_invalid_request() {
+    let (mut e, mut mem, _, _) = rc_qp_rts();
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_MIDDLE, PSN, None),
+        &[0; 1024],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_INV)]);
+    assert_eq!(e.state(), QpState::Err);
+}
+
+#[test]
+fn rts_unaligned_atomic_is_nak_invalid_request() {
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let mut r = PacketRepr::new(bth(Opcode::RC_FETCH_ADD, PSN));
+    r.atomic_eth = Some(AtomicEthRepr {
+        va: va + 4,
+        rkey: key,
+        swap_add: 1,
+        compare: 0,
+    });
+    deliver(&mut e, &mut mem, r, &[]);
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_INV)]);
+}
+
+#[test]
+fn rts_read_with_max_dest_rd_atomic_zero_is_nak_invalid_request() {
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    e.attrs_mut().max_dest_rd_atomic = 0;
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: 64,
+    };
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_READ_REQUEST, PSN, Some(reth)),
+        &[],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_INV)]);
+}
+
+#[test]
+fn rts_write_without_remote_write_access_is_nak_invalid_request() {
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    e.attrs_mut().qp_access_flags = AccessFlags::REMOTE_READ;
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: 4,
+    };
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_WRITE_ONLY, PSN, Some(reth)),
+        &[1; 4],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_INV)]);
+}
+
+#[test]
+fn rts_duplicate_write_reacks_the_last_psn_and_is_not_executed_again() {
+    // IBTA C9-105: a duplicate SEND/WRITE is re-ACKed, not re-executed.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: 4,
+    };
+    let w = write(Opcode::RC_RDMA_WRITE_ONLY, PSN, Some(reth));
+    deliver(&mut e, &mut mem, w, b"abcd");
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_WRITE_ONLY, PSN + 1, Some(reth)),
+        b"efgh",
+    );
+    assert_eq!(
+        sent(&mut e, &mem).len(),
+        1,
+        "the two ACKs coalesce into one"
+    );
+    mem.get_mut(key).unwrap().bytes_mut()[..4].copy_from_slice(b"zzzz");
+    deliver(&mut e, &mut mem, w, b"abcd");
+    let ack = AethSyndrome::ACK_UNLIMITED.to_byte();
+    assert_eq!(
+        sent(&mut e, &mem),
+        [(Opcode::RC_ACKNOWLEDGE, PSN + 1, Some(ack))]
+    );
+    assert_eq!(&mem.get(key).unwrap().bytes()[..4], b"zzzz");
+    assert_eq!(e.counters().duplicate_request, 1);
+}
+
+#[test]
+fn rts_gap_draws_one_sequence_nak_with_the_expected_psn() {
+    let (mut e, mut mem, _, _) = rc_qp_rts();
+    e.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: vec![],
+    })
+    .unwrap();
+    for psn in [PSN + 2, PSN + 3, PSN + 4] {
+        deliver(
+            &mut e,
+            &mut mem,
+            write(Opcode::RC_SEND_ONLY, psn, None),
+            &[],
+        );
+    }
+    assert_eq!(
+        sent(&mut e, &mem),
+        [(Opcode::RC_ACKNOWLEDGE, PSN, Some(0x60))]
+    );
+    assert_eq!(e.counters().out_of_seq_request, 1);
+    assert_eq!(e.counters().dropped(DropReason::OutOfSequence), 2);
+}
+
+#[test]
+fn rts_send_without_a_receive_is_rnr_nak_with_min_rnr_timer() {
+    let (mut e, mut mem, _, _) = rc_qp_rts();
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_ONLY, PSN, None),
+        &[1; 8],
+    );
+    assert_eq!(
+        sent(&mut e, &mem),
+        [(Opcode::RC_ACKNOWLEDGE, PSN, Some(0x20 | 5))]
+    );
+    assert_eq!(
+        e.expected_psn(),
+        Psn::new(PSN),
+        "an RNR-NAKed packet is not consumed"
+    );
+    assert_eq!(e.state(), QpState::Rts);
+}
+
+fn nak(code: u8) -> PacketRepr {
+    let mut r = PacketRepr::new(BthRepr {
+        ack_req: false,
+        ..bth(Opcode::RC_ACKNOWLEDGE, PSN)
+    });
+    r.aeth = Some(AethRepr {
+        syndrome: code,
+        msn: 0,
+    });
+    r
+}
+
+fn requester_with_two_sends() -> (QpEngine, MemoryTable) {
+    let (mut e, mem, _, _) = rc_qp_rts();
+    let mut w = SendWr::new(1, WrOpcode::Send, vec![]);
+    e.post_send(w.clone()).unwrap();
+    w.wr_id = 2;
+    w.send_flags = SendFlags::empty();
+    e.post_send(w).unwrap();
+    assert_eq!(
+        std::iter::from_fn(|| e.poll_transmit(Instant::ZERO, &mem)).count(),
+        2
+    );
+    (e, mem)
+}
+
+#[test]
+fn rts_nak_codes_complete_with_their_wc_status_and_flush_the_rest() {
+    // rxe_comp.c check_ack: 0x61 → REM_INV_REQ_ERR, 0x62 → REM_ACCESS_ERR, 0x63 and any
+    // other NAK → REM_OP_ERR; the QP enters ERR; an unsignaled WR still gets its flush.
+    for (code, status) in [
+        (0x61, WcStatus::RemInvReqErr),
+        (0x62, WcStatus::RemAccessErr),
+        (0x63, WcStatus::RemOpErr),
+        (0x64, WcStatus::RemOpErr),
+    ] {
+        let (mut e, mut mem) = requester_with_two_sends();
+        deliver(&mut e, &mut mem, nak(code), &[]);
+        let first = e.poll_completion().unwrap().wc;
+        assert_eq!((first.wr_id, first.status), (1, status), "NAK {code:#x}");
+        let second = e.poll_completion().unwrap().wc;
+        assert_eq!((second.wr_id, second.status), (2, WcStatus::WrFlushErr));
+        assert_eq!(e.state(), QpState::Err);
+        assert_eq!(NakCode::from_code(code).code(), code & 0x1f);
+    }
+}
+
+#[test]
+fn rts_ack_with_real_credits_is_accepted() {
+    // ConnectX may advertise credits (AETH 0x00..0x1e); rxe sends 0x1f. Both are ACKs.
+    let (mut e, mut mem) = requester_with_two_sends();
+    deliver(&mut e, &mut mem, nak(0x05), &[]);
+    assert_eq!(e.poll_completion().unwrap().wc.status, WcStatus::Success);
+    assert!(
+        e.poll_completion().is_none(),
+        "the second WR is unsignaled and not yet ACKed"
+    );
+}
+
+#[test]
+fn reset_and_init_refuse_post_send_and_err_flushes_posts() {
+    let mut e = QpEngine::new(0x11, QpType::Rc, PD, QpCap::default(), false);
+    assert_eq!(
+        e.post_send(SendWr::new(1, WrOpcode::Send, vec![])),
+        Err(PostError::WrongState)
+    );
+    assert_eq!(
+        e.post_recv(RecvWr {
+            wr_id: 1,
+            sg_list: vec![]
+        }),
+        Err(PostError::WrongState)
+    );
+    e.set_state(QpState::Init);
+    assert!(
+        e.post_recv(RecvWr {
+            wr_id: 1,
+            sg_list: vec![]
+        })
+        .is_ok()
+    );
+    assert_eq!(
+        e.post_send(SendWr::new(1, WrOpcode::Send, vec![])),
+        Err(PostError::WrongState)
+    );
+    e.set_state(QpState::Err);
+    assert_eq!(e.poll_completion().unwrap().wc.status, WcStatus::WrFlushErr);
+    assert!(e.post_send(SendWr::new(9, WrOpcode::Send, vec![])).is_ok());
+    let wc = e.poll_completion().unwrap().wc;
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WrFlushErr));
+}
+
+// ---- spec/nak_codes.toml, row by row ----
+
+#[derive(serde::Deserialize)]
+struct NakFile {
+    nak: Vec<NakRow>,
+    responder_error: Vec<RespRow>,
+}
+
+#[derive(serde::Deserialize)]
+struct NakRow {
+    syndrome: u8,
+    requester: String,
+    wc_status: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct RespRow {
+    rust: String,
+    nak: toml::Value,
+    wc_status: Option<String>,
+    qp: String,
+}
+
+fn nak_file() -> NakFile {
+    let text = include_str!("../../spec/nak_codes.toml");
+    toml::from_str(text).expect("spec/nak_codes.toml parses")
+}
+
+const ALL_STATUSES: [WcStatus; 22] = [
+    WcStatus::Success,
+    WcStatus::LocLenErr,
+    WcStatus::LocQpOpErr,
+    WcStatus::LocEecOpErr,
+    WcStatus::LocProtErr,
+    WcStatus::WrFlushErr,
+    WcStatus::MwBindErr,
+    WcStatus::BadRespErr,
+    WcStatus::LocAccessErr,
+    WcStatus::RemInvReqErr,
+    WcStatus::RemAccessErr,
+    WcStatus::RemOpErr,
+    WcStatus::RetryExcErr,
+    WcStatus::RnrRetryExcErr,
+    WcStatus::LocRddViolErr,
+    WcStatus::RemInvRdReqErr,
+    WcStatus::RemAbortErr,
+    WcStatus::InvEecnErr,
+    WcStatus::InvEecStateErr,
+    WcStatus::FatalErr,
+    WcStatus::RespTimeoutErr,
+    WcStatus::GeneralErr,
+];
+
+fn status(name: &str) -> WcStatus {
+    *ALL_STATUSES
+        .iter()
+        .find(|s| s.ibv_name() == name)
+        .expect("a known IBV_WC_* name")
+}
+
+#[test]
+fn requester_follows_every_nak_row_of_the_spec() {
+    for row in nak_file().nak {
+        let (mut e, mut mem) = requester_with_two_sends();
+        deliver(&mut e, &mut mem, nak(row.syndrome), &[]);
+        match row.requester.as_str() {
+            "complete_with_error" => {
+                let want = status(row.wc_status.as_deref().expect("wc_status"));
+                let wc = e.poll_completion().expect("completion").wc;
+                assert_eq!((wc.wr_id, wc.status), (1, want), "NAK {:#x}", row.syndrome);
+                assert_eq!(e.state(), QpState::Err);
+            }
+            "retry" => {
+                assert!(
+                    e.poll_completion().is_none(),
+                    "NAK {:#x} completes nothing",
+                    row.syndrome
+                );
+                assert_eq!(e.state(), QpState::Rts);
+                let again = sent(&mut e, &mem);
+                assert_eq!(
+                    again.first().map(|p| p.1),
+                    Some(PSN),
+                    "go back N to the NAKed PSN"
+                );
+            }
+            other => panic!("unknown requester action {other}"),
+        }
+    }
+}
+
+#[test]
+fn every_responder_error_maps_as_the_spec_says() {
+    let rows = nak_file().responder_error;
+    let all = [
+        RespError::PsnOutOfSeq,
+        RespError::MissingOpcodeFirst,
+        RespError::MissingOpcodeLast,
+        RespError::UnsupportedOpcode,
+        RespError::InvalidLength,
+        RespError::RecvTooShort,
+        RespError::MisalignedAtomic,
+        RespError::TooManyRdAtomic,
+        RespError::RkeyViolation,
+        RespError::Rnr,
+        RespError::MalformedWqe,
+    ];
+    assert_eq!(rows.len(), all.len(), "one row per RespError variant");
+    for e in all {
+        let name = format!("{e:?}");
+        let row = rows
+            .iter()
+            .find(|r| r.rust == name)
+            .unwrap_or_else(|| panic!("no row for {name}"));
+        let d = e.disposition(9);
+        let want_nak = match &row.nak {
+            toml::Value::Integer(b) => *b as u8,
+            toml::Value::String(s) if s == "min_rnr_timer" => 0x20 | 9,
+            other => panic!("bad nak {other:?}"),
+        };
+        assert_eq!(d.nak.map(AethSyndrome::to_byte), Some(want_nak), "{name}");
+        assert_eq!(d.wc_status, row.wc_status.as_deref().map(status), "{name}");
+        let want_qp = if row.qp == "error" {
+            QpAction::Error
+        } else {
+            QpAction::None
+        };
+        assert_eq!(d.qp, want_qp, "{name}");
+    }
+}
+
+#[test]
+fn rts_reserved_ack_syndrome_is_bad_response() {
+    let (mut e, mut mem) = requester_with_two_sends();
+    deliver(&mut e, &mut mem, nak(0x45), &[]);
+    assert_eq!(e.poll_completion().unwrap().wc.status, WcStatus::BadRespErr);
+    assert_eq!(e.state(), QpState::Err);
+}
+
+#[test]
+fn wc_status_order_names_and_texts_match_the_spec() {
+    #[derive(serde::Deserialize)]
+    struct File {
+        status: Vec<Row>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Row {
+        value: usize,
+        name: String,
+        text: String,
+    }
+    let f: File = toml::from_str(include_str!("../../spec/wc_status.toml")).unwrap();
+    assert_eq!(f.status.len(), ALL_STATUSES.len());
+    for (row, s) in f.status.iter().zip(ALL_STATUSES) {
+        assert_eq!((row.value, row.name.as_str()), (s as usize, s.ibv_name()));
+        assert_eq!(row.text, s.to_string(), "ibv_wc_status_str({})", row.name);
+    }
+}
