@@ -9,6 +9,8 @@
 //! - [`net`]: the only place with sockets, threads and the real clock: one UDP socket per
 //!   device on port 4791, and a driver thread that feeds received datagrams to the engines.
 
+#![warn(missing_docs)]
+
 pub mod net;
 pub mod transport;
 pub mod verbs;

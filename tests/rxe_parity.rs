@@ -15,8 +15,19 @@ use softroce::wire::{IcrcIp, Psn, RocePacket, icrc_of_body};
 const PD: u32 = 1;
 
 fn engine(qpn: u32, dest: u32, local: &CapturedDatagram, sq_psn: u32, rq_psn: u32) -> QpEngine {
+    engine_of(QpType::Rc, qpn, dest, local, sq_psn, rq_psn)
+}
+
+fn engine_of(
+    t: QpType,
+    qpn: u32,
+    dest: u32,
+    local: &CapturedDatagram,
+    sq_psn: u32,
+    rq_psn: u32,
+) -> QpEngine {
     // `local` is a datagram this engine's side sent: its source is our address.
-    let mut e = QpEngine::new(qpn, QpType::Rc, PD, QpCap::default(), false);
+    let mut e = QpEngine::new(qpn, t, PD, QpCap::default(), false);
     let a = e.attrs_mut();
     a.path_mtu = PathMtu::Mtu1024;
     a.dest_qp_num = dest;
@@ -370,4 +381,42 @@ fn our_icrc_is_the_one_for_ip_id_zero() {
         dst_port,
     };
     assert_eq!(icrc_of_body(&ip0, &p[..p.len() - 4]), p[p.len() - 4..]);
+}
+
+#[test]
+fn uc_send_only_with_and_without_immediate() {
+    // ibv_uc_pingpong (64 B) and pyverbs' UC SEND ONLY WITH IMMEDIATE: AckReq 0, no ACK.
+    for (file, op) in [
+        ("02-uc-pingpong.pcap", WrOpcode::Send),
+        ("52-uc-imm.pcap", WrOpcode::SendWithImm),
+    ] {
+        let d = datagrams(file);
+        let s = pkt(&d[0]);
+        let mut mem = MemoryTable::new(1);
+        let (key, va) = mr_with(&mut mem, s.payload);
+        let mut a = engine_of(
+            QpType::Uc,
+            0x99,
+            s.repr.bth.dest_qpn,
+            &d[0],
+            s.repr.bth.psn.value(),
+            0,
+        );
+        let mut wr = SendWr::new(
+            1,
+            op,
+            vec![Sge {
+                addr: va,
+                length: s.payload.len() as u32,
+                lkey: key,
+            }],
+        );
+        wr.imm_data = s.repr.immdt.map_or(0, |i| i.imm_data);
+        a.post_send(wr).unwrap();
+        let out = drain(&mut a, &mem);
+        assert_eq!(out.len(), 1);
+        assert_same(&out[0], &d[0], file);
+        let c = a.poll_completion().expect("UC completes when sent");
+        assert_eq!(c.wc.status, softroce::transport::WcStatus::Success);
+    }
 }

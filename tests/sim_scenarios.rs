@@ -26,6 +26,7 @@ struct Opts {
     retry_cnt: u8,
     rnr_retry: u8,
     min_rnr_timer: u8,
+    qp_type: QpType,
 }
 
 impl Default for Opts {
@@ -38,6 +39,7 @@ impl Default for Opts {
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 1,
+            qp_type: QpType::Rc,
         }
     }
 }
@@ -64,7 +66,7 @@ fn pair(o: Opts) -> Pair {
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
     let init = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
+        qp_type: o.qp_type,
         send_cq: cq,
         recv_cq: cq,
         cap: QpCap::default(),
@@ -544,4 +546,120 @@ fn a_fenced_write_waits_for_the_read_before_it() {
         pattern(4096, 1),
         "the READ saw memory before the WRITE"
     );
+}
+
+// ---- UC: no ACKs, no NAKs; a broken message is dropped whole ----
+
+fn uc() -> Opts {
+    Opts {
+        qp_type: QpType::Uc,
+        ..Opts::default()
+    }
+}
+
+#[test]
+fn uc_send_write_and_write_with_imm_complete_without_any_ack() {
+    let mut p = pair(uc());
+    let log = watch(&mut p, |_, _| false);
+    let data = pattern(3000, 5);
+    p.local.write(0, &data).unwrap();
+    p.post_recv(1, 3000);
+    p.post_recv(2, 0);
+    p.send(10, 3000);
+    p.rdma(11, WrOpcode::RdmaWrite, 3000, 64);
+    p.rdma(12, WrOpcode::RdmaWriteWithImm, 100, 8192);
+    for id in 10..=12 {
+        let wc = p.wait('a', Duration::from_millis(5)).expect("completion");
+        assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
+    }
+    p.sim.run_until(Duration::from_millis(5), || false);
+    let r = p.wait('b', Duration::ZERO).unwrap();
+    assert_eq!((r.wr_id, r.byte_len, r.opcode), (1, 3000, WcOpcode::Recv));
+    let r = p.wait('b', Duration::ZERO).unwrap();
+    assert_eq!(
+        (r.wr_id, r.byte_len, r.opcode),
+        (2, 100, WcOpcode::RecvRdmaWithImm)
+    );
+    let mut got = vec![0u8; 3000];
+    p.recv.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    p.remote.read(64, &mut got).unwrap();
+    assert_eq!(got, data);
+    let l = log.lock();
+    assert!(
+        l.iter().all(|s| s.from_a),
+        "UC: the responder sends nothing"
+    );
+    assert!(
+        l.iter().all(|s| s.opcode.transport_bits() == 1),
+        "UC opcodes only"
+    );
+    assert_eq!(l.first().map(|s| s.opcode), Some(Opcode::UC_SEND_FIRST));
+}
+
+#[test]
+fn uc_lost_middle_drops_the_message_and_keeps_the_receive_for_the_next() {
+    let mut p = pair(uc());
+    let log = watch(&mut p, |s, nth| {
+        s.opcode == Opcode::UC_SEND_MIDDLE && nth == 0
+    });
+    p.local.write(0, &pattern(3000, 1)).unwrap();
+    p.post_recv(1, 3000);
+    p.send(10, 3000);
+    assert_eq!(
+        p.wait('a', Duration::from_millis(5)).unwrap().status,
+        WcStatus::Success
+    );
+    p.sim.run_until(Duration::from_millis(5), || false);
+    assert!(
+        p.cb.poll_one().is_none(),
+        "the broken message completes nothing"
+    );
+    // The next message lands in the same receive WQE.
+    p.local.write(0, &pattern(200, 2)).unwrap();
+    p.send(11, 200);
+    assert_eq!(
+        p.wait('a', Duration::from_millis(5)).unwrap().status,
+        WcStatus::Success
+    );
+    let r = p
+        .wait('b', Duration::from_millis(5))
+        .expect("receive completion");
+    assert_eq!((r.wr_id, r.byte_len), (1, 200));
+    let mut got = vec![0u8; 200];
+    p.recv.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(200, 2));
+    assert!(log.lock().iter().all(|s| s.from_a), "no NAK on UC");
+    assert!(
+        p._devs
+            .1
+            .counters()
+            .dropped(softroce::verbs::DropReason::UcMessageDropped)
+            >= 1
+    );
+}
+
+#[test]
+fn uc_send_without_a_receive_is_dropped_silently_and_the_qp_keeps_working() {
+    let mut p = pair(uc());
+    p.send(10, 8);
+    assert_eq!(
+        p.wait('a', Duration::from_millis(5)).unwrap().status,
+        WcStatus::Success
+    );
+    p.sim.run_until(Duration::from_millis(1), || false);
+    assert_eq!(p.qb.state(), softroce::verbs::QpState::Rts);
+    p.post_recv(1, 8);
+    p.send(11, 8);
+    p.wait('a', Duration::from_millis(5)).unwrap();
+    assert_eq!(p.wait('b', Duration::from_millis(5)).unwrap().wr_id, 1);
+}
+
+#[test]
+fn uc_refuses_read_and_atomics_at_post_time() {
+    let p = pair(uc());
+    let mut w = SendWr::new(1, WrOpcode::RdmaRead, vec![p.local.sge(0, 8)]);
+    w.rkey = p.remote.rkey();
+    let e = p.qa.post_send(&[w]).unwrap_err();
+    assert_eq!((e.errno(), e.bad_wr()), (95, Some(0)));
 }

@@ -43,11 +43,14 @@ pub enum DropReason {
     StaleDuplicate,
     /// A datagram that arrived while the device had no room for it.
     NoResources,
+    /// UC: a packet of a message that is being dropped (a PSN gap, no receive WQE, or a
+    /// failed check; UC never NAKs), or a MIDDLE/LAST whose FIRST was lost.
+    UcMessageDropped,
 }
 
 impl DropReason {
     /// Every reason, for reports.
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::Truncated,
         DropReason::BadTver,
         DropReason::UnknownOpcode,
@@ -65,6 +68,7 @@ impl DropReason {
         DropReason::BadResponseLength,
         DropReason::StaleDuplicate,
         DropReason::NoResources,
+        DropReason::UcMessageDropped,
     ];
 
     /// snake_case name for reports.
@@ -87,6 +91,7 @@ impl DropReason {
             DropReason::BadResponseLength => "bad_response_length",
             DropReason::StaleDuplicate => "stale_duplicate",
             DropReason::NoResources => "no_resources",
+            DropReason::UcMessageDropped => "uc_message_dropped",
         }
     }
 }
@@ -139,7 +144,7 @@ pub struct Counters {
     /// Receive WQEs completed at the responder.
     pub rdma_recvs: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
-    pub drops: [u64; 17],
+    pub drops: [u64; 18],
 }
 
 impl Counters {

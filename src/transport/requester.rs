@@ -6,7 +6,7 @@
 //! `update_wqe_psn`, `req_retry`, `rxe_requester`).
 
 use super::{
-    MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Path, QpEngine, QpState, SendFlags, Timer, Transmit,
+    MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Path, QpEngine, QpState, QpType, SendFlags, Timer, Transmit,
     WcStatus, WrOpcode, ack_timeout, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
@@ -42,8 +42,9 @@ impl QpEngine {
         let pmtu = self.pmtu();
         let max_rd = usize::from(self.attrs.max_rd_atomic.max(1));
         let wqe = self.sq.get(idx)?;
-        // rxe: at most RXE_MAX_UNACKED_PSNS outstanding PSNs.
-        if self.req.psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {
+        let uc = self.qp_type == QpType::Uc;
+        // rxe: at most RXE_MAX_UNACKED_PSNS outstanding PSNs (RC; UC is never acknowledged).
+        if !uc && self.req.psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {
             return None;
         }
         if self.req.offset == 0 {
@@ -120,9 +121,13 @@ impl QpEngine {
                     (false, false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
                     (false, false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
                 };
+                if uc {
+                    // UC opcodes are the RC ones with transport bits 0b001.
+                    bth.opcode = Opcode(bth.opcode.0 | 0x20);
+                }
                 // rxe: AckReq on the last packet and on one in MAX_PKT_PER_ACK of a long
-                // message; its responder ACKs nothing else.
-                bth.ack_req = last || self.req.noack_pkts >= MAX_PKT_PER_ACK;
+                // message; its responder ACKs nothing else. UC asks for no ACK.
+                bth.ack_req = !uc && (last || self.req.noack_pkts >= MAX_PKT_PER_ACK);
                 bth.se = last && wr.send_flags.contains(SendFlags::SOLICITED) && (send || imm);
                 repr = PacketRepr::new(bth);
                 if !send && first {
@@ -204,7 +209,16 @@ impl QpEngine {
         } else {
             self.req.offset += pay as u64;
         }
-        if !self.timers.is_armed(Timer::Retransmit)
+        if uc {
+            // UC: a WQE is complete once its last packet is sent (rxe `rxe_requester`).
+            if done_wqe {
+                self.req.wqe = self.req.wqe.saturating_sub(1);
+                if let Some(w) = self.sq.remove(idx) {
+                    self.complete_send(&w, WcStatus::Success, 0);
+                }
+            }
+            self.comp.psn = self.req.psn;
+        } else if !self.timers.is_armed(Timer::Retransmit)
             && let Some(d) = ack_timeout(self.attrs.timeout)
         {
             self.timers.set(Timer::Retransmit, now + d);

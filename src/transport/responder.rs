@@ -7,8 +7,8 @@
 
 use super::error::Disposition;
 use super::{
-    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, RecvWqe, RespError,
-    Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
+    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpType, RecvWqe,
+    RespError, Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
@@ -87,6 +87,10 @@ impl QpEngine {
         pkt: &RocePacket<'_>,
         mem: &mut MemoryTable,
     ) {
+        if self.qp_type == QpType::Uc {
+            self.uc_handle(pkt, mem);
+            return;
+        }
         let psn = pkt.repr.bth.psn;
         let d = psn.diff(self.resp.epsn);
         if d > 0 {
@@ -162,7 +166,7 @@ impl QpEngine {
         }?;
         if matches!(info.kind, OpKind::Send | OpKind::RdmaWrite) {
             self.resp.epsn = self.resp.epsn.add(1);
-            if bth.ack_req {
+            if bth.ack_req && self.qp_type == QpType::Rc {
                 let msn = self.resp.msn;
                 self.queue_resp(RespItem::Ack {
                     psn: bth.psn,
@@ -172,6 +176,42 @@ impl QpEngine {
             }
         }
         Ok(())
+    }
+
+    /// UC responder: no ACKs and no NAKs, ever. A FIRST or ONLY at any PSN starts a message
+    /// and resynchronises the expected PSN; a MIDDLE/LAST that does not continue the message
+    /// in order drops the rest of it; a message that fails a check (no receive WQE, R_Key,
+    /// length) is dropped silently and its receive WQE is not consumed.
+    /// Source: IBTA Vol 1 ch. 9 (UC responder); rxe `rxe_resp.c` (`check_psn` for UC,
+    /// `drop_msg`); FACTS §2.9.
+    fn uc_handle(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) {
+        let psn = pkt.repr.bth.psn;
+        let starts = pkt.info.position.starts_message();
+        if psn != self.resp.epsn || (!starts && self.resp.in_progress.is_none()) {
+            self.uc_drop_message();
+            if !starts {
+                self.resp.epsn = psn.add(1);
+                self.counters.drop_packet(DropReason::UcMessageDropped);
+                return;
+            }
+            self.resp.epsn = psn;
+        }
+        if starts && self.resp.in_progress.is_some() {
+            // A new message while one is in progress: the old one lost its LAST.
+            self.uc_drop_message();
+        }
+        if self.execute(pkt, mem).is_err() {
+            self.uc_drop_message();
+            self.resp.epsn = psn.add(1);
+            self.counters.drop_packet(DropReason::UcMessageDropped);
+        }
+    }
+
+    fn uc_drop_message(&mut self) {
+        if let Some(r) = self.resp.recv.take() {
+            self.rq.push_front(r);
+        }
+        self.resp.in_progress = None;
     }
 
     fn exec_send(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) -> Result<(), RespError> {

@@ -639,13 +639,13 @@ impl Pd {
         })
     }
 
-    /// `ibv_create_qp`. Errors: `EINVAL` for capacities over the device limits;
-    /// `EOPNOTSUPP` for UC/UD (not yet implemented); `ENOMEM` past the QP limit.
+    /// `ibv_create_qp` for RC and UC QPs. Errors: `EINVAL` for capacities over the device
+    /// limits; `EOPNOTSUPP` for UD (not yet implemented); `ENOMEM` past the QP limit.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
-        if init.qp_type != QpType::Rc {
+        if init.qp_type == QpType::Ud {
             return Err(Error::new(
                 ErrorKind::OpNotSupp,
-                "create_qp: only RC QPs are implemented so far",
+                "create_qp: UD QPs are not implemented yet",
             ));
         }
         let c = init.cap;
@@ -1097,8 +1097,13 @@ impl RcConnect {
 
 impl Qp {
     /// Takes an RC QP through RESET→INIT→RTR→RTS with `ibv_modify_qp`, exactly as the
-    /// rdma-core examples do. Errors: those of [`Qp::modify`].
+    /// rdma-core examples do; for a UC QP, the same with the attributes UC takes (no READ /
+    /// atomic limits, RNR timer, timeout or retry counts). Errors: those of [`Qp::modify`].
     pub fn connect_rc(&self, c: &RcConnect) -> Result<()> {
+        let uc = {
+            let st = self.dev.shared.state.lock();
+            st.qps.get(&self.qpn).map(|s| s.engine.qp_type()) == Some(QpType::Uc)
+        };
         let init = QpAttr {
             qp_state: QpState::Init,
             pkey_index: 0,
@@ -1117,16 +1122,9 @@ impl Qp {
             ah_attr: super::AhAttr::roce_v2(c.dgid),
             ..QpAttr::default()
         };
-        self.modify(
-            &rtr,
-            A::STATE
-                | A::AV
-                | A::PATH_MTU
-                | A::DEST_QPN
-                | A::RQ_PSN
-                | A::MAX_DEST_RD_ATOMIC
-                | A::MIN_RNR_TIMER,
-        )?;
+        let rtr_mask = A::STATE | A::AV | A::PATH_MTU | A::DEST_QPN | A::RQ_PSN;
+        let rc_rtr = A::MAX_DEST_RD_ATOMIC | A::MIN_RNR_TIMER;
+        self.modify(&rtr, if uc { rtr_mask } else { rtr_mask | rc_rtr })?;
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: c.sq_psn,
@@ -1136,9 +1134,14 @@ impl Qp {
             max_rd_atomic: c.max_rd_atomic,
             ..QpAttr::default()
         };
+        let rc_rts = A::TIMEOUT | A::RETRY_CNT | A::RNR_RETRY | A::MAX_QP_RD_ATOMIC;
         self.modify(
             &rts,
-            A::STATE | A::SQ_PSN | A::TIMEOUT | A::RETRY_CNT | A::RNR_RETRY | A::MAX_QP_RD_ATOMIC,
+            if uc {
+                A::STATE | A::SQ_PSN
+            } else {
+                A::STATE | A::SQ_PSN | rc_rts
+            },
         )
     }
 }
