@@ -873,11 +873,28 @@ impl QpEngine {
         } else {
             self.completer_handle(now, pkt, mem);
         }
+        self.keep_retransmit_timer(now);
     }
 
     /// Runs the timers due at `now` (retransmit, RNR wait).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.completer_timeout(now);
+        self.keep_retransmit_timer(now);
+    }
+
+    /// Invariant: an RC requester with unacknowledged PSNs has its retransmit timer armed,
+    /// except during an RNR wait. (Without it, a response lost while nothing new may be sent
+    /// — a fence, the READ/atomic limit, the window — would stall the QP forever.)
+    fn keep_retransmit_timer(&mut self, now: Instant) {
+        if self.qp_type == QpType::Rc
+            && self.state == QpState::Rts
+            && !self.timers.is_armed(Timer::Rnr)
+            && !self.timers.is_armed(Timer::Retransmit)
+            && self.req.psn.diff(self.comp.psn) > 0
+            && let Some(d) = ack_timeout(self.attrs.timeout)
+        {
+            self.timers.set(Timer::Retransmit, now + d);
+        }
     }
 
     // ---- polls ----
