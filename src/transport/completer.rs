@@ -226,8 +226,10 @@ impl QpEngine {
         let pos = pkt.info.position;
         let remaining = w.length - w.read_done;
         let len = pkt.payload.len() as u64;
-        // The response to a (re-issued) READ request starts with FIRST or ONLY.
-        let seq_ok = pos.starts_message() == (r == w.read_req_psn);
+        // The response to a READ request starts with FIRST or ONLY. A READ re-issued from
+        // the middle is answered by rxe as a replay (MIDDLE/LAST, rxe `duplicate_request`)
+        // and by others as a new READ (FIRST/ONLY): at the re-issued PSN both are accepted.
+        let seq_ok = r == w.read_req_psn || !pos.starts_message();
         let len_ok = match pos {
             Position::First | Position::Middle => len == pmtu && len < remaining,
             Position::Last | Position::Only => len == remaining,

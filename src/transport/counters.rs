@@ -46,11 +46,15 @@ pub enum DropReason {
     /// UC: a packet of a message that is being dropped (a PSN gap, no receive WQE, or a
     /// failed check; UC never NAKs), or a MIDDLE/LAST whose FIRST was lost.
     UcMessageDropped,
+    /// UD: the DETH Q_Key is not the QP's.
+    BadQkey,
+    /// UD: no receive WQE posted (UD drops, never RNR-NAKs).
+    UdNoReceive,
 }
 
 impl DropReason {
     /// Every reason, for reports.
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 20] = [
         DropReason::Truncated,
         DropReason::BadTver,
         DropReason::UnknownOpcode,
@@ -69,6 +73,8 @@ impl DropReason {
         DropReason::StaleDuplicate,
         DropReason::NoResources,
         DropReason::UcMessageDropped,
+        DropReason::BadQkey,
+        DropReason::UdNoReceive,
     ];
 
     /// snake_case name for reports.
@@ -92,6 +98,8 @@ impl DropReason {
             DropReason::StaleDuplicate => "stale_duplicate",
             DropReason::NoResources => "no_resources",
             DropReason::UcMessageDropped => "uc_message_dropped",
+            DropReason::BadQkey => "bad_qkey",
+            DropReason::UdNoReceive => "ud_no_receive",
         }
     }
 }
@@ -144,7 +152,7 @@ pub struct Counters {
     /// Receive WQEs completed at the responder.
     pub rdma_recvs: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
-    pub drops: [u64; 18],
+    pub drops: [u64; 20],
 }
 
 impl Counters {

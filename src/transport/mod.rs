@@ -258,6 +258,21 @@ pub struct SendWr {
     pub compare_add: u64,
     /// Swap value (CMP_AND_SWP).
     pub swap: u64,
+    /// UD only: where the datagram goes (`wr.ud` of `ibv_send_wr`).
+    pub ud: Option<UdDest>,
+}
+
+/// The destination of a UD send: what `wr.ud` carries (the address handle's address, the
+/// remote QPN and Q_Key). A `remote_qkey` with bit 31 set means "use the QP's own Q_Key".
+/// Source: `struct ibv_send_wr` `wr.ud`; IBTA Vol 1 ch. 10 (Q_Key, "high-order bit set").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// The destination's IP (its GID's address).
+    pub remote_ip: IpAddr,
+    /// Destination QPN.
+    pub remote_qpn: u32,
+    /// Q_Key to send with.
+    pub remote_qkey: u32,
 }
 
 impl SendWr {
@@ -273,6 +288,7 @@ impl SendWr {
             rkey: 0,
             compare_add: 0,
             swap: 0,
+            ud: None,
         }
     }
 }
@@ -637,6 +653,8 @@ pub struct QpEngine {
     timers: TimerTable,
     completions: VecDeque<Completion>,
     counters: Counters,
+    /// Source address of the packet being handled (for the UD GRH).
+    last_src: IpAddr,
 }
 
 impl QpEngine {
@@ -659,6 +677,7 @@ impl QpEngine {
             timers: TimerTable::default(),
             completions: VecDeque::new(),
             counters: Counters::default(),
+            last_src: IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
         }
     }
 
@@ -774,6 +793,16 @@ impl QpEngine {
         if self.qp_type != QpType::Rc && (wr.opcode.is_rd_atomic()) {
             return Err(PostError::NotSupported);
         }
+        if self.qp_type == QpType::Ud {
+            if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) {
+                return Err(PostError::NotSupported);
+            }
+            if wr.ud.is_none() {
+                return Err(PostError::Invalid(
+                    "UD send needs an address handle (wr.ud)",
+                ));
+            }
+        }
         let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         if length > MAX_MSG_BYTES {
             return Err(PostError::Invalid("message longer than 2 GiB"));
@@ -868,6 +897,7 @@ impl QpEngine {
             return;
         }
         self.counters.rcvd_pkts += 1;
+        self.last_src = src;
         if request {
             self.responder_handle(now, pkt, mem);
         } else {

@@ -68,6 +68,8 @@ pub(super) struct RespState {
     write_len: u64,
     out: VecDeque<RespItem>,
     atomics: VecDeque<(Psn, u64)>,
+    /// Recent READ requests accepted: (first PSN, PSNs used), for duplicate replay.
+    reads: VecDeque<(Psn, u32)>,
 }
 
 impl RespState {
@@ -371,7 +373,12 @@ impl QpEngine {
             first: true,
             msn,
         });
-        self.resp.epsn = psn.add(psns_for(len, self.pmtu()));
+        let npsn = psns_for(len, self.pmtu());
+        if self.resp.reads.len() == ATOMIC_REPLAY {
+            self.resp.reads.pop_front();
+        }
+        self.resp.reads.push_back((psn, npsn));
+        self.resp.epsn = psn.add(npsn);
         Ok(())
     }
 
@@ -437,12 +444,19 @@ impl QpEngine {
                         .check(reth.rkey, self.pd, reth.va, len, AccessFlags::REMOTE_READ)
                         .is_ok();
                 if ok && len <= MAX_MSG_BYTES {
+                    // rxe `duplicate_request`: a READ re-issued from inside an earlier READ
+                    // (the requester's retry after losing responses) is answered as a
+                    // replay — MIDDLE/LAST — unless it starts at that READ's first PSN.
+                    let inside = self.resp.reads.iter().any(|&(first, n)| {
+                        let d = psn.diff(first);
+                        d > 0 && (d as u32) < n
+                    });
                     self.queue_resp(RespItem::Read {
                         psn,
                         va: reth.va,
                         rkey: reth.rkey,
                         remaining: len,
-                        first: true,
+                        first: !inside,
                         msn,
                     });
                 } else {

@@ -5,6 +5,7 @@
 //! - `softroce devinfo`: an `ibv_devinfo`-shaped description of a device.
 //! - `softroce decode [--json] FILE`: every frame of a pcap/pcapng explained, as text or JSON.
 //! - `softroce pingpong --rc`: rdma-core's `ibv_rc_pingpong`, interoperable with it.
+//! - `softroce target`: a scriptable RC responder driven by JSON lines on stdin.
 
 use clap::{Parser, Subcommand};
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -22,6 +23,8 @@ mod rdma_write_client;
 mod decode;
 mod devinfo;
 mod pingpong;
+mod sim;
+mod target;
 
 #[derive(Parser)]
 #[command(
@@ -64,6 +67,12 @@ enum Command {
     },
     /// rdma-core's ibv_rc_pingpong on a softroce device (same options and TCP exchange).
     Pingpong(pingpong::PingpongArgs),
+    /// Random RC operations between two simulated devices on a seeded lossy link, checked
+    /// against a reference model.
+    Sim(sim::SimArgs),
+    /// A scriptable RC responder: prints its QPN, PSN and MRs as JSON, then takes JSON
+    /// commands on stdin and reports every completion as a JSON line.
+    Target(target::TargetArgs),
     /// Explains every frame of a pcap or pcapng file (Ethernet, raw IP or Linux cooked).
     Decode {
         /// One JSON object per frame instead of one line of text.
@@ -92,8 +101,12 @@ fn main() -> ExitCode {
         Command::Devinfo { ip, name } => devinfo::run(ip, &name),
         Command::Pingpong(args) => pingpong::run(args),
         Command::Decode { json, file } => decode::run(&file, json),
+        Command::Sim(args) => sim::run_sim(args),
+        Command::Target(args) => target::run(args),
     };
-    let r = r.and_then(|()| finish_capture(capture, cli.pcap.as_deref()));
+    // Flushed on failure too: the capture of a failed run is the interesting one.
+    let flushed = finish_capture(capture, cli.pcap.as_deref());
+    let r = r.and(flushed);
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
