@@ -295,6 +295,9 @@ struct NakFile {
     class: Vec<ClassRow>,
     nak: Vec<NakRow>,
     reserved_nak: ReservedNak,
+    /// Checked variant by variant by src/transport/tests.rs, not here.
+    #[allow(dead_code)]
+    responder_error: Vec<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -6,7 +6,8 @@
 //! device then checks the ICRC over that header, as kernel rxe does. The device's UDP socket
 //! stays bound to port 4791 so that the kernel delivers the datagrams rather than answering
 //! with ICMP port-unreachable; in this mode a socket filter makes it drop everything, so that
-//! each datagram is read once, from the raw socket.
+//! each datagram is read once, from the raw socket (Linux counts those filtered copies in the
+//! UDP `InErrors` statistic).
 //!
 //! Needs CAP_NET_RAW (opening fails with EPERM without it). IPv6 needs no such socket: its
 //! header has no field that the ICRC covers and a UDP socket hides (an IPv6 raw socket would

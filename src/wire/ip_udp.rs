@@ -153,6 +153,18 @@ mod tests {
     }
 
     #[test]
+    fn linux_cooked_capture_is_cut_like_ethernet() {
+        // SLL v1: packet type 0 (to us), ARPHRD_ETHER, 6-byte address padded to 8, EtherType.
+        let mut sll = vec![
+            0, 0, 0, 1, 0, 6, 0x7c, 0xfe, 0x90, 0x64, 0x3b, 0x32, 0, 0, 0x08, 0x00,
+        ];
+        sll.extend_from_slice(&CX4_CNP_FRAME[14..]);
+        let d = parse_frame(&sll, LinkType::LinuxSll).unwrap();
+        assert_eq!(d.ip_header, &CX4_CNP_FRAME[14..34]);
+        assert_eq!(d.payload, &CX4_CNP_FRAME[42..]);
+    }
+
+    #[test]
     fn not_udp_is_bad_framing() {
         let mut tcp = CX4_CNP_FRAME;
         tcp[23] = 6; // IPv4 protocol: TCP
