@@ -420,3 +420,54 @@ fn uc_send_only_with_and_without_immediate() {
         assert_eq!(c.wc.status, softroce::transport::WcStatus::Success);
     }
 }
+
+#[test]
+fn ud_send_only_with_immediate_and_its_udp_source_port() {
+    // pyverbs UD SEND ONLY WITH IMMEDIATE, Q_Key 0x11111111 (53-ud-send-imm), and
+    // ibv_ud_pingpong's UD SEND ONLY (03-ud-pingpong): DETH, AckReq 0, and the source port
+    // rxe gives a UD QP at creation (0xC000 + hash_32(qpn, 14)).
+    for (file, op) in [
+        ("53-ud-send-imm.pcap", WrOpcode::SendWithImm),
+        ("03-ud-pingpong.pcap", WrOpcode::Send),
+    ] {
+        let d = datagrams(file);
+        let s = pkt(&d[0]);
+        let deth = s.repr.deth.expect("DETH");
+        assert_eq!(
+            d[0].src_port,
+            softroce::verbs::rxe_initial_udp_sport(deth.src_qpn),
+            "{file}"
+        );
+        let mut mem = MemoryTable::new(1);
+        let (key, va) = mr_with(&mut mem, s.payload);
+        let mut a = engine_of(
+            QpType::Ud,
+            deth.src_qpn,
+            0,
+            &d[0],
+            s.repr.bth.psn.value(),
+            0,
+        );
+        a.attrs_mut().qkey = deth.qkey;
+        a.attrs_mut().path_mtu = PathMtu::Mtu4096;
+        let mut wr = SendWr::new(
+            1,
+            op,
+            vec![Sge {
+                addr: va,
+                length: s.payload.len() as u32,
+                lkey: key,
+            }],
+        );
+        wr.imm_data = s.repr.immdt.map_or(0, |i| i.imm_data);
+        wr.ud = Some(softroce::transport::UdDest {
+            remote_ip: d[0].dst,
+            remote_qpn: s.repr.bth.dest_qpn,
+            remote_qkey: deth.qkey,
+        });
+        a.post_send(wr).unwrap();
+        let out = drain(&mut a, &mem);
+        assert_eq!(out.len(), 1);
+        assert_same(&out[0], &d[0], file);
+    }
+}

@@ -663,3 +663,196 @@ fn uc_refuses_read_and_atomics_at_post_time() {
     let e = p.qa.post_send(&[w]).unwrap_err();
     assert_eq!((e.errno(), e.bad_wr()), (95, Some(0)));
 }
+
+// ---- UD: datagrams with a DETH, a GRH in front of every receive, Q_Key checks ----
+
+struct UdPair {
+    sim: Sim,
+    devs: (Device, Device),
+    _pds: (Pd, Pd),
+    ca: Cq,
+    cb: Cq,
+    qa: Qp,
+    qb: Qp,
+    local: Mr,
+    recv: Mr,
+    ah: softroce::verbs::Ah,
+}
+
+const QKEY: u32 = 0x1111_1111;
+
+fn ud_pair() -> UdPair {
+    let mut sim = Sim::new(3, SimFaults::NONE);
+    let a = sim.add_device("simA", A);
+    let b = sim.add_device("simB", B);
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let init = |cq| QpInitAttr {
+        qp_type: QpType::Ud,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap::default(),
+        sq_sig_all: true,
+    };
+    let qa = pa.create_qp(&init(&ca)).unwrap();
+    let qb = pb.create_qp(&init(&cb)).unwrap();
+    qa.ready_ud(QKEY, 0x10).unwrap();
+    qb.ready_ud(QKEY, 0x20).unwrap();
+    let local = pa.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let recv = pb.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let ah = pa
+        .create_ah(&softroce::verbs::AhAttr::roce_v2(Gid::from_ip(B)))
+        .unwrap();
+    UdPair {
+        sim,
+        devs: (a, b),
+        _pds: (pa, pb),
+        ca,
+        cb,
+        qa,
+        qb,
+        local,
+        recv,
+        ah,
+    }
+}
+
+impl UdPair {
+    fn send(&self, wr_id: u64, len: u32, qkey: u32, imm: Option<u32>) {
+        let sg = if len == 0 {
+            vec![]
+        } else {
+            vec![self.local.sge(0, len)]
+        };
+        let mut w = SendWr::new(
+            wr_id,
+            if imm.is_some() {
+                WrOpcode::SendWithImm
+            } else {
+                WrOpcode::Send
+            },
+            sg,
+        );
+        w.imm_data = imm.unwrap_or(0);
+        w.ud = Some(self.ah.dest(self.qb.qp_num(), qkey));
+        self.qa.post_send(&[w]).unwrap();
+    }
+    fn settle(&mut self) {
+        self.sim.run_until(Duration::from_millis(1), || false);
+    }
+}
+
+#[test]
+fn ud_send_lands_after_a_40_byte_grh_with_src_qp_and_imm() {
+    let mut p = ud_pair();
+    let log_sport = Arc::new(Mutex::new(Vec::new()));
+    let l = log_sport.clone();
+    p.sim.set_filter(Some(Box::new(move |_, src, _, bytes| {
+        let pkt = RocePacket::parse(bytes).unwrap();
+        l.lock().push((
+            src.port(),
+            pkt.repr.bth.opcode,
+            pkt.repr.deth.map(|d| (d.qkey, d.src_qpn)),
+        ));
+        true
+    })));
+    p.local.write(0, b"datagram!").unwrap();
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 5,
+        sg_list: vec![p.recv.sge(0, 4096)],
+    }])
+    .unwrap();
+    p.send(1, 9, QKEY, Some(0xabcd_0001));
+    p.settle();
+    assert_eq!(p.ca.poll_one().unwrap().status, WcStatus::Success);
+    let r = p.cb.poll_one().expect("receive completion");
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len, r.src_qp),
+        (5, WcStatus::Success, 49, p.qa.qp_num())
+    );
+    assert!(
+        r.wc_flags
+            .contains(softroce::verbs::WcFlags::GRH | softroce::verbs::WcFlags::WITH_IMM)
+    );
+    assert_eq!(r.imm_data, 0xabcd_0001);
+    let mut buf = vec![0u8; 49];
+    p.recv.read(0, &mut buf).unwrap();
+    assert_eq!(
+        &buf[..20],
+        &[0u8; 20],
+        "IPv4: 20 zero bytes, then the IPv4 header"
+    );
+    assert_eq!(buf[20], 0x45);
+    assert_eq!(&buf[32..36], &[192, 0, 2, 1], "GRH source = the sender");
+    assert_eq!(&buf[36..40], &[192, 0, 2, 2]);
+    assert_eq!(&buf[40..], b"datagram!");
+    let seen = log_sport.lock();
+    // rxe: a UD QP keeps its creation-time source port 0xC000 + hash_32(qpn, 14).
+    let want = softroce::verbs::rxe_initial_udp_sport(p.qa.qp_num());
+    assert_eq!(
+        seen[0],
+        (
+            want,
+            Opcode::UD_SEND_ONLY_WITH_IMMEDIATE,
+            Some((QKEY, p.qa.qp_num()))
+        )
+    );
+}
+
+#[test]
+fn ud_wrong_qkey_and_missing_receive_are_dropped_counted_and_the_qp_keeps_working() {
+    let mut p = ud_pair();
+    p.send(1, 4, 0x2222_2222, None); // wrong Q_Key
+    p.send(2, 4, QKEY, None); // no receive posted
+    p.settle();
+    assert!(p.cb.poll_one().is_none());
+    let c = p.devs.1.counters();
+    assert_eq!(c.dropped(softroce::verbs::DropReason::BadQkey), 1);
+    assert_eq!(c.dropped(softroce::verbs::DropReason::UdNoReceive), 1);
+    // A Q_Key with bit 31 set means "the QP's own Q_Key".
+    p.qb.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: vec![p.recv.sge(0, 100)],
+    }])
+    .unwrap();
+    p.send(3, 4, 0x8000_0000, None);
+    p.settle();
+    let r = p.cb.poll_one().expect("completion");
+    assert_eq!((r.wr_id, r.byte_len), (7, 44));
+    assert_eq!(p.qb.state(), softroce::verbs::QpState::Rts);
+    for id in 1..=3 {
+        assert_eq!(
+            p.ca.poll_one().map(|w| (w.wr_id, w.status)),
+            Some((id, WcStatus::Success))
+        );
+    }
+}
+
+#[test]
+fn ud_message_longer_than_the_mtu_is_not_sent_and_completes() {
+    // C10-93.1.1, as rxe does: the WR completes successfully and nothing goes out.
+    let mut p = ud_pair();
+    let sent = Arc::new(Mutex::new(0usize));
+    let s2 = sent.clone();
+    p.sim.set_filter(Some(Box::new(move |_, _, _, _| {
+        *s2.lock() += 1;
+        true
+    })));
+    p.send(1, 4096 + 1, QKEY, None);
+    p.settle();
+    assert_eq!(p.ca.poll_one().map(|w| w.status), Some(WcStatus::Success));
+    assert_eq!(*sent.lock(), 0);
+}
+
+#[test]
+fn ud_refuses_rdma_and_a_wr_without_an_address_handle() {
+    let p = ud_pair();
+    let e =
+        p.qa.post_send(&[SendWr::new(1, WrOpcode::RdmaWrite, vec![])])
+            .unwrap_err();
+    assert_eq!(e.errno(), 95);
+    let e =
+        p.qa.post_send(&[SendWr::new(1, WrOpcode::Send, vec![])])
+            .unwrap_err();
+    assert_eq!(e.errno(), 22);
+}

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, DEFAULT_PKEY, ImmDtRepr, Opcode, PacketRepr, Psn, RethRepr,
+    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, ImmDtRepr, Opcode, PacketRepr, Psn, RethRepr,
 };
 
 /// Requester cursor: which WQE and byte offset the next packet comes from, and its PSN.
@@ -37,6 +37,9 @@ impl QpEngine {
     ) -> Option<Transmit> {
         if self.state != QpState::Rts || self.timers.is_armed(Timer::Rnr) {
             return None;
+        }
+        if self.qp_type == QpType::Ud {
+            return self.ud_transmit(path, mem);
         }
         let idx = self.req.wqe;
         let pmtu = self.pmtu();
@@ -228,6 +231,91 @@ impl QpEngine {
             src_port: path.src_port,
             payload: buf,
         })
+    }
+
+    /// UD: one SEND ONLY (+IMM) per WQE to the WR's address handle, with a DETH; complete
+    /// once sent. A message longer than the path MTU is not sent and completes successfully
+    /// (IBTA C10-93.1.1; rxe `rxe_requester`). Source: IBTA Vol 1 ch. 9 (UD); FACTS §2.12.
+    fn ud_transmit(&mut self, path: &Path, mem: &MemoryTable) -> Option<Transmit> {
+        let pmtu = self.pmtu();
+        loop {
+            let w = self.sq.front()?;
+            let Some(dest) = w.wr.ud else {
+                // post_send refuses a UD WR without a destination; drop it defensively.
+                let w = self.sq.pop_front()?;
+                self.complete_send(&w, WcStatus::LocQpOpErr, 0);
+                continue;
+            };
+            if w.length > pmtu {
+                let w = self.sq.pop_front()?;
+                self.complete_send(&w, WcStatus::Success, 0);
+                continue;
+            }
+            let imm = w.wr.opcode == WrOpcode::SendWithImm;
+            let bth = BthRepr {
+                opcode: if imm {
+                    Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+                } else {
+                    Opcode::UD_SEND_ONLY
+                },
+                se: w.wr.send_flags.contains(SendFlags::SOLICITED),
+                mig_req: false,
+                pad_count: 0,
+                tver: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qpn: dest.remote_qpn,
+                // rxe sets AckReq on GSI (QP1) packets only (FACTS §2.12).
+                ack_req: self.qpn == 1,
+                psn: self.req.psn,
+            };
+            let mut repr = PacketRepr::new(bth);
+            // A WR Q_Key with bit 31 set means "use the QP's own Q_Key".
+            let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
+                self.attrs.qkey
+            } else {
+                dest.remote_qkey
+            };
+            repr.deth = Some(DethRepr {
+                qkey,
+                src_qpn: self.qpn,
+            });
+            if imm {
+                repr.immdt = Some(ImmDtRepr {
+                    imm_data: w.wr.imm_data,
+                });
+            }
+            repr.payload_len = w.length as usize;
+            let mut buf = vec![0u8; repr.buffer_len()];
+            repr.emit_headers(&mut buf);
+            let h = repr.header_len();
+            let n = repr.payload_len;
+            if n > 0
+                && mem
+                    .gather(&w.wr.sg_list, self.pd, 0, &mut buf[h..h + n])
+                    .is_err()
+            {
+                let w = self.sq.pop_front()?;
+                self.complete_send(&w, WcStatus::LocProtErr, 0);
+                self.enter_error();
+                return None;
+            }
+            let to = Path {
+                local: path.local,
+                remote: dest.remote_ip,
+                src_port: path.src_port,
+            };
+            repr.finish(&mut buf, &to.icrc_ip());
+            self.req.psn = self.req.psn.add(1);
+            let w = self.sq.pop_front()?;
+            self.complete_send(&w, WcStatus::Success, 0);
+            return Some(Transmit {
+                dst: dest.remote_ip,
+                src_port: path.src_port,
+                payload: buf,
+            });
+        }
     }
 
     /// Go-back-N: the next packet sent will be the one at `psn`, from the WQE that holds it.

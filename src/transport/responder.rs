@@ -15,6 +15,7 @@ use crate::wire::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, DEFAULT_PKEY, OpKind, Opcode, PacketRepr,
     Position, Psn, RocePacket,
 };
+use core::net::IpAddr;
 use std::collections::VecDeque;
 
 /// Saved atomic results kept for duplicate replay.
@@ -91,6 +92,10 @@ impl QpEngine {
     ) {
         if self.qp_type == QpType::Uc {
             self.uc_handle(pkt, mem);
+            return;
+        }
+        if self.qp_type == QpType::Ud {
+            self.ud_handle(pkt, mem);
             return;
         }
         let psn = pkt.repr.bth.psn;
@@ -207,6 +212,93 @@ impl QpEngine {
             self.resp.epsn = psn.add(1);
             self.counters.drop_packet(DropReason::UcMessageDropped);
         }
+    }
+
+    /// UD responder: the DETH Q_Key must be the QP's (else drop); a receive WQE is taken
+    /// (none → drop, never an RNR NAK); the 40-byte GRH — the IPv6 header, or 20 zero bytes
+    /// then the IPv4 header — goes first in the buffer, then the payload; the work
+    /// completion has `IBV_WC_GRH`, `byte_len` = 40 + payload, and `src_qp` from the DETH.
+    /// The PSN is ignored. Source: IBTA Vol 1 ch. 9/10 (UD, GRH); rxe `rxe_resp.c` `execute`
+    /// (`union rdma_network_hdr`), `rxe_recv.c` `check_keys`; FACTS §2.12.
+    fn ud_handle(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) {
+        let Some(deth) = pkt.repr.deth else {
+            self.counters.drop_packet(DropReason::LengthMismatch);
+            return;
+        };
+        if deth.qkey != self.attrs.qkey {
+            self.counters.drop_packet(DropReason::BadQkey);
+            return;
+        }
+        let Some(r) = self.rq.pop_front() else {
+            self.counters.drop_packet(DropReason::UdNoReceive);
+            return;
+        };
+        let room: u64 = r.wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let len = 40 + pkt.payload.len() as u64;
+        let mut wc = super::recv_wc(&r.wr, WcStatus::Success, self.qpn);
+        wc.src_qp = deth.src_qpn;
+        if len > room {
+            wc.status = WcStatus::LocLenErr;
+            self.push_wc(CqSel::Recv, wc);
+            return;
+        }
+        let grh = self.grh(pkt.body.len() + crate::wire::ICRC_LEN);
+        let ok = mem.scatter(&r.wr.sg_list, self.pd, 0, &grh).is_ok()
+            && (pkt.payload.is_empty()
+                || mem.scatter(&r.wr.sg_list, self.pd, 40, pkt.payload).is_ok());
+        if !ok {
+            wc.status = WcStatus::LocProtErr;
+            self.push_wc(CqSel::Recv, wc);
+            return;
+        }
+        wc.byte_len = len as u32;
+        wc.wc_flags = WcFlags::GRH;
+        if let Some(i) = pkt.repr.immdt {
+            wc.imm_data = i.imm_data;
+            wc.wc_flags |= WcFlags::WITH_IMM;
+        }
+        wc.opcode = WcOpcode::Recv;
+        self.counters.rdma_recvs += 1;
+        self.push_wc(CqSel::Recv, wc);
+    }
+
+    /// The 40-byte network header a UD receive buffer starts with, for a datagram of
+    /// `udp_payload` bytes from the packet's source to this QP's address. Fields a UDP
+    /// socket cannot see are as softroce sends them (TOS 0, ID 0, DF, TTL 64).
+    fn grh(&self, udp_payload: usize) -> [u8; 40] {
+        let mut g = [0u8; 40];
+        let local = self.path.map(|p| p.local);
+        match (self.last_src, local) {
+            (IpAddr::V4(src), Some(IpAddr::V4(dst))) => {
+                let h = &mut g[20..40];
+                h[0] = 0x45;
+                h[2..4].copy_from_slice(&((20 + 8 + udp_payload) as u16).to_be_bytes());
+                h[6] = 0x40;
+                h[8] = 64;
+                h[9] = 17;
+                h[12..16].copy_from_slice(&src.octets());
+                h[16..20].copy_from_slice(&dst.octets());
+                let sum = (0..10)
+                    .map(|i| u32::from(u16::from_be_bytes([h[2 * i], h[2 * i + 1]])))
+                    .sum::<u32>();
+                let folded = (sum & 0xffff) + (sum >> 16);
+                let csum = !(((folded & 0xffff) + (folded >> 16)) as u16);
+                h[10..12].copy_from_slice(&csum.to_be_bytes());
+            }
+            (src, dst) => {
+                let to6 = |a: IpAddr| match a {
+                    IpAddr::V4(v) => v.to_ipv6_mapped(),
+                    IpAddr::V6(v) => v,
+                };
+                g[0] = 0x60;
+                g[4..6].copy_from_slice(&((8 + udp_payload) as u16).to_be_bytes());
+                g[6] = 17;
+                g[7] = 64;
+                g[8..24].copy_from_slice(&to6(src).octets());
+                g[24..40].copy_from_slice(&to6(dst.unwrap_or(src)).octets());
+            }
+        }
+        g
     }
 
     fn uc_drop_message(&mut self) {

@@ -639,15 +639,10 @@ impl Pd {
         })
     }
 
-    /// `ibv_create_qp` for RC and UC QPs. Errors: `EINVAL` for capacities over the device
-    /// limits; `EOPNOTSUPP` for UD (not yet implemented); `ENOMEM` past the QP limit.
+    /// `ibv_create_qp` for RC, UC and UD QPs. A UD QP sends from UDP source port
+    /// `0xC000 + hash_32(qpn, 14)` (rxe) with the port's active MTU. Errors: `EINVAL` for
+    /// capacities over the device limits; `ENOMEM` past the QP limit.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
-        if init.qp_type == QpType::Ud {
-            return Err(Error::new(
-                ErrorKind::OpNotSupp,
-                "create_qp: UD QPs are not implemented yet",
-            ));
-        }
         let c = init.cap;
         if c.max_send_wr == 0 || c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
             return Err(Error::new(
@@ -678,7 +673,19 @@ impl Pd {
         } else {
             qpn + 1
         };
-        let engine = QpEngine::new(qpn, init.qp_type, self.handle, c, init.sq_sig_all);
+        let mut engine = QpEngine::new(qpn, init.qp_type, self.handle, c, init.sq_sig_all);
+        if init.qp_type == QpType::Ud {
+            // UD has no address vector: the source is fixed at creation, each WR names its
+            // destination. rxe keeps the creation-time source port for UD and GSI QPs.
+            let ip = self.dev.shared.cfg.ip;
+            let src_port = self.dev.shared.link.source_port(rxe_initial_udp_sport(qpn));
+            engine.set_path(Path {
+                local: ip,
+                remote: ip,
+                src_port,
+            });
+            engine.attrs_mut().path_mtu = self.dev.shared.cfg.active_mtu;
+        }
         st.qps.insert(
             qpn,
             QpSlot {
@@ -1143,6 +1150,70 @@ impl Qp {
                 A::STATE | A::SQ_PSN | rc_rts
             },
         )
+    }
+}
+
+impl Qp {
+    /// Takes a UD QP through RESET→INIT→RTR→RTS with Q_Key `qkey` and first PSN `sq_psn`,
+    /// as `ibv_ud_pingpong` does. Errors: those of [`Qp::modify`].
+    pub fn ready_ud(&self, qkey: u32, sq_psn: u32) -> Result<()> {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        self.modify(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::QKEY)?;
+        self.modify(
+            &QpAttr {
+                qp_state: QpState::Rtr,
+                ..QpAttr::default()
+            },
+            A::STATE,
+        )?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn,
+            ..QpAttr::default()
+        };
+        self.modify(&rts, A::STATE | A::SQ_PSN)
+    }
+}
+
+/// An address handle (`ibv_ah`): where UD sends go. For RoCEv2 the destination GID names
+/// the IP address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ah {
+    dgid: Gid,
+}
+
+impl Ah {
+    /// The destination GID.
+    pub fn dgid(&self) -> Gid {
+        self.dgid
+    }
+    /// The `wr.ud` of a send to QP `remote_qpn` with Q_Key `remote_qkey` behind this AH.
+    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> crate::transport::UdDest {
+        crate::transport::UdDest {
+            remote_ip: self.dgid.ip(),
+            remote_qpn,
+            remote_qkey,
+        }
+    }
+}
+
+impl Pd {
+    /// `ibv_create_ah`. Errors: `EINVAL` when the destination GID is of another IP family
+    /// than the device's address.
+    pub fn create_ah(&self, attr: &super::AhAttr) -> Result<Ah> {
+        if attr.dgid.ip().is_ipv4() != self.dev.shared.cfg.ip.is_ipv4() {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "create_ah: dgid of another IP family than the device",
+            ));
+        }
+        Ok(Ah { dgid: attr.dgid })
     }
 }
 

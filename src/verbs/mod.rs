@@ -12,10 +12,10 @@ mod modify;
 
 pub use crate::transport::{
     AccessFlags, Counters, DropReason, PathMtu, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr,
-    Sge, Transmit, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    Sge, Transmit, UdDest, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 pub use device::{
-    Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
+    Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
     RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
 pub use modify::{AhAttr, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
