@@ -395,7 +395,7 @@ fn retry_cnt_timeouts_just_under_succeed_and_just_over_fail() {
         "first send + 3 retries"
     );
     let c = bad._devs.0.counters();
-    assert_eq!((c.retry_exceeded_err, c.completer_retry_err), (1, 4));
+    assert_eq!((c.retry_exceeded_err, c.completer_retry_err), (1, 3));
     assert!(bad.sim.now().as_nanos() >= 4 * t);
 }
 

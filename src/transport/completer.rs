@@ -55,7 +55,18 @@ impl QpEngine {
         match pkt.info.kind {
             OpKind::Acknowledge => {
                 let Some(aeth) = pkt.repr.aeth else { return };
-                match AethSyndrome::from_byte(aeth.syndrome) {
+                let syndrome = AethSyndrome::from_byte(aeth.syndrome);
+                // A NAK (of any kind) counts only if a WQE is outstanding and its PSN is not
+                // older than the oldest unacknowledged one: a duplicated or late NAK must not
+                // break a healthy QP (rxe `get_wqe`, `check_psn`).
+                let outstanding = self.sq.front().is_some_and(|w| w.assigned);
+                if !matches!(syndrome, AethSyndrome::Ack { .. })
+                    && (!outstanding || psn.diff(self.comp.psn) < 0)
+                {
+                    self.counters.drop_packet(DropReason::UnexpectedResponse);
+                    return;
+                }
+                match syndrome {
                     // Any credit count is accepted (ConnectX may advertise real credits).
                     AethSyndrome::Ack { .. } => {
                         if !self.ack_through(psn, now) {
@@ -204,6 +215,8 @@ impl QpEngine {
             return false;
         }
         self.comp.retry_left -= 1;
+        // rxe RXE_CNT_COMP_RETRY: every retry started, by timeout or by NAK.
+        self.counters.completer_retry_err += 1;
         true
     }
 
@@ -229,7 +242,11 @@ impl QpEngine {
         // The response to a READ request starts with FIRST or ONLY. A READ re-issued from
         // the middle is answered by rxe as a replay (MIDDLE/LAST, rxe `duplicate_request`)
         // and by others as a new READ (FIRST/ONLY): at the re-issued PSN both are accepted.
-        let seq_ok = r == w.read_req_psn || !pos.starts_message();
+        let seq_ok = if r == w.read_req_psn {
+            pos.starts_message() || w.read_done > 0
+        } else {
+            !pos.starts_message()
+        };
         let len_ok = match pos {
             Position::First | Position::Middle => len == pmtu && len < remaining,
             Position::Last | Position::Only => len == remaining,
@@ -293,7 +310,6 @@ impl QpEngine {
         if self.req.psn.diff(self.comp.psn) <= 0 || !front.assigned {
             return;
         }
-        self.counters.completer_retry_err += 1;
         let resume = if front.wr.opcode == WrOpcode::RdmaRead {
             front.first_psn.add((front.read_done / self.pmtu()) as u32)
         } else if self.comp.psn.diff(front.first_psn) > 0 {

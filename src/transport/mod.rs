@@ -612,6 +612,8 @@ pub enum PostError {
 pub const MAX_UNACKED_PSNS: u32 = 128;
 /// Packets sent without AckReq before one asks for an ACK. Source: rxe `RXE_MAX_PKT_PER_ACK`.
 pub const MAX_PKT_PER_ACK: u32 = 64;
+/// PSNs a single message may use: fewer than half the 24-bit space.
+pub const MAX_PSNS_PER_MESSAGE: u32 = 1 << 23;
 /// Largest message, in bytes (2 GiB, rxe R6.12 `max_msg_sz`).
 pub const MAX_MSG_BYTES: u64 = 1 << 31;
 
@@ -806,6 +808,13 @@ impl QpEngine {
         let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         if length > MAX_MSG_BYTES {
             return Err(PostError::Invalid("message longer than 2 GiB"));
+        }
+        // 24-bit PSNs are ordered only within half the space: a message needing 2^23 PSNs or
+        // more (2 GiB at path MTU 256) could never be told apart from one already done.
+        if psns_for(length, self.pmtu()) >= MAX_PSNS_PER_MESSAGE {
+            return Err(PostError::Invalid(
+                "message needs 2^23 PSNs or more at this path MTU",
+            ));
         }
         if wr.opcode.is_atomic() {
             if length != 8 || wr.sg_list.len() != 1 {

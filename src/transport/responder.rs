@@ -152,6 +152,21 @@ impl QpEngine {
         {
             return Err(RespError::UnsupportedOpcode);
         }
+        // Resources before lengths and keys (rxe `check_resource` runs before
+        // `check_length` and `check_rkey`): a SEND that starts a message, or the packet of a
+        // WRITE that carries immediate data, needs a receive WQE, else RNR NAK.
+        let needs_recv = (info.kind == OpKind::Send && pos.starts_message())
+            || (info.kind == OpKind::RdmaWrite && pos.ends_message() && pkt.repr.immdt.is_some());
+        if needs_recv && self.rq.is_empty() {
+            return Err(RespError::Rnr);
+        }
+        // WRITE pad count: 0 on non-final packets, and on the final one the pad of the
+        // remaining RETH length (rxe `check_rkey`; FACTS §2.4).
+        if info.kind == OpKind::RdmaWrite
+            && bth.pad_count != crate::wire::pad_count(pkt.payload.len())
+        {
+            return Err(RespError::InvalidLength);
+        }
         // Per-packet length against the path MTU (rxe R6.12 `rxe_resp_check_length`).
         let pmtu = self.pmtu();
         let len = pkt.payload.len() as u64;
@@ -229,19 +244,24 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::BadQkey);
             return;
         }
-        let Some(r) = self.rq.pop_front() else {
+        let Some(room) = self.rq.front().map(|r| {
+            r.wr.sg_list
+                .iter()
+                .map(|s| u64::from(s.length))
+                .sum::<u64>()
+        }) else {
             self.counters.drop_packet(DropReason::UdNoReceive);
             return;
         };
-        let room: u64 = r.wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         let len = 40 + pkt.payload.len() as u64;
-        let mut wc = super::recv_wc(&r.wr, WcStatus::Success, self.qpn);
-        wc.src_qp = deth.src_qpn;
         if len > room {
-            wc.status = WcStatus::LocLenErr;
-            self.push_wc(CqSel::Recv, wc);
+            // rxe `rxe_resp_check_length` → class D for UD: dropped, the receive stays.
+            self.counters.drop_packet(DropReason::LengthMismatch);
             return;
         }
+        let Some(r) = self.rq.pop_front() else { return };
+        let mut wc = super::recv_wc(&r.wr, WcStatus::Success, self.qpn);
+        wc.src_qp = deth.src_qpn;
         let grh = self.grh(pkt.body.len() + crate::wire::ICRC_LEN);
         let ok = mem.scatter(&r.wr.sg_list, self.pd, 0, &grh).is_ok()
             && (pkt.payload.is_empty()
@@ -531,18 +551,30 @@ impl QpEngine {
             OpKind::RdmaRead => {
                 let Some(reth) = pkt.repr.reth else { return };
                 let len = u64::from(reth.dma_len);
-                let ok = len == 0
-                    || mem
-                        .check(reth.rkey, self.pd, reth.va, len, AccessFlags::REMOTE_READ)
-                        .is_ok();
-                if ok && len <= MAX_MSG_BYTES {
-                    // rxe `duplicate_request`: a READ re-issued from inside an earlier READ
-                    // (the requester's retry after losing responses) is answered as a
-                    // replay — MIDDLE/LAST — unless it starts at that READ's first PSN.
-                    let inside = self.resp.reads.iter().any(|&(first, n)| {
-                        let d = psn.diff(first);
-                        d > 0 && (d as u32) < n
-                    });
+                // rxe `duplicate_request` → `find_resource`: replay only a READ that lies
+                // inside one this responder accepted (and still allows), no longer than what
+                // is left of it from this PSN; anything else is dropped.
+                let pmtu = self.pmtu();
+                let saved = self.resp.reads.iter().find_map(|&(first, n)| {
+                    let d = psn.diff(first);
+                    (d >= 0 && (d as u32) < n).then_some((d as u32, n))
+                });
+                let allowed = self
+                    .attrs
+                    .qp_access_flags
+                    .contains(AccessFlags::REMOTE_READ)
+                    && self.attrs.max_dest_rd_atomic > 0;
+                let fits = saved.is_some_and(|(d, n)| psns_for(len, pmtu) <= n - d);
+                let ok = allowed
+                    && fits
+                    && (len == 0
+                        || mem
+                            .check(reth.rkey, self.pd, reth.va, len, AccessFlags::REMOTE_READ)
+                            .is_ok());
+                if ok {
+                    // Answered as a replay — MIDDLE/LAST — unless it starts at that READ's
+                    // first PSN (rxe: res->state = replay when the PSN is not first_psn).
+                    let inside = saved.is_some_and(|(d, _)| d > 0);
                     self.queue_resp(RespItem::Read {
                         psn,
                         va: reth.va,
@@ -601,7 +633,15 @@ impl QpEngine {
             self.counters.ack_deferred += 1;
             self.resp.out.pop_back();
         }
-        if self.resp.out.len() >= MAX_RESP_QUEUE {
+        // The cap bounds the work requests can queue (READ and atomic answers); ACKs and NAKs
+        // of executed requests are always queued, behind what came before them.
+        let work = self
+            .resp
+            .out
+            .iter()
+            .filter(|i| !matches!(i, RespItem::Ack { .. }))
+            .count();
+        if !matches!(item, RespItem::Ack { .. }) && work >= MAX_RESP_QUEUE {
             self.counters.drop_packet(DropReason::NoResources);
             return;
         }

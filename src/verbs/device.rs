@@ -1234,7 +1234,12 @@ fn post_error(call: &'static str, e: PostError) -> Error {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        self.dev.shared.state.lock().qps.remove(&self.qpn);
+        let mut st = self.dev.shared.state.lock();
+        // Device counters only grow (as rxe's hw_counters): keep the QP's counts.
+        if let Some(slot) = st.qps.remove(&self.qpn) {
+            let c = slot.engine.counters().clone();
+            st.counters.add(&c);
+        }
     }
 }
 
