@@ -247,7 +247,26 @@ impl UdpDevice {
     /// Opens a device from a full config and explicit options. Errors: as
     /// [`UdpDevice::open`]; with `exact_icrc` on IPv4, EPERM without CAP_NET_RAW.
     pub fn open_with_options(cfg: DeviceConfig, opts: &UdpOptions) -> io::Result<UdpDevice> {
-        let link = Arc::new(UdpLink::bind_with(cfg.ip, opts)?);
+        let link = Arc::new(UdpLink::bind_with(cfg.ip, opts).map_err(|e| {
+            let hint = match e.kind() {
+                io::ErrorKind::AddrInUse => {
+                    "; another softroce device (or kernel rxe) owns that address's RoCEv2 port: \
+                     use another address (all of 127.0.0.0/8 is loopback)"
+                }
+                io::ErrorKind::AddrNotAvailable => "; that address is not on this host",
+                io::ErrorKind::PermissionDenied if opts.exact_icrc => {
+                    "; --exact-icrc needs a raw socket (root or CAP_NET_RAW)"
+                }
+                _ => "",
+            };
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "opening device {} on {}:{}: {e}{hint}",
+                    cfg.name, cfg.ip, ROCE_V2_UDP_PORT
+                ),
+            )
+        })?);
         let device = Device::new(cfg, link.clone(), Arc::new(SystemClock::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

@@ -1,7 +1,6 @@
 //! `softroce devinfo`.
 
 use super::BoxError;
-use softroce::net::UdpDevice;
 use softroce::verbs::{GidType, PathMtu};
 use std::net::IpAddr;
 
@@ -11,7 +10,13 @@ fn mtu_str(m: PathMtu) -> String {
 
 /// Prints an `ibv_devinfo -v`-shaped description of device `name` on `ip`.
 pub fn run(ip: IpAddr, name: &str) -> Result<(), BoxError> {
-    let dev = UdpDevice::open(name, ip)?;
+    // Describing a device needs no socket: a device on `ip` with a link that sends nothing,
+    // so devinfo works while another process runs a device on that address.
+    let dev = softroce::verbs::Device::new(
+        softroce::verbs::DeviceConfig::new(name, ip),
+        std::sync::Arc::new(NoLink),
+        std::sync::Arc::new(softroce::net::SystemClock::new()),
+    );
     let a = dev.query_device();
     let p = dev.query_port(1)?;
     let guid = |g: u64| {
@@ -58,4 +63,13 @@ pub fn run(ip: IpAddr, name: &str) -> Result<(), BoxError> {
         println!("\t\t\tGID[{:>3}]:\t\t{ip6}, {kind}", g.index);
     }
     Ok(())
+}
+
+/// A link for a device that is only described, never used to send.
+struct NoLink;
+
+impl softroce::verbs::Link for NoLink {
+    fn send(&self, _t: &softroce::verbs::Transmit) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::NotConnected.into())
+    }
 }

@@ -155,9 +155,14 @@ fn demo(server_ip: IpAddr, client_ip: IpAddr) -> Result<(), BoxError> {
     let tcp_addr = listener.local_addr()?;
     let print = |line: &str| println!("{line}");
     let server = std::thread::spawn(move || rdma_write_server::serve(server_ip, listener, &print));
-    let client = rdma_write_client::run(client_ip, tcp_addr, &print);
-    let server = server.join().map_err(|_| "server thread panicked")?;
-    let (s, c) = (server?, client?);
+    // If the client fails (say its address is taken) the server would wait for it forever:
+    // report the client's error and leave (the server thread ends with the process).
+    let c =
+        rdma_write_client::run(client_ip, tcp_addr, &print).map_err(|e| format!("client: {e}"))?;
+    let s = server
+        .join()
+        .map_err(|_| "server thread panicked")?
+        .map_err(|e| format!("server: {e}"))?;
     println!(
         "[wire] {} RoCEv2 datagrams sent, {} received, {} passed the ICRC check, {} dropped",
         s.tx + c.tx,

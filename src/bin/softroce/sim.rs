@@ -10,9 +10,10 @@ use std::time::Instant;
 /// Options of `softroce sim`.
 #[derive(clap::Args, Debug)]
 pub struct SimArgs {
-    /// First seed (every random choice of a run comes from its seed).
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// First seed (every random choice of a run comes from its seed); default: the
+    /// `SOFTROCE_SEED` environment variable, else 1.
+    #[arg(long)]
+    seed: Option<u64>,
     /// How many consecutive seeds to run (a soak).
     #[arg(long, default_value_t = 1)]
     seeds: u64,
@@ -108,10 +109,17 @@ pub fn run_sim(a: SimArgs) -> Result<(), BoxError> {
             return Err("fault probabilities are between 0 and 1".into());
         }
     }
+    let first = match a.seed {
+        Some(s) => s,
+        None => match std::env::var("SOFTROCE_SEED") {
+            Ok(v) => v.parse().map_err(|_| "SOFTROCE_SEED must be a number")?,
+            Err(_) => 1,
+        },
+    };
     let started = Instant::now();
     let (mut failed, mut ops, mut packets, mut retries) = (0u64, 0u64, 0u64, 0u64);
     let mut exhausted = 0u64;
-    for seed in a.seed..a.seed.saturating_add(a.seeds) {
+    for seed in first..first.saturating_add(a.seeds) {
         let mut cfg = WorkloadConfig::from_seed(seed, a.ops);
         cfg.mtu = mtu;
         cfg.max_size = a.max_size.max(8);
