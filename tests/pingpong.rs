@@ -1,5 +1,5 @@
-//! `softroce pingpong --rc` against itself, as two processes over UDP on loopback, and against
-//! a hand-written peer that speaks rc_pingpong's TCP exchange byte for byte.
+//! `softroce pingpong --rc/--uc/--ud` against itself, as two processes over UDP on loopback,
+//! and against a hand-written peer that speaks rc_pingpong's TCP exchange byte for byte.
 //!
 //! Each test uses its own 127.0.6x.y addresses (Linux routes all of 127/8 to loopback) and a
 //! free TCP port, so the tests can run in parallel with each other and with the other suites.
@@ -123,13 +123,13 @@ fn address(stdout: &str, which: &str) -> (String, String) {
     (field("QPN "), field("PSN "))
 }
 
-fn run_pair(net: u8, size: u32, iters: u32, mtu: u32) {
+fn run_pair(net: u8, transport: &str, size: u32, iters: u32, mtu: u32) {
     let (sip, cip) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
     let port = free_port(&sip).to_string();
     let (size_s, iters_s, mtu_s) = (size.to_string(), iters.to_string(), mtu.to_string());
     let common = [
         "pingpong",
-        "--rc",
+        transport,
         "-p",
         &port,
         "-s",
@@ -186,28 +186,40 @@ fn run_pair(net: u8, size: u32, iters: u32, mtu: u32) {
     // Loopback loses nothing: every packet one side sent, the other accepted.
     assert_eq!(counter(&cs, "sent_pkts"), counter(&ss, "rcvd_pkts"));
     assert_eq!(counter(&ss, "sent_pkts"), counter(&cs, "rcvd_pkts"));
-    // One packet per MTU (at least one) per message, plus one ACK per message.
+    // One packet per MTU (at least one) per message, plus, on RC, one ACK per message.
     let per_msg = u64::from(size.div_ceil(mtu).max(1));
+    let acks = u64::from(transport == "--rc");
     assert_eq!(
         counter(&cs, "sent_pkts"),
-        u64::from(iters) * (per_msg + 1),
+        u64::from(iters) * (per_msg + acks),
         "{cs}"
     );
 }
 
 #[test]
 fn rc_pingpong_64_bytes() {
-    run_pair(60, 64, 200, 1024);
+    run_pair(60, "--rc", 64, 200, 1024);
 }
 
 #[test]
 fn rc_pingpong_4096_bytes_four_packets_per_message() {
-    run_pair(61, 4096, 200, 1024);
+    run_pair(61, "--rc", 4096, 200, 1024);
 }
 
 #[test]
 fn rc_pingpong_odd_size_with_padding_at_mtu_256() {
-    run_pair(62, 1001, 50, 256);
+    run_pair(62, "--rc", 1001, 50, 256);
+}
+
+#[test]
+fn uc_pingpong_4096_bytes_no_acks() {
+    run_pair(66, "--uc", 4096, 200, 1024);
+}
+
+#[test]
+fn ud_pingpong_odd_size() {
+    // One packet per message whatever -m says: UD messages fit the port MTU.
+    run_pair(67, "--ud", 1001, 200, 4096);
 }
 
 /// The server answers a peer that speaks rc_pingpong's exchange: a 52-byte
@@ -277,16 +289,28 @@ fn peer_without_gid_is_refused() {
 }
 
 #[test]
-fn uc_ud_srq_are_refused_with_a_clear_error() {
-    for (flag, what) in [("--uc", "UC QPs"), ("--ud", "UD QPs"), ("--srq", "SRQs")] {
-        let o = finish(spawn(&["pingpong", flag]), Duration::from_secs(20));
-        assert_eq!(o.status.code(), Some(1), "{flag}");
-        assert!(
-            text(&o).contains(&format!("{what} are not implemented yet")),
-            "{flag}: {}",
-            text(&o)
-        );
-    }
+fn srq_is_refused_with_a_clear_error() {
+    let o = finish(spawn(&["pingpong", "--srq"]), Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("SRQs are not implemented yet"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn ud_message_larger_than_the_port_mtu_is_refused() {
+    let o = finish(
+        spawn(&["pingpong", "--ud", "--ip", "127.0.68.1", "-s", "8192"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("Requested size larger than port MTU (4096)"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]

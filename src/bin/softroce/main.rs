@@ -5,6 +5,7 @@
 //! - `softroce devinfo`: an `ibv_devinfo`-shaped description of a device.
 //! - `softroce decode [--json] FILE`: every frame of a pcap/pcapng explained, as text or JSON.
 //! - `softroce pingpong --rc`: rdma-core's `ibv_rc_pingpong`, interoperable with it.
+//! - `softroce perf write_bw|read_bw`: perftest's `ib_write_bw` / `ib_read_bw`, likewise.
 //! - `softroce target`: a scriptable RC responder driven by JSON lines on stdin.
 
 use clap::{Parser, Subcommand};
@@ -22,6 +23,7 @@ mod rdma_write_client;
 
 mod decode;
 mod devinfo;
+mod perf;
 mod pingpong;
 mod sim;
 mod target;
@@ -67,6 +69,8 @@ enum Command {
     },
     /// rdma-core's ibv_rc_pingpong on a softroce device (same options and TCP exchange).
     Pingpong(pingpong::PingpongArgs),
+    /// perftest's ib_write_bw / ib_read_bw on a softroce device (same TCP exchange).
+    Perf(perf::PerfArgs),
     /// Random RC operations between two simulated devices on a seeded lossy link, checked
     /// against a reference model.
     Sim(sim::SimArgs),
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
         } => demo(server_ip, client_ip),
         Command::Devinfo { ip, name } => devinfo::run(ip, &name),
         Command::Pingpong(args) => pingpong::run(args),
+        Command::Perf(args) => perf::run(args),
         Command::Decode { json, file } => decode::run(&file, json),
         Command::Sim(args) => sim::run_sim(args),
         Command::Target(args) => target::run(args),

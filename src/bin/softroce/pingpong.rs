@@ -1,6 +1,7 @@
-//! `softroce pingpong --rc`: rdma-core's `ibv_rc_pingpong`, on a softroce device.
+//! `softroce pingpong --rc|--uc|--ud`: rdma-core's `ibv_rc_pingpong`, `ibv_uc_pingpong` and
+//! `ibv_ud_pingpong`, on a softroce device.
 //!
-//! It interoperates with the unmodified rdma-core tool in either role: same options, same
+//! It interoperates with the unmodified rdma-core tools in either role: same options, same
 //! out-of-band TCP exchange, same verbs calls in the same order, same result lines.
 //!
 //! Out-of-band exchange (TCP, port 18515 unless `-p`): each side's address is one text message
@@ -30,16 +31,22 @@
 //! from); without `-g` the RoCE v2 GID (index 1) is used, since a RoCE peer cannot connect
 //! without one; and the GRH hop limit is 64, what rxe puts on the wire, rather than 1.
 //!
-//! Only RC QPs exist so far: `--uc`, `--ud` and `--srq` (the other rdma-core pingpong tools)
-//! are refused with an error that says so.
+//! UC (`ibv_uc_pingpong`) differs only in the QP: no ACKs, and RTR/RTS take no READ/atomic
+//! limits, RNR timer, timeout or retry counts. UD (`ibv_ud_pingpong`) uses Q_Key 0x11111111, an
+//! address handle towards the peer's GID, messages of at most one MTU (default size 2048), and
+//! receive buffers 40 bytes longer for the GRH that precedes every message (a receive
+//! completion's `byte_len` counts it). Neither UC nor UD recovers from loss: a lost message
+//! stops the run, as it stops the rdma-core tools. `--srq` (`ibv_srq_pingpong`) is refused: no
+//! shared receive queues yet. Source: rdma-core `libibverbs/examples/uc_pingpong.c`,
+//! `ud_pingpong.c` (`pp_connect_ctx`, `pp_post_send`, `pp_post_recv`).
 
 use crate::BoxError;
 use clap::{ArgGroup, Args};
 use softroce::net::UdpDevice;
 use softroce::net::oob::random_psn;
 use softroce::verbs::{
-    AccessFlags, AhAttr, Gid, Mr, PathMtu, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, RecvWr, SendWr, Wc, WcStatus, WrOpcode,
+    AccessFlags, AhAttr, Gid, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
+    QpType, RecvWr, SendWr, UdDest, Wc, WcStatus, WrOpcode,
 };
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -63,10 +70,10 @@ pub struct PingpongArgs {
     /// RC QP, SEND/RECV (as ibv_rc_pingpong).
     #[arg(long)]
     rc: bool,
-    /// UC QP (as ibv_uc_pingpong): not implemented yet.
+    /// UC QP, SEND/RECV (as ibv_uc_pingpong).
     #[arg(long)]
     uc: bool,
-    /// UD QP (as ibv_ud_pingpong): not implemented yet.
+    /// UD QP, SEND/RECV with a GRH (as ibv_ud_pingpong).
     #[arg(long)]
     ud: bool,
     /// RC QPs on a shared receive queue (as ibv_srq_pingpong): not implemented yet.
@@ -83,10 +90,10 @@ pub struct PingpongArgs {
     /// Device port (softroce devices have port 1 only).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u8,
-    /// Size of each message, in bytes.
-    #[arg(short = 's', long = "size", default_value_t = 4096)]
-    size: u32,
-    /// Path MTU in bytes (256, 512, 1024, 2048 or 4096).
+    /// Size of each message, in bytes [default: 4096; 2048 with --ud].
+    #[arg(short = 's', long = "size")]
+    size: Option<u32>,
+    /// Path MTU in bytes (256, 512, 1024, 2048 or 4096; RC and UC).
     #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
     mtu: u32,
     /// Receives to post at a time.
@@ -107,7 +114,8 @@ pub struct PingpongArgs {
     /// Address the device binds (UDP 4791); default $SOFTROCE_IP, else 127.0.0.1.
     #[arg(long)]
     ip: Option<IpAddr>,
-    /// After the results, print the device's counters (rxe hw_counters names).
+    /// After the results, print the device's counters (rxe hw_counters names), read once the
+    /// link has been quiet for 200 ms.
     #[arg(long)]
     counters: bool,
 }
@@ -195,16 +203,27 @@ impl PingpongDest {
     }
 }
 
+/// Q_Key of ud_pingpong.
+const UD_QKEY: u32 = 0x1111_1111;
+/// Bytes of GRH in front of every UD receive.
+const GRH_BYTES: usize = 40;
+
 /// Runs `softroce pingpong`.
 pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
-    for (flag, what) in [(a.uc, "UC QPs"), (a.ud, "UD QPs"), (a.srq, "SRQs")] {
-        if flag {
-            return Err(format!(
-                "{what} are not implemented yet: softroce serves RC QPs only (use --rc)"
-            )
-            .into());
-        }
+    if a.srq {
+        return Err(
+            "SRQs are not implemented yet: softroce has no shared receive queues (use --rc)".into(),
+        );
     }
+    let qp_type = if a.uc {
+        QpType::Uc
+    } else if a.ud {
+        QpType::Ud
+    } else {
+        QpType::Rc
+    };
+    let ud = qp_type == QpType::Ud;
+    let msg_size = a.size.unwrap_or(if ud { 2048 } else { 4096 });
     if a.ib_port != 1 {
         return Err(format!("device port {} does not exist (only port 1)", a.ib_port).into());
     }
@@ -217,7 +236,9 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         return Err("iters must be at least 1".into());
     }
     let ip = device_ip(a.ip)?;
-    let size = a.size as usize;
+    let size = msg_size as usize;
+    // UD: each receive starts with the 40-byte GRH.
+    let grh = if ud { GRH_BYTES } else { 0 };
 
     let dev = UdpDevice::open(&a.ib_dev, ip).map_err(|e| {
         format!(
@@ -227,8 +248,14 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     })?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(a.rx_depth + 1)?;
+    if ud {
+        let port_mtu = dev.query_port(1)?.active_mtu.bytes();
+        if msg_size > port_mtu {
+            return Err(format!("Requested size larger than port MTU ({port_mtu})").into());
+        }
+    }
     let qp = pd.create_qp(&QpInitAttr {
-        qp_type: QpType::Rc,
+        qp_type,
         send_cq: &cq,
         recv_cq: &cq,
         cap: QpCap {
@@ -240,8 +267,8 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         },
         sq_sig_all: false,
     })?;
-    // [0, size): the buffer SENDs go from; [size, 2 × size): where receives land.
-    let mr = pd.reg_mr((2 * size).max(1), AccessFlags::LOCAL_WRITE)?;
+    // [0, size): the buffer SENDs go from; [size, 2 × size + grh): where receives land.
+    let mr = pd.reg_mr((2 * size + grh).max(1), AccessFlags::LOCAL_WRITE)?;
     let mut buf: Vec<u8> = (0..size).map(fill_byte).collect();
     if a.chk && a.host.is_some() {
         // rc_pingpong -c: the client sets byte 0 of every page to (page % sizeof(char)) = 0.
@@ -250,19 +277,27 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         }
     }
     mr.write(0, &buf)?;
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: AccessFlags::empty(),
+        qkey: UD_QKEY,
+        ..QpAttr::default()
+    };
+    let base = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
     qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: AccessFlags::empty(),
-            ..QpAttr::default()
+        &init,
+        base | if ud {
+            QpAttrMask::QKEY
+        } else {
+            QpAttrMask::ACCESS_FLAGS
         },
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
     )?;
+    let recv_len = u32::try_from(size + grh).map_err(|_| "message size too large")?;
     let recv_wr = RecvWr {
         wr_id: RECV_WRID,
-        sg_list: vec![mr.sge(size, a.size)],
+        sg_list: vec![mr.sge(size, recv_len)],
     };
     let mut routs = post_recvs(&qp, &recv_wr, a.rx_depth);
     if routs < a.rx_depth {
@@ -280,8 +315,15 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         gid,
     };
 
-    let connect = |peer: &PingpongDest| -> Result<(), BoxError> {
-        connect_qp(&qp, peer, me.psn, mtu, gid_index)
+    // The UD destination (address handle, QPN, Q_Key) once the peer is known.
+    let mut ud_dest = None;
+    let mut connect = |peer: &PingpongDest| -> Result<(), BoxError> {
+        if ud {
+            ud_dest = Some(ready_ud(&qp, &pd, peer, me.psn, gid_index)?);
+            Ok(())
+        } else {
+            connect_qp(&qp, qp_type, peer, me.psn, mtu, gid_index)
+        }
     };
     match &a.host {
         Some(host) => {
@@ -307,7 +349,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
 
     let mut pending = RECV_WRID;
     if a.host.is_some() {
-        qp.post_send(&[send_wr(&mr, a.size)])
+        qp.post_send(&[send_wr(&mr, msg_size, ud_dest)])
             .map_err(|e| format!("Couldn't post send: {e}"))?;
         pending |= SEND_WRID;
     }
@@ -339,15 +381,15 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
                         }
                     }
                     rcnt += 1;
-                    if wc.byte_len != a.size {
+                    if wc.byte_len != recv_len {
                         return Err(format!(
-                            "message {rcnt}: received {} bytes, expected {}",
-                            wc.byte_len, a.size
+                            "message {rcnt}: received {} bytes, expected {recv_len}",
+                            wc.byte_len
                         )
                         .into());
                     }
                     let mut got = vec![0u8; size];
-                    mr.read(size, &mut got)?;
+                    mr.read(size + grh, &mut got)?;
                     match &reference {
                         Some(want) => check_same(want, &got, rcnt)?,
                         None => reference = Some(got.clone()),
@@ -363,13 +405,16 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
                     mr.write(0, &rx)?;
                     buf = rx;
                 }
-                qp.post_send(&[send_wr(&mr, a.size)])
+                qp.post_send(&[send_wr(&mr, msg_size, ud_dest)])
                     .map_err(|e| format!("Couldn't post send: {e}"))?;
                 pending = RECV_WRID | SEND_WRID;
             }
         }
     }
     let elapsed = start.elapsed();
+    if a.counters {
+        quiesce(&dev);
+    }
     // Counters live with the QP: read them before anything is torn down.
     let counters = dev.counters();
     let tx_datagrams = dev
@@ -382,7 +427,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         .load(std::sync::atomic::Ordering::Relaxed);
 
     let usec = (elapsed.as_secs_f64() * 1e6).max(1.0);
-    let bytes = u64::from(a.size) * u64::from(a.iters) * 2;
+    let bytes = u64::from(msg_size) * u64::from(a.iters) * 2;
     println!(
         "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
         usec / 1e6,
@@ -411,8 +456,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         }
     }
     println!(
-        "data: {rcnt} received messages of {} bytes checked, each equal to the first message of the session",
-        a.size
+        "data: {rcnt} received messages of {msg_size} bytes checked, each equal to the first message of the session"
     );
     if a.counters {
         let mut line = format!("counters: tx_datagrams={tx_datagrams} rx_datagrams={rx_datagrams}");
@@ -422,6 +466,28 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// Waits until the device has received nothing for 200 ms (at most 3 s), so that counters
+/// read afterwards include the answers to the peer's late retransmissions: a datagram that
+/// arrived just before the run ended is counted as received at once but answered a moment
+/// later. rxe retransmits every 67 ms while it waits for an ACK, so 200 ms of silence means it
+/// waits for nothing.
+pub fn quiesce(dev: &UdpDevice) {
+    let rx = || {
+        dev.link()
+            .rx_datagrams
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (mut last, mut quiet_since) = (rx(), Instant::now());
+    while Instant::now() < deadline && quiet_since.elapsed() < Duration::from_millis(200) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = rx();
+        if now != last {
+            (last, quiet_since) = (now, Instant::now());
+        }
+    }
 }
 
 /// The client's initial buffer: byte `i` is `0x7b ^ i ^ (i >> 8)` (rc_pingpong fills 0x7b).
@@ -441,8 +507,10 @@ fn check_same(want: &[u8], got: &[u8], msg: u32) -> Result<(), BoxError> {
     }
 }
 
-fn send_wr(mr: &Mr, size: u32) -> SendWr {
-    SendWr::new(SEND_WRID, WrOpcode::Send, vec![mr.sge(0, size)])
+fn send_wr(mr: &Mr, size: u32, ud: Option<UdDest>) -> SendWr {
+    let mut wr = SendWr::new(SEND_WRID, WrOpcode::Send, vec![mr.sge(0, size)]);
+    wr.ud = ud;
+    wr
 }
 
 /// Posts up to `n` copies of `wr`; returns how many were posted (as rc_pingpong's
@@ -455,15 +523,8 @@ fn post_recvs(qp: &Qp, wr: &RecvWr, n: u32) -> u32 {
     posted
 }
 
-/// INIT → RTR → RTS towards `peer` with rc_pingpong's attributes (`pp_connect_ctx`).
-fn connect_qp(
-    qp: &Qp,
-    peer: &PingpongDest,
-    my_psn: u32,
-    mtu: PathMtu,
-    sgid_index: u8,
-) -> Result<(), BoxError> {
-    // rc_pingpong sets a GRH only when the peer's interface id is non-zero; RoCE needs one.
+/// rc_pingpong sets a GRH only when the peer's interface id is non-zero; RoCE needs one.
+fn check_peer_gid(peer: &PingpongDest) -> Result<(), BoxError> {
     if peer.gid.0[8..].iter().all(|b| *b == 0) {
         return Err(format!(
             "the peer sent GID {}: RoCE needs a GID, run the peer with -g <its RoCE v2 GID index>",
@@ -471,6 +532,57 @@ fn connect_qp(
         )
         .into());
     }
+    Ok(())
+}
+
+/// UD: RTR, RTS with our first PSN, and an address handle towards the peer (ud_pingpong's
+/// `pp_connect_ctx`); returns where SENDs go.
+fn ready_ud(
+    qp: &Qp,
+    pd: &Pd,
+    peer: &PingpongDest,
+    my_psn: u32,
+    sgid_index: u8,
+) -> Result<UdDest, BoxError> {
+    check_peer_gid(peer)?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: my_psn,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    )
+    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    let ah = pd
+        .create_ah(&AhAttr {
+            sgid_index,
+            ..AhAttr::roce_v2(peer.gid)
+        })
+        .map_err(|e| format!("Failed to create AH: {e}"))?;
+    Ok(ah.dest(peer.qpn, UD_QKEY))
+}
+
+/// RC/UC: INIT → RTR → RTS towards `peer` with rc_pingpong's / uc_pingpong's attributes
+/// (`pp_connect_ctx`); UC takes no READ/atomic limits, RNR timer, timeout or retry counts.
+fn connect_qp(
+    qp: &Qp,
+    qp_type: QpType,
+    peer: &PingpongDest,
+    my_psn: u32,
+    mtu: PathMtu,
+    sgid_index: u8,
+) -> Result<(), BoxError> {
+    check_peer_gid(peer)?;
+    let rc = qp_type == QpType::Rc;
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: mtu,
@@ -484,17 +596,14 @@ fn connect_qp(
         },
         ..QpAttr::default()
     };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
+    let rtr_mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN;
+    let rtr_rc = QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+    qp.modify(&rtr, if rc { rtr_mask | rtr_rc } else { rtr_mask })
+        .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
     let rts = QpAttr {
         qp_state: QpState::Rts,
         timeout: 14,
@@ -504,16 +613,13 @@ fn connect_qp(
         max_rd_atomic: 1,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    let rts_rc = QpAttrMask::TIMEOUT
+        | QpAttrMask::RETRY_CNT
+        | QpAttrMask::RNR_RETRY
+        | QpAttrMask::MAX_QP_RD_ATOMIC;
+    let rts_mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+    qp.modify(&rts, if rc { rts_mask | rts_rc } else { rts_mask })
+        .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
     Ok(())
 }
 
@@ -541,7 +647,7 @@ fn client_exchange(host: &str, port: u16, me: &PingpongDest) -> Result<PingpongD
 fn server_exchange(
     listener: TcpListener,
     me: &PingpongDest,
-    connect: impl Fn(&PingpongDest) -> Result<(), BoxError>,
+    connect: impl FnOnce(&PingpongDest) -> Result<(), BoxError>,
 ) -> Result<PingpongDest, BoxError> {
     let (mut tcp, _) = listener
         .accept()

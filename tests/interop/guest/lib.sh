@@ -70,32 +70,33 @@ gid_index() {
   return 1
 }
 
-# loss egress|ingress PCT: netem drops PCT % of the RoCE packets (UDP port 4791) that the guest
-# sends (egress: a prio qdisc steers them to a netem band) or receives (ingress: redirected
-# through ifb0, whose root qdisc is netem).  Other traffic (the TCP exchanges, ARP) is spared.
-# loss_report prints "netem dropped N"; loss_off removes it all.
-LOSS_DEV=
+# loss PCT: netem drops PCT % of the RoCE requests (UDP port 4791, BTH opcode other than 0x11
+# ACKNOWLEDGE) in each direction: those the guest sends (a prio qdisc steers them to a netem
+# band) and those it receives (redirected through ifb0, whose root qdisc is netem).  ACKs and
+# other traffic (the TCP exchanges, ARP) pass untouched: rc_pingpong cannot survive losing
+# the last ACK of a run, whose requester then retransmits into a QP the peer has destroyed.
+# loss_report prints "netem dropped E guest→host and I host→guest RoCE requests";
+# loss_off removes it all.
 loss() {
-  local dir=$1 pct=$2
-  local match=(u32 match ip protocol 17 0xff match ip dport 4791 0xffff)
-  if [[ $dir == egress ]]; then
-    tc qdisc add dev "$IF" root handle 1: prio || return 1
-    tc qdisc add dev "$IF" parent 1:3 handle 30: netem loss "$pct%" || return 1
-    tc filter add dev "$IF" parent 1: protocol ip "${match[@]}" flowid 1:3 || return 1
-    LOSS_DEV=$IF
-  else
-    modprobe ifb numifbs=1 && ip link set ifb0 up || return 1
-    tc qdisc add dev "$IF" handle ffff: ingress || return 1
-    tc filter add dev "$IF" parent ffff: protocol ip "${match[@]}" \
-      action mirred egress redirect dev ifb0 || return 1
-    tc qdisc add dev ifb0 root netem loss "$pct%" || return 1
-    LOSS_DEV=ifb0
-  fi
+  local pct=$1
+  local roce=(match ip protocol 17 0xff match ip dport 4791 0xffff)
+  local ack=(match u8 0x11 0xff at 28)   # BTH opcode: IPv4 (20 bytes, no options) + UDP (8)
+  tc qdisc add dev "$IF" root handle 1: prio || return 1
+  tc qdisc add dev "$IF" parent 1:3 handle 30: netem loss "$pct%" || return 1
+  tc filter add dev "$IF" parent 1: prio 1 protocol ip u32 "${roce[@]}" "${ack[@]}" flowid 1:1 || return 1
+  tc filter add dev "$IF" parent 1: prio 2 protocol ip u32 "${roce[@]}" flowid 1:3 || return 1
+  modprobe ifb numifbs=1 && ip link set ifb0 up || return 1
+  tc qdisc add dev "$IF" handle ffff: ingress || return 1
+  tc filter add dev "$IF" parent ffff: prio 1 protocol ip u32 "${roce[@]}" "${ack[@]}" action ok || return 1
+  tc filter add dev "$IF" parent ffff: prio 2 protocol ip u32 "${roce[@]}" \
+    action mirred egress redirect dev ifb0 || return 1
+  tc qdisc add dev ifb0 root netem loss "$pct%" || return 1
+}
+netem_dropped() {  # DEV -> packets its netem qdisc dropped
+  tc -s qdisc show dev "$1" | awk '/^qdisc netem/{n=1} n && /dropped/{sub(",", "", $7); print $7; exit}'
 }
 loss_report() {
-  local d
-  d=$(tc -s qdisc show dev "$LOSS_DEV" | awk '/^qdisc netem/{n=1} n && /dropped/{sub(",", "", $7); print $7; exit}')
-  echo "netem dropped ${d:-?} RoCE packets ($LOSS_DEV)"
+  echo "netem dropped $(netem_dropped "$IF") guest→host and $(netem_dropped ifb0) host→guest RoCE requests"
 }
 loss_off() {
   tc qdisc del dev "$IF" root 2>/dev/null
