@@ -519,11 +519,16 @@ fn pingpong(
     // softroce reads its counters once its link has been quiet for 200 ms (`--counters`); a
     // duplicate from rxe that came later still would be re-ACKed uncounted, so rxe may count
     // more than softroce did, but never more than one per rxe packet softroce did not count.
+    // With loss, netem's drop count joins the sum, and in about one lossy run in fifteen the
+    // guest's rxe and netem counters together account for one packet more than the tap carried
+    // (a capture on the tap matched softroce's count exactly each time): that one is allowed.
+    // A packet rxe rejected would make the sum smaller than what softroce sent, never larger.
     let accepted = g(&rxe, "rcvd_pkts") + lost_to_rxe;
     let late = (g(&rxe, "sent_pkts") - lost_by_rxe.min(g(&rxe, "sent_pkts")))
         .saturating_sub(g(&sr, "rx_datagrams"));
+    let guest_slack = u64::from(loss);
     ensure!(
-        accepted >= g(&sr, "sent_pkts") && accepted - g(&sr, "sent_pkts") <= late,
+        accepted >= g(&sr, "sent_pkts") && accepted - g(&sr, "sent_pkts") <= late + guest_slack,
         "rxe accepted {} packets, netem dropped {lost_to_rxe} on the way, but softroce sent {} \
          (and at most {late} after reading its counters)",
         g(&rxe, "rcvd_pkts"),
@@ -972,6 +977,11 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             |r, l, role| rdma_write(r, l, role, false),
         ),
         (
+            "RDMA WRITE, wrong rkey",
+            "as above, the requester uses a wrong rkey: NAK 0x62, IBV_WC_REM_ACCESS_ERR",
+            |r, l, role| rdma_write(r, l, role, true),
+        ),
+        (
             "perftest ib_write_bw",
             "ib_write_bw -s 16384 -n 200 -m 1024 vs softroce perf write_bw; both print the \
              client's results",
@@ -982,11 +992,6 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             "ib_read_bw -s 16384 -n 200 -m 1024 vs softroce perf read_bw (128 outstanding \
              READs); both print the client's results",
             |r, l, role| perftest(r, l, role, true),
-        ),
-        (
-            "RDMA WRITE, wrong rkey",
-            "as above, the requester uses a wrong rkey: NAK 0x62, IBV_WC_REM_ACCESS_ERR",
-            |r, l, role| rdma_write(r, l, role, true),
         ),
     ]
 }
@@ -1177,15 +1182,18 @@ fn report(
          check both result lines (`N bytes in S seconds = R Mbit/sec`, `I iters in S seconds = \
          U usec/iter`), rc_pingpong's `-c` page check, softroce's check that every received \
          message equals the session's first, that softroce dropped no rxe packet as malformed, \
-         and, without loss, that neither side saw a PSN gap. \
+         and, without loss, that neither side saw a PSN gap. With loss, rxe's count plus \
+         netem's drops must cover every packet softroce sent (one over is tolerated: in about \
+         one lossy run in fifteen the guest's counters add up to one more packet than a \
+         capture on the tap shows). \
          The WRITE scenarios capture the guest NIC with tcpdump and decode the AETH syndromes.\n\n\
-         Note on rxe's own retransmissions: with multi-packet messages rxe 6.1 sometimes \
+         Note on rxe's own retransmissions: rxe 6.1 now and then \
          retransmits a message that was already acknowledged on time (`completer_retry_err`, \
          and duplicates at the responder). Its retransmit timer is armed only when not already \
          pending (rxe_req.c `update_state`) and is not restarted when an ACK completes the \
          message, so a timer left over from an earlier message fires about 67 ms later while \
          the next one is in flight. The control row, two rxe devices in the guest with no \
-         softroce involved, shows the same. Later kernels rework the timer.\n"
+         softroce involved, shows the same.\n"
     );
     let _ = writeln!(md, "\n## The guest\n\n```\n{}```", manifest);
     md
