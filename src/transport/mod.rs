@@ -513,7 +513,9 @@ impl Path {
     }
 }
 
-fn to_v6(a: IpAddr) -> core::net::Ipv6Addr {
+/// The IPv6 form of an address (IPv4 becomes `::ffff:a.b.c.d`), as GIDs and the IPv6 ICRC
+/// pseudo-header use it.
+pub(crate) fn to_v6(a: IpAddr) -> core::net::Ipv6Addr {
     match a {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,

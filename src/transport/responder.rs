@@ -306,16 +306,12 @@ impl QpEngine {
                 h[10..12].copy_from_slice(&csum.to_be_bytes());
             }
             (src, dst) => {
-                let to6 = |a: IpAddr| match a {
-                    IpAddr::V4(v) => v.to_ipv6_mapped(),
-                    IpAddr::V6(v) => v,
-                };
                 g[0] = 0x60;
                 g[4..6].copy_from_slice(&((8 + udp_payload) as u16).to_be_bytes());
                 g[6] = 17;
                 g[7] = 64;
-                g[8..24].copy_from_slice(&to6(src).octets());
-                g[24..40].copy_from_slice(&to6(dst.unwrap_or(src)).octets());
+                g[8..24].copy_from_slice(&super::to_v6(src).octets());
+                g[24..40].copy_from_slice(&super::to_v6(dst.unwrap_or(src)).octets());
             }
         }
         g

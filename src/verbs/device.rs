@@ -2,6 +2,7 @@
 
 use super::modify::{QpAttrMask as A, check_modify};
 use super::{Clock, Error, ErrorKind, Gid, Link, QpAttr, QpAttrMask, Result};
+use crate::transport::to_v6;
 use crate::transport::{
     AccessFlags, Completion, Counters, CqSel, DropReason, Instant, MemoryTable, Path, PathMtu,
     PostError, QpCap, QpEngine, QpState, QpType, RecvWr, SendWr, Wc, WcOpcode, WcStatus,
@@ -573,13 +574,6 @@ impl Device {
             };
             target.push(wc);
         }
-    }
-}
-
-fn to_v6(a: IpAddr) -> std::net::Ipv6Addr {
-    match a {
-        IpAddr::V4(v) => v.to_ipv6_mapped(),
-        IpAddr::V6(v) => v,
     }
 }
 
