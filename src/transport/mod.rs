@@ -38,7 +38,21 @@ pub enum QpType {
     Uc,
     /// Unreliable datagram (`IBV_QPT_UD`).
     Ud,
+    /// The general services QP, QP1 (`IB_QPT_GSI`): UD on the wire, created by the device,
+    /// Q_Key fixed at 0x8001_0000 for what it sends and receives (rxe `GSI_QKEY`).
+    Gsi,
 }
+
+impl QpType {
+    /// True for the datagram types (UD and GSI), which share the UD data path.
+    pub const fn is_datagram(self) -> bool {
+        matches!(self, QpType::Ud | QpType::Gsi)
+    }
+}
+
+/// The Q_Key of QP1: every GSI packet carries it and QP1 accepts no other. Source: ib_core
+/// `IB_QP1_QKEY`; rxe `GSI_QKEY` in `rxe_req.c` / `rxe_recv.c` `check_keys`.
+pub const GSI_QKEY: u32 = 0x8001_0000;
 
 /// Queue pair state, in `enum ibv_qp_state` order. Source: IBTA Vol 1 ch. 10 (QP state machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -797,7 +811,7 @@ impl QpEngine {
         if self.qp_type != QpType::Rc && (wr.opcode.is_rd_atomic()) {
             return Err(PostError::NotSupported);
         }
-        if self.qp_type == QpType::Ud {
+        if self.qp_type.is_datagram() {
             if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) {
                 return Err(PostError::NotSupported);
             }
@@ -879,7 +893,7 @@ impl QpEngine {
         let want = match self.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
-            QpType::Ud => Transport::Ud,
+            QpType::Ud | QpType::Gsi => Transport::Ud,
         };
         if pkt.info.transport != want {
             self.counters.drop_packet(DropReason::WrongQpType);
@@ -903,7 +917,7 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::WrongQpState);
             return;
         }
-        if self.qp_type != QpType::Ud && self.path.is_none_or(|p| to_v6(p.remote) != to_v6(src)) {
+        if !self.qp_type.is_datagram() && self.path.is_none_or(|p| to_v6(p.remote) != to_v6(src)) {
             self.counters.drop_packet(DropReason::WrongSource);
             return;
         }
@@ -928,7 +942,7 @@ impl QpEngine {
     /// — a fence, the READ/atomic limit, the window — would stall the QP forever.)
     fn keep_retransmit_timer(&mut self, now: Instant) {
         if self.qp_type == QpType::Rc
-            && self.state == QpState::Rts
+            && matches!(self.state, QpState::Rts | QpState::Sqd)
             && !self.timers.is_armed(Timer::Rnr)
             && !self.timers.is_armed(Timer::Retransmit)
             && self.req.psn.diff(self.comp.psn) > 0

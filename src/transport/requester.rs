@@ -35,16 +35,26 @@ impl QpEngine {
         path: &Path,
         mem: &MemoryTable,
     ) -> Option<Transmit> {
-        if self.state != QpState::Rts || self.timers.is_armed(Timer::Rnr) {
+        // SQD: WRs stay queued and none is started; one already under way is finished (and
+        // retransmitted) so the send queue can drain (rxe `req_next_wqe` in the drain state).
+        let sqd = self.state == QpState::Sqd;
+        if !(self.state == QpState::Rts || sqd) || self.timers.is_armed(Timer::Rnr) {
             return None;
         }
-        if self.qp_type == QpType::Ud {
-            return self.ud_transmit(path, mem);
+        if self.qp_type.is_datagram() {
+            return if sqd {
+                None
+            } else {
+                self.ud_transmit(path, mem)
+            };
         }
         let idx = self.req.wqe;
         let pmtu = self.pmtu();
         let max_rd = usize::from(self.attrs.max_rd_atomic.max(1));
         let wqe = self.sq.get(idx)?;
+        if sqd && !wqe.assigned {
+            return None;
+        }
         let uc = self.qp_type == QpType::Uc;
         // rxe: at most RXE_MAX_UNACKED_PSNS outstanding PSNs (RC; UC is never acknowledged).
         if !uc && self.req.psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {
@@ -271,8 +281,11 @@ impl QpEngine {
                 psn: self.req.psn,
             };
             let mut repr = PacketRepr::new(bth);
-            // A WR Q_Key with bit 31 set means "use the QP's own Q_Key".
-            let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
+            // A WR Q_Key with bit 31 set means "use the QP's own Q_Key"; QP1 always sends
+            // GSI_QKEY (rxe `init_req_packet`).
+            let qkey = if self.qp_type == QpType::Gsi {
+                super::GSI_QKEY
+            } else if dest.remote_qkey & 0x8000_0000 != 0 {
                 self.attrs.qkey
             } else {
                 dest.remote_qkey

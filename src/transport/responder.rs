@@ -94,7 +94,7 @@ impl QpEngine {
             self.uc_handle(pkt, mem);
             return;
         }
-        if self.qp_type == QpType::Ud {
+        if self.qp_type.is_datagram() {
             self.ud_handle(pkt, mem);
             return;
         }
@@ -240,7 +240,13 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::LengthMismatch);
             return;
         };
-        if deth.qkey != self.attrs.qkey {
+        // rxe `check_keys`: QP1 takes only GSI_QKEY, other UD QPs only their own Q_Key.
+        let want = if self.qp_type == QpType::Gsi {
+            super::GSI_QKEY
+        } else {
+            self.attrs.qkey
+        };
+        if deth.qkey != want {
             self.counters.drop_packet(DropReason::BadQkey);
             return;
         }

@@ -11,14 +11,14 @@ mod device;
 mod modify;
 
 pub use crate::transport::{
-    AccessFlags, Counters, DropReason, PathMtu, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr,
-    Sge, Transmit, UdDest, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, Counters, DropReason, GSI_QKEY, PathMtu, QpCap, QpState, QpType, RecvWr,
+    SendFlags, SendWr, Sge, Transmit, UdDest, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 pub use device::{
     Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
     RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
-pub use modify::{AhAttr, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
 
 use crate::transport::Instant;
 use std::borrow::Cow;
