@@ -1837,9 +1837,10 @@ impl DevRig {
     }
 }
 
-/// QPN 0 (SMI, none on RoCE), 1 (GSI, not implemented), 0xffffff (multicast) and any QPN with
-/// no QP: dropped before the ICRC check and counted `unknown_qp`, never answered
-/// (FACTS §0.9: "DestQP ≠ 0 and exists").
+/// QPN 0 (SMI, none on RoCE), 0xffffff (multicast, arriving at the unicast address) and any
+/// QPN with no QP: dropped before the ICRC check and counted `unknown_qp`, never answered
+/// (FACTS §0.9: "DestQP ≠ 0 and exists"). QPN 1 is the device's GSI QP, a UD QP: RC
+/// packets to it are `wrong_qp_type` drops (rxe `check_type_state`), never answered either.
 #[test]
 fn packets_to_qpn_0_1_0xffffff_and_unknown_qps_are_dropped() {
     let d = dev_rig();
@@ -1852,7 +1853,11 @@ fn packets_to_qpn_0_1_0xffffff_and_unknown_qps_are_dropped() {
         d.dev.handle_datagram(peer(), &dgram(s, &[1; 4], 7));
     }
     assert_eq!(d.sent(), 0);
-    assert_eq!(d.dev.counters().dropped(DropReason::UnknownQp), 14);
+    assert_eq!(d.dev.counters().dropped(DropReason::UnknownQp), 12);
+    assert_eq!(
+        d.dev.gsi_qp().counters().dropped(DropReason::WrongQpType),
+        2
+    );
     assert_eq!(d.qp_counters().rcvd_pkts, 0);
     assert_eq!(d.accounted(), 14);
 }

@@ -152,6 +152,38 @@ const MAX_QP: u32 = 1 << 16;
 const MAX_RD_ATOM: u32 = 128;
 /// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
 const FIRST_QPN: u32 = 0x11;
+/// The GSI QP's number.
+const GSI_QPN: u32 = 1;
+/// The GSI QP's protection domain (user PDs start at 1).
+const GSI_PD: u32 = 0;
+/// Entries of the GSI CQ.
+const GSI_CQE: u32 = 1024;
+
+/// QP1's engine, taken to RTS as ib_mad does (`ib_mad_change_qp_state_to_rts`: INIT with
+/// the Q_Key, RTR, RTS with `sq_psn` 0); UD-style path fixed at creation.
+fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
+    let cap = QpCap {
+        max_send_wr: 128,
+        max_recv_wr: 512,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    let mut e = QpEngine::new(GSI_QPN, QpType::Gsi, GSI_PD, cap, true);
+    e.set_path(Path {
+        local: cfg.ip,
+        remote: cfg.ip,
+        src_port: link.source_port(rxe_initial_udp_sport(GSI_QPN)),
+    });
+    let a = e.attrs_mut();
+    a.path_mtu = cfg.active_mtu;
+    a.qkey = crate::transport::GSI_QKEY;
+    a.sq_psn = crate::wire::Psn::new(0);
+    e.set_state(QpState::Init);
+    e.set_state(QpState::Rtr);
+    e.set_state(QpState::Rts);
+    e
+}
 
 struct CqShared {
     ring: Mutex<VecDeque<Wc>>,
@@ -178,6 +210,8 @@ struct State {
 }
 
 struct Shared {
+    /// Completions of QP1.
+    gsi_cq: Arc<CqShared>,
     cfg: DeviceConfig,
     node_guid: u64,
     gids: [GidEntry; 2],
@@ -265,9 +299,19 @@ impl Device {
                 gid_type: GidType::RoceV2,
             },
         ];
+        let gsi_cq = Arc::new(CqShared::new(GSI_CQE));
+        let mut qps = BTreeMap::new();
+        qps.insert(
+            GSI_QPN,
+            QpSlot {
+                engine: gsi_engine(&cfg, link.as_ref()),
+                send_cq: gsi_cq.clone(),
+                recv_cq: gsi_cq.clone(),
+            },
+        );
         let state = State {
             mrs: MemoryTable::new(cfg.seed),
-            qps: BTreeMap::new(),
+            qps,
             next_qpn: FIRST_QPN,
             next_pd: 1,
             live_pds: Vec::new(),
@@ -282,7 +326,46 @@ impl Device {
                 link,
                 clock,
                 state: Mutex::new(state),
+                gsi_cq,
             }),
+        }
+    }
+
+    /// QP1, the general services QP (GSI) every device has, as ib_core's MAD layer sets it
+    /// up: UD on the wire, Q_Key [`GSI_QKEY`](crate::verbs::GSI_QKEY) (sent on every packet
+    /// whatever the WR says, and the only one accepted: others are dropped and counted as
+    /// `BadQkey`), already in RTS with `sq_psn` 0, send and receive completions on
+    /// [`Device::gsi_cq`], buffers registered in [`Device::gsi_pd`]. A datagram with DestQP
+    /// 1 lands in the oldest receive posted on it, preceded by the 40-byte GRH; with none
+    /// posted it is dropped and counted (`UdNoReceive`).
+    ///
+    /// Queue sizes (ib_mad's defaults): 128 send WRs, 512 receive WRs, 2 SGEs each.
+    /// The handle does not own QP1: dropping it destroys nothing, and `modify` on it follows
+    /// the GSI rows of the transition table (e.g. to ERR and back through RESET, INIT, RTR,
+    /// RTS with `PKEY_INDEX`, `QKEY` and `SQ_PSN`).
+    /// Source: ib_core `ib_mad_port_open` / `ib_mad_change_qp_state_to_rts`; rxe
+    /// `rxe_recv.c` `check_keys` (GSI_QKEY), FACTS §2.12.
+    pub fn gsi_qp(&self) -> Qp {
+        Qp {
+            dev: self.clone(),
+            qpn: GSI_QPN,
+        }
+    }
+
+    /// The CQ of QP1's send and receive completions ([`Device::gsi_qp`]); 1024 entries.
+    pub fn gsi_cq(&self) -> Cq {
+        Cq {
+            shared: self.shared.gsi_cq.clone(),
+        }
+    }
+
+    /// The protection domain of QP1: MRs whose SGEs are posted on [`Device::gsi_qp`] must be
+    /// registered in it (a PD's MRs serve only its own QPs). Its handle is 0; PDs from
+    /// [`Device::alloc_pd`] start at 1.
+    pub fn gsi_pd(&self) -> Pd {
+        Pd {
+            dev: self.clone(),
+            handle: GSI_PD,
         }
     }
 
@@ -388,12 +471,7 @@ impl Device {
             return Err(Error::new(ErrorKind::Inval, "create_cq: cqe out of range"));
         }
         Ok(Cq {
-            shared: Arc::new(CqShared {
-                ring: Mutex::new(VecDeque::with_capacity(cqe.min(4096) as usize)),
-                ready: Condvar::new(),
-                cqe: cqe as usize,
-                overflows: AtomicU64::new(0),
-            }),
+            shared: Arc::new(CqShared::new(cqe)),
         })
     }
 
@@ -578,6 +656,15 @@ impl Device {
 }
 
 impl CqShared {
+    fn new(cqe: u32) -> CqShared {
+        CqShared {
+            ring: Mutex::new(VecDeque::with_capacity(cqe.min(4096) as usize)),
+            ready: Condvar::new(),
+            cqe: cqe as usize,
+            overflows: AtomicU64::new(0),
+        }
+    }
+
     fn push(&self, wc: Wc) {
         let mut ring = self.ring.lock();
         if ring.len() >= self.cqe {
@@ -878,6 +965,14 @@ impl Qp {
     /// QP number.
     pub fn qp_num(&self) -> u32 {
         self.qpn
+    }
+
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        let st = self.dev.shared.state.lock();
+        st.qps
+            .get(&self.qpn)
+            .map_or(QpType::Rc, |s| s.engine.qp_type())
     }
 
     /// Current state.
@@ -1228,6 +1323,10 @@ fn post_error(call: &'static str, e: PostError) -> Error {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        if self.qpn == GSI_QPN {
+            // QP1 belongs to the device; a handle from `gsi_qp` destroys nothing.
+            return;
+        }
         let mut st = self.dev.shared.state.lock();
         // Device counters only grow (as rxe's hw_counters): keep the QP's counts.
         if let Some(slot) = st.qps.remove(&self.qpn) {
