@@ -1,0 +1,203 @@
+//! UD multicast over real UDP on loopback (127.0.24.21-23; run inside `unshare -n` with `lo`
+//! up, nothing else needed for IPv4 groups): QPs attach to the group `::ffff:239.24.0.1`
+//! with `attach_mcast`; one UD send to an address handle on that GID goes to the group
+//! address with DestQP 0xFFFFFF, and reaches every attached QP with a matching Q_Key — two
+//! on one device and one on another — but not a QP that detached, and a QP with another
+//! Q_Key drops it (counted BadQkey). The verbs errors of attach/detach are checked too.
+
+use socket2::{Domain, Protocol, Socket, Type};
+use softroce::net::{UdpDevice, UdpOptions};
+use softroce::transport::DropReason;
+use softroce::verbs::{
+    AccessFlags, AhAttr, Cq, Device, DeviceConfig, Gid, MULTICAST_QPN, Mr, Pd, Qp, QpCap,
+    QpInitAttr, QpType, RcConnect, RecvWr, SendWr, Wc, WcStatus, WrOpcode,
+};
+use softroce::wire::RocePacket;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+const X: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 21);
+const Y: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 22);
+const S: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 23);
+const GROUP: Ipv4Addr = Ipv4Addr::new(239, 24, 0, 1);
+const QKEY: u32 = 0x1234_5678;
+const LEN: usize = 100;
+
+fn open(ip: Ipv4Addr) -> UdpDevice {
+    UdpDevice::open_with_options(
+        DeviceConfig::new("softroce_mcast", IpAddr::V4(ip)),
+        &UdpOptions::default(),
+    )
+    .expect("open device (run inside `unshare -n` with lo up)")
+}
+
+struct Ud {
+    qp: Qp,
+    cq: Cq,
+    buf: Mr,
+}
+
+fn ud(dev: &Device, pd: &Pd, qkey: u32) -> Ud {
+    let cq = dev.create_cq(16).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Ud,
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    qp.ready_ud(qkey, 0).unwrap();
+    let buf = pd.reg_mr(40 + LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_recv(&[RecvWr {
+        wr_id: u64::from(qp.qp_num()),
+        sg_list: vec![buf.sge(0, (40 + LEN) as u32)],
+    }])
+    .unwrap();
+    Ud { qp, cq, buf }
+}
+
+fn wait_wc(cq: &Cq) -> Wc {
+    let mut wc = [Wc::default()];
+    assert_eq!(
+        cq.wait(&mut wc, Duration::from_secs(10)),
+        1,
+        "no completion"
+    );
+    wc[0]
+}
+
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+fn payload() -> Vec<u8> {
+    (0..LEN).map(|i| (i as u8).wrapping_mul(7) ^ 0xa5).collect()
+}
+
+#[test]
+fn one_send_reaches_every_attached_qp_with_the_qkey() {
+    let (x, y, s) = (open(X), open(Y), open(S));
+    let gid = Gid::from(GROUP);
+    assert!(gid.is_multicast());
+    let (px, py, ps) = (
+        x.alloc_pd().unwrap(),
+        y.alloc_pd().unwrap(),
+        s.alloc_pd().unwrap(),
+    );
+    let (x1, x2, x3) = (ud(&x, &px, QKEY), ud(&x, &px, QKEY), ud(&x, &px, 0x0bad));
+    let (y1, y2) = (ud(&y, &py, QKEY), ud(&y, &py, QKEY));
+    for q in [&x1, &x2, &x3, &y1, &y2] {
+        q.qp.attach_mcast(&gid, 0).unwrap();
+    }
+    // Attaching twice is a no-op (rxe).
+    x1.qp.attach_mcast(&gid, 0).unwrap();
+    y2.qp.detach_mcast(&gid, 0).unwrap();
+    assert_eq!(
+        x.mcast_members(&gid),
+        [x1.qp.qp_num(), x2.qp.qp_num(), x3.qp.qp_num()]
+    );
+    assert_eq!(y.mcast_members(&gid), [y1.qp.qp_num()]);
+
+    // A plain socket in the group sees what goes on the wire.
+    let watch = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+    watch.set_reuse_address(true).unwrap();
+    watch
+        .bind(&SocketAddr::new(IpAddr::V4(GROUP), 4791).into())
+        .unwrap();
+    watch.join_multicast_v4(&GROUP, &X).unwrap();
+    watch
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let watch = std::net::UdpSocket::from(watch);
+
+    let sender = ud(&s, &ps, QKEY);
+    let sbuf = ps.reg_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    sbuf.write(0, &payload()).unwrap();
+    let ah = ps.create_ah(&AhAttr::roce_v2(gid)).unwrap();
+    let mut wr = SendWr::new(1, WrOpcode::Send, vec![sbuf.sge(0, LEN as u32)]);
+    wr.ud = Some(ah.dest(MULTICAST_QPN, QKEY));
+    sender.qp.post_send(&[wr]).unwrap();
+    assert_eq!(wait_wc(&sender.cq).status, WcStatus::Success);
+
+    let mut raw = [0u8; 2048];
+    let (n, from) = watch.recv_from(&mut raw).unwrap();
+    assert_eq!(from.ip(), IpAddr::V4(S));
+    let pkt = RocePacket::parse(&raw[..n]).unwrap();
+    assert_eq!(pkt.repr.bth.dest_qpn, 0x00ff_ffff);
+    let deth = pkt.repr.deth.unwrap();
+    assert_eq!((deth.qkey, deth.src_qpn), (QKEY, sender.qp.qp_num()));
+    assert_eq!(pkt.payload, &payload()[..]);
+
+    for q in [&x1, &x2, &y1] {
+        let wc = wait_wc(&q.cq);
+        assert_eq!(wc.status, WcStatus::Success);
+        assert_eq!(wc.wr_id, u64::from(q.qp.qp_num()));
+        assert_eq!(
+            (wc.byte_len, wc.src_qp),
+            ((40 + LEN) as u32, sender.qp.qp_num())
+        );
+        assert_eq!(&q.buf.to_vec()[40..], &payload()[..]);
+    }
+    // X handled the datagram for its three members at once: x3 has counted its drop.
+    eventually("bad_qkey on x3", || {
+        x3.qp.counters().dropped(DropReason::BadQkey) == 1
+    });
+    assert_eq!(x3.cq.poll_one(), None);
+    // y2 detached before the send: nothing, not even a drop.
+    assert_eq!(y2.cq.poll_one(), None);
+    assert_eq!(y2.qp.counters().rcvd_pkts, 0);
+    assert_eq!(y2.qp.counters().dropped_total(), 0);
+
+    // Destroying an attached QP detaches it; the last detach empties the group.
+    drop(x3);
+    assert_eq!(x.mcast_members(&gid), [x1.qp.qp_num(), x2.qp.qp_num()]);
+    x1.qp.detach_mcast(&gid, 0).unwrap();
+    x2.qp.detach_mcast(&gid, 0).unwrap();
+    assert!(x.mcast_members(&gid).is_empty());
+}
+
+#[test]
+fn attach_and_detach_refuse_what_ibv_attach_mcast_refuses() {
+    let d = open(Ipv4Addr::new(127, 0, 24, 24));
+    let pd = d.alloc_pd().unwrap();
+    let u = ud(&d, &pd, QKEY);
+    let group = Gid::from(GROUP);
+    // Not a multicast GID.
+    let e =
+        u.qp.attach_mcast(&Gid::from(Ipv4Addr::new(127, 0, 24, 25)), 0)
+            .unwrap_err();
+    assert_eq!(e.errno(), 22);
+    // An IPv6 group on an IPv4 device.
+    let v6 = Gid("ff0e::24:1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    assert!(v6.is_multicast());
+    assert_eq!(u.qp.attach_mcast(&v6, 0).unwrap_err().errno(), 22);
+    // Not attached.
+    assert_eq!(u.qp.detach_mcast(&group, 0).unwrap_err().errno(), 22);
+    // Not UD: RC, and QP1 (GSI).
+    let cq = d.create_cq(4).unwrap();
+    let rc = pd
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    rc.connect_rc(&RcConnect::new(0x11, Gid::from(S), 0, 0))
+        .unwrap();
+    let e = rc.attach_mcast(&group, 0).unwrap_err();
+    assert_eq!(e.errno(), 22);
+    assert_eq!(
+        e.to_string(),
+        "attach_mcast: only UD QPs join multicast groups"
+    );
+    assert_eq!(d.gsi_qp().attach_mcast(&group, 0).unwrap_err().errno(), 22);
+    assert!(d.mcast_members(&group).is_empty());
+}
