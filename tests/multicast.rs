@@ -142,7 +142,13 @@ fn one_send_reaches_every_attached_qp_with_the_qkey() {
             (wc.byte_len, wc.src_qp),
             ((40 + LEN) as u32, sender.qp.qp_num())
         );
-        assert_eq!(&q.buf.to_vec()[40..], &payload()[..]);
+        let got = q.buf.to_vec();
+        // The GRH is the IPv4 header as sent: from the sender to the group.
+        assert_eq!(
+            (&got[32..36], &got[36..40]),
+            (&S.octets()[..], &GROUP.octets()[..])
+        );
+        assert_eq!(&got[40..], &payload()[..]);
     }
     // X handled the datagram for its three members at once: x3 has counted its drop.
     eventually("bad_qkey on x3", || {

@@ -601,7 +601,7 @@ impl Device {
         for qpn in members {
             let State { mrs, qps, .. } = &mut *st;
             if let Some(slot) = qps.get_mut(&qpn) {
-                slot.engine.handle_packet(now, pkt, src.ip(), mrs);
+                slot.engine.handle_packet_to(now, pkt, src.ip(), group, mrs);
             }
             self.pump(st, qpn, now);
         }
