@@ -4,6 +4,11 @@
 //! address with DestQP 0xFFFFFF, and reaches every attached QP with a matching Q_Key — two
 //! on one device and one on another — but not a QP that detached, and a QP with another
 //! Q_Key drops it (counted BadQkey). The verbs errors of attach/detach are checked too.
+//!
+//! IPv6 groups need an interface with the MULTICAST flag, which Linux `lo` lacks: that test
+//! makes its own network namespace (`ip netns add`, root) with a veth pair v0/v1, devices on
+//! fd00:24::1 and fd00:24::3 (v0) and fd00:24::2 (v1), and re-runs itself inside; a device on
+//! each side receives the group ff0e::24:1 exactly once. Without root it says why it skipped.
 
 use socket2::{Domain, Protocol, Socket, Type};
 use softroce::net::{UdpDevice, UdpOptions};
@@ -13,7 +18,8 @@ use softroce::verbs::{
     QpInitAttr, QpType, RcConnect, RecvWr, SendWr, Wc, WcStatus, WrOpcode,
 };
 use softroce::wire::RocePacket;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const X: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 21);
@@ -206,4 +212,180 @@ fn attach_and_detach_refuse_what_ibv_attach_mcast_refuses() {
     );
     assert_eq!(d.gsi_qp().attach_mcast(&group, 0).unwrap_err().errno(), 22);
     assert!(d.mcast_members(&group).is_empty());
+}
+
+// ---- IPv6 groups, in a namespace of their own ----
+
+const CHILD_ENV: &str = "SOFTROCE_MCAST6_NETNS";
+const X6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x24, 0, 0, 0, 0, 0, 1);
+const Y6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x24, 0, 0, 0, 0, 0, 2);
+const S6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x24, 0, 0, 0, 0, 0, 3);
+const GROUP6: Ipv6Addr = Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0, 0x24, 1);
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Deletes the namespace when the test ends, also on panic.
+struct Netns(String);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.0]);
+    }
+}
+
+#[test]
+fn ipv6_group_across_a_veth_pair_in_a_test_netns() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let name = format!("softroce-mc6-{}", std::process::id());
+    if let Err(why) = ip(&["netns", "add", &name]) {
+        eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
+        return;
+    }
+    let ns = Netns(name);
+    let n = ns.0.as_str();
+    for args in [
+        &["-n", n, "link", "set", "lo", "up"][..],
+        &[
+            "-n", n, "link", "add", "v0", "type", "veth", "peer", "name", "v1",
+        ],
+        &[
+            "-n",
+            n,
+            "addr",
+            "add",
+            "fd00:24::1/64",
+            "dev",
+            "v0",
+            "nodad",
+        ],
+        &[
+            "-n",
+            n,
+            "addr",
+            "add",
+            "fd00:24::3/64",
+            "dev",
+            "v0",
+            "nodad",
+        ],
+        &[
+            "-n",
+            n,
+            "addr",
+            "add",
+            "fd00:24::2/64",
+            "dev",
+            "v1",
+            "nodad",
+        ],
+        &["-n", n, "link", "set", "v0", "up"],
+        &["-n", n, "link", "set", "v1", "up"],
+    ] {
+        ip(args).unwrap();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", n])
+        .arg(&exe)
+        .args(["--exact", "ipv6_in_netns", "--ignored", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- run inside netns {n} ---\n{stdout}{stderr}");
+    assert!(
+        out.status.success(),
+        "the checks inside the namespace failed"
+    );
+    assert!(
+        stdout.contains("test ipv6_in_netns ... ok"),
+        "the checks did not run inside the namespace"
+    );
+}
+
+fn open6(ip: Ipv6Addr) -> UdpDevice {
+    UdpDevice::open_with_options(
+        DeviceConfig::new("softroce_mcast6", IpAddr::V6(ip)),
+        &UdpOptions::default(),
+    )
+    .expect("open device")
+}
+
+#[test]
+#[ignore = "runs inside the network namespace that ipv6_group_across_a_veth_pair_in_a_test_netns makes"]
+fn ipv6_in_netns() {
+    let (x, y, s) = (open6(X6), open6(Y6), open6(S6));
+    let gid = Gid(GROUP6.octets());
+    let (px, py, ps) = (
+        x.alloc_pd().unwrap(),
+        y.alloc_pd().unwrap(),
+        s.alloc_pd().unwrap(),
+    );
+    let (x1, y1) = (ud(&x, &px, QKEY), ud(&y, &py, QKEY));
+    x1.qp.attach_mcast(&gid, 0).unwrap();
+    y1.qp.attach_mcast(&gid, 0).unwrap();
+    // An IPv4 group on an IPv6 device is refused.
+    assert_eq!(
+        x1.qp
+            .attach_mcast(&Gid::from(GROUP), 0)
+            .unwrap_err()
+            .errno(),
+        22
+    );
+    let sender = ud(&s, &ps, QKEY);
+    let sbuf = ps.reg_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    sbuf.write(0, &payload()).unwrap();
+    let ah = ps.create_ah(&AhAttr::roce_v2(gid)).unwrap();
+    let mut wr = SendWr::new(1, WrOpcode::Send, vec![sbuf.sge(0, LEN as u32)]);
+    wr.ud = Some(ah.dest(MULTICAST_QPN, QKEY));
+    sender.qp.post_send(&[wr]).unwrap();
+    assert_eq!(wait_wc(&sender.cq).status, WcStatus::Success);
+    for q in [&x1, &y1] {
+        let wc = wait_wc(&q.cq);
+        assert_eq!(
+            (wc.status, wc.src_qp),
+            (WcStatus::Success, sender.qp.qp_num())
+        );
+        let got = q.buf.to_vec();
+        // IPv6 GRH: source S6, destination the group.
+        assert_eq!(&got[8..24], &S6.octets()[..]);
+        assert_eq!(&got[24..40], &GROUP6.octets()[..]);
+        assert_eq!(&got[40..], &payload()[..]);
+    }
+    // Exactly once each: a second send is the next completion, not a duplicate of the first.
+    let mut wr = SendWr::new(2, WrOpcode::Send, vec![sbuf.sge(0, 1)]);
+    wr.ud = Some(ah.dest(MULTICAST_QPN, QKEY));
+    for q in [&x1, &y1] {
+        q.qp.post_recv(&[RecvWr {
+            wr_id: 77,
+            sg_list: vec![q.buf.sge(0, (40 + LEN) as u32)],
+        }])
+        .unwrap();
+    }
+    sender.qp.post_send(&[wr]).unwrap();
+    for q in [&x1, &y1] {
+        let wc = wait_wc(&q.cq);
+        assert_eq!((wc.wr_id, wc.byte_len), (77, 41));
+    }
+    for q in [&x1, &y1] {
+        assert_eq!(q.qp.counters().dropped(DropReason::UdNoReceive), 0);
+        assert_eq!(q.qp.counters().rcvd_pkts, 2);
+    }
 }

@@ -4,7 +4,9 @@
 //! bound to the group address on port 4791 (`SO_REUSEADDR`, so that every device in the host
 //! joined to the group gets its own copy of each datagram) and joins the group on the
 //! interface that owns the device's address: by address for IPv4, by interface index (from
-//! `/proc/net/if_inet6`) for IPv6. The driver thread drains these sockets between receives
+//! `/proc/net/if_inet6`) for IPv6, whose socket is also bound to that interface
+//! (`SO_BINDTODEVICE`) because IPv6 filters memberships by group only. `IP_MULTICAST_ALL` is
+//! off, so a socket sees only the groups it joined itself. The driver thread drains these sockets between receives
 //! on the unicast one. Send sockets set `IP_MULTICAST_IF` / `IPV6_MULTICAST_IF` to that
 //! interface, and `IP_MULTICAST_LOOP` stays on, so group members on the same host (another
 //! device, or the sender's own) receive the datagram too.
@@ -13,7 +15,7 @@
 //! work on loopback as is, also in a fresh network namespace once `lo` is up, because the
 //! sending interface is named explicitly (no multicast route is needed). IPv6 groups
 //! (`ff0x::`) need an interface with the MULTICAST flag (Linux `lo` has none): put the device
-//! address on such an interface (e.g. a veth in a namespace).
+//! address on such an interface (e.g. a veth pair in a namespace, as `tests/multicast.rs`).
 
 use super::udp::UdpLink;
 use crate::verbs::Device;
@@ -29,9 +31,9 @@ pub(super) const MAX_PARK: Duration = Duration::from_millis(1);
 /// Most datagrams taken from one group socket per driver turn.
 const DRAIN_BATCH: usize = 64;
 
-/// The interface index of the interface holding IPv6 address `ip`, from
+/// The index and name of the interface holding IPv6 address `ip`, from
 /// `/proc/net/if_inet6` (per network namespace). None if not found.
-fn ipv6_ifindex(ip: Ipv6Addr) -> Option<u32> {
+fn ipv6_interface(ip: Ipv6Addr) -> Option<(u32, String)> {
     let text = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
     let want = ip
         .octets()
@@ -39,12 +41,12 @@ fn ipv6_ifindex(ip: Ipv6Addr) -> Option<u32> {
         .map(|b| format!("{b:02x}"))
         .collect::<String>();
     text.lines().find_map(|l| {
-        let mut f = l.split_whitespace();
-        let addr = f.next()?;
-        let idx = f.next()?;
-        (addr == want)
-            .then(|| u32::from_str_radix(idx, 16).ok())
-            .flatten()
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (addr, idx, name) = (f.first()?, f.get(1)?, f.get(5)?);
+        if *addr != want {
+            return None;
+        }
+        Some((u32::from_str_radix(idx, 16).ok()?, (*name).to_string()))
     })
 }
 
@@ -52,8 +54,8 @@ fn ipv6_ifindex(ip: Ipv6Addr) -> Option<u32> {
 pub(super) fn set_sending_interface(s: &Socket, local: IpAddr) -> io::Result<()> {
     match local {
         IpAddr::V4(v4) => s.set_multicast_if_v4(&v4),
-        IpAddr::V6(v6) => match ipv6_ifindex(v6) {
-            Some(i) => s.set_multicast_if_v6(i),
+        IpAddr::V6(v6) => match ipv6_interface(v6) {
+            Some((i, _)) => s.set_multicast_if_v6(i),
             None => Ok(()),
         },
     }
@@ -68,14 +70,26 @@ pub(super) fn join(local: IpAddr, group: IpAddr) -> io::Result<UdpSocket> {
     };
     let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
     s.set_reuse_address(true)?;
+    // Only the memberships of this socket count (IP_MULTICAST_ALL off): a device receives
+    // the group on its own interface, not also each copy arriving on another one.
     match (group, local) {
         (IpAddr::V4(g), IpAddr::V4(l)) => {
+            s.set_multicast_all_v4(false)?;
             s.bind(&SocketAddr::new(group, ROCE_V2_UDP_PORT).into())?;
             s.join_multicast_v4(&g, &l)?;
         }
         (IpAddr::V6(g), IpAddr::V6(l)) => {
             s.set_only_v6(true)?;
-            let idx = ipv6_ifindex(l).unwrap_or(0);
+            s.set_multicast_all_v6(false)?;
+            super::udp::set_udp_no_check6_rx(&s)?;
+            let interface = ipv6_interface(l);
+            let idx = interface.as_ref().map_or(0, |(i, _)| *i);
+            // IPv6 sockets filter multicast by group only, not by the interface a membership
+            // is on: bind to the device's interface so the copies that arrive on another
+            // one (from the same sender, looped or forwarded) are not delivered twice.
+            if let Some((_, name)) = &interface {
+                let _ = s.bind_device(Some(name.as_bytes()));
+            }
             let addr = std::net::SocketAddrV6::new(g, ROCE_V2_UDP_PORT, 0, idx);
             s.bind(&SocketAddr::V6(addr).into())?;
             s.join_multicast_v6(&g, idx)?;

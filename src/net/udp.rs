@@ -34,7 +34,7 @@ const MAX_PARK: Duration = Duration::from_millis(5);
 /// UDP with checksum 0 (its tunnel socket allows it), which a plain Linux IPv6 socket drops
 /// unless `UDP_NO_CHECK6_RX` is set. Source: FACTS §0.10; Linux `net/ipv6/udp.c`
 /// (`udpv6_queue_rcv_one_skb` / `udp6_csum_init`), `include/uapi/linux/udp.h`.
-fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
+pub(super) fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
     let on: libc::c_int = 1;
     // SAFETY: `s` is an open socket for the whole call; the option value points at a live
     // `c_int` on this stack frame and the length passed is exactly its size, so the kernel
