@@ -359,3 +359,98 @@ fn posting_follows_the_qp_state() {
         }
     }
 }
+
+// ---- SQD on the engine: finish what was started, start nothing new ----
+
+/// An RC QP in SQD finishes the message it was sending (also after a loss, by timeout) and
+/// starts no new one; SQD -> RTS starts the queued WR. Source: rxe `req_next_wqe` (a WQE in
+/// progress continues while the QP drains); IBTA ch. 10 (SQ drain).
+#[test]
+fn sqd_finishes_the_started_message_and_starts_no_new_one() {
+    use softroce::transport::{Instant, MemoryTable, Path, QpEngine};
+    use softroce::wire::{AethRepr, BthRepr, IcrcIp, Opcode, PacketRepr, Psn, RocePacket};
+    let me = IpAddr::V4(DEV_IP);
+    let peer = IpAddr::V4(PEER_IP);
+    let mut e = QpEngine::new(0x11, QpType::Rc, 1, QpCap::default(), true);
+    let a = e.attrs_mut();
+    a.dest_qp_num = 0x22;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.max_rd_atomic = 1;
+    e.set_path(Path {
+        local: me,
+        remote: peer,
+        src_port: 0xc000,
+    });
+    for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        e.set_state(s);
+    }
+    let mut mem = MemoryTable::new(7);
+    let key = mem.register(1, 8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let va = mem.get(key).unwrap().iova;
+    let sge = |off: u64, len: u32| softroce::verbs::Sge {
+        addr: va + off,
+        length: len,
+        lkey: key,
+    };
+    let psns = |e: &mut QpEngine, mem: &MemoryTable, now: Instant| -> Vec<u32> {
+        std::iter::from_fn(|| e.poll_transmit(now, mem))
+            .map(|t| RocePacket::parse(&t.payload).unwrap().repr.bth.psn.value())
+            .collect()
+    };
+    // A 4-packet WRITE (path MTU 1024): two packets leave, then the QP enters SQD.
+    let mut w1 = SendWr::new(1, WrOpcode::RdmaWrite, vec![sge(0, 4096)]);
+    w1.remote_addr = 0x1000;
+    w1.rkey = 0x99;
+    e.post_send(w1).unwrap();
+    let t0 = Instant::ZERO;
+    assert!(e.poll_transmit(t0, &mem).is_some());
+    assert!(e.poll_transmit(t0, &mem).is_some());
+    e.set_state(QpState::Sqd);
+    // A new WR is accepted in SQD but waits.
+    let mut w2 = SendWr::new(2, WrOpcode::RdmaWrite, vec![sge(4096, 8)]);
+    w2.remote_addr = 0x2000;
+    w2.rkey = 0x99;
+    e.post_send(w2).unwrap();
+    // The rest of the started WRITE goes out; nothing of WR 2.
+    assert_eq!(psns(&mut e, &mem, t0), [2, 3]);
+    // Lost: after the ACK timeout the message is resent from its first PSN, still in SQD.
+    let later = e.poll_timeout().expect("retransmit timer armed in SQD");
+    e.handle_timeout(later);
+    assert_eq!(psns(&mut e, &mem, later), [0, 1, 2, 3]);
+    // The ACK of PSN 3 completes WR 1; WR 2 still waits.
+    let mut ack = PacketRepr::new(BthRepr {
+        opcode: Opcode::RC_ACKNOWLEDGE,
+        se: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qpn: 0x11,
+        ack_req: false,
+        psn: Psn::new(3),
+    });
+    ack.aeth = Some(AethRepr {
+        syndrome: 0x1f,
+        msn: 1,
+    });
+    let mut buf = vec![0u8; ack.buffer_len()];
+    let ip = IcrcIp::V4 {
+        src: PEER_IP,
+        dst: DEV_IP,
+        ident: 0,
+        src_port: 0xc000,
+        dst_port: 4791,
+    };
+    ack.emit(&mut buf, &[], &ip);
+    e.handle_packet(later, &RocePacket::parse(&buf).unwrap(), peer, &mut mem);
+    let c = e.poll_completion().expect("WR 1 completes");
+    assert_eq!((c.wc.wr_id, c.wc.status), (1, WcStatus::Success));
+    assert!(psns(&mut e, &mem, later).is_empty());
+    assert_eq!(e.sq_outstanding(), 1);
+    // Back to RTS: WR 2 starts.
+    e.set_state(QpState::Rts);
+    assert_eq!(psns(&mut e, &mem, later), [4]);
+}

@@ -34,7 +34,7 @@ const MAX_PARK: Duration = Duration::from_millis(5);
 /// UDP with checksum 0 (its tunnel socket allows it), which a plain Linux IPv6 socket drops
 /// unless `UDP_NO_CHECK6_RX` is set. Source: FACTS §0.10; Linux `net/ipv6/udp.c`
 /// (`udpv6_queue_rcv_one_skb` / `udp6_csum_init`), `include/uapi/linux/udp.h`.
-fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
+pub(super) fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
     let on: libc::c_int = 1;
     // SAFETY: `s` is an open socket for the whole call; the option value points at a live
     // `c_int` on this stack frame and the length passed is exactly its size, so the kernel
@@ -80,10 +80,6 @@ fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socket> {
     Ok(s)
 }
 
-fn new_udp(ip: IpAddr, port: u16, reuse: bool) -> io::Result<UdpSocket> {
-    Ok(new_socket(ip, port, reuse)?.into())
-}
-
 /// What a UDP device does beyond the plain data path.
 #[derive(Debug, Clone, Default)]
 pub struct UdpOptions {
@@ -125,6 +121,8 @@ pub struct UdpLink {
     recv: UdpSocket,
     raw: Option<RawRx>,
     send: Mutex<HashMap<u16, Arc<UdpSocket>>>,
+    /// One socket per joined multicast group, bound to group:4791 (`super::mcast`).
+    mcast: Mutex<HashMap<IpAddr, Arc<UdpSocket>>>,
     capture: Option<Arc<Capture>>,
     /// TTL / hop limit of our sockets (for the capture).
     hop_limit: u8,
@@ -165,6 +163,7 @@ impl UdpLink {
             recv: recv.into(),
             raw,
             send: Mutex::new(HashMap::new()),
+            mcast: Mutex::new(HashMap::new()),
             capture: opts.capture.clone(),
             hop_limit,
             tx_datagrams: AtomicU64::new(0),
@@ -187,7 +186,11 @@ impl UdpLink {
         if let Some(s) = map.get(&port) {
             return Ok(s.clone());
         }
-        let s = Arc::new(new_udp(self.ip, port, true)?);
+        let s = new_socket(self.ip, port, true)?;
+        // Multicast sends leave through the device's own interface (on loopback there is no
+        // multicast route otherwise). Unicast is unaffected, so a failure is ignored.
+        let _ = super::mcast::set_sending_interface(&s, self.ip);
+        let s = Arc::new(UdpSocket::from(s));
         map.insert(port, s.clone());
         Ok(s)
     }
@@ -207,6 +210,17 @@ impl Link for UdpLink {
         }
         self.tx_datagrams.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
+        let s = super::mcast::join(self.ip, group)?;
+        self.mcast.lock().insert(group, Arc::new(s));
+        Ok(())
+    }
+
+    fn leave_multicast(&self, group: IpAddr) {
+        // Closing the socket leaves the group.
+        self.mcast.lock().remove(&group);
     }
 
     fn source_port(&self, want: u16) -> u16 {
@@ -320,9 +334,13 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
     let mut buf = vec![0u8; 65536];
     let local = roce_addr(link.ip);
     while !stop.load(Ordering::Relaxed) {
-        let park = device
+        let mut park = device
             .next_timeout()
             .map_or(MAX_PARK, |d| d.clamp(Duration::from_micros(1), MAX_PARK));
+        if !link.mcast.lock().is_empty() {
+            // Group sockets are drained between receives on the unicast one.
+            park = park.min(super::mcast::MAX_PARK);
+        }
         let got = match &link.raw {
             Some(raw) => raw.recv(&mut buf, park).map(|n| (n, None)),
             None => {
@@ -355,6 +373,15 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) => {}
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+        let groups: Vec<_> = link
+            .mcast
+            .lock()
+            .iter()
+            .map(|(g, s)| (*g, s.clone()))
+            .collect();
+        for (group, sock) in groups {
+            super::mcast::drain(device, link, group, &sock, &mut buf);
         }
         device.handle_timeouts();
     }

@@ -673,6 +673,9 @@ pub struct QpEngine {
     counters: Counters,
     /// Source address of the packet being handled (for the UD GRH).
     last_src: IpAddr,
+    /// Destination of the packet being handled when it is not this QP's own address (a
+    /// multicast group), for the GRH of a UD receive.
+    rx_dst: Option<IpAddr>,
 }
 
 impl QpEngine {
@@ -696,6 +699,7 @@ impl QpEngine {
             completions: VecDeque::new(),
             counters: Counters::default(),
             last_src: IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
+            rx_dst: None,
         }
     }
 
@@ -929,6 +933,22 @@ impl QpEngine {
             self.completer_handle(now, pkt, mem);
         }
         self.keep_retransmit_timer(now);
+    }
+
+    /// [`QpEngine::handle_packet`] for a datagram sent to `dst`, an address other than this
+    /// QP's own: a multicast group, which the GRH of a UD receive then names as its
+    /// destination (rxe copies the IP header as received).
+    pub fn handle_packet_to(
+        &mut self,
+        now: Instant,
+        pkt: &RocePacket<'_>,
+        src: IpAddr,
+        dst: IpAddr,
+        mem: &mut MemoryTable,
+    ) {
+        self.rx_dst = Some(dst);
+        self.handle_packet(now, pkt, src, mem);
+        self.rx_dst = None;
     }
 
     /// Runs the timers due at `now` (retransmit, RNR wait).

@@ -294,6 +294,7 @@ impl QpEngine {
     fn grh(&self, udp_payload: usize) -> [u8; 40] {
         let mut g = [0u8; 40];
         let local = self.path.map(|p| p.local);
+        let local = self.rx_dst.or(local);
         match (self.last_src, local) {
             (IpAddr::V4(src), Some(IpAddr::V4(dst))) => {
                 let h = &mut g[20..40];

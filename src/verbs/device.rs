@@ -154,6 +154,13 @@ const MAX_RD_ATOM: u32 = 128;
 const FIRST_QPN: u32 = 0x11;
 /// The GSI QP's number.
 const GSI_QPN: u32 = 1;
+/// The DestQP of every multicast packet. Source: IBTA Vol 1 ch. 10 (multicast: QP 0xFFFFFF);
+/// ib_core `IB_MULTICAST_QPN`.
+pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
+/// Most multicast groups per device and QPs per group (rxe `RXE_MAX_MCAST_GRP`,
+/// `RXE_MAX_MCAST_QP_ATTACH`).
+const MAX_MCAST_GRP: usize = 8192;
+const MAX_MCAST_QP_ATTACH: usize = 56;
 /// The GSI QP's protection domain (user PDs start at 1).
 const GSI_PD: u32 = 0;
 /// Entries of the GSI CQ.
@@ -207,6 +214,9 @@ struct State {
     counters: Counters,
     /// CNPs received with a good ICRC and ignored (softroce has no congestion control).
     rp_cnp_ignored: u64,
+    /// Multicast groups this device's QPs are attached to: group address -> QPNs, in
+    /// attach order.
+    mcast: BTreeMap<IpAddr, Vec<u32>>,
 }
 
 struct Shared {
@@ -317,6 +327,7 @@ impl Device {
             live_pds: Vec::new(),
             counters: Counters::default(),
             rp_cnp_ignored: 0,
+            mcast: BTreeMap::new(),
         };
         Device {
             shared: Arc::new(Shared {
@@ -488,7 +499,18 @@ impl Device {
     /// have written: exact for IPv6; for IPv4 first with ID 0 (what softroce sends), then by
     /// solving for the 16-bit ID (see [`solve_ipv4_ident`] and [`RxHeaders::Udp`]).
     pub fn handle_datagram(&self, src: SocketAddr, data: &[u8]) {
-        self.handle_received(src, data, RxHeaders::Udp);
+        self.handle_received(src, self.shared.cfg.ip, data, RxHeaders::Udp);
+    }
+
+    /// Feeds one UDP datagram received on a socket bound to the multicast address `group`
+    /// (port 4791), which the link joined for [`Qp::attach_mcast`]. A packet with DestQP
+    /// 0xFFFFFF is delivered to every QP of this device attached to `group`, each checking
+    /// the Q_Key itself (a mismatch is that QP's `BadQkey` drop); with no QP attached it is
+    /// an `UnknownQp` drop. Any other DestQP is handled as by [`Device::handle_datagram`].
+    /// The ICRC is checked once, over the header with `group` as destination.
+    /// Source: rxe `rxe_recv.c` `rxe_rcv_mcast_pkt`.
+    pub fn handle_multicast_datagram(&self, src: SocketAddr, group: IpAddr, data: &[u8]) {
+        self.handle_received(src, group, data, RxHeaders::Udp);
     }
 
     /// Feeds one whole IP packet (IPv4 or IPv6, then UDP, then the RoCEv2 datagram) received
@@ -503,7 +525,8 @@ impl Device {
                     ip_header: d.ip_header,
                     udp_header: d.udp_header,
                 };
-                self.handle_received(SocketAddr::new(d.src, d.src_port), d.payload, hdrs);
+                let src = SocketAddr::new(d.src, d.src_port);
+                self.handle_received(src, d.dst, d.payload, hdrs);
             }
             _ => self
                 .shared
@@ -514,7 +537,7 @@ impl Device {
         }
     }
 
-    fn handle_received(&self, src: SocketAddr, data: &[u8], hdrs: RxHeaders<'_>) {
+    fn handle_received(&self, src: SocketAddr, dst: IpAddr, data: &[u8], hdrs: RxHeaders<'_>) {
         let now = self.now();
         let mut st = self.shared.state.lock();
         let pkt = match RocePacket::parse(data) {
@@ -528,7 +551,7 @@ impl Device {
             // A CNP asks the sender of an ECN-marked flow to slow down (DCQCN reaction
             // point). softroce implements no rate control: counted as ignored, like mlx5's
             // `rp_cnp_ignored`, once its ICRC holds; a bad one is an ICRC drop.
-            if self.icrc_ok(&pkt, src, hdrs) {
+            if self.icrc_ok(&pkt, src, dst, hdrs) {
                 st.rp_cnp_ignored += 1;
             } else {
                 st.counters.drop_packet(DropReason::IcrcMismatch);
@@ -536,12 +559,16 @@ impl Device {
             return;
         }
         let qpn = pkt.repr.bth.dest_qpn;
+        if qpn == MULTICAST_QPN && dst.is_multicast() {
+            self.deliver_multicast(&mut st, now, &pkt, src, dst, hdrs);
+            return;
+        }
         if !st.qps.contains_key(&qpn) {
             st.counters.drop_packet(DropReason::UnknownQp);
             return;
         }
         // IBTA A17 (RoCEv2): a packet whose ICRC fails is dropped silently; never NAKed.
-        if !self.icrc_ok(&pkt, src, hdrs) {
+        if !self.icrc_ok(&pkt, src, dst, hdrs) {
             st.counters.drop_packet(DropReason::IcrcMismatch);
             return;
         }
@@ -552,9 +579,43 @@ impl Device {
         self.pump(&mut st, qpn, now);
     }
 
-    /// The receive-side ICRC check of `pkt`, sent from `src` to this device, for what the
-    /// receiver saw of the outer headers.
-    fn icrc_ok(&self, pkt: &RocePacket<'_>, src: SocketAddr, hdrs: RxHeaders<'_>) -> bool {
+    /// A multicast packet: to every QP attached to `group`, after one ICRC check.
+    fn deliver_multicast(
+        &self,
+        st: &mut State,
+        now: Instant,
+        pkt: &RocePacket<'_>,
+        src: SocketAddr,
+        group: IpAddr,
+        hdrs: RxHeaders<'_>,
+    ) {
+        let members = st.mcast.get(&group).cloned().unwrap_or_default();
+        if members.is_empty() {
+            st.counters.drop_packet(DropReason::UnknownQp);
+            return;
+        }
+        if !self.icrc_ok(pkt, src, group, hdrs) {
+            st.counters.drop_packet(DropReason::IcrcMismatch);
+            return;
+        }
+        for qpn in members {
+            let State { mrs, qps, .. } = &mut *st;
+            if let Some(slot) = qps.get_mut(&qpn) {
+                slot.engine.handle_packet_to(now, pkt, src.ip(), group, mrs);
+            }
+            self.pump(st, qpn, now);
+        }
+    }
+
+    /// The receive-side ICRC check of `pkt`, sent from `src` to `dst` (this device's
+    /// address, or a multicast group), for what the receiver saw of the outer headers.
+    fn icrc_ok(
+        &self,
+        pkt: &RocePacket<'_>,
+        src: SocketAddr,
+        dst: IpAddr,
+        hdrs: RxHeaders<'_>,
+    ) -> bool {
         if cfg!(fuzzing) {
             return true;
         }
@@ -564,7 +625,7 @@ impl Device {
                 udp_header,
             } => icrc_compute(ip_header, udp_header, pkt.body) == pkt.icrc,
             RxHeaders::Udp => {
-                let ip = match (src.ip(), self.shared.cfg.ip) {
+                let ip = match (src.ip(), dst) {
                     (IpAddr::V4(s), IpAddr::V4(d)) => IcrcIp::V4 {
                         src: s,
                         dst: d,
@@ -1141,6 +1202,111 @@ impl Qp {
     }
 }
 
+impl Qp {
+    /// `ibv_attach_mcast`: this UD QP receives the datagrams sent to multicast group `gid`
+    /// (DestQP 0xFFFFFF, the QP's own Q_Key). The first QP of the device to attach makes the
+    /// link join the group (the UDP link joins the IP group on the device's interface);
+    /// attaching twice is a no-op, as in rxe. `lid` is ignored (RoCE has no LIDs).
+    ///
+    /// Errors: `EINVAL` for a QP that is not UD (GSI included, as ib_core) or a GID that is
+    /// not multicast or not of the device's IP family; `ENOMEM` past 8192 groups per
+    /// device or 56 QPs per group (rxe's limits); `EIO` when the link cannot join.
+    /// Source: ib_core `ib_attach_mcast`; rxe `rxe_mcast.c` `rxe_attach_mcast`.
+    pub fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let group = self.mcast_group("attach_mcast", gid)?;
+        let mut st = self.dev.shared.state.lock();
+        let n_groups = st.mcast.len();
+        let members = st.mcast.get(&group);
+        if members.is_some_and(|m| m.contains(&self.qpn)) {
+            return Ok(());
+        }
+        if members.is_none() && n_groups >= MAX_MCAST_GRP {
+            return Err(Error::new(
+                ErrorKind::NoMem,
+                "attach_mcast: too many groups",
+            ));
+        }
+        if members.is_some_and(|m| m.len() >= MAX_MCAST_QP_ATTACH) {
+            return Err(Error::new(
+                ErrorKind::NoMem,
+                "attach_mcast: too many QPs in the group",
+            ));
+        }
+        if members.is_none() {
+            self.dev.shared.link.join_multicast(group).map_err(|e| {
+                Error::new(ErrorKind::Io, format!("attach_mcast: joining {group}: {e}"))
+            })?;
+        }
+        st.mcast.entry(group).or_default().push(self.qpn);
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: stops delivering `gid`'s datagrams to this QP; the last QP of the
+    /// device to detach makes the link leave the group. Errors: `EINVAL` as
+    /// [`Qp::attach_mcast`], and for a QP not attached to `gid` (rxe).
+    pub fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let group = self.mcast_group("detach_mcast", gid)?;
+        let mut st = self.dev.shared.state.lock();
+        if !self.dev.detach_locked(&mut st, group, self.qpn) {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "detach_mcast: QP not attached to that group",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The group address of a valid attach/detach of this QP to `gid`.
+    fn mcast_group(&self, call: &'static str, gid: &Gid) -> Result<IpAddr> {
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("{call}: only UD QPs join multicast groups"),
+            ));
+        }
+        if !gid.is_multicast() {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("{call}: {gid} is not a multicast GID"),
+            ));
+        }
+        let group = gid.ip();
+        if group.is_ipv4() != self.dev.shared.cfg.ip.is_ipv4() {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("{call}: {gid} is of another IP family than the device"),
+            ));
+        }
+        Ok(group)
+    }
+}
+
+impl Device {
+    /// Removes `qpn` from `group`; leaves the group when it was the last member. Returns
+    /// whether it was attached.
+    fn detach_locked(&self, st: &mut State, group: IpAddr, qpn: u32) -> bool {
+        let Some(members) = st.mcast.get_mut(&group) else {
+            return false;
+        };
+        let before = members.len();
+        members.retain(|q| *q != qpn);
+        let was = members.len() != before;
+        if members.is_empty() {
+            st.mcast.remove(&group);
+            self.shared.link.leave_multicast(group);
+        }
+        was
+    }
+
+    /// The QPNs attached to multicast group `gid`, in attach order.
+    pub fn mcast_members(&self, gid: &Gid) -> Vec<u32> {
+        let st = self.shared.state.lock();
+        st.mcast.get(&gid.ip()).cloned().unwrap_or_default()
+    }
+}
+
 /// Everything needed to take an RC QP from RESET to RTS in one call (see
 /// [`Qp::connect_rc`]). Field names are the `ibv_qp_attr` ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1328,6 +1494,17 @@ impl Drop for Qp {
             return;
         }
         let mut st = self.dev.shared.state.lock();
+        // A destroyed QP leaves its multicast groups (ib_core would refuse the destroy with
+        // EBUSY; a Rust drop cannot fail).
+        let groups: Vec<IpAddr> = st
+            .mcast
+            .iter()
+            .filter(|(_, m)| m.contains(&self.qpn))
+            .map(|(g, _)| *g)
+            .collect();
+        for g in groups {
+            self.dev.detach_locked(&mut st, g, self.qpn);
+        }
         // Device counters only grow (as rxe's hw_counters): keep the QP's counts.
         if let Some(slot) = st.qps.remove(&self.qpn) {
             let c = slot.engine.counters().clone();

@@ -15,8 +15,8 @@ pub use crate::transport::{
     SendFlags, SendWr, Sge, Transmit, UdDest, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 pub use device::{
-    Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
-    RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
+    Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, MULTICAST_QPN, Mr, Pd, PortAttr,
+    Qp, QpInitAttr, RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
 pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
 
@@ -140,6 +140,12 @@ impl Gid {
         }
     }
 
+    /// True for a multicast GID: an IPv4-mapped class D address (`::ffff:224.0.0.0/100`) or
+    /// an IPv6 multicast address (`ff00::/8`). Source: ib_core `rdma_is_multicast_addr`.
+    pub fn is_multicast(&self) -> bool {
+        self.ip().is_multicast()
+    }
+
     /// The IP address this GID names (IPv4 for an IPv4-mapped GID).
     pub fn ip(&self) -> IpAddr {
         let v6 = Ipv6Addr::from(self.0);
@@ -177,6 +183,20 @@ pub trait Link: Send + Sync {
 
     /// Tells the link's receive side that a timer may now be due earlier than it planned.
     fn wake(&self) {}
+
+    /// Starts receiving datagrams sent to the multicast address `group` (port 4791) and
+    /// handing them to [`Device::handle_multicast_datagram`]; called when the first QP of
+    /// the device attaches to the group. A link without IP multicast (a simulator) has
+    /// nothing to do. Errors: the socket error (the attach then fails with `EIO`).
+    fn join_multicast(&self, group: IpAddr) -> std::io::Result<()> {
+        let _ = group;
+        Ok(())
+    }
+
+    /// Stops receiving `group`; called when the last QP of the device detaches from it.
+    fn leave_multicast(&self, group: IpAddr) {
+        let _ = group;
+    }
 }
 
 /// A monotonic clock for the device. `net::SystemClock` reads the real one.
