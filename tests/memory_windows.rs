@@ -96,9 +96,13 @@ fn rw() -> AccessFlags {
 /// Posts a signaled RDMA WRITE of `data` (from a fresh MR of `s`) to `rkey`/`va` and returns
 /// its completion.
 fn write(s: &Side, rkey: u32, va: u64, data: &[u8]) -> Wc {
-    let src =
-        s.pd.reg_mr(data.len().max(1), AccessFlags::LOCAL_WRITE)
-            .unwrap();
+    write_on(&s.pd, &s.qp, &s.cq, rkey, va, data)
+}
+
+fn write_on(pd: &Pd, qp: &Qp, cq: &Cq, rkey: u32, va: u64, data: &[u8]) -> Wc {
+    let src = pd
+        .reg_mr(data.len().max(1), AccessFlags::LOCAL_WRITE)
+        .unwrap();
     src.write(0, data).unwrap();
     let mut w = SendWr::new(
         0x77,
@@ -107,8 +111,8 @@ fn write(s: &Side, rkey: u32, va: u64, data: &[u8]) -> Wc {
     );
     w.remote_addr = va;
     w.rkey = rkey;
-    s.qp.post_send(&[w]).unwrap();
-    wait_one(&s.cq)
+    qp.post_send(&[w]).unwrap();
+    wait_one(cq)
 }
 
 fn post_recv(s: &Side, mr: &Mr, id: u64, len: u32) {
@@ -347,6 +351,46 @@ fn mw_type2_bind_wr_grants_and_local_inv_revokes() {
     assert_eq!(
         write(&a, rkey, mr.addr(), &[9; 64]).status,
         WcStatus::RemAccessErr
+    );
+    assert_eq!(mr.to_vec(), snapshot, "target unchanged");
+}
+
+/// A type 2 window is usable only through the QP it was bound by (rxe `rxe_lookup_mw`: the
+/// window's QP must be the receiving one): a WRITE with its key arriving on a second
+/// connection between the same PDs is IBV_WC_REM_ACCESS_ERR and changes nothing.
+#[test]
+fn mw_type2_is_usable_only_through_its_qp() {
+    let (a, b) = pair(14);
+    let mk = |s: &Side| {
+        s.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &s.cq,
+            recv_cq: &s.cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap()
+    };
+    let (a2, b2) = (mk(&a), mk(&b));
+    a2.connect_rc(&RcConnect::new(b2.qp_num(), Gid::from_ip(b.dev.ip()), 1, 1))
+        .unwrap();
+    b2.connect_rc(&RcConnect::new(a2.qp_num(), Gid::from_ip(a.dev.ip()), 1, 1))
+        .unwrap();
+    let mr = b.pd.reg_mr(4096, all_local()).unwrap();
+    let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+    let bind = mw.bind_wr(1, &mr, mr.addr(), 4096, rw());
+    let rkey = bind.bind_mw.unwrap().rkey;
+    b.qp.post_send(&[bind]).unwrap();
+    assert_eq!(wait_one(&b.cq).status, WcStatus::Success);
+    assert_eq!(
+        write(&a, rkey, mr.addr(), b"via b.qp").status,
+        WcStatus::Success
+    );
+    let snapshot = mr.to_vec();
+    let wc = write_on(&a.pd, &a2, &a.cq, rkey, mr.addr(), b"via b2!!");
+    assert_eq!(
+        (wc.qp_num, wc.status),
+        (a2.qp_num(), WcStatus::RemAccessErr)
     );
     assert_eq!(mr.to_vec(), snapshot, "target unchanged");
 }

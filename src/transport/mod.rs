@@ -7,7 +7,10 @@
 //! [`QpEngine::post_send`] / [`QpEngine::post_recv`], and drains output with
 //! [`QpEngine::poll_transmit`] (datagrams to send), [`QpEngine::poll_completion`] (work
 //! completions) and [`QpEngine::poll_timeout`] (when to call `handle_timeout`). `now` must
-//! not decrease between calls. Nothing here does I/O, reads a clock or uses a global RNG.
+//! not decrease between calls. Local operations (REG_MR, LOCAL_INV, BIND_MW) send nothing:
+//! when `poll_transmit` has nothing left, [`QpEngine::run_local_ops`] executes those the
+//! requester has reached (then poll again). Nothing here does I/O, reads a clock or uses a
+//! global RNG.
 //! Registered memory is passed in as a [`MemoryTable`] on every call that touches it.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -616,7 +619,7 @@ pub struct QpCap {
     pub max_send_sge: u32,
     /// SGEs per receive WR.
     pub max_recv_sge: u32,
-    /// Inline bytes per send WR.
+    /// Most bytes an IBV_SEND_INLINE WR may carry (at most [`MAX_INLINE_DATA`], 512, as rxe).
     pub max_inline_data: u32,
 }
 
