@@ -235,3 +235,73 @@ impl Qp {
         Ok(rkey)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::Instant;
+    use crate::verbs::{Clock, DeviceConfig, Link, Transmit};
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::Arc;
+
+    struct NoLink;
+    impl Link for NoLink {
+        fn send(&self, _: &Transmit) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    struct Zero;
+    impl Clock for Zero {
+        fn now(&self) -> Instant {
+            Instant::ZERO
+        }
+    }
+
+    fn device() -> Device {
+        let ip = IpAddr::V4(Ipv4Addr::new(10, 1, 1, 1));
+        Device::new(DeviceConfig::new("t", ip), Arc::new(NoLink), Arc::new(Zero))
+    }
+
+    /// `reg_mr_user` over a caller's buffer: `Mr::write` lands in the buffer, `Mr::read`
+    /// sees it, and after the MR is dropped the caller reads it directly. Run under Miri.
+    #[test]
+    fn reg_mr_user_is_the_callers_memory() {
+        let pd = device().alloc_pd().unwrap();
+        let mut buf = [1u8; 64];
+        let ptr = buf.as_mut_ptr();
+        // SAFETY: `buf` outlives `mr` (dropped before `buf` is read) and is not touched
+        // except through `mr` meanwhile.
+        let mr = unsafe { pd.reg_mr_user(ptr, buf.len(), AccessFlags::LOCAL_WRITE) }.unwrap();
+        assert_eq!((mr.addr(), mr.len()), (ptr as u64, 64));
+        mr.write(60, b"tail").unwrap();
+        let mut out = [0u8; 6];
+        mr.read(58, &mut out).unwrap();
+        assert_eq!(&out, b"\x01\x01tail");
+        assert!(mr.write(61, b"tail").is_err(), "past the end");
+        drop(mr);
+        assert_eq!(&buf[58..], b"\x01\x01tail");
+        // SAFETY: a zero length is refused before anything is registered.
+        let e = unsafe { pd.reg_mr_user(ptr, 0, AccessFlags::empty()) }.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Inval);
+        // SAFETY: refused (remote write without local write) before registration.
+        let e = unsafe { pd.reg_mr_user(ptr, 8, AccessFlags::REMOTE_WRITE) }.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Inval);
+    }
+
+    /// `alloc_mr` makes a FREE fast-register MR of whole pages; REG_MR posted on a QP is the
+    /// only way to use it (covered over loopback in tests/memory_windows.rs).
+    #[test]
+    fn alloc_mr_limits() {
+        let pd = device().alloc_pd().unwrap();
+        assert_eq!(pd.alloc_mr(0).unwrap_err().kind(), ErrorKind::Inval);
+        assert_eq!(
+            pd.alloc_mr(MAX_FAST_REG_PAGES + 1).unwrap_err().kind(),
+            ErrorKind::Inval
+        );
+        let mr = pd.alloc_mr(2).unwrap();
+        assert_eq!(mr.len(), 2 * FAST_REG_PAGE_BYTES);
+        let st = mr.dev.shared.state.lock();
+        let e = st.mrs.get_slot(mr.lkey).unwrap();
+        assert_eq!(e.state(), crate::transport::MrState::Free);
+    }
+}
