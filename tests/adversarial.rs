@@ -1118,20 +1118,26 @@ fn queued_read_responses_do_not_starve_the_ack_of_a_later_write() {
 }
 
 /// SEND WITH INVALIDATE names an R_Key to invalidate. rxe (`rxe_invalidate_mr`) fails the
-/// receive when no MR has that key and the QP goes to ERR; with a valid key the MR is
-/// invalidated and the completion carries IBV_WC_WITH_INV. softroce executes it as a plain
-/// SEND: success, no flag, nothing invalidated.
+/// receive when no MR has that key (class J: IBV_WC_REM_INV_REQ_ERR) and the QP goes to ERR;
+/// with a valid key the MR is invalidated and the completion carries IBV_WC_WITH_INV.
+/// softroce also NAKs the SEND with Invalid Request (spec/deviations.toml). The MR the rig
+/// registered with `reg_mr` cannot be invalidated either.
 #[test]
-#[ignore = "BUG: SEND_WITH_INV executes as a plain SEND (bogus R_Key accepted, nothing invalidated)"]
 fn send_with_invalidate_of_an_unknown_rkey_fails_the_receive() {
-    let mut r = rig();
-    r.post_recv(7, 64);
-    let mut s = pkt(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, PSN);
-    s.ieth = Some(IethRepr { rkey: 0xdead_be00 });
-    r.feed(s, b"hello");
-    let wcs = r.completions();
-    assert_eq!(wcs.len(), 1);
-    assert_ne!(wcs[0].wc.status, WcStatus::Success);
+    for rkey in [0xdead_be00, rig().key] {
+        let mut r = rig();
+        r.post_recv(7, 64);
+        let mut s = pkt(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, PSN);
+        s.ieth = Some(IethRepr { rkey });
+        r.feed(s, b"hello");
+        let wcs = r.completions();
+        assert_eq!(wcs.len(), 1);
+        assert_eq!(wcs[0].wc.status, WcStatus::RemInvReqErr);
+        let out = r.out();
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].psn, out[0].syn), (PSN, Some(NAK_INV)));
+        assert_eq!(r.e.state(), QpState::Err);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

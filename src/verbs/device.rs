@@ -16,6 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+// Memory windows, fast-register MRs and MRs over caller memory (src/verbs/mw.rs).
+#[path = "mw.rs"]
+pub(super) mod mw;
+
 /// How to build a device.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
@@ -701,9 +705,16 @@ impl Device {
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
-        while let Some(t) = slot.engine.poll_transmit(now, mrs) {
-            if self.shared.link.send(&t).is_err() {
-                counters.send_err += 1;
+        // Local operations (REG_MR, LOCAL_INV, BIND_MW) run when the requester reaches
+        // them; after one runs the requester may have more to send.
+        loop {
+            while let Some(t) = slot.engine.poll_transmit(now, mrs) {
+                if self.shared.link.send(&t).is_err() {
+                    counters.send_err += 1;
+                }
+            }
+            if !slot.engine.run_local_ops(mrs) {
+                break;
             }
         }
         while let Some(Completion { cq, wc }) = slot.engine.poll_completion() {
@@ -798,6 +809,12 @@ impl Pd {
                 "create_qp: max_sge out of range",
             ));
         }
+        if c.max_inline_data > crate::transport::MAX_INLINE_DATA {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "create_qp: max_inline_data over 512",
+            ));
+        }
         let mut st = self.dev.shared.state.lock();
         if st.qps.len() >= MAX_QP as usize {
             return Err(Error::new(ErrorKind::NoMem, "create_qp: too many QPs"));
@@ -868,17 +885,20 @@ pub struct Mr {
 }
 
 impl Mr {
-    /// Local key.
+    /// Local key (a fast-register MR's changes with each REG_MR).
     pub fn lkey(&self) -> u32 {
-        self.lkey
+        let st = self.dev.shared.state.lock();
+        st.mrs.get_slot(self.lkey).map_or(self.lkey, |m| m.lkey)
     }
     /// Remote key (equal to the local key, as in rxe).
     pub fn rkey(&self) -> u32 {
-        self.lkey
+        self.lkey()
     }
-    /// Virtual address of byte 0: what a peer puts in its RETH.
+    /// Virtual address of byte 0: what a peer puts in its RETH (a fast-register MR's is
+    /// the iova of its last REG_MR).
     pub fn addr(&self) -> u64 {
-        self.addr
+        let st = self.dev.shared.state.lock();
+        st.mrs.get_slot(self.lkey).map_or(self.addr, |m| m.iova)
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
@@ -891,9 +911,9 @@ impl Mr {
     /// An SGE covering `[offset, offset + length)` of this MR.
     pub fn sge(&self, offset: usize, length: u32) -> crate::transport::Sge {
         crate::transport::Sge {
-            addr: self.addr + offset as u64,
+            addr: self.addr() + offset as u64,
             length,
-            lkey: self.lkey,
+            lkey: self.lkey(),
         }
     }
     /// Copies bytes out of the MR. Errors: `EINVAL` if the range is outside the MR.
@@ -901,7 +921,7 @@ impl Mr {
         let st = self.dev.shared.state.lock();
         let mr = st
             .mrs
-            .get(self.lkey)
+            .get_slot(self.lkey)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
         let src = offset
             .checked_add(out.len())
@@ -915,7 +935,7 @@ impl Mr {
         let mut st = self.dev.shared.state.lock();
         let mr = st
             .mrs
-            .get_mut(self.lkey)
+            .get_slot_mut(self.lkey)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
         let dst = offset
             .checked_add(data.len())
@@ -935,7 +955,7 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        self.dev.shared.state.lock().mrs.deregister(self.lkey);
+        self.dev.shared.state.lock().mrs.deregister_slot(self.lkey);
     }
 }
 
@@ -1165,13 +1185,13 @@ impl Qp {
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
         let now = self.dev.now();
         let mut st = self.dev.shared.state.lock();
-        let slot = st
-            .qps
+        let State { mrs, qps, .. } = &mut *st;
+        let slot = qps
             .get_mut(&self.qpn)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "post_send: QP destroyed"))?;
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = slot.engine.post_send(wr.clone()) {
+            if let Err(e) = slot.engine.post_send_mem(wr.clone(), mrs) {
                 result = Err(post_error("post_send", e).at_wr(i));
                 break;
             }

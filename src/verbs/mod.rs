@@ -11,9 +11,11 @@ mod device;
 mod modify;
 
 pub use crate::transport::{
-    AccessFlags, Counters, DropReason, GSI_QKEY, PathMtu, QpCap, QpState, QpType, RecvWr,
-    SendFlags, SendWr, Sge, Transmit, UdDest, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, BindMw, Counters, DropReason, GSI_QKEY, MAX_INLINE_DATA, MwType, PathMtu, QpCap,
+    QpState, QpType, RecvWr, RegMr, SendFlags, SendWr, Sge, Transmit, UdDest, Wc, WcFlags,
+    WcOpcode, WcStatus, WrOpcode, inc_rkey,
 };
+pub use device::mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
 pub use device::{
     Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, MULTICAST_QPN, Mr, Pd, PortAttr,
     Qp, QpInitAttr, RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
