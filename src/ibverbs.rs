@@ -688,6 +688,7 @@ impl QueuePairBuilder {
             recv_cq: &self.recv,
             cap: self.cap,
             sq_sig_all: false,
+            srq: None,
         })?;
         Ok(PreparedQueuePair {
             qp,

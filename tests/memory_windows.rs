@@ -46,6 +46,7 @@ fn side(ip: Ipv4Addr, max_inline_data: u32) -> Side {
                 ..QpCap::default()
             },
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     Side { dev, pd, cq, qp }
@@ -192,6 +193,7 @@ fn inline_0_1_512_and_513_bytes() {
                 ..QpCap::default()
             },
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Inval);
@@ -368,6 +370,7 @@ fn mw_type2_is_usable_only_through_its_qp() {
             recv_cq: &s.cq,
             cap: QpCap::default(),
             sq_sig_all: false,
+        srq: None,
         })
         .unwrap()
     };

@@ -23,6 +23,7 @@ mod memory;
 mod mw;
 mod requester;
 mod responder;
+mod srq;
 mod timer;
 
 pub use counters::{Counters, DropReason};
@@ -30,6 +31,7 @@ pub use error::{Disposition, QpAction, RespError};
 pub use local_ops::MAX_INLINE_DATA;
 pub use memory::{MAX_MR, MemError, MrEntry, MrKind, MrState, MrTable as MemoryTable};
 pub use mw::{BindMw, MAX_MW, MwEntry, MwState, MwType, RegMr, inc_rkey, is_mw_key};
+pub use srq::{QpEvent, SrqQueue};
 pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 
 use crate::wire::{IcrcIp, Psn, ROCE_V2_UDP_PORT, RocePacket, Transport};
@@ -521,6 +523,11 @@ pub struct Completion {
     pub cq: CqSel,
     /// The completion.
     pub wc: Wc,
+    /// The receive completion of a message whose last packet had BTH.SE set (a SEND or
+    /// WRITE with immediate posted with `IBV_SEND_SOLICITED`): it triggers a solicited-only
+    /// CQ notification. Source: IBTA Vol 1 ch. 9 (solicited event); rxe `rxe_cq_post`'s
+    /// `solicited` argument.
+    pub solicited: bool,
 }
 
 /// A datagram to send: UDP payload (BTH … ICRC) from `src_port` to `dst`:4791.
@@ -719,6 +726,8 @@ pub struct QpEngine {
     /// Destination of the packet being handled when it is not this QP's own address (a
     /// multicast group), for the GRH of a UD receive.
     rx_dst: Option<IpAddr>,
+    /// SRQ attachment and asynchronous events (srq.rs).
+    srq: srq::SrqExt,
 }
 
 impl QpEngine {
@@ -743,6 +752,7 @@ impl QpEngine {
             counters: Counters::default(),
             last_src: IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
             rx_dst: None,
+            srq: srq::SrqExt::default(),
         }
     }
 
@@ -814,6 +824,7 @@ impl QpEngine {
     pub fn set_state(&mut self, new: QpState) {
         let old = self.state;
         self.state = new;
+        self.on_modify_state(old, new);
         match new {
             QpState::Reset => {
                 self.sq.clear();
@@ -921,6 +932,9 @@ impl QpEngine {
     /// Errors: [`PostError::WrongState`] in RESET; [`PostError::QueueFull`] when
     /// `max_recv_wr` are queued; [`PostError::Invalid`] for too many SGEs.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.srq.attached() {
+            return Err(PostError::Invalid("the QP takes its receives from an SRQ"));
+        }
         if self.state == QpState::Reset {
             return Err(PostError::WrongState);
         }
@@ -983,7 +997,17 @@ impl QpEngine {
         self.counters.rcvd_pkts += 1;
         self.last_src = src;
         if request {
+            let before = self.completions.len();
             self.responder_handle(now, pkt, mem);
+            if pkt.repr.bth.se {
+                // IBTA ch. 9: SE on the last packet of a message makes its receive completion
+                // a solicited one (earlier completions are never the new ones).
+                for c in self.completions.iter_mut().skip(before) {
+                    if c.cq == CqSel::Recv && c.wc.status == WcStatus::Success {
+                        c.solicited = true;
+                    }
+                }
+            }
         } else {
             self.completer_handle(now, pkt, mem);
         }
@@ -1060,7 +1084,11 @@ impl QpEngine {
     // ---- internals shared by the three parts ----
 
     fn push_wc(&mut self, cq: CqSel, wc: Wc) {
-        self.completions.push_back(Completion { cq, wc });
+        self.completions.push_back(Completion {
+            cq,
+            wc,
+            solicited: false,
+        });
     }
 
     fn complete_send(&mut self, wqe: &SendWqe, status: WcStatus, byte_len: u32) {
@@ -1092,7 +1120,9 @@ impl QpEngine {
 
     /// Enters ERR: completes the failing WQE (if any was given) with `status`, then flushes.
     fn enter_error(&mut self) {
+        let old = self.state;
         self.state = QpState::Err;
+        self.on_fatal(old);
         self.flush();
     }
 
@@ -1105,7 +1135,10 @@ impl QpEngine {
         if let Some(r) = self.resp.take_recv() {
             self.push_wc(CqSel::Recv, recv_wc(&r.wr, WcStatus::WrFlushErr, self.qpn));
         }
-        while let Some(r) = self.rq.pop_front() {
+        // WQEs lent by an SRQ belong to the SRQ: the owner takes them back unflushed.
+        while !self.srq.attached()
+            && let Some(r) = self.rq.pop_front()
+        {
             self.push_wc(CqSel::Recv, recv_wc(&r.wr, WcStatus::WrFlushErr, self.qpn));
         }
     }

@@ -8,7 +8,9 @@
 //! the driver thread that calls [`Device::handle_datagram`] sends the answers).
 
 mod device;
+mod event;
 mod modify;
+mod srq;
 
 pub use crate::transport::{
     AccessFlags, BindMw, Counters, DropReason, GSI_QKEY, MAX_INLINE_DATA, MwType, PathMtu, QpCap,
@@ -20,7 +22,9 @@ pub use device::{
     Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, MULTICAST_QPN, Mr, Pd, PortAttr,
     Qp, QpInitAttr, RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
+pub use event::{AsyncEvent, CompChannel, EventElement, EventType};
 pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
 
 use crate::transport::Instant;
 use std::borrow::Cow;

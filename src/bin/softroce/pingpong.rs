@@ -266,6 +266,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
             max_inline_data: 0,
         },
         sq_sig_all: false,
+        srq: None,
     })?;
     // [0, size): the buffer SENDs go from; [size, 2 × size + grh): where receives land.
     let mr = pd.reg_mr((2 * size + grh).max(1), AccessFlags::LOCAL_WRITE)?;
