@@ -238,6 +238,12 @@ impl UdpLink {
         self.gso.load(Ordering::Relaxed)
     }
 
+    /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out
+    /// with one `sendmmsg` each. For tests of that fallback.
+    pub fn disable_gso(&self) {
+        self.gso.store(false, Ordering::Relaxed);
+    }
+
     /// True when the receive socket has UDP GRO on.
     pub fn gro(&self) -> bool {
         self.gro
