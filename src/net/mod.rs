@@ -19,6 +19,7 @@
 //! - [`oob`]: the out-of-band TCP exchange of QP endpoints and remote buffers that the
 //!   examples and the demo use.
 
+pub mod batch;
 pub mod clock;
 mod mcast;
 pub mod oob;

@@ -84,6 +84,13 @@ pub enum RxHeaders<'a> {
     /// bits, 1–8 random bytes and all-random payloads; none of 41,984 single-bit flips; the
     /// exact check accepted none of them. README.md ("How it is built") has the table.
     Udp,
+    /// A plain UDP socket, for segment `index` of a UDP GRO buffer: as [`RxHeaders::Udp`],
+    /// but an IPv4 check also tries ID `index` before solving, the ID Linux gives segment
+    /// `index` of a UDP GSO send from an unconnected `IP_PMTUDISC_DO` socket.
+    UdpGro {
+        /// The segment's position in its GRO buffer.
+        index: usize,
+    },
     /// The IP and UDP headers exactly as received (raw socket): the ICRC is checked over them,
     /// as kernel rxe does.
     Exact {
@@ -229,6 +236,8 @@ pub(super) struct State {
     /// Multicast groups this device's QPs are attached to: group address -> QPNs, in
     /// attach order.
     mcast: BTreeMap<IpAddr, Vec<u32>>,
+    /// Reused buffer of the datagrams one `pump` hands to the link.
+    tx_batch: Vec<crate::transport::Transmit>,
 }
 
 struct Shared {
@@ -342,6 +351,7 @@ impl Device {
             counters: Counters::default(),
             rp_cnp_ignored: 0,
             mcast: BTreeMap::new(),
+            tx_batch: Vec::new(),
         };
         let dev = Device {
             shared: Arc::new(Shared {
@@ -548,6 +558,12 @@ impl Device {
         self.handle_received(src, group, data, RxHeaders::Udp);
     }
 
+    /// Feeds datagram number `index` of a UDP GRO buffer received from `src`: as
+    /// [`Device::handle_datagram`], with the IPv4 ID guess of [`RxHeaders::UdpGro`].
+    pub fn handle_gro_segment(&self, src: SocketAddr, data: &[u8], index: usize) {
+        self.handle_received(src, self.shared.cfg.ip, data, RxHeaders::UdpGro { index });
+    }
+
     /// Feeds one whole IP packet (IPv4 or IPv6, then UDP, then the RoCEv2 datagram) received
     /// on a raw socket, and checks the ICRC over its IP and UDP headers exactly as received
     /// ([`RxHeaders::Exact`]). A packet whose framing does not parse, or that is not UDP to
@@ -656,7 +672,7 @@ impl Device {
                 ip_header,
                 udp_header,
             } => icrc_compute(ip_header, udp_header, pkt.body) == pkt.icrc,
-            RxHeaders::Udp => {
+            RxHeaders::Udp | RxHeaders::UdpGro { .. } => {
                 let ip = match (src.ip(), dst) {
                     (IpAddr::V4(s), IpAddr::V4(d)) => IcrcIp::V4 {
                         src: s,
@@ -674,7 +690,30 @@ impl Device {
                 };
                 // Our own senders write IPv4 ID 0; kernel rxe and NICs write a counter that a
                 // UDP socket cannot see, which is recovered by CRC linearity.
+                // Segment i of a GSO send carries ID i: try it before solving.
+                let gro_ident = match (hdrs, ip) {
+                    (RxHeaders::UdpGro { index }, IcrcIp::V4 { .. }) => {
+                        u16::try_from(index).ok().filter(|i| *i != 0)
+                    }
+                    _ => None,
+                };
                 pkt.icrc_ok(&ip)
+                    || gro_ident.is_some_and(|ident| match ip {
+                        IcrcIp::V4 {
+                            src,
+                            dst,
+                            src_port,
+                            dst_port,
+                            ..
+                        } => pkt.icrc_ok(&IcrcIp::V4 {
+                            src,
+                            dst,
+                            ident,
+                            src_port,
+                            dst_port,
+                        }),
+                        IcrcIp::V6 { .. } => false,
+                    })
                     || (matches!(ip, IcrcIp::V4 { .. })
                         && solve_ipv4_ident(&ip, pkt.body, pkt.icrc).is_some())
             }
@@ -728,19 +767,28 @@ impl Device {
     /// Sends everything QP `qpn` has to send and delivers its completions.
     fn pump(&self, st: &mut State, qpn: u32, now: Instant) {
         let State {
-            mrs, qps, counters, ..
+            mrs,
+            qps,
+            counters,
+            tx_batch,
+            ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
         // Local operations (REG_MR, LOCAL_INV, BIND_MW) run when the requester reaches
-        // them; after one runs the requester may have more to send.
+        // them; after one runs the requester may have more to send. Each round's datagrams
+        // go to the link as one batch, so it can send them with few system calls.
         loop {
+            let mut batch = core::mem::take(tx_batch);
             while let Some(t) = slot.engine.poll_transmit(now, mrs) {
-                if self.shared.link.send(&t).is_err() {
-                    counters.send_err += 1;
-                }
+                batch.push(t);
             }
+            if !batch.is_empty() {
+                counters.send_err += self.shared.link.send_batch(&batch) as u64;
+                batch.clear();
+            }
+            *tx_batch = batch;
             if !slot.engine.run_local_ops(mrs) {
                 break;
             }

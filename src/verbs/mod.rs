@@ -181,6 +181,13 @@ pub trait Link: Send + Sync {
     /// by retransmission.
     fn send(&self, t: &Transmit) -> std::io::Result<()>;
 
+    /// Sends `ts` in order (the datagrams one pump of a QP produced). A link may batch them
+    /// into fewer system calls (UDP GSO, `sendmmsg`); the default sends them one by one.
+    /// Returns how many could not be sent (counted as `send_err`).
+    fn send_batch(&self, ts: &[Transmit]) -> usize {
+        ts.iter().filter(|t| self.send(t).is_err()).count()
+    }
+
     /// Prepares to send from UDP source port `want` and returns the port actually used (a
     /// link that cannot bind `want` picks another; the ICRC is computed over the result).
     fn source_port(&self, want: u16) -> u16 {

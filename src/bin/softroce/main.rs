@@ -142,6 +142,7 @@ fn net_options(
     softroce::net::UdpOptions::set_process_default(softroce::net::UdpOptions {
         exact_icrc,
         capture: capture.clone(),
+        ..Default::default()
     });
     Ok(capture)
 }
