@@ -954,3 +954,129 @@ fn engine_inline_is_copied_at_post() {
         Err(softroce::transport::PostError::Invalid(_))
     ));
 }
+
+fn reg_wr(wr_id: u64, key: u32, access: AccessFlags) -> SendWr {
+    let mut w = SendWr::new(wr_id, WrOpcode::RegMr, vec![]);
+    w.reg_mr = Some(softroce::transport::RegMr {
+        mr_key: key,
+        key,
+        iova: 0x100,
+        length: 4096,
+        access,
+    });
+    w
+}
+
+/// Go-back-N over an executed local operation does not execute it again: a's first SEND is
+/// lost, b NAKs the sequence error when the second arrives, a resends from the first SEND
+/// and steps over the REG_MR between them (executing it twice would fail: it is no longer
+/// FREE). Everything completes in order and the QP stays in RTS.
+#[test]
+fn engine_retransmission_skips_executed_local_ops() {
+    let (mut a, mut b) = engines(0);
+    let k = a.mem.alloc_fast_reg(PD, 4096).unwrap();
+    for _ in 0..2 {
+        b.e.post_recv(RecvWr {
+            wr_id: 0,
+            sg_list: vec![],
+        })
+        .unwrap();
+    }
+    a.e.post_send(SendWr::new(1, WrOpcode::Send, vec![]))
+        .unwrap();
+    a.e.post_send(reg_wr(2, k, AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    a.e.post_send(SendWr::new(3, WrOpcode::Send, vec![]))
+        .unwrap();
+    let lost = a.e.poll_transmit(Instant::ZERO, &a.mem).expect("SEND 1");
+    assert!(a.e.poll_transmit(Instant::ZERO, &a.mem).is_none());
+    assert!(a.e.run_local_ops(&mut a.mem), "REG_MR runs at once");
+    assert_eq!(
+        a.mem.get(k).unwrap().state(),
+        softroce::transport::MrState::Valid
+    );
+    drop(lost);
+    let wire = drive(&mut a, &mut b);
+    assert!(wire.contains(&(Opcode::RC_SEND_ONLY, None)));
+    let got: Vec<_> = completions(&mut a)
+        .iter()
+        .map(|c| (c.1, c.2, c.3))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::RegMr),
+            (3, WcStatus::Success, WcOpcode::Send),
+        ]
+    );
+    assert_eq!(a.e.state(), QpState::Rts);
+    assert_eq!(a.e.counters().rcvd_seq_err, 1);
+}
+
+/// IBV_SEND_FENCE on a local operation waits for earlier READs (as on any WR); without the
+/// fence a REG_MR behind a READ runs at once. A failing REG_MR completes with
+/// IBV_WC_LOC_QP_OP_ERR and moves the QP to ERR (rxe `rxe_do_local_ops`).
+#[test]
+fn engine_fenced_local_op_waits_for_reads() {
+    let (mut a, mut b) = engines(0);
+    let src = b
+        .mem
+        .register(PD, 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+    let sva = b.mem.get(src).unwrap().iova;
+    let sink = a.mem.register(PD, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let kva = a.mem.get(sink).unwrap().iova;
+    let k1 = a.mem.alloc_fast_reg(PD, 4096).unwrap();
+    let k2 = a.mem.alloc_fast_reg(PD, 4096).unwrap();
+    let mut read = SendWr::new(
+        1,
+        WrOpcode::RdmaRead,
+        vec![Sge {
+            addr: kva,
+            length: 64,
+            lkey: sink,
+        }],
+    );
+    read.remote_addr = sva;
+    read.rkey = src;
+    a.e.post_send(read).unwrap();
+    a.e.post_send(reg_wr(2, k1, AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    let mut fenced = reg_wr(3, k2, AccessFlags::LOCAL_WRITE);
+    fenced.send_flags |= SendFlags::FENCE;
+    a.e.post_send(fenced).unwrap();
+    let req =
+        a.e.poll_transmit(Instant::ZERO, &a.mem)
+            .expect("READ request");
+    assert!(a.e.run_local_ops(&mut a.mem));
+    let state = |a: &Node, k| a.mem.get(k).unwrap().state();
+    assert_eq!(
+        state(&a, k1),
+        softroce::transport::MrState::Valid,
+        "not fenced"
+    );
+    assert_eq!(state(&a, k2), softroce::transport::MrState::Free, "fenced");
+    let p = RocePacket::parse(&req.payload).unwrap();
+    b.e.handle_packet(Instant::ZERO, &p, A_IP, &mut b.mem);
+    drive(&mut a, &mut b);
+    assert_eq!(state(&a, k2), softroce::transport::MrState::Valid);
+    let got: Vec<_> = completions(&mut a).iter().map(|c| (c.1, c.3)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcOpcode::RdmaRead),
+            (2, WcOpcode::RegMr),
+            (3, WcOpcode::RegMr)
+        ]
+    );
+    // REG_MR of an MR that is not FREE fails.
+    a.e.post_send(reg_wr(4, k2, AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    a.e.post_send(SendWr::new(5, WrOpcode::Send, vec![]))
+        .unwrap();
+    drive(&mut a, &mut b);
+    let got: Vec<_> = completions(&mut a).iter().map(|c| (c.1, c.2)).collect();
+    assert_eq!(got, [(4, WcStatus::LocQpOpErr), (5, WcStatus::WrFlushErr)]);
+    assert_eq!(a.e.state(), QpState::Err);
+}
