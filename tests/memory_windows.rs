@@ -660,6 +660,7 @@ fn reg_mr_user_over_caller_memory() {
     drop(mr);
     assert_eq!(&buf[10..3010], &data[..]);
     assert_eq!(&buf[5000..5014], b"from the owner");
+    // SAFETY: a null address is refused before anything is registered.
     let e = unsafe {
         b.pd.reg_mr_user(std::ptr::null_mut(), 8, AccessFlags::LOCAL_WRITE)
     };

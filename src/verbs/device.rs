@@ -727,7 +727,9 @@ pub struct QpInitAttr<'a> {
     pub sq_sig_all: bool,
 }
 
-/// A memory region that owns its buffer. Dropping it deregisters it.
+/// A memory region: one that owns its buffer ([`Pd::reg_mr`], [`Pd::alloc_mr`]) or one over
+/// caller memory ([`Pd::reg_mr_user`]). Dropping it deregisters it (memory windows still
+/// bound to it stop granting access).
 #[derive(Debug)]
 pub struct Mr {
     dev: Device,
@@ -1023,7 +1025,9 @@ impl Qp {
     }
 
     /// `ibv_post_send`: queues the work requests in order and transmits what the window
-    /// allows at once. Errors (with `bad_wr` = index of the first refused WR; those before
+    /// allows at once. IBV_SEND_INLINE data is copied before this returns; REG_MR, LOCAL_INV
+    /// and BIND_MW run when the requester reaches them (LOCAL_INV once every earlier WR has
+    /// completed). Errors (with `bad_wr` = index of the first refused WR; those before
     /// it were posted): `EINVAL` before RTS or for an invalid WR, `ENOMEM` when the send
     /// queue is full, `EOPNOTSUPP` for an opcode the QP type cannot carry.
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
