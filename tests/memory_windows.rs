@@ -1216,3 +1216,39 @@ fn sim_frmr_send_with_inv_cycle_under_faults() {
     }
     assert!(faults > 20, "the seeds exercised the faults ({faults})");
 }
+
+/// The bytes of a SEND ONLY WITH INVALIDATE as rxe lays them out (rxe_hdr.h, IBTA ch. 9):
+/// BTH (12 bytes, opcode 0x17, AckReq set), IETH (the R_Key, 4 bytes big-endian), payload,
+/// ICRC (4 bytes).
+#[test]
+fn engine_send_with_inv_bytes() {
+    let (mut a, _b) = engines(16);
+    let sk = a.mem.register(PD, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    a.mem
+        .get_mut(sk)
+        .unwrap()
+        .bytes_mut()
+        .copy_from_slice(b"data");
+    let host = a.mem.get(sk).unwrap().host_addr();
+    let mut s = SendWr::new(
+        1,
+        WrOpcode::SendWithInv,
+        vec![Sge {
+            addr: host,
+            length: 4,
+            lkey: sk,
+        }],
+    );
+    s.invalidate_rkey = 0x0001_2345;
+    a.e.post_send(s).unwrap();
+    let t =
+        a.e.poll_transmit(Instant::ZERO, &a.mem)
+            .expect("one packet");
+    let b = &t.payload;
+    assert_eq!(b.len(), 12 + 4 + 4 + 4);
+    assert_eq!(b[0], 0x17, "RC SEND ONLY WITH INVALIDATE");
+    assert_eq!(b[8] & 0x80, 0x80, "AckReq");
+    assert_eq!(&b[4..8], &[0, 0, 0, 0x12], "dest QPN");
+    assert_eq!(&b[12..16], &0x0001_2345u32.to_be_bytes(), "IETH");
+    assert_eq!(&b[16..20], b"data");
+}
