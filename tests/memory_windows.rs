@@ -1252,3 +1252,68 @@ fn engine_send_with_inv_bytes() {
     assert_eq!(&b[12..16], &0x0001_2345u32.to_be_bytes(), "IETH");
     assert_eq!(&b[16..20], b"data");
 }
+
+/// Which QP types take which new opcodes (rxe `rxe_wr_opcode_info`): LOCAL_INV, REG_MR and
+/// SEND_WITH_INV on RC only, BIND_MW on RC and UC; refused with EOPNOTSUPP otherwise. A UC
+/// QP executes a bind at once and completes it (UC WQEs complete when sent).
+#[test]
+fn engine_opcodes_by_qp_type() {
+    use softroce::transport::PostError;
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        let mut e = QpEngine::new(0x11, qp_type, PD, QpCap::default(), false);
+        e.set_path(Path {
+            local: A_IP,
+            remote: B_IP,
+            src_port: 0xc000,
+        });
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            e.set_state(s);
+        }
+        let mut mem = MemoryTable::new(1);
+        let mr = mem
+            .register(PD, 64, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+            .unwrap();
+        let va = mem.get(mr).unwrap().iova;
+        let mw = mem.alloc_mw(PD, MwType::Type1).unwrap();
+        let mut bind = SendWr::new(1, WrOpcode::BindMw, vec![]);
+        bind.bind_mw = Some(softroce::transport::BindMw {
+            mw_rkey: mw,
+            rkey: softroce::transport::inc_rkey(mw),
+            mr_lkey: mr,
+            addr: va,
+            length: 64,
+            access: AccessFlags::REMOTE_READ,
+        });
+        for op in [WrOpcode::LocalInv, WrOpcode::RegMr, WrOpcode::SendWithInv] {
+            let mut w = SendWr::new(9, op, vec![]);
+            w.reg_mr = Some(softroce::transport::RegMr {
+                mr_key: mr,
+                key: mr,
+                iova: 0,
+                length: 0,
+                access: AccessFlags::empty(),
+            });
+            assert_eq!(
+                e.post_send(w),
+                Err(PostError::NotSupported),
+                "{qp_type:?} {op:?}"
+            );
+        }
+        if qp_type == QpType::Ud {
+            assert_eq!(e.post_send(bind), Err(PostError::NotSupported));
+            continue;
+        }
+        e.post_send(bind).unwrap();
+        assert!(e.run_local_ops(&mut mem));
+        let c = e.poll_completion().expect("bind completes");
+        assert_eq!(
+            (c.wc.wr_id, c.wc.status, c.wc.opcode),
+            (1, WcStatus::Success, WcOpcode::BindMw)
+        );
+        let w = softroce::transport::inc_rkey(mw);
+        assert!(
+            mem.check_remote(w, PD, 0x11, va, 64, AccessFlags::REMOTE_READ)
+                .is_ok()
+        );
+    }
+}
