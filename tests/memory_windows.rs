@@ -1317,3 +1317,74 @@ fn engine_opcodes_by_qp_type() {
         );
     }
 }
+
+/// In the engine pair: windows of both types grant a peer's WRITE; unbinding (type 1) and
+/// LOCAL_INV (type 2) revoke them: the next WRITE draws NAK 0x62 → IBV_WC_REM_ACCESS_ERR and
+/// the target keeps its bytes.
+#[test]
+fn engine_mw_types_grant_and_revocation_revokes() {
+    for mw_type in [MwType::Type1, MwType::Type2] {
+        let (mut a, mut b) = engines(0);
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND;
+        let mr = b.mem.register(PD, 256, all).unwrap();
+        let va = b.mem.get(mr).unwrap().iova;
+        let mw = b.mem.alloc_mw(PD, mw_type).unwrap();
+        let rkey = softroce::transport::inc_rkey(mw);
+        let bind_wr = |id, mw_rkey, rkey, length| {
+            let mut w = SendWr::new(id, WrOpcode::BindMw, vec![]);
+            w.bind_mw = Some(softroce::transport::BindMw {
+                mw_rkey,
+                rkey,
+                mr_lkey: mr,
+                addr: va + 128,
+                length,
+                access: AccessFlags::REMOTE_WRITE,
+            });
+            w
+        };
+        b.e.post_send(bind_wr(1, mw, rkey, 128)).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(completions(&mut b)[0].3, WcOpcode::BindMw);
+        let src = a.mem.register(PD, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        let sva = a.mem.get(src).unwrap().iova;
+        a.mem
+            .get_mut(src)
+            .unwrap()
+            .bytes_mut()
+            .copy_from_slice(b"windowed");
+        let write = |id, rkey| {
+            let mut w = SendWr::new(
+                id,
+                WrOpcode::RdmaWrite,
+                vec![Sge {
+                    addr: sva,
+                    length: 8,
+                    lkey: src,
+                }],
+            );
+            w.remote_addr = va + 200;
+            w.rkey = rkey;
+            w
+        };
+        a.e.post_send(write(2, rkey)).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(completions(&mut a)[0].2, WcStatus::Success, "{mw_type:?}");
+        assert_eq!(&b.mem.get(mr).unwrap().bytes()[200..208], b"windowed");
+        b.mem.get_mut(mr).unwrap().bytes_mut()[200..208].copy_from_slice(b"original");
+        let revoke = match mw_type {
+            MwType::Type1 => bind_wr(3, rkey, softroce::transport::inc_rkey(rkey), 0),
+            MwType::Type2 => SendWr::local_inv(3, rkey),
+        };
+        b.e.post_send(revoke).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(completions(&mut b)[0].2, WcStatus::Success);
+        a.e.post_send(write(4, rkey)).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(
+            completions(&mut a)[0].2,
+            WcStatus::RemAccessErr,
+            "{mw_type:?}"
+        );
+        assert_eq!(&b.mem.get(mr).unwrap().bytes()[200..208], b"original");
+    }
+}
