@@ -764,10 +764,15 @@ impl Mr {
     }
     /// An SGE covering `[offset, offset + length)` of this MR.
     pub fn sge(&self, offset: usize, length: u32) -> crate::transport::Sge {
+        let st = self.dev.shared.state.lock();
+        let (addr, lkey) = st
+            .mrs
+            .get_slot(self.lkey)
+            .map_or((self.addr, self.lkey), |m| (m.iova, m.lkey));
         crate::transport::Sge {
-            addr: self.addr() + offset as u64,
+            addr: addr + offset as u64,
             length,
-            lkey: self.lkey(),
+            lkey,
         }
     }
     /// Copies bytes out of the MR. Errors: `EINVAL` if the range is outside the MR.
