@@ -738,3 +738,81 @@ fn a_completion_channel_wakes_a_thread_blocked_in_get_cq_event() {
     );
     assert_eq!(cb.unacked_events(), 0);
 }
+
+#[test]
+fn write_with_imm_takes_an_srq_wr_and_plain_write_takes_none() {
+    let mut p = srq_pair(1, QpType::Rc, attr(4, 1, 0), 7);
+    p.srq
+        .post_recv(&[recv_wr(1, &p.dst, 0, 0), recv_wr(2, &p.dst, 0, 0)])
+        .unwrap();
+    p.src.write(0, &[0xab; 100]).unwrap();
+    for (id, op) in [(10, WrOpcode::RdmaWrite), (11, WrOpcode::RdmaWriteWithImm)] {
+        let mut w = SendWr::new(id, op, vec![p.src.sge(0, 100)]);
+        w.remote_addr = p.dst.addr() + 4096;
+        w.rkey = p.dst.rkey();
+        w.imm_data = 0x0102_0304;
+        p.qa[0].post_send(&[w]).unwrap();
+    }
+    p.settle();
+    assert_eq!(
+        SrqPair::drain(&p.ca)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(10, WcStatus::Success), (11, WcStatus::Success)]
+    );
+    let r = SrqPair::drain(&p.cb);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm_data),
+        (1, WcOpcode::RecvRdmaWithImm, 100, 0x0102_0304)
+    );
+    assert_eq!(p.srq.len(), 1);
+    let mut landed = [0u8; 100];
+    p.dst.read(4096, &mut landed).unwrap();
+    assert_eq!(landed, [0xab; 100]);
+}
+
+#[test]
+fn an_srq_dropped_while_qps_use_it_keeps_serving_them() {
+    let mut p = srq_pair(2, QpType::Rc, attr(4, 1, 0), 7);
+    p.srq
+        .post_recv(&[recv_wr(1, &p.dst, 0, 64), recv_wr(2, &p.dst, 0, 64)])
+        .unwrap();
+    // Drop the handle (replacing it with an unrelated SRQ): the QPs still hold the old one.
+    let old = std::mem::replace(&mut p.srq, p._pds.1.create_srq(&attr(1, 1, 0)).unwrap());
+    drop(old);
+    for (k, q) in p.qa.iter().enumerate() {
+        send(q, k as u64, &p.src, 8, SendFlags::SIGNALED);
+    }
+    p.settle();
+    let got: Vec<(u64, u32)> = SrqPair::drain(&p.cb)
+        .iter()
+        .map(|w| (w.wr_id, w.qp_num))
+        .collect();
+    assert_eq!(got, vec![(1, p.qb[0].qp_num()), (2, p.qb[1].qp_num())]);
+}
+
+#[test]
+fn a_cq_event_of_a_dropped_cq_is_skipped() {
+    let mut sim = Sim::new(9, SimFaults::NONE);
+    let b = sim.add_device("simB", B);
+    let pd = b.alloc_pd().unwrap();
+    let ch = b.create_comp_channel().unwrap();
+    let keep = b.create_cq_with_channel(4, &ch).unwrap();
+    for cq in [b.create_cq_with_channel(4, &ch).unwrap(), keep.clone()] {
+        let q = qp(&pd, QpType::Ud, &cq, None);
+        q.ready_ud(1, 0).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        q.post_recv(&[recv_wr(3, &mr, 0, 64)]).unwrap();
+        cq.req_notify(false).unwrap();
+        // The flush completion on ERR is the event.
+        to_state(&q, QpState::Err);
+    }
+    let got = ch.get_cq_event(Duration::from_millis(1)).unwrap();
+    assert!(
+        got.same_cq(&keep),
+        "the first CQ is gone, its event skipped"
+    );
+    assert!(ch.try_get_cq_event().is_none());
+}
