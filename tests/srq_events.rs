@@ -816,3 +816,54 @@ fn a_cq_event_of_a_dropped_cq_is_skipped() {
     );
     assert!(ch.try_get_cq_event().is_none());
 }
+
+#[test]
+fn uc_and_ud_qps_drain_in_sqd_and_resume_in_rts() {
+    for t in [QpType::Uc, QpType::Ud] {
+        let mut p = srq_pair(1, t, attr(8, 1, 0), 7);
+        p.srq
+            .post_recv(
+                &(0..4)
+                    .map(|i| recv_wr(i, &p.dst, 0, 4096))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let ah = p
+            ._pds
+            .0
+            .create_ah(&softroce::verbs::AhAttr::roce_v2(Gid::from_ip(B)))
+            .unwrap();
+        let wr = |id| {
+            let mut w = SendWr::new(id, WrOpcode::Send, vec![p.src.sge(0, 512)]);
+            if t == QpType::Ud {
+                w.ud = Some(ah.dest(p.qb[0].qp_num(), 0x1111_1111));
+            }
+            w
+        };
+        p.qa[0].post_send(&[wr(1)]).unwrap();
+        to_state(&p.qa[0], QpState::Sqd);
+        p.qa[0].post_send(&[wr(2)]).unwrap();
+        p.settle();
+        assert_eq!(
+            events(&p.a),
+            vec![AsyncEvent {
+                event_type: EventType::SqDrained,
+                element: EventElement::Qp(p.qa[0].qp_num())
+            }],
+            "{t:?}"
+        );
+        let ids = |cq: &Cq| {
+            SrqPair::drain(cq)
+                .iter()
+                .map(|w| w.wr_id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&p.ca), vec![1], "{t:?}: the WR posted in SQD waits");
+        assert_eq!(ids(&p.cb), vec![0], "{t:?}");
+        to_state(&p.qa[0], QpState::Rts);
+        p.settle();
+        assert_eq!(ids(&p.ca), vec![2], "{t:?}");
+        assert_eq!(ids(&p.cb), vec![1], "{t:?}");
+        assert!(events(&p.a).is_empty());
+    }
+}

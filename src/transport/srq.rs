@@ -15,7 +15,7 @@
 //!
 //! Contract: no I/O, no clock, no allocation beyond the queues. Nothing here panics.
 
-use super::{PostError, QpEngine, QpState, RecvWqe};
+use super::{PostError, QpEngine, QpState, QpType, RecvWqe};
 use crate::transport::RecvWr;
 use std::collections::VecDeque;
 
@@ -124,12 +124,13 @@ impl QpEngine {
     }
 
     /// Raises `SqDrained` once, when the QP is draining in SQD and no started send WQE is
-    /// left (every PSN sent was acknowledged; WQEs not yet started stay queued).
+    /// left (on RC, every PSN sent was acknowledged, rxe's `comp.psn == req.psn`; UC and UD
+    /// WQEs complete when sent). WQEs not yet started stay queued.
     fn check_sq_drained(&mut self) {
         if self.srq.sq_draining
             && self.state == QpState::Sqd
             && !self.sq.iter().any(|w| w.assigned)
-            && self.req.psn.diff(self.comp.psn) <= 0
+            && (self.qp_type != QpType::Rc || self.req.psn.diff(self.comp.psn) <= 0)
         {
             self.srq.sq_draining = false;
             self.raise(QpEvent::SqDrained);
