@@ -867,3 +867,12 @@ fn uc_and_ud_qps_drain_in_sqd_and_resume_in_rts() {
         assert!(events(&p.a).is_empty());
     }
 }
+
+#[test]
+fn the_new_objects_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Srq>();
+    send_sync::<softroce::verbs::CompChannel>();
+    send_sync::<AsyncEvent>();
+    send_sync::<Cq>();
+}

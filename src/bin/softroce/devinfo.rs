@@ -45,6 +45,9 @@ pub fn run(ip: IpAddr, name: &str) -> Result<(), BoxError> {
     println!("\tmax_pd:\t\t\t\t{}", a.max_pd);
     println!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
     println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
+    println!("\tmax_srq:\t\t\t{}", a.max_srq);
+    println!("\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
+    println!("\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);
     println!("\t\tport:\t1");
     println!("\t\t\tstate:\t\t\tPORT_ACTIVE ({})", p.state);
     println!("\t\t\tmax_mtu:\t\t{}", mtu_str(p.max_mtu));
