@@ -876,3 +876,93 @@ fn the_new_objects_can_move_between_threads() {
     send_sync::<AsyncEvent>();
     send_sync::<Cq>();
 }
+
+/// Drops the first datagram for which `pick` holds, delivers everything else.
+fn drop_first(
+    sim: &mut Sim,
+    pick: impl Fn(&softroce::wire::RocePacket<'_>) -> bool + Send + 'static,
+) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = dropped.clone();
+    sim.set_filter(Some(Box::new(move |_, _, _, bytes| {
+        let Ok(p) = softroce::wire::RocePacket::parse(bytes) else {
+            return true;
+        };
+        if !d.load(std::sync::atomic::Ordering::Relaxed) && pick(&p) {
+            d.store(true, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
+        true
+    })));
+    dropped
+}
+
+#[test]
+fn a_retransmitted_send_whose_ack_was_lost_takes_no_second_srq_wr() {
+    let mut p = srq_pair(1, QpType::Rc, attr(4, 1, 0), 7);
+    p.srq
+        .post_recv(
+            &(0..3)
+                .map(|i| recv_wr(i, &p.dst, 0, 64))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    use softroce::wire::Opcode;
+    let dropped = drop_first(&mut p.sim, |pkt| {
+        pkt.repr.bth.opcode == Opcode::RC_ACKNOWLEDGE
+    });
+    send(&p.qa[0], 1, &p.src, 16, SendFlags::SIGNALED);
+    p.sim.run_until(Duration::from_secs(1), || false);
+    assert!(dropped.load(std::sync::atomic::Ordering::Relaxed));
+    assert_eq!(
+        p.ca.poll_one().map(|w| (w.wr_id, w.status)),
+        Some((1, WcStatus::Success))
+    );
+    // IBTA C9-105: the duplicate is re-ACKed, not executed: one receive, one WR consumed.
+    assert_eq!(p.qb[0].counters().duplicate_request, 1);
+    assert_eq!(SrqPair::drain(&p.cb).len(), 1);
+    assert_eq!(p.srq.len(), 2);
+}
+
+#[test]
+fn sqd_drains_through_a_retransmission() {
+    let mut p = srq_pair(1, QpType::Rc, attr(8, 1, 0), 7);
+    p.srq
+        .post_recv(
+            &(0..4)
+                .map(|i| recv_wr(i, &p.dst, 0, 8192))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    use softroce::wire::Opcode;
+    // Lose the middle packet of the first 3-packet SEND: the responder NAKs the gap (or the
+    // timer fires) and the requester goes back while the QP is in SQD.
+    let dropped = drop_first(&mut p.sim, |pkt| {
+        pkt.repr.bth.opcode == Opcode::RC_SEND_MIDDLE
+    });
+    send(&p.qa[0], 1, &p.src, 3000, SendFlags::SIGNALED);
+    send(&p.qa[0], 2, &p.src, 3000, SendFlags::SIGNALED);
+    to_state(&p.qa[0], QpState::Sqd);
+    p.sim.run_until(Duration::from_secs(2), || false);
+    assert!(dropped.load(std::sync::atomic::Ordering::Relaxed));
+    let c = p.qa[0].counters();
+    assert!(
+        c.rcvd_seq_err + c.completer_retry_err >= 1,
+        "a retransmission happened: {c:?}"
+    );
+    assert_eq!(
+        SrqPair::drain(&p.ca)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(
+        events(&p.a),
+        vec![AsyncEvent {
+            event_type: EventType::SqDrained,
+            element: EventElement::Qp(p.qa[0].qp_num())
+        }]
+    );
+    assert_eq!(SrqPair::drain(&p.cb).len(), 2);
+}
