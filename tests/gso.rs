@@ -168,3 +168,37 @@ fn no_offload_sends_one_datagram_per_call() {
         assert!(c.tx >= 256);
     }
 }
+
+#[test]
+fn acks_caused_by_one_receive_batch_leave_together() {
+    let (a, b) = pair(4, &UdpOptions::default(), &UdpOptions::default());
+    let src = mr(&a, 64 * 64);
+    let dst = mr(&b, 64 * 64);
+    let data = pattern(64 * 64, 9);
+    src.write(0, &data).unwrap();
+    // 64 one-packet WRITEs in one post: one GSO send of 64 segments, which b receives as
+    // GRO buffer(s) and answers with an ACK per AckReq.
+    let wrs: Vec<SendWr> = (0..64u64)
+        .map(|i| {
+            let mut w = SendWr::new(i, WrOpcode::RdmaWrite, vec![src.sge(64 * i as usize, 64)]);
+            w.remote_addr = dst.addr() + 64 * i;
+            w.rkey = dst.rkey();
+            w
+        })
+        .collect();
+    a.qp.post_send(&wrs).unwrap();
+    for i in 0..64 {
+        let wc = wait_one(&a.cq);
+        assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, i));
+    }
+    assert!(dst.to_vec() == data, "WRITE data differs");
+    assert_clean(&a, &b);
+    let cb = counts(b.dev.link());
+    assert!(cb.tx >= 2, "b sent {} ACKs", cb.tx);
+    assert!(
+        cb.tx_calls < cb.tx,
+        "b: {} calls for {} ACKs",
+        cb.tx_calls,
+        cb.tx
+    );
+}

@@ -674,8 +674,14 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                     timeout = Some(park);
                 }
                 let mut rx = link.rx.lock();
-                rx.recv(link.recv.as_raw_fd(), true)
-                    .map(|_| deliver(device, link, &rx))
+                rx.recv(link.recv.as_raw_fd(), true).map(|_| {
+                    // The ACKs this batch causes leave together at its end (one GSO send
+                    // per flow where they are alike) instead of one system call each.
+                    DEFER_ACKS.with(|d| d.set(link.offload));
+                    deliver(device, link, &rx);
+                    DEFER_ACKS.with(|d| d.set(false));
+                    link.flush_deferred();
+                })
             }
         };
         match got {
@@ -699,9 +705,11 @@ const BUSY_DRIVER_NAP: Duration = Duration::from_micros(500);
 const BUSY_DRIVER_RECV: Duration = Duration::from_millis(1);
 
 thread_local! {
-    /// Set while a busy poll delivers received datagrams: small datagrams (ACKs) it causes
-    /// are held back ([`UdpLink::flush_deferred`]) so they leave after the application has
-    /// seen the completions and answered; PERF.md: ACKs off the critical path.
+    /// Set while received datagrams are delivered: small datagrams (ACKs) they cause are
+    /// held back ([`UdpLink::flush_deferred`]). The driver thread sends them together at
+    /// the end of each receive batch; a busy poll sends them at the next poll, after the
+    /// application has seen the completions and answered (PERF.md: ACKs off the critical
+    /// path).
     static DEFER_ACKS: Cell<bool> = const { Cell::new(false) };
 }
 
