@@ -70,8 +70,18 @@ fn counts(l: &UdpLink) -> Counts {
     }
 }
 
-/// Every datagram sent was received and handled, none dropped or retransmitted.
+/// Every datagram sent was received and handled, none dropped (a segment with a wrong ICRC
+/// would count as an ICRC drop). Retransmissions are not asserted: on a loaded machine a
+/// slow debug-build receiver can let an ACK timer expire, which is correct behaviour.
 fn assert_clean(a: &Side, b: &Side) {
+    // Let datagrams still in flight (a last re-ACK) land; bounded.
+    for _ in 0..200 {
+        let (ca, cb) = (counts(a.dev.link()), counts(b.dev.link()));
+        if ca.tx == cb.rx && cb.tx == ca.rx {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let (ca, cb) = (counts(a.dev.link()), counts(b.dev.link()));
     assert_eq!(ca.tx, cb.rx, "a -> b datagrams");
     assert_eq!(cb.tx, ca.rx, "b -> a datagrams");
@@ -79,10 +89,6 @@ fn assert_clean(a: &Side, b: &Side) {
         let c = s.dev.counters();
         assert_eq!(c.dropped_total(), 0, "{:?}", c.entries());
         assert_eq!(c.sent_pkts, counts(s.dev.link()).tx);
-        assert_eq!(
-            c.rcvd_seq_err + c.out_of_seq_request + c.duplicate_request,
-            0
-        );
     }
 }
 

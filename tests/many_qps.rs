@@ -59,7 +59,7 @@ fn sixty_four_qps_share_one_driver_thread_per_device() {
         w.rkey = dst.rkey();
         qa.post_send(&[w]).unwrap();
     }
-    let mut done = vec![false; QPS];
+    let mut done = [false; QPS];
     for _ in 0..QPS {
         let wc = wait_one(&a.cq);
         assert_eq!(wc.status, softroce::verbs::WcStatus::Success);
