@@ -28,6 +28,9 @@ fn pair(n: u8) -> (Side, Side) {
             mine,
         );
         c.path_mtu = PathMtu::Mtu1024;
+        // ACK timeout 4.3 s: only an ACK that is never sent (not a thread descheduled on a
+        // loaded machine) can make the requester retry.
+        c.timeout = 20;
         me.qp.connect_rc(&c).expect("connect_rc");
     }
     (a, b)
