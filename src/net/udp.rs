@@ -1,8 +1,14 @@
 //! UDP sockets and the driver thread of a device.
 //!
 //! A device owns UDP port 4791 on its address (IPv4, or IPv6 with `IPV6_V6ONLY`), sends from
-//! one unconnected socket per UDP source port, and runs one driver thread that receives,
-//! feeds [`Device::handle_datagram`] and runs timers. [`UdpOptions`] add the exact
+//! one unconnected socket per UDP source port, and runs one driver thread (whatever the
+//! number of QPs) that receives, feeds [`Device::handle_datagram`] and runs timers.
+//!
+//! Data path: the datagrams one pump of a QP produces go out as UDP GSO sends per (source
+//! port, destination), each segment a whole RoCE packet with its own ICRC (for IPv4 over the
+//! ID Linux gives that segment), else with `sendmmsg`; receives use `recvmmsg` and UDP GRO,
+//! and the ACKs one receive batch causes leave together. [`UdpOptions::busy_poll`] lets the
+//! thread polling a CQ drive the socket itself. See `net::batch` and examples/dataplane.rs. [`UdpOptions`] add the exact
 //! receive-side ICRC mode (a raw socket beside the UDP one, `net::raw`) and a pcap capture
 //! ([`Capture`]).
 
@@ -107,9 +113,12 @@ pub struct UdpOptions {
     /// no thread has polled for a while. Off by default: then `poll_cq` only polls the CQ.
     pub busy_poll: bool,
     /// Turn off every batching offload (UDP GSO on send, UDP GRO on receive, `sendmmsg` /
-    /// `recvmmsg`): one system call per datagram, as on a kernel without them. For tests
-    /// and comparisons; the offloads already fall back on their own when the kernel refuses
-    /// them.
+    /// `recvmmsg`): one system call per datagram, as on a kernel without them. The offloads
+    /// fall back on their own when the kernel refuses them; this is for comparisons and for
+    /// peers that check our ICRCs assuming IPv4 ID 0 on every datagram: with GSO, Linux
+    /// gives segment `i` of a send ID `i` (our ICRCs cover that ID, so kernel rxe, which
+    /// checks over the header it received, accepts them; a plain-UDP receiver must solve
+    /// for the ID, as softroce's own does, or be told the segment index by UDP GRO).
     pub no_offload: bool,
 }
 
