@@ -76,6 +76,11 @@ impl Out {
                 format!("bw_average_{unit}"): avg,
                 "msg_rate_mpps": r.msg_rate,
             }));
+        } else if self.gbits {
+            self.line(format!(
+                " {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}",
+                r.size, r.iters, peak, avg, r.msg_rate
+            ));
         } else {
             self.line(format!(
                 " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
