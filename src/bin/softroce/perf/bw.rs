@@ -119,7 +119,8 @@ pub fn client(
             done_s.push(now);
         }
     }
-    let iters = posted.iter().copied().min().unwrap_or(0);
+    // perftest's #iterations counts the messages of all QPs.
+    let iters = posted.iter().sum();
     let mut r = BwResult::from_times(
         u64::from(len),
         iters,
@@ -216,7 +217,7 @@ pub fn server(
             }
         }
     }
-    let iters = received.iter().copied().min().unwrap_or(0);
+    let iters = received.iter().sum();
     let mut r = BwResult::from_times(u64::from(size), iters, first.unwrap_or(0.0), &done_s, None);
     // perftest's receiving server has no post times and prints a peak of 0.00.
     r.bw_peak = 0.0;

@@ -155,7 +155,7 @@ impl Out {
 pub struct BwResult {
     /// Message size in bytes.
     pub size: u64,
-    /// Messages per QP.
+    /// Messages, all QPs together (perftest's `#iterations` with `-q`).
     pub iters: u64,
     /// Peak bandwidth, MB/s.
     pub bw_peak: f64,
@@ -170,8 +170,8 @@ impl BwResult {
     /// `start_s` when the first was posted. Average = bytes / (last completion − start).
     /// Peak follows perftest's `print_report_bw`: one message's size over the shortest
     /// post-to-completion time of any message (`best_s`), never below the average; without
-    /// post times (a receiving server) it is the average. `done_s` counts all QPs' messages;
-    /// `iters` is per QP.
+    /// post times (a receiving server) it is the average. `done_s` and `iters` count all
+    /// QPs' messages.
     pub fn from_times(
         size: u64,
         iters: u64,
