@@ -30,7 +30,8 @@
 //! `tests/interop/rig.sh install && tests/interop/rig.sh build && cargo build --release
 //! --examples && cargo test --release --test interop_rxe -- --ignored --nocapture` (release:
 //! an unoptimised softroce cannot keep up with rxe's ib_write_bw pipeline). Environment:
-//! `SOFTROCE_INTEROP_ONLY=text` runs the scenarios whose name contains `text`;
+//! `SOFTROCE_INTEROP_ONLY=text` runs the scenarios whose name contains `text` (several texts:
+//! `a|b`);
 //! `SOFTROCE_INTEROP_UPDATE_DOCS=1` rewrites docs/interop.md with this run's table;
 //! `SOFTROCE_INTEROP_CACHE` moves the cache (default /var/cache/softroce-interop), where each
 //! run leaves its logs in `runs/<run>/logs/`.
@@ -49,9 +50,12 @@ const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Iterations of the lossless and the lossy pingpong runs.
 const PINGPONG_ITERS: u32 = 500;
 const LOSS_ITERS: u32 = 200;
-/// Message size and count of the perftest scenarios (16 packets per message at MTU 1024).
+/// Message size and count of the perftest bandwidth scenarios (16 packets per message at MTU
+/// 1024), and of the latency scenarios.
 const PERF_SIZE: u32 = 16384;
 const PERF_ITERS: u32 = 200;
+const LAT_SIZE: u32 = 64;
+const LAT_ITERS: u32 = 200;
 /// The message the pyverbs client writes (must match pyverbs_peer.py).
 const RXE_MESSAGE: &str = "Hello RDMA from rxe! Data lands directly in softroce memory.";
 /// Name of the rxe ↔ rxe control run.
@@ -422,7 +426,6 @@ fn pingpong(
     loss: bool,
 ) -> Res<String> {
     let iters = if loss { LOSS_ITERS } else { PINGPONG_ITERS };
-    let before = rig.rxe_counters()?;
     let transport = format!("--{qp}");
     let mut args: Vec<String> = [
         "pingpong",
@@ -446,6 +449,10 @@ fn pingpong(
     // ibv_ud_pingpong has no -m: UD messages fit the port MTU (1024 on the guest's link).
     let mtu = if qp == "ud" { "" } else { " -m 1024" };
     let mut tool = format!("ibv_{qp}_pingpong -d $DEV -g $GIDX -s {size} -n {iters}{mtu} -c");
+    if qp == "srq" {
+        probe_implemented(rig, &args, "local address:", "--srq")?;
+    }
+    let before = rig.rxe_counters()?;
     if role == Role::SoftroceClient {
         args.push(rig.guest_ip.clone());
     } else {
@@ -711,42 +718,565 @@ fn rdma_write(rig: &Rig, log: &mut String, role: Role, bad_rkey: bool) -> Res<St
     }
 }
 
-/// perftest `ib_write_bw` / `ib_read_bw` against `softroce perf write_bw` / `read_bw`.
-fn perftest(rig: &Rig, log: &mut String, role: Role, read: bool) -> Res<String> {
-    let (size, iters) = (PERF_SIZE, PERF_ITERS);
-    let test = if read { "read_bw" } else { "write_bw" };
+// ------------------------------------------------------------------------ negative cases
+
+/// AETH syndrome of the NAK rxe sends for an RDMA READ that runs past the end of the MR
+/// (remote access error: rxe_resp.c `check_rkey` finds the range outside the MR).
+const READ_OOB_SYNDROME: u8 = 0x62;
+/// RNR timer code both responders put in their RNR NAKs in the RNR scenarios (10.24 ms).
+const RNR_TIMER: u8 = 20;
+/// What the SEND scenarios send when softroce is the requester.
+const SOFTROCE_SEND: &str = "softroce SEND, delivered after an RNR NAK";
+
+/// A `softroce target` running in the namespace, driven through its JSON lines.
+struct TargetProc {
+    child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Lines read but not yet asked for (completions, events).
+    pending: Vec<(String, serde_json::Value)>,
+    /// Every line, for the log.
+    transcript: String,
+}
+
+impl TargetProc {
+    fn start(rig: &Rig, args: &[String]) -> Res<TargetProc> {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &rig.netns])
+            .arg(softroce_bin())
+            .arg("target")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start softroce target: {e}"))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(TargetProc {
+            child,
+            stdin,
+            lines,
+            pending: Vec::new(),
+            transcript: format!("$ softroce target {}\n", args.join(" ")),
+        })
+    }
+
+    /// The next output line as (kind, body).
+    fn next(&mut self, timeout: Duration) -> Res<(String, serde_json::Value)> {
+        let text = self
+            .lines
+            .recv_timeout(timeout)
+            .map_err(|_| format!("softroce target printed nothing for {timeout:?}"))?;
+        let _ = writeln!(self.transcript, "< {text}");
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("target line {text:?}: {e}"))?;
+        let (k, body) = v
+            .as_object()
+            .and_then(|o| o.iter().next())
+            .ok_or_else(|| format!("target line {text:?} is not an object"))?;
+        Ok((k.clone(), body.clone()))
+    }
+
+    /// The next line of `kind` (earlier lines of other kinds are kept for later).
+    fn wait_kind(&mut self, kind: &str, timeout: Duration) -> Res<serde_json::Value> {
+        if let Some(i) = self.pending.iter().position(|(k, _)| k == kind) {
+            return Ok(self.pending.remove(i).1);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (k, v) = self
+                .next(left)
+                .map_err(|e| format!("waiting for a {kind:?} line: {e}"))?;
+            if k == kind {
+                return Ok(v);
+            }
+            if k == "error" {
+                return Err(format!("softroce target: {v}"));
+            }
+            self.pending.push((k, v));
+        }
+    }
+
+    /// Sends one command and returns its reply.
+    fn cmd(&mut self, name: &str, args: serde_json::Value) -> Res<serde_json::Value> {
+        let line = serde_json::json!({ name: args }).to_string();
+        let _ = writeln!(self.transcript, "> {line}");
+        let stdin = self.stdin.as_mut().ok_or("target stdin closed")?;
+        use std::io::Write as _;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("write to softroce target: {e}"))?;
+        self.wait_kind(name, Duration::from_secs(30))
+    }
+
+    fn counters(&mut self) -> Res<BTreeMap<String, u64>> {
+        let c = self.cmd("counters", serde_json::json!({}))?;
+        Ok(c.as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// `quit`, then the exit status.
+    fn quit(mut self) -> (Option<i32>, String) {
+        let _ = self.cmd("quit", serde_json::json!({}));
+        self.stdin = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let code = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break st.code(),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+            }
+        };
+        (code, std::mem::take(&mut self.transcript))
+    }
+}
+
+impl Drop for TargetProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for a file the guest writes into the share (by rename), or for the guest job to end
+/// first (then fails with its output).
+fn wait_share_file(rig: &Rig, job: &GuestJob, path: &Path, timeout: Duration) -> Res<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            return Ok(s);
+        }
+        if job.dir.join(format!("{}.rc", job.id)).exists() {
+            let out = job.wait(rig, Duration::from_secs(1)).map(|r| r.1);
+            return Err(format!(
+                "the guest job ended before writing {}: {out:?}",
+                path.display()
+            ));
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} did not appear in {timeout:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn put_share_file(path: &Path, text: &str) -> Res<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| format!("write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("rename to {}: {e}", path.display()))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Neg {
+    /// RDMA READ of 64 B starting 32 B before the end of a 4096-byte MR.
+    ReadOob,
+    /// SEND with no receive posted, rnr_retry 7: RNR NAK, then success once one is posted.
+    RnrThenSuccess,
+    /// SEND with no receive posted, rnr_retry 0: one RNR NAK, IBV_WC_RNR_RETRY_EXC_ERR.
+    RnrExceeded,
+}
+
+/// A negative case between `softroce target` and pyverbs on rxe, seen from both sides: the
+/// requester's completion status, the NAKs in a capture of the guest NIC, both sides'
+/// counters, and that rxe accepted every packet softroce sent.
+fn negative(rig: &Rig, log: &mut String, role: Role, case: Neg) -> Res<String> {
+    use serde_json::json;
     let before = rig.rxe_counters()?;
-    let mut args: Vec<String> = [
-        "perf",
-        test,
+    let ex = format!("neg-{}", rig.seq.load(Ordering::Relaxed));
+    let host_ex = |suffix: &str| rig.run.join("jobs").join(format!("{ex}.{suffix}"));
+    let softroce_requester = role == Role::SoftroceClient;
+    let rnr_retry = if case == Neg::RnrExceeded { 0 } else { 7 };
+    let args: Vec<String> = [
         "--ip",
         &rig.host_ip,
-        "-s",
-        &size.to_string(),
-        "-n",
-        &iters.to_string(),
-        "-m",
+        "--mr-size",
+        "4096",
+        "--path-mtu",
         "1024",
-        "--counters",
+        "--min-rnr-timer",
+        &RNR_TIMER.to_string(),
+        "--no-recv",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut tool = format!("ib_{test} -d $DEV -x $GIDX -F -s {size} -n {iters} -m 1024");
+    let mut t = TargetProc::start(rig, &args)?;
+    let result = (|| -> Res<String> {
+        let ready = t.wait_kind("ready", Duration::from_secs(30))?;
+        let mr = ready["mrs"][0].clone();
+        let (op, side, expect) = match (case, softroce_requester) {
+            (Neg::ReadOob, _) => ("read-oob", "", "IBV_WC_REM_ACCESS_ERR"),
+            (Neg::RnrThenSuccess, _) => ("send", "", "IBV_WC_SUCCESS"),
+            (Neg::RnrExceeded, _) => ("send", " --no-recv", "IBV_WC_RNR_RETRY_EXC_ERR"),
+        };
+        let peer = if softroce_requester {
+            format!(
+                "python3 /share/pyverbs_peer.py neg responder --op {op} --ex /share/jobs/{ex} \
+                 --min-rnr-timer {RNR_TIMER} --message '{SOFTROCE_SEND}'{side}"
+            )
+        } else {
+            format!(
+                "python3 /share/pyverbs_peer.py neg requester --op {op} --ex /share/jobs/{ex} \
+                 --rnr-retry {rnr_retry} --expect {expect}"
+            )
+        };
+        let body = format!(
+            "capture_start /tmp/n.pcap || exit 98\n{peer}\nrc=$?\ncapture_stop\n\
+             echo '--- pcap:'; python3 /share/pyverbs_peer.py pcap-summary /tmp/n.pcap\nexit $rc"
+        );
+        let _ = writeln!(log, "## guest:\n{body}");
+        let job = rig.guest("neg", &body)?;
+        let theirs: serde_json::Value = serde_json::from_str(&wait_share_file(
+            rig,
+            &job,
+            &host_ex("rxe"),
+            Duration::from_secs(60),
+        )?)
+        .map_err(|e| format!("the guest's endpoint: {e}"))?;
+        let c = t.cmd(
+            "connect",
+            json!({"dest_qpn": theirs["qpn"], "dest_psn": theirs["psn"],
+                   "dest_gid": rig.guest_ip, "rnr_retry": rnr_retry}),
+        )?;
+        ensure!(c["state"] == "RTS", "target connect: {c}");
+        put_share_file(
+            &host_ex("host"),
+            &json!({"qpn": ready["qpn"], "psn": ready["psn"], "gid": ready["gid"],
+                    "va": mr["va"], "rkey": mr["rkey"], "len": mr["length"]})
+            .to_string(),
+        )?;
+        wait_share_file(rig, &job, &host_ex("rxe-ready"), Duration::from_secs(60))?;
+        if softroce_requester {
+            let wr = match case {
+                Neg::ReadOob => {
+                    let end =
+                        theirs["va"].as_u64().unwrap_or(0) + theirs["len"].as_u64().unwrap_or(0);
+                    json!({"opcode": "read", "length": 64, "remote_addr": end - 32,
+                           "rkey": theirs["rkey"], "wr_id": 1})
+                }
+                _ => {
+                    t.cmd(
+                        "write_mr",
+                        json!({"index": 0, "hex": hex_of(SOFTROCE_SEND.as_bytes())}),
+                    )?;
+                    json!({"opcode": "send", "length": SOFTROCE_SEND.len(), "wr_id": 1})
+                }
+            };
+            t.cmd("post_send", wr)?;
+            let wc = t.wait_kind("wc", Duration::from_secs(60))?;
+            ensure!(
+                wc["status"] == expect && wc["wr_id"] == 1,
+                "softroce's completion: {wc}, expected {expect}"
+            );
+            if case == Neg::ReadOob {
+                let d = t.cmd("dump_mr", json!({"index": 0, "length": 64}))?;
+                ensure!(
+                    d["hex"]
+                        .as_str()
+                        .is_some_and(|h| h.chars().all(|c| c == '0')),
+                    "the READ's local buffer changed: {d}"
+                );
+            }
+            put_share_file(&host_ex("done"), "done\n")?;
+        } else {
+            if case != Neg::ReadOob {
+                // Wait until the target has RNR NAKed the SEND.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while t.counters()?.get("send_rnr_err").copied().unwrap_or(0) == 0 {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "softroce sent no RNR NAK in 60 s"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            if case == Neg::RnrThenSuccess {
+                t.cmd("post_recv", json!({}))?;
+                let wc = t.wait_kind("wc", Duration::from_secs(60))?;
+                let want = hex_of(RXE_MESSAGE.as_bytes());
+                ensure!(
+                    wc["status"] == "IBV_WC_SUCCESS"
+                        && wc["opcode"] == "IBV_WC_RECV"
+                        && wc["data"].as_str().is_some_and(|d| d.starts_with(&want)),
+                    "softroce's receive completion: {wc}, expected the rxe message"
+                );
+            }
+        }
+        let (grc, gout) = job.wait(rig, TOOL_TIMEOUT)?;
+        let _ = writeln!(log, "## guest exit {grc}:\n{gout}");
+        ensure!(grc == 0, "pyverbs peer exited {grc}:\n{gout}");
+        let sr = t.counters()?;
+        let _ = writeln!(log, "## softroce counters: {sr:?}");
+        let after = rig.rxe_counters()?;
+        let rxe = delta(&before, &after);
+        let _ = writeln!(log, "## rxe counters (delta): {rxe:?}");
+        let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+
+        let pcap: Vec<&str> = gout
+            .split("--- pcap:")
+            .nth(1)
+            .unwrap_or("")
+            .lines()
+            .filter(|l| l.contains(" opcode="))
+            .collect();
+        let from_host = format!("{} > {} ", rig.host_ip, rig.guest_ip);
+        let from_guest = format!("{} > {} ", rig.guest_ip, rig.host_ip);
+        let sent_by_softroce = pcap.iter().filter(|l| l.starts_with(&from_host)).count() as u64;
+        ensure!(
+            g(&rxe, "rcvd_pkts") == sent_by_softroce && g(&sr, "sent_pkts") == sent_by_softroce,
+            "rxe accepted {} packets, the guest saw {sent_by_softroce} from softroce, softroce \
+             counted {} sent",
+            g(&rxe, "rcvd_pkts"),
+            g(&sr, "sent_pkts")
+        );
+        for k in [
+            "truncated",
+            "bad_tver",
+            "unknown_opcode",
+            "bad_pad_count",
+            "length_mismatch",
+            "icrc_errors",
+            "bad_framing",
+            "wrong_qp_type",
+            "bad_pkey",
+            "wrong_source",
+        ] {
+            ensure!(
+                g(&sr, k) == 0,
+                "softroce dropped {} rxe packets as {k}",
+                g(&sr, k)
+            );
+        }
+        let responder = if softroce_requester {
+            &from_guest
+        } else {
+            &from_host
+        };
+        let naks: Vec<u8> = pcap
+            .iter()
+            .filter(|l| l.starts_with(responder.as_str()) && l.contains("opcode=0x11"))
+            .filter_map(|l| l.rsplit_once("syndrome=0x"))
+            .filter_map(|(_, s)| u8::from_str_radix(s.trim(), 16).ok())
+            .collect();
+        // Every request is the one single-packet message (a retry keeps its PSN), and every
+        // ACK, RNR NAK and NAK carries that PSN (IBTA 9.7.5.1; rxe `send_ack`).
+        let requester = if softroce_requester {
+            &from_host
+        } else {
+            &from_guest
+        };
+        let psn_of = |l: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("psn="))
+                .map(str::to_string)
+        };
+        let req_psns: Vec<String> = pcap
+            .iter()
+            .filter(|l| l.starts_with(requester.as_str()))
+            .filter_map(|l| psn_of(l))
+            .collect();
+        let resp_psns: Vec<String> = pcap
+            .iter()
+            .filter(|l| l.starts_with(responder.as_str()))
+            .filter_map(|l| psn_of(l))
+            .collect();
+        ensure!(
+            !req_psns.is_empty()
+                && req_psns.iter().chain(&resp_psns).all(|p| *p == req_psns[0])
+                && naks.len() == resp_psns.len(),
+            "expected requests and ACKs/NAKs all at one PSN: {pcap:#?}"
+        );
+        let (requester_c, responder_c) = if softroce_requester {
+            (&sr, &rxe)
+        } else {
+            (&rxe, &sr)
+        };
+        let who = if softroce_requester {
+            "rxe"
+        } else {
+            "softroce"
+        };
+        match case {
+            Neg::ReadOob => {
+                ensure!(
+                    naks == [READ_OOB_SYNDROME],
+                    "expected one NAK with AETH syndrome 0x{READ_OOB_SYNDROME:02x} from {who}, \
+                     the capture has ACKNOWLEDGEs with {naks:02x?}"
+                );
+                Ok(format!(
+                    "NAK remote access error (AETH 0x{READ_OOB_SYNDROME:02x}) from {who} on the \
+                     wire at the READ's PSN, IBV_WC_REM_ACCESS_ERR at the requester{}; rxe accepted \
+                     {sent_by_softroce} of {sent_by_softroce} softroce packets",
+                    if softroce_requester {
+                        ", READ buffer untouched"
+                    } else {
+                        ""
+                    }
+                ))
+            }
+            Neg::RnrThenSuccess | Neg::RnrExceeded => {
+                let rnr = 0x20 | RNR_TIMER;
+                let n_rnr = naks.iter().filter(|s| **s == rnr).count() as u64;
+                let acks = naks.iter().filter(|s| **s < 0x20).count();
+                ensure!(
+                    naks.iter().all(|s| *s == rnr || *s < 0x20),
+                    "unexpected syndromes from {who}: {naks:02x?}"
+                );
+                ensure!(
+                    g(responder_c, "send_rnr_err") == n_rnr
+                        && g(requester_c, "rcvd_rnr_err") == n_rnr,
+                    "{n_rnr} RNR NAKs on the wire, responder counted send_rnr_err {}, requester \
+                     rcvd_rnr_err {}",
+                    g(responder_c, "send_rnr_err"),
+                    g(requester_c, "rcvd_rnr_err")
+                );
+                if case == Neg::RnrExceeded {
+                    ensure!(
+                        n_rnr == 1 && acks == 0,
+                        "rnr_retry 0: expected exactly one RNR NAK (0x{rnr:02x}) and no ACK \
+                         from {who}, got {naks:02x?}"
+                    );
+                    ensure!(
+                        g(requester_c, "retry_rnr_exceeded_err") == 1,
+                        "requester's retry_rnr_exceeded_err = {}",
+                        g(requester_c, "retry_rnr_exceeded_err")
+                    );
+                    Ok(format!(
+                        "one RNR NAK (AETH 0x{rnr:02x}) from {who} on the wire, \
+                         IBV_WC_RNR_RETRY_EXC_ERR at the requester, nothing received; rxe \
+                         accepted {sent_by_softroce} of {sent_by_softroce} softroce packets"
+                    ))
+                } else {
+                    ensure!(
+                        n_rnr >= 1 && acks >= 1,
+                        "expected RNR NAKs (0x{rnr:02x}) then an ACK from {who}, got {naks:02x?}"
+                    );
+                    Ok(format!(
+                        "{n_rnr} RNR NAK(s) (AETH 0x{rnr:02x}) from {who}, then the ACK of the \
+                         retried SEND once a receive was posted; IBV_WC_SUCCESS at the \
+                         requester, the message in {who}'s receive buffer; rxe accepted \
+                         {sent_by_softroce} of {sent_by_softroce} softroce packets"
+                    ))
+                }
+            }
+        }
+    })();
+    let (code, transcript) = t.quit();
+    let _ = writeln!(log, "## softroce target (exit {code:?}):\n{transcript}");
+    let summary = result?;
+    ensure!(code == Some(0), "softroce target exited {code:?}");
+    Ok(summary)
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Prefix of the error of a scenario whose softroce side does not exist yet (the row then says
+/// so instead of pass or FAIL).
+const NOT_IMPLEMENTED: &str = "not implemented: ";
+
+/// Whether softroce implements what `args` asks for: starts it as the server and waits until
+/// it prints `ready` (then stops it), or until it exits saying "not implemented", or its
+/// command line parser refuses `feature` (an unknown test or option) (then
+/// `Err("not implemented: <why>")`). Any other exit is a failure.
+fn probe_implemented(rig: &Rig, args: &[String], ready: &str, feature: &str) -> Res<()> {
+    let mut p = rig.host(&softroce_bin(), args)?;
+    let r = p.wait_for(ready, Duration::from_secs(30));
+    let exit = p.wait(Duration::ZERO);
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let quoted = format!("'{feature}'");
+            let refused = |l: &&str| {
+                l.contains(&quoted)
+                    && (l.contains("invalid value") || l.contains("unexpected argument"))
+            };
+            if let Some(l) = exit.stderr.lines().find(|l| l.contains("not implemented")) {
+                Err(format!(
+                    "{NOT_IMPLEMENTED}{}",
+                    l.trim().trim_start_matches("softroce: ")
+                ))
+            } else if let Some(l) = exit.stderr.lines().find(refused) {
+                Err(format!(
+                    "{NOT_IMPLEMENTED}`softroce {}` is refused ({})",
+                    args.iter().take(2).cloned().collect::<Vec<_>>().join(" "),
+                    l.trim().trim_start_matches("error: ")
+                ))
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What a perftest scenario runs: the test (perftest's program name without `ib_`), the
+/// message size (`None`: the tool's own, 8 B for atomics) and the iterations.
+fn perf_shape(test: &str) -> (Option<u32>, u32) {
+    match test {
+        "atomic_bw" => (None, PERF_ITERS),
+        t if t.ends_with("_lat") => (Some(LAT_SIZE), LAT_ITERS),
+        _ => (Some(PERF_SIZE), PERF_ITERS),
+    }
+}
+
+/// perftest `ib_<test>` against `softroce perf <test>`: exit statuses, both sides' result
+/// rows, and rxe's counters against softroce's.
+fn perftest(rig: &Rig, log: &mut String, role: Role, test: &str) -> Res<String> {
+    let (size, iters) = perf_shape(test);
+    let lat = test.ends_with("_lat");
+    let mut args: Vec<String> = ["perf", test, "--ip", &rig.host_ip]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut tool = format!("ib_{test} -d $DEV -x $GIDX -F");
+    if let Some(size) = size {
+        args.extend(["-s".to_string(), size.to_string()]);
+        let _ = write!(tool, " -s {size}");
+    }
+    args.extend(
+        ["-n", &iters.to_string(), "-m", "1024", "--counters"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    let _ = write!(tool, " -n {iters} -m 1024");
+    let ready = "Waiting for client to connect";
+    probe_implemented(rig, &args, ready, test)?;
+    let size = size.unwrap_or(8);
+    let before = rig.rxe_counters()?;
     if role == Role::SoftroceClient {
         args.push(rig.guest_ip.clone());
     } else {
         tool.push_str(" $HOST_IP");
     }
-    let p = run_pair(
-        rig,
-        log,
-        role,
-        &softroce_bin(),
-        &args,
-        "Waiting for client to connect",
-        &tool,
-    )?;
+    let p = run_pair(rig, log, role, &softroce_bin(), &args, ready, &tool)?;
     let after = rig.rxe_counters()?;
     let rxe = delta(&before, &after);
     let _ = writeln!(log, "## rxe counters (delta): {rxe:?}");
@@ -762,23 +1292,43 @@ fn perftest(rig: &Rig, log: &mut String, role: Role, read: bool) -> Res<String> 
         p.host.code,
         p.host.stderr
     );
-    let theirs = bw_row(&p.guest_out).map_err(|e| format!("ib_{test}: {e}"))?;
-    let ours = bw_row(&p.host.stdout).map_err(|e| format!("softroce perf: {e}"))?;
-    for row in [&theirs, &ours] {
+    // Bandwidth rows: bytes, iterations, peak, average (MB/s), message rate; latency rows:
+    // bytes, iterations, t_min, t_max, t_typical, t_avg, t_stdev, 99%, 99.9% (µs).
+    let (value_col, value_name) = if lat { (5, "t_avg") } else { (3, "BW average") };
+    let row_of = |out: &str| -> Res<Vec<String>> {
+        let row = result_row(out, value_name)?;
         ensure!(
-            row[0] == size.to_string() && row[1] == iters.to_string(),
+            row.len() > value_col && row[0] == size.to_string() && row[1] == iters.to_string(),
             "result row {row:?}: expected {size} bytes × {iters}"
         );
         ensure!(
-            row[3].parse::<f64>().is_ok_and(|bw| bw > 0.0),
-            "result row {row:?}: no bandwidth"
+            row[value_col].parse::<f64>().is_ok_and(|v| v > 0.0),
+            "result row {row:?}: no {value_name}"
         );
+        Ok(row)
+    };
+    let theirs = row_of(&p.guest_out).map_err(|e| format!("ib_{test}: {e}"));
+    let ours = row_of(&p.host.stdout).map_err(|e| format!("softroce perf: {e}"));
+    // The client prints its measurements. perftest's servers of the one-sided bandwidth tests
+    // print the client's numbers, received in the results exchange; ib_read_lat's server
+    // prints no row; the other servers print their own measurements.
+    let (client, server) = match role {
+        Role::SoftroceClient => (&ours, &theirs),
+        _ => (&theirs, &ours),
+    };
+    let client_row = client.clone()?;
+    match test {
+        "write_bw" | "read_bw" | "atomic_bw" => ensure!(
+            server.as_ref().ok() == Some(&client_row),
+            "the server does not print the client's results: client {client_row:?}, server \
+             {server:?}"
+        ),
+        "read_lat" => {}
+        _ => {
+            server.clone()?;
+        }
     }
-    // The server prints the client's numbers, received in the results exchange.
-    ensure!(
-        theirs == ours,
-        "the two sides print different results: rxe {theirs:?}, softroce {ours:?}"
-    );
+    let (theirs, ours) = (theirs.unwrap_or_default(), ours.unwrap_or_default());
     let sr = p
         .host
         .stdout
@@ -787,9 +1337,15 @@ fn perftest(rig: &Rig, log: &mut String, role: Role, read: bool) -> Res<String> 
         .map(|l| parse_pairs(l.split_whitespace()))
         .ok_or("softroce printed no counters")?;
     let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    // As in the pingpong scenarios: rxe accepted every packet softroce counted, and at most
+    // one more per rxe packet that reached softroce after it read its counters (a re-ACK of
+    // a spurious rxe retransmission).
+    let late = g(&rxe, "sent_pkts").saturating_sub(g(&sr, "rx_datagrams"));
     ensure!(
-        g(&rxe, "rcvd_pkts") == g(&sr, "sent_pkts"),
-        "rxe accepted {} packets but softroce sent {}",
+        g(&rxe, "rcvd_pkts") >= g(&sr, "sent_pkts")
+            && g(&rxe, "rcvd_pkts") - g(&sr, "sent_pkts") <= late,
+        "rxe accepted {} packets but softroce sent {} (and at most {late} after reading its \
+         counters)",
         g(&rxe, "rcvd_pkts"),
         g(&sr, "sent_pkts")
     );
@@ -800,20 +1356,34 @@ fn perftest(rig: &Rig, log: &mut String, role: Role, read: bool) -> Res<String> 
         g(&sr, "icrc_errors"),
         g(&rxe, "sent_pkts")
     );
+    let measured = if lat {
+        format!(
+            "t_avg {} µs (client), rxe {} / softroce {}",
+            client_row[5],
+            theirs.get(5).map_or("-", String::as_str),
+            ours.get(5).map_or("-", String::as_str)
+        )
+    } else {
+        format!(
+            "{} MB/s average (client), rxe prints {}, softroce {}",
+            client_row[3],
+            theirs.get(3).map_or("-", String::as_str),
+            ours.get(3).map_or("-", String::as_str)
+        )
+    };
     Ok(format!(
-        "{iters} × {size} B, {} MB/s average (the client's, printed by both); softroce sent {} \
-         packets, rxe accepted {}",
-        ours[3],
+        "{iters} × {size} B, {measured}; softroce sent {} packets, rxe accepted {}",
         g(&sr, "sent_pkts"),
         g(&rxe, "rcvd_pkts")
     ))
 }
 
-/// perftest's bandwidth result row: bytes, iterations, peak, average, message rate.
-fn bw_row(out: &str) -> Res<Vec<String>> {
+/// perftest's result row: the line after the header that starts with `#bytes` and names
+/// `column`, split at white space.
+fn result_row(out: &str, column: &str) -> Res<Vec<String>> {
     let mut lines = out.lines();
     lines
-        .find(|l| l.trim_start().starts_with("#bytes") && l.contains("BW average"))
+        .find(|l| l.trim_start().starts_with("#bytes") && l.contains(column))
         .ok_or("no result table")?;
     let row: Vec<String> = lines
         .next()
@@ -821,7 +1391,7 @@ fn bw_row(out: &str) -> Res<Vec<String>> {
         .split_whitespace()
         .map(str::to_string)
         .collect();
-    ensure!(row.len() == 5, "result row {row:?}");
+    ensure!(row.len() >= 2, "result row {row:?}");
     Ok(row)
 }
 
@@ -929,6 +1499,15 @@ struct Outcome {
     secs: f64,
 }
 
+impl Outcome {
+    /// The scenario's softroce side does not exist yet.
+    fn not_implemented(&self) -> bool {
+        self.result
+            .as_ref()
+            .is_err_and(|e| e.starts_with(NOT_IMPLEMENTED))
+    }
+}
+
 type ScenarioFn = fn(&Rig, &mut String, Role) -> Res<String>;
 
 fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
@@ -965,6 +1544,16 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             |r, l, role| pingpong(r, l, role, "ud", 1024, false),
         ),
         (
+            "srq_pingpong 64 B",
+            "ibv_srq_pingpong -s 64 -m 1024 -c (16 RC QPs on one SRQ) vs softroce pingpong --srq",
+            |r, l, role| pingpong(r, l, role, "srq", 64, false),
+        ),
+        (
+            "srq_pingpong 4096 B",
+            "ibv_srq_pingpong -s 4096 -m 1024 -c vs softroce pingpong --srq",
+            |r, l, role| pingpong(r, l, role, "srq", 4096, false),
+        ),
+        (
             "rc_pingpong 4096 B, 10% loss",
             "as above while netem in the guest drops 10% of the RoCE requests in each \
              direction (ACKs are spared: rc_pingpong itself fails when the last ACK of a run is \
@@ -982,16 +1571,66 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             |r, l, role| rdma_write(r, l, role, true),
         ),
         (
+            "RDMA READ past the end of the MR",
+            "softroce target vs pyverbs on rxe: a 64-byte READ starting 32 B before the end of \
+             a 4096-byte MR: NAK remote access error (AETH 0x62) from the responder, \
+             IBV_WC_REM_ACCESS_ERR at the requester, nothing written to the READ buffer",
+            |r, l, role| negative(r, l, role, Neg::ReadOob),
+        ),
+        (
+            "SEND, no receive posted (rnr_retry 7)",
+            "softroce target vs pyverbs on rxe: the responder RNR NAKs (AETH 0x34, timer code \
+             20) until the test posts a receive, then ACKs; IBV_WC_SUCCESS at the requester and \
+             the message in the receive buffer; both sides' RNR counters match the NAKs on \
+             the wire",
+            |r, l, role| negative(r, l, role, Neg::RnrThenSuccess),
+        ),
+        (
+            "SEND, no receive posted (rnr_retry 0)",
+            "as above with rnr_retry 0 and no receive ever: exactly one RNR NAK, \
+             IBV_WC_RNR_RETRY_EXC_ERR at the requester (retry_rnr_exceeded_err 1)",
+            |r, l, role| negative(r, l, role, Neg::RnrExceeded),
+        ),
+        (
             "perftest ib_write_bw",
             "ib_write_bw -s 16384 -n 200 -m 1024 vs softroce perf write_bw; both print the \
              client's results",
-            |r, l, role| perftest(r, l, role, false),
+            |r, l, role| perftest(r, l, role, "write_bw"),
         ),
         (
             "perftest ib_read_bw",
             "ib_read_bw -s 16384 -n 200 -m 1024 vs softroce perf read_bw (128 outstanding \
              READs); both print the client's results",
-            |r, l, role| perftest(r, l, role, true),
+            |r, l, role| perftest(r, l, role, "read_bw"),
+        ),
+        (
+            "perftest ib_send_bw",
+            "ib_send_bw -s 16384 -n 200 -m 1024 vs softroce perf send_bw",
+            |r, l, role| perftest(r, l, role, "send_bw"),
+        ),
+        (
+            "perftest ib_atomic_bw",
+            "ib_atomic_bw -n 200 -m 1024 (8-byte FETCH_AND_ADD) vs softroce perf atomic_bw; both \
+             print the client's results",
+            |r, l, role| perftest(r, l, role, "atomic_bw"),
+        ),
+        (
+            "perftest ib_write_lat",
+            "ib_write_lat -s 64 -n 200 -m 1024 vs softroce perf write_lat; both print a latency \
+             row",
+            |r, l, role| perftest(r, l, role, "write_lat"),
+        ),
+        (
+            "perftest ib_read_lat",
+            "ib_read_lat -s 64 -n 200 -m 1024 vs softroce perf read_lat; the client prints the \
+             latency row",
+            |r, l, role| perftest(r, l, role, "read_lat"),
+        ),
+        (
+            "perftest ib_send_lat",
+            "ib_send_lat -s 64 -n 200 -m 1024 vs softroce perf send_lat; both print a latency \
+             row",
+            |r, l, role| perftest(r, l, role, "send_lat"),
         ),
     ]
 }
@@ -1020,13 +1659,13 @@ fn interop_rxe() {
     let list = scenarios();
     for (name, _, f) in &list {
         for role in [Role::SoftroceServer, Role::SoftroceClient] {
-            if !name.contains(only.as_str()) {
+            if !selected(&only, name) {
                 continue;
             }
             outcomes.push(run_one(&rig, name, role, |r, l| f(r, l, role)));
         }
     }
-    if CONTROL.contains(only.as_str()) {
+    if selected(&only, CONTROL) {
         outcomes.push(run_one(&rig, CONTROL, Role::Control, control));
     }
     let manifest =
@@ -1042,9 +1681,21 @@ fn interop_rxe() {
         std::fs::write(&doc, &report).expect("write docs/interop.md");
         println!("wrote {}", doc.display());
     }
+    let not_impl: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.not_implemented())
+        .map(|o| format!("{} [{}]", o.scenario, o.role.column()))
+        .collect();
+    if !not_impl.is_empty() {
+        println!(
+            "NOT IMPLEMENTED in softroce (reported in the table, not failures): {}",
+            not_impl.join(", ")
+        );
+    }
+    let strict = std::env::var("SOFTROCE_INTEROP_REQUIRE_ALL").is_ok_and(|v| v == "1");
     let failed: Vec<String> = outcomes
         .iter()
-        .filter(|o| o.result.is_err())
+        .filter(|o| o.result.is_err() && (strict || !o.not_implemented()))
         .map(|o| format!("{} [{}]", o.scenario, o.role.column()))
         .collect();
     assert!(
@@ -1058,6 +1709,12 @@ fn interop_rxe() {
         failed.join(", "),
         run.join("logs").display()
     );
+}
+
+/// Whether `SOFTROCE_INTEROP_ONLY` (`|`-separated parts; empty: everything) selects the
+/// scenario `name`: it does when `name` contains one of the parts.
+fn selected(only: &str, name: &str) -> bool {
+    only.is_empty() || only.split('|').any(|p| !p.is_empty() && name.contains(p))
 }
 
 fn run_one(
@@ -1083,6 +1740,7 @@ fn run_one(
     let _ = std::fs::write(&file, &log);
     match &result {
         Ok(s) => println!("    pass ({secs:.1} s): {s}"),
+        Err(e) if e.starts_with(NOT_IMPLEMENTED) => println!("    {e}"),
         Err(e) => println!("    FAIL ({secs:.1} s): {e}\n    log: {}", file.display()),
     }
     Outcome {
@@ -1115,6 +1773,7 @@ fn report(
     let cell = |o: Option<&Outcome>| match o {
         None => "not run".to_string(),
         Some(o) if o.result.is_ok() => format!("pass ({:.1} s)", o.secs),
+        Some(Outcome { result: Err(e), .. }) if e.starts_with(NOT_IMPLEMENTED) => e.clone(),
         Some(o) => format!("**FAIL** ({:.1} s)", o.secs),
     };
     let find = |s: &str, r: Role| outcomes.iter().find(|o| o.scenario == s && o.role == r);
@@ -1141,18 +1800,6 @@ fn report(
             cell(find(name, Role::SoftroceClient))
         );
     }
-    for (name, why) in [
-        (
-            "ibv_srq_pingpong",
-            "not implemented: softroce has no SRQ yet",
-        ),
-        (
-            "perftest ib_send_bw, ib_write_lat, ib_send_lat, ib_read_lat",
-            "not implemented: `softroce perf` runs write_bw and read_bw",
-        ),
-    ] {
-        let _ = writeln!(md, "| {name} | {why} | {why} |");
-    }
     let _ = writeln!(
         md,
         "\nSuite wall time: {wall:.0} s (guest boot and rxe set-up {boot_secs:.0} s).\n\n## Results\n"
@@ -1165,6 +1812,7 @@ fn report(
             o.role.column(),
             match &o.result {
                 Ok(s) => s.clone(),
+                Err(e) if e.starts_with(NOT_IMPLEMENTED) => e.clone(),
                 Err(e) => format!("FAILED: {}", e.lines().next().unwrap_or("")),
             }
         );
