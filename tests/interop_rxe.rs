@@ -1044,6 +1044,32 @@ fn negative(rig: &Rig, log: &mut String, role: Role, case: Neg) -> Res<String> {
         let (grc, gout) = job.wait(rig, TOOL_TIMEOUT)?;
         let _ = writeln!(log, "## guest exit {grc}:\n{gout}");
         ensure!(grc == 0, "pyverbs peer exited {grc}:\n{gout}");
+        // Where the QPs were left: a NAKed request (remote access error) moves the responder's
+        // QP to ERR too (rxe_resp.c: class A/C errors set goto_error); an RNR NAK does not;
+        // an error completion moves the requester's QP to ERR.
+        let rxe_state = gout
+            .lines()
+            .find_map(|l| l.strip_prefix("rxe QP state: "))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        let q = t.cmd("query_qp", json!({}))?;
+        let sr_state = q["state"].as_str().unwrap_or("?").to_string();
+        let (want_req, want_resp) = match case {
+            Neg::ReadOob => ("ERR", "ERR"),
+            Neg::RnrThenSuccess => ("RTS", "RTS"),
+            Neg::RnrExceeded => ("ERR", "RTS"),
+        };
+        let (req_state, resp_state) = if softroce_requester {
+            (&sr_state, &rxe_state)
+        } else {
+            (&rxe_state, &sr_state)
+        };
+        ensure!(
+            req_state == want_req && resp_state == want_resp,
+            "QP states: requester {req_state}, responder {resp_state}; expected {want_req}, \
+             {want_resp}"
+        );
         let sr = t.counters()?;
         let _ = writeln!(log, "## softroce counters: {sr:?}");
         let after = rig.rxe_counters()?;
@@ -1144,7 +1170,8 @@ fn negative(rig: &Rig, log: &mut String, role: Role, case: Neg) -> Res<String> {
                 );
                 Ok(format!(
                     "NAK remote access error (AETH 0x{READ_OOB_SYNDROME:02x}) from {who} on the \
-                     wire at the READ's PSN, IBV_WC_REM_ACCESS_ERR at the requester{}; rxe accepted \
+                     wire at the READ's PSN, IBV_WC_REM_ACCESS_ERR at the requester{}, both QPs \
+                     in ERR; rxe accepted \
                      {sent_by_softroce} of {sent_by_softroce} softroce packets",
                     if softroce_requester {
                         ", READ buffer untouched"
@@ -1182,7 +1209,8 @@ fn negative(rig: &Rig, log: &mut String, role: Role, case: Neg) -> Res<String> {
                     );
                     Ok(format!(
                         "one RNR NAK (AETH 0x{rnr:02x}) from {who} on the wire, \
-                         IBV_WC_RNR_RETRY_EXC_ERR at the requester, nothing received; rxe \
+                         IBV_WC_RNR_RETRY_EXC_ERR at the requester (QP in ERR, the responder's \
+                         still RTS), nothing received; rxe \
                          accepted {sent_by_softroce} of {sent_by_softroce} softroce packets"
                     ))
                 } else {
@@ -1190,11 +1218,44 @@ fn negative(rig: &Rig, log: &mut String, role: Role, case: Neg) -> Res<String> {
                         n_rnr >= 1 && acks >= 1,
                         "expected RNR NAKs (0x{rnr:02x}) then an ACK from {who}, got {naks:02x?}"
                     );
+                    // The requester honours the RNR timer: each retry leaves at least the
+                    // encoded 10.24 ms after the RNR NAK (capture times in the guest; 0.2 ms
+                    // slack for the clock's granularity).
+                    let t_of = |l: &str| {
+                        l.split_whitespace()
+                            .find_map(|w| w.strip_prefix("t="))
+                            .and_then(|t| t.parse::<f64>().ok())
+                    };
+                    let mut min_wait = f64::INFINITY;
+                    let mut last_rnr = None;
+                    for l in &pcap {
+                        if l.starts_with(responder.as_str())
+                            && l.ends_with(&format!("syndrome=0x{rnr:02x}"))
+                        {
+                            last_rnr = t_of(l);
+                        } else if l.starts_with(requester.as_str()) {
+                            let waited = last_rnr.take().zip(t_of(l)).map(|(t0, t1)| t1 - t0);
+                            min_wait = waited.map_or(min_wait, |w| min_wait.min(w));
+                        }
+                    }
+                    let want_wait = 0.01024 - 0.0002;
+                    ensure!(
+                        min_wait.is_finite() && min_wait >= want_wait,
+                        "the requester retried {:.2} ms after an RNR NAK (timer 10.24 ms): {pcap:#?}",
+                        min_wait * 1e3
+                    );
+                    let requester_name = if softroce_requester {
+                        "softroce"
+                    } else {
+                        "rxe"
+                    };
                     Ok(format!(
-                        "{n_rnr} RNR NAK(s) (AETH 0x{rnr:02x}) from {who}, then the ACK of the \
-                         retried SEND once a receive was posted; IBV_WC_SUCCESS at the \
+                        "{n_rnr} RNR NAK(s) (AETH 0x{rnr:02x}) from {who}, {requester_name} retried \
+                         {:.1} ms later (timer 10.24 ms), then the ACK of the retried SEND once a \
+                         receive was posted; IBV_WC_SUCCESS at the \
                          requester, the message in {who}'s receive buffer; rxe accepted \
-                         {sent_by_softroce} of {sent_by_softroce} softroce packets"
+                         {sent_by_softroce} of {sent_by_softroce} softroce packets",
+                        min_wait * 1e3
                     ))
                 }
             }

@@ -29,7 +29,8 @@ usage:
         send_rnr_err has grown (it has RNR NAKed the SEND), then posts one and checks that
         MESSAGE lands; with --no-recv it never posts one and waits for PREFIX.done.
   pyverbs_peer.py pcap-summary FILE
-      one line per RoCEv2 packet in a pcap: source, destination, opcode, PSN, AETH syndrome.
+      one line per RoCEv2 packet in a pcap: source, destination, opcode, PSN, IP ID, capture
+      time (seconds), AETH syndrome.
 Device and GID index come from $DEV and $GIDX (set by the guest agent).
 """
 import argparse
@@ -201,6 +202,15 @@ def wait_file(path, timeout=60.0):
     raise SystemExit(f'pyverbs: {path} did not appear within {timeout} s')
 
 
+QP_STATES = ['RESET', 'INIT', 'RTR', 'RTS', 'SQD', 'SQE', 'ERR']
+
+
+def report_qp_state(rc):
+    attr, _ = rc.qp.query(rc.e.IBV_QP_STATE)
+    s = attr.qp_state
+    print(f'rxe QP state: {QP_STATES[s] if 0 <= s < len(QP_STATES) else s}', flush=True)
+
+
 def neg(a):
     """One side of a negative case; the other side is `softroce target`, driven by the host."""
     import json
@@ -236,6 +246,7 @@ def neg(a):
               f'expected {a.expect})')
         print(f'rxe counters: rcvd_rnr_err={counter("rcvd_rnr_err")} '
               f'retry_rnr_exceeded_err={counter("retry_rnr_exceeded_err")}')
+        report_qp_state(rc)
         return 0 if wc.status == want else 1
     # responder
     if a.op == 'send' and not a.no_recv:
@@ -255,9 +266,11 @@ def neg(a):
         print(f'received {"the expected message" if ok else "NOT " + repr(a.message)}')
         wait_file(a.ex + '.done')
         print(f'rxe counters: send_rnr_err={counter("send_rnr_err") - rnr_before} (this run)')
+        report_qp_state(rc)
         return 0 if ok else 1
     wait_file(a.ex + '.done')
     print(f'rxe counters: send_rnr_err={counter("send_rnr_err") - rnr_before} (this run)')
+    report_qp_state(rc)
     return 0
 
 
@@ -282,7 +295,7 @@ def pcap_summary(a):
     endian = '<' if magic in (0xa1b2c3d4, 0xa1b23c4d) else '>'
     off = 24
     while off + 16 <= len(data):
-        _, _, incl, _ = struct.unpack(endian + 'IIII', data[off:off + 16])
+        sec, usec, incl, _ = struct.unpack(endian + 'IIII', data[off:off + 16])
         pkt = data[off + 16:off + 16 + incl]
         off += 16 + incl
         if len(pkt) < 14 + 20 + 8 + 12 or pkt[12:14] != b'\x08\x00':
@@ -299,7 +312,7 @@ def pcap_summary(a):
         psn = struct.unpack('>I', bth[8:12])[0] & 0xffffff
         ident = struct.unpack('>H', ip[4:6])[0]
         line = (f'{socket.inet_ntoa(ip[12:16])} > {socket.inet_ntoa(ip[16:20])} '
-                f'opcode=0x{opcode:02x} psn=0x{psn:06x} ipid=0x{ident:04x}')
+                f'opcode=0x{opcode:02x} psn=0x{psn:06x} ipid=0x{ident:04x} t={sec}.{usec:06d}')
         if opcode in (0x0d, 0x0f, 0x10, 0x11, 0x12) and len(bth) >= 16:  # carries an AETH
             line += f' syndrome=0x{bth[12]:02x}'
         print(line)
