@@ -48,6 +48,7 @@ pub fn run(
         recv_cq: &cq,
         cap: QpCap::default(),
         sq_sig_all: false,
+        srq: None,
     })?;
     // The message and its terminating NUL.
     let len = MESSAGE.len() + 1;

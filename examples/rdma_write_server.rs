@@ -48,6 +48,7 @@ pub fn serve(
         recv_cq: &cq,
         cap: QpCap::default(),
         sq_sig_all: false,
+        srq: None,
     })?;
     let mr = pd.reg_mr(
         BUF_LEN,

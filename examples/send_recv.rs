@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             recv_cq: &cq,
             cap: QpCap::default(),
             sq_sig_all: true,
+            srq: None,
         })?;
         let mr: Mr = pd.reg_mr(SIZE, AccessFlags::LOCAL_WRITE)?;
         ends.push((pd, cq, qp, mr));

@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         recv_cq: cq,
         cap: QpCap::default(),
         sq_sig_all: true,
+        srq: None,
     };
     let sqp = spd.create_qp(&init(&scq))?;
     let cqp = cpd.create_qp(&init(&ccq))?;

@@ -1761,6 +1761,7 @@ fn dev_rig() -> DevRig {
             recv_cq: &cq,
             cap: QpCap::default(),
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     qp.connect_rc(&RcConnect::new(0x11, Gid::from(PEER_IP), PSN, 0x200))

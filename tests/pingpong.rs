@@ -1,4 +1,4 @@
-//! `softroce pingpong --rc/--uc/--ud` against itself, as two processes over UDP on loopback,
+//! `softroce pingpong --rc/--uc/--ud/--srq` against itself, as two processes over UDP on loopback,
 //! and against a hand-written peer that speaks rc_pingpong's TCP exchange byte for byte.
 //!
 //! Each test uses its own 127.0.6x.y addresses (Linux routes all of 127/8 to loopback) and a
@@ -288,15 +288,172 @@ fn peer_without_gid_is_refused() {
     assert!(text(&s).contains("RoCE needs a GID"), "{}", text(&s));
 }
 
+/// `--srq` (ibv_srq_pingpong) between two softroce processes: `qps` RC QPs on one SRQ each.
+fn run_srq_pair(net: u8, qps: u32, size: u32, iters: u32, extra: &[&str]) {
+    let (sip, cip) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
+    let port = free_port(&sip).to_string();
+    let (qps_s, size_s, iters_s) = (qps.to_string(), size.to_string(), iters.to_string());
+    let common = [
+        &[
+            "pingpong",
+            "--srq",
+            "-p",
+            &port,
+            "-q",
+            &qps_s,
+            "-s",
+            &size_s,
+            "-n",
+            &iters_s,
+            "-r",
+            "64",
+            "-g",
+            "1",
+            "--counters",
+        ][..],
+        extra,
+    ]
+    .concat();
+    let mut server = spawn(&[&common[..], &["--ip", &sip]].concat());
+    let head = wait_for_line(&mut server, "  local address:");
+    let client = spawn(&[&common[..], &["--ip", &cip, &sip]].concat());
+    let c = finish(client, Duration::from_secs(60));
+    let s = finish(server, Duration::from_secs(60));
+    let (cs, ss) = (text(&c), format!("{head}{}", text(&s)));
+    assert!(c.status.success(), "client failed:\n{cs}\nserver:\n{ss}");
+    assert!(s.status.success(), "server failed:\n{ss}\nclient:\n{cs}");
+    let bytes = u64::from(size) * u64::from(iters) * 2;
+    for out in [&cs, &ss] {
+        // srq_pingpong's two result lines.
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("{bytes} bytes in ")) && l.ends_with(" Mbit/sec")),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("{iters} iters in ")) && l.ends_with(" usec/iter")),
+            "{out}"
+        );
+        // srq_pingpong counts SENDs over all QPs and may post up to one more per QP.
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("data: "))
+            .unwrap_or_else(|| panic!("no data line: {out}"));
+        let received: u32 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!(
+            (iters..iters + qps).contains(&received),
+            "{received} received for {iters} iters: {out}"
+        );
+        assert!(
+            line.contains(&format!("on {qps} QPs and one SRQ checked")),
+            "{out}"
+        );
+        assert_eq!(counter(out, "icrc_errors"), 0, "{out}");
+        // The peer may post a few more SENDs after this side has stopped counting; they
+        // still land in the SRQ.
+        assert!(counter(out, "rdma_recvs") >= u64::from(received), "{out}");
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with("  local address:"))
+                .count(),
+            qps as usize,
+            "one local address line per QP: {out}"
+        );
+    }
+    // QP i of one side is connected to QP i of the other.
+    let lines = |out: &str, which: &str| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.trim_start().strip_prefix(which))
+            .map(|l| l.trim().to_string())
+            .collect()
+    };
+    assert_eq!(lines(&cs, "remote address:"), lines(&ss, "local address:"));
+    assert_eq!(lines(&ss, "remote address:"), lines(&cs, "local address:"));
+    // Every packet one side sent, the other accepted; every SEND acknowledged was received.
+    assert_eq!(counter(&cs, "sent_pkts"), counter(&ss, "rcvd_pkts"));
+    assert_eq!(counter(&ss, "sent_pkts"), counter(&cs, "rcvd_pkts"));
+    assert_eq!(counter(&cs, "rdma_sends"), counter(&ss, "rdma_recvs"));
+    assert_eq!(counter(&ss, "rdma_sends"), counter(&cs, "rdma_recvs"));
+}
+
 #[test]
-fn srq_is_refused_with_a_clear_error() {
-    let o = finish(spawn(&["pingpong", "--srq"]), Duration::from_secs(20));
-    assert_eq!(o.status.code(), Some(1));
+fn srq_pingpong_16_qps_on_one_srq() {
+    run_srq_pair(69, 16, 1000, 300, &[]);
+}
+
+#[test]
+fn srq_pingpong_with_completion_events() {
+    run_srq_pair(70, 4, 4096, 200, &["-e"]);
+}
+
+/// The server answers a peer that speaks srq_pingpong's exchange: 256 messages of 52 bytes
+/// each way (entries past the QPs in use are zeros), then `"done"` + NUL from the client.
+#[test]
+fn server_speaks_srq_pingpong_exchange() {
+    let ip = "127.0.71.1";
+    let port = free_port(ip);
+    let mut server = spawn(&[
+        "pingpong",
+        "--srq",
+        "-q",
+        "2",
+        "--ip",
+        ip,
+        "-p",
+        &port.to_string(),
+        "-n",
+        "1",
+    ]);
+    wait_for_line(&mut server, "  local address:");
+    let mut tcp = TcpStream::connect((ip, port)).expect("connect");
+    let mut ours = Vec::new();
+    ours.extend_from_slice(b"0000:000123:abcdef:00000000000000000000ffff7f004702\0");
+    ours.extend_from_slice(b"0000:000124:123456:00000000000000000000ffff7f004702\0");
+    for _ in 2..256 {
+        ours.extend_from_slice(b"0000:000000:000000:00000000000000000000000000000000\0");
+    }
+    tcp.write_all(&ours).expect("send our addresses");
+    let mut reply = vec![0u8; 256 * 52];
+    tcp.read_exact(&mut reply)
+        .expect("read the server's 256 addresses");
+    for (i, m) in reply.chunks(52).enumerate() {
+        assert_eq!(m[51], 0, "NUL-terminated");
+        let text = std::str::from_utf8(&m[..51]).expect("text");
+        if i < 2 {
+            assert!(
+                text.starts_with("0000:0000")
+                    && text.ends_with(":00000000000000000000ffff7f004701"),
+                "{text}"
+            );
+        } else {
+            assert_eq!(text, "0000:000000:000000:00000000000000000000000000000000");
+        }
+    }
+    tcp.write_all(b"done\0").expect("done");
+    drop(tcp);
+    let head = wait_for_line(&mut server, "  remote address: LID 0x0000, QPN 0x000124");
     assert!(
-        text(&o).contains("SRQs are not implemented yet"),
-        "{}",
-        text(&o)
+        head.contains(
+            "  remote address: LID 0x0000, QPN 0x000123, PSN 0xabcdef, GID ::ffff:127.0.71.2"
+        ),
+        "{head}"
     );
+    drop(server);
+}
+
+#[test]
+fn srq_options_need_srq() {
+    let o = finish(
+        spawn(&["pingpong", "--rc", "-q", "4", "--ip", "127.0.72.1"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("use them with --srq"), "{}", text(&o));
 }
 
 #[test]

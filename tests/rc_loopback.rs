@@ -32,6 +32,7 @@ fn side(ip: Ipv4Addr) -> Side {
                 ..QpCap::default()
             },
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     Side { dev, pd, cq, qp }

@@ -100,6 +100,7 @@ fn device_with_qp() -> (Device, Arc<RecordingLink>, softroce::verbs::Qp) {
             recv_cq: &cq,
             cap: QpCap::default(),
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     qp.connect_rc(&RcConnect::new(0x11, Gid::from(PEER_IP), 0x100, 0x200))

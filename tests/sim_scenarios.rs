@@ -71,6 +71,7 @@ fn pair(o: Opts) -> Pair {
         recv_cq: cq,
         cap: QpCap::default(),
         sq_sig_all: true,
+        srq: None,
     };
     let qa = pa.create_qp(&init(&ca)).unwrap();
     let qb = pb.create_qp(&init(&cb)).unwrap();
@@ -693,6 +694,7 @@ fn ud_pair() -> UdPair {
         recv_cq: cq,
         cap: QpCap::default(),
         sq_sig_all: true,
+        srq: None,
     };
     let qa = pa.create_qp(&init(&ca)).unwrap();
     let qb = pb.create_qp(&init(&cb)).unwrap();

@@ -18,11 +18,13 @@ mod error;
 mod memory;
 mod requester;
 mod responder;
+mod srq;
 mod timer;
 
 pub use counters::{Counters, DropReason};
 pub use error::{Disposition, QpAction, RespError};
 pub use memory::{MAX_MR, MemError, MrEntry, MrTable as MemoryTable};
+pub use srq::{QpEvent, SrqQueue};
 pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 
 use crate::wire::{IcrcIp, Psn, ROCE_V2_UDP_PORT, RocePacket, Transport};
@@ -469,6 +471,11 @@ pub struct Completion {
     pub cq: CqSel,
     /// The completion.
     pub wc: Wc,
+    /// The receive completion of a message whose last packet had BTH.SE set (a SEND or
+    /// WRITE with immediate posted with `IBV_SEND_SOLICITED`): it triggers a solicited-only
+    /// CQ notification. Source: IBTA Vol 1 ch. 9 (solicited event); rxe `rxe_cq_post`'s
+    /// `solicited` argument.
+    pub solicited: bool,
 }
 
 /// A datagram to send: UDP payload (BTH … ICRC) from `src_port` to `dst`:4791.
@@ -659,6 +666,8 @@ pub struct QpEngine {
     counters: Counters,
     /// Source address of the packet being handled (for the UD GRH).
     last_src: IpAddr,
+    /// SRQ attachment and asynchronous events (srq.rs).
+    srq: srq::SrqExt,
 }
 
 impl QpEngine {
@@ -682,6 +691,7 @@ impl QpEngine {
             completions: VecDeque::new(),
             counters: Counters::default(),
             last_src: IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
+            srq: srq::SrqExt::default(),
         }
     }
 
@@ -753,6 +763,7 @@ impl QpEngine {
     pub fn set_state(&mut self, new: QpState) {
         let old = self.state;
         self.state = new;
+        self.on_modify_state(old, new);
         match new {
             QpState::Reset => {
                 self.sq.clear();
@@ -848,6 +859,9 @@ impl QpEngine {
     /// Errors: [`PostError::WrongState`] in RESET; [`PostError::QueueFull`] when
     /// `max_recv_wr` are queued; [`PostError::Invalid`] for too many SGEs.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.srq.attached() {
+            return Err(PostError::Invalid("the QP takes its receives from an SRQ"));
+        }
         if self.state == QpState::Reset {
             return Err(PostError::WrongState);
         }
@@ -910,7 +924,17 @@ impl QpEngine {
         self.counters.rcvd_pkts += 1;
         self.last_src = src;
         if request {
+            let before = self.completions.len();
             self.responder_handle(now, pkt, mem);
+            if pkt.repr.bth.se {
+                // IBTA ch. 9: SE on the last packet of a message makes its receive completion
+                // a solicited one (earlier completions are never the new ones).
+                for c in self.completions.iter_mut().skip(before) {
+                    if c.cq == CqSel::Recv && c.wc.status == WcStatus::Success {
+                        c.solicited = true;
+                    }
+                }
+            }
         } else {
             self.completer_handle(now, pkt, mem);
         }
@@ -928,7 +952,7 @@ impl QpEngine {
     /// — a fence, the READ/atomic limit, the window — would stall the QP forever.)
     fn keep_retransmit_timer(&mut self, now: Instant) {
         if self.qp_type == QpType::Rc
-            && self.state == QpState::Rts
+            && matches!(self.state, QpState::Rts | QpState::Sqd)
             && !self.timers.is_armed(Timer::Rnr)
             && !self.timers.is_armed(Timer::Retransmit)
             && self.req.psn.diff(self.comp.psn) > 0
@@ -970,7 +994,11 @@ impl QpEngine {
     // ---- internals shared by the three parts ----
 
     fn push_wc(&mut self, cq: CqSel, wc: Wc) {
-        self.completions.push_back(Completion { cq, wc });
+        self.completions.push_back(Completion {
+            cq,
+            wc,
+            solicited: false,
+        });
     }
 
     fn complete_send(&mut self, wqe: &SendWqe, status: WcStatus, byte_len: u32) {
@@ -999,7 +1027,9 @@ impl QpEngine {
 
     /// Enters ERR: completes the failing WQE (if any was given) with `status`, then flushes.
     fn enter_error(&mut self) {
+        let old = self.state;
         self.state = QpState::Err;
+        self.on_fatal(old);
         self.flush();
     }
 
@@ -1012,7 +1042,10 @@ impl QpEngine {
         if let Some(r) = self.resp.take_recv() {
             self.push_wc(CqSel::Recv, recv_wc(&r.wr, WcStatus::WrFlushErr, self.qpn));
         }
-        while let Some(r) = self.rq.pop_front() {
+        // WQEs lent by an SRQ belong to the SRQ: the owner takes them back unflushed.
+        while !self.srq.attached()
+            && let Some(r) = self.rq.pop_front()
+        {
             self.push_wc(CqSel::Recv, recv_wc(&r.wr, WcStatus::WrFlushErr, self.qpn));
         }
     }

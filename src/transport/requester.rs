@@ -35,16 +35,26 @@ impl QpEngine {
         path: &Path,
         mem: &MemoryTable,
     ) -> Option<Transmit> {
-        if self.state != QpState::Rts || self.timers.is_armed(Timer::Rnr) {
+        // SQD (IBTA ch. 10 "send queue drain"; rxe `req_next_wqe`): WQEs already started
+        // finish, retransmissions included; no new WQE starts.
+        let draining = self.state == QpState::Sqd;
+        if !(self.state == QpState::Rts || draining) || self.timers.is_armed(Timer::Rnr) {
             return None;
         }
         if self.qp_type == QpType::Ud {
-            return self.ud_transmit(path, mem);
+            return if draining {
+                None
+            } else {
+                self.ud_transmit(path, mem)
+            };
         }
         let idx = self.req.wqe;
         let pmtu = self.pmtu();
         let max_rd = usize::from(self.attrs.max_rd_atomic.max(1));
         let wqe = self.sq.get(idx)?;
+        if draining && !wqe.assigned {
+            return None;
+        }
         let uc = self.qp_type == QpType::Uc;
         // rxe: at most RXE_MAX_UNACKED_PSNS outstanding PSNs (RC; UC is never acknowledged).
         if !uc && self.req.psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {

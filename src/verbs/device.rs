@@ -5,7 +5,7 @@ use super::{Clock, Error, ErrorKind, Gid, Link, QpAttr, QpAttrMask, Result};
 use crate::transport::to_v6;
 use crate::transport::{
     AccessFlags, Completion, Counters, CqSel, DropReason, Instant, MemoryTable, Path, PathMtu,
-    PostError, QpCap, QpEngine, QpState, QpType, RecvWr, SendWr, Wc, WcOpcode, WcStatus,
+    PostError, QpCap, QpEngine, QpEvent, QpState, QpType, RecvWr, SendWr, Wc, WcOpcode, WcStatus,
 };
 use crate::wire::ip_udp::{LinkType, parse_frame};
 use crate::wire::{IcrcIp, OpKind, ROCE_V2_UDP_PORT, RocePacket, icrc_compute, solve_ipv4_ident};
@@ -125,6 +125,12 @@ pub struct DeviceAttr {
     pub max_msg_sz: u64,
     /// Physical ports.
     pub phys_port_cnt: u8,
+    /// Most SRQs.
+    pub max_srq: u32,
+    /// Most WRs per SRQ.
+    pub max_srq_wr: u32,
+    /// Most SGEs per SRQ WR.
+    pub max_srq_sge: u32,
 }
 
 /// Port attributes (`struct ibv_port_attr`, the fields softroce fills).
@@ -153,22 +159,24 @@ const MAX_RD_ATOM: u32 = 128;
 /// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
 const FIRST_QPN: u32 = 0x11;
 
-struct CqShared {
+pub(super) struct CqShared {
     ring: Mutex<VecDeque<Wc>>,
     ready: Condvar,
     cqe: usize,
     overflows: AtomicU64,
+    pub(super) notify: super::event::CqNotify,
 }
 
-struct QpSlot {
-    engine: QpEngine,
+pub(super) struct QpSlot {
+    pub(super) engine: QpEngine,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
 }
 
-struct State {
-    mrs: MemoryTable,
-    qps: BTreeMap<u32, QpSlot>,
+pub(super) struct State {
+    pub(super) mrs: MemoryTable,
+    pub(super) qps: BTreeMap<u32, QpSlot>,
+    pub(super) srqs: super::srq::SrqTable,
     next_qpn: u32,
     next_pd: u32,
     live_pds: Vec<u32>,
@@ -184,6 +192,7 @@ struct Shared {
     link: Arc<dyn Link>,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    events: super::event::AsyncEvents,
 }
 
 /// A softroce device: one IP address, one port, a GID table, and the verbs objects made on
@@ -268,13 +277,14 @@ impl Device {
         let state = State {
             mrs: MemoryTable::new(cfg.seed),
             qps: BTreeMap::new(),
+            srqs: Default::default(),
             next_qpn: FIRST_QPN,
             next_pd: 1,
             live_pds: Vec::new(),
             counters: Counters::default(),
             rp_cnp_ignored: 0,
         };
-        Device {
+        let dev = Device {
             shared: Arc::new(Shared {
                 cfg,
                 node_guid,
@@ -282,8 +292,26 @@ impl Device {
                 link,
                 clock,
                 state: Mutex::new(state),
+                events: super::event::AsyncEvents::new(),
             }),
-        }
+        };
+        // rxe raises IB_EVENT_PORT_ACTIVE when its netdev comes up (`rxe_port_up`).
+        dev.shared
+            .events
+            .push(super::EventType::PortActive, super::EventElement::Port(1));
+        dev
+    }
+
+    pub(super) fn state(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.shared.state.lock()
+    }
+
+    pub(super) fn async_events(&self) -> &super::event::AsyncEvents {
+        &self.shared.events
+    }
+
+    pub(super) fn same_device(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// Device name.
@@ -315,6 +343,9 @@ impl Device {
             max_qp_init_rd_atom: MAX_RD_ATOM,
             max_msg_sz: crate::transport::MAX_MSG_BYTES,
             phys_port_cnt: 1,
+            max_srq: super::srq::MAX_SRQ,
+            max_srq_wr: super::srq::MAX_SRQ_WR,
+            max_srq_sge: super::srq::MAX_SRQ_SGE,
         }
     }
 
@@ -393,6 +424,7 @@ impl Device {
                 ready: Condvar::new(),
                 cqe: cqe as usize,
                 overflows: AtomicU64::new(0),
+                notify: Default::default(),
             }),
         })
     }
@@ -467,10 +499,7 @@ impl Device {
             st.counters.drop_packet(DropReason::IcrcMismatch);
             return;
         }
-        let State { mrs, qps, .. } = &mut *st;
-        if let Some(slot) = qps.get_mut(&qpn) {
-            slot.engine.handle_packet(now, &pkt, src.ip(), mrs);
-        }
+        super::srq::handle_packet(&mut st, qpn, now, &pkt, src.ip(), &self.shared.events);
         self.pump(&mut st, qpn, now);
     }
 
@@ -567,27 +596,38 @@ impl Device {
                 counters.send_err += 1;
             }
         }
-        while let Some(Completion { cq, wc }) = slot.engine.poll_completion() {
+        while let Some(Completion { cq, wc, solicited }) = slot.engine.poll_completion() {
             let target = match cq {
                 CqSel::Send => &slot.send_cq,
                 CqSel::Recv => &slot.recv_cq,
             };
-            target.push(wc);
+            target.push(wc, solicited);
+        }
+        while let Some(ev) = slot.engine.poll_event() {
+            use super::EventType as E;
+            let t = match ev {
+                QpEvent::Fatal => E::QpFatal,
+                QpEvent::SqDrained => E::SqDrained,
+                QpEvent::LastWqeReached => E::QpLastWqeReached,
+            };
+            self.shared.events.push(t, super::EventElement::Qp(qpn));
         }
     }
 }
 
 impl CqShared {
-    fn push(&self, wc: Wc) {
+    fn push(self: &Arc<Self>, wc: Wc, solicited: bool) {
         let mut ring = self.ring.lock();
         if ring.len() >= self.cqe {
             // CQ overrun: rxe raises IB_EVENT_CQ_ERR; we count and drop the entry.
             self.overflows.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        let error = wc.status != WcStatus::Success;
         ring.push_back(wc);
         drop(ring);
         self.ready.notify_all();
+        self.notify.completed(self, solicited, error);
     }
 }
 
@@ -602,6 +642,10 @@ impl Pd {
     /// The PD's handle (unique within its device).
     pub fn handle(&self) -> u32 {
         self.handle
+    }
+
+    pub(super) fn device(&self) -> Device {
+        self.dev.clone()
     }
 
     /// `ibv_reg_mr` of a new zeroed buffer of `length` bytes owned by the MR.
@@ -668,6 +712,16 @@ impl Pd {
             qpn + 1
         };
         let mut engine = QpEngine::new(qpn, init.qp_type, self.handle, c, init.sq_sig_all);
+        if let Some(srq) = init.srq {
+            if !srq.same_device(&self.dev) {
+                return Err(Error::new(
+                    ErrorKind::Inval,
+                    "create_qp: SRQ of another device",
+                ));
+            }
+            st.srqs.attach(qpn, srq.srq_num())?;
+            engine.attach_srq();
+        }
         if init.qp_type == QpType::Ud {
             // UD has no address vector: the source is fixed at creation, each WR names its
             // destination. rxe keeps the creation-time source port for UD and GSI QPs.
@@ -708,6 +762,10 @@ pub struct QpInitAttr<'a> {
     pub cap: QpCap,
     /// Signal every send WR (`sq_sig_all`).
     pub sq_sig_all: bool,
+    /// The shared receive queue the QP takes its receive WQEs from (`srq`); `None` for its
+    /// own receive queue. With an SRQ, `cap.max_recv_wr`/`max_recv_sge` are ignored and
+    /// [`Qp::post_recv`] fails with `EINVAL`.
+    pub srq: Option<&'a super::Srq>,
 }
 
 /// A memory region that owns its buffer. Dropping it deregisters it.
@@ -804,6 +862,20 @@ impl core::fmt::Debug for Cq {
 }
 
 impl Cq {
+    pub(super) fn shared(&self) -> &Arc<CqShared> {
+        &self.shared
+    }
+
+    pub(super) fn from_shared(shared: Arc<CqShared>) -> Cq {
+        Cq { shared }
+    }
+
+    /// True when `self` and `other` are handles to the same CQ (as comparing `ibv_cq`
+    /// pointers).
+    pub fn same_cq(&self, other: &Cq) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let mut ring = self.shared.ring.lock();
@@ -1234,6 +1306,7 @@ impl Drop for Qp {
             let c = slot.engine.counters().clone();
             st.counters.add(&c);
         }
+        st.srqs.detach(self.qpn);
     }
 }
 

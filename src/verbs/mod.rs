@@ -8,7 +8,9 @@
 //! the driver thread that calls [`Device::handle_datagram`] sends the answers).
 
 mod device;
+mod event;
 mod modify;
+mod srq;
 
 pub use crate::transport::{
     AccessFlags, Counters, DropReason, PathMtu, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr,
@@ -18,7 +20,9 @@ pub use device::{
     Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
     RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
+pub use event::{AsyncEvent, CompChannel, EventElement, EventType};
 pub use modify::{AhAttr, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
 
 use crate::transport::Instant;
 use std::borrow::Cow;

@@ -36,6 +36,7 @@ pub fn side(ip: IpAddr, opts: &UdpOptions) -> io::Result<Side> {
                 ..QpCap::default()
             },
             sq_sig_all: false,
+            srq: None,
         })
         .expect("create_qp");
     Ok(Side { dev, pd, cq, qp })

@@ -337,6 +337,7 @@ pub fn run(a: PerfArgs) -> Result<(), BoxError> {
             max_inline_data: 0,
         },
         sq_sig_all: true,
+        srq: None,
     })?;
     // Twice the larger of the message and a page: perftest peers may cycle their WRITEs and
     // READs through a page's worth of addresses.

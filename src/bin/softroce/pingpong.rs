@@ -36,9 +36,11 @@
 //! address handle towards the peer's GID, messages of at most one MTU (default size 2048), and
 //! receive buffers 40 bytes longer for the GRH that precedes every message (a receive
 //! completion's `byte_len` counts it). Neither UC nor UD recovers from loss: a lost message
-//! stops the run, as it stops the rdma-core tools. `--srq` (`ibv_srq_pingpong`) is refused: no
-//! shared receive queues yet. Source: rdma-core `libibverbs/examples/uc_pingpong.c`,
+//! stops the run, as it stops the rdma-core tools. `--srq` is `ibv_srq_pingpong` (see the `srq`
+//! submodule: `-q` QPs on one SRQ, 256 address messages each way, `-e` for CQ events). Source: rdma-core `libibverbs/examples/uc_pingpong.c`,
 //! `ud_pingpong.c` (`pp_connect_ctx`, `pp_post_send`, `pp_post_recv`).
+
+mod srq;
 
 use crate::BoxError;
 use clap::{ArgGroup, Args};
@@ -76,9 +78,15 @@ pub struct PingpongArgs {
     /// UD QP, SEND/RECV with a GRH (as ibv_ud_pingpong).
     #[arg(long)]
     ud: bool,
-    /// RC QPs on a shared receive queue (as ibv_srq_pingpong): not implemented yet.
+    /// RC QPs on one shared receive queue (as ibv_srq_pingpong).
     #[arg(long)]
     srq: bool,
+    /// --srq: number of QPs to use [default: 16].
+    #[arg(short = 'q', long = "num-qp")]
+    num_qp: Option<u32>,
+    /// --srq: sleep on CQ events (a completion channel) instead of polling.
+    #[arg(short = 'e', long = "events")]
+    events: bool,
     /// Server to connect to; without it, wait for a client.
     host: Option<String>,
     /// Listen on / connect to this TCP port.
@@ -211,9 +219,10 @@ const GRH_BYTES: usize = 40;
 /// Runs `softroce pingpong`.
 pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     if a.srq {
-        return Err(
-            "SRQs are not implemented yet: softroce has no shared receive queues (use --rc)".into(),
-        );
+        return srq::run(a);
+    }
+    if a.num_qp.is_some() || a.events {
+        return Err("-q and -e are ibv_srq_pingpong options: use them with --srq".into());
     }
     let qp_type = if a.uc {
         QpType::Uc
@@ -266,6 +275,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
             max_inline_data: 0,
         },
         sq_sig_all: false,
+        srq: None,
     })?;
     // [0, size): the buffer SENDs go from; [size, 2 × size + grh): where receives land.
     let mr = pd.reg_mr((2 * size + grh).max(1), AccessFlags::LOCAL_WRITE)?;

@@ -308,6 +308,7 @@ fn setup(a: &TargetArgs) -> Result<Target, BoxError> {
             max_inline_data: 0,
         },
         sq_sig_all: false,
+        srq: None,
     })?;
     let mut mrs = Vec::with_capacity(sizes.len());
     for (i, size) in sizes.iter().enumerate() {

@@ -167,6 +167,7 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
             recv_cq: &ca,
             cap,
             sq_sig_all: true,
+            srq: None,
         })?;
         let qb = pb.create_qp(&QpInitAttr {
             qp_type: QpType::Rc,
@@ -174,6 +175,7 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
             recv_cq: &cb,
             cap,
             sq_sig_all: true,
+            srq: None,
         })?;
         let local = pa.reg_mr(depth * max, all)?;
         let remote = pb.reg_mr(DATA_OFF + max, all)?;
