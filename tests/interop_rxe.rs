@@ -72,6 +72,8 @@ const LAT_ITERS: u32 = 200;
 const RXE_MESSAGE: &str = "Hello RDMA from rxe! Data lands directly in softroce memory.";
 /// Name of the rxe ↔ rxe control run.
 const CONTROL: &str = "rc_pingpong 4096 B, rxe control";
+/// Name of the rxe ↔ rxe control run of ibv_srq_pingpong.
+const CONTROL_SRQ: &str = "srq_pingpong 4096 B, rxe control";
 /// The start of the message softroce's rdma_write_client writes.
 const SOFTROCE_MESSAGE: &str = "Hello RDMA from client!";
 
@@ -508,10 +510,21 @@ fn pingpong(
         "ibv_{qp}_pingpong -c found invalid data:\n{}",
         p.guest_out
     );
+    // "data: N received messages of S bytes checked" (with --srq: "... bytes on Q QPs and one
+    // SRQ checked"). N is the iterations; with an SRQ up to one more per QP (16), since
+    // srq_pingpong's loop ends once both counts reach -n while every QP keeps one exchange
+    // going.
+    let extra = if qp == "srq" { 16 } else { 0 };
+    let received = p.host.stdout.lines().find_map(|l| {
+        let rest = l.strip_prefix("data: ")?;
+        let (n, rest) = rest.split_once(" received messages of ")?;
+        rest.starts_with(&format!("{size} bytes "))
+            .then_some(())
+            .and(l.contains(" checked").then_some(()))?;
+        n.parse::<u32>().ok()
+    });
     ensure!(
-        p.host.stdout.contains(&format!(
-            "data: {iters} received messages of {size} bytes checked"
-        )),
+        received.is_some_and(|n| n >= iters && n <= iters + extra),
         "softroce did not verify {iters} messages:\n{}",
         p.host.stdout
     );
@@ -542,9 +555,16 @@ fn pingpong(
     // guest's rxe and netem counters together account for one packet more than the tap carried
     // (a capture on the tap matched softroce's count exactly each time): that one is allowed.
     // A packet rxe rejected would make the sum smaller than what softroce sent, never larger.
+    // Datagrams softroce received: `rx_datagrams`; `softroce pingpong --srq` prints only the
+    // device counters, whose `rcvd_pkts` counts the same packets once their checks passed
+    // (and the drop counters below must be zero).
+    let sr_rx = sr
+        .get("rx_datagrams")
+        .or_else(|| sr.get("rcvd_pkts"))
+        .copied()
+        .unwrap_or(0);
     let accepted = g(&rxe, "rcvd_pkts") + lost_to_rxe;
-    let late = (g(&rxe, "sent_pkts") - lost_by_rxe.min(g(&rxe, "sent_pkts")))
-        .saturating_sub(g(&sr, "rx_datagrams"));
+    let late = (g(&rxe, "sent_pkts") - lost_by_rxe.min(g(&rxe, "sent_pkts"))).saturating_sub(sr_rx);
     let guest_slack = u64::from(loss);
     ensure!(
         accepted >= g(&sr, "sent_pkts") && accepted - g(&sr, "sent_pkts") <= late + guest_slack,
@@ -584,7 +604,7 @@ fn pingpong(
         // Nothing is lost on the tap: softroce received what rxe sent (except, at most, a
         // spurious rxe retransmission that arrives after softroce exited; see the note on
         // rxe's retransmit timer), and no side saw a PSN gap.
-        let (rxe_sent, sr_rx) = (g(&rxe, "sent_pkts"), g(&sr, "rx_datagrams"));
+        let rxe_sent = g(&rxe, "sent_pkts");
         let per_msg = u64::from(size.div_ceil(1024).max(1));
         ensure!(
             sr_rx <= rxe_sent && rxe_sent - sr_rx <= per_msg * g(&rxe, "completer_retry_err"),
@@ -1469,14 +1489,15 @@ fn result_row(out: &str, column: &str) -> Res<Vec<String>> {
 }
 
 /// `ibv_rc_pingpong` between two rxe devices in the guest, 4096 B: rxe's own retry behaviour.
-fn control(rig: &Rig, log: &mut String) -> Res<String> {
+/// (`srq`: `ibv_srq_pingpong`, 16 QPs on one SRQ per side, whose `-c` check must pass too.)
+fn control(rig: &Rig, log: &mut String, qp: &str) -> Res<String> {
     let iters = PINGPONG_ITERS;
     let body = format!(
         "rxe_pair_up || exit 96\nGA=$(gid_index rxea 10.77.0.1) && GB=$(gid_index rxeb 10.77.0.2) || exit 95\n\
          echo before: $(counters rxea | grep -E 'completer_retry_err|duplicate_request')\n\
-         ibv_rc_pingpong -d rxea -g $GA -s 4096 -n {iters} -c > /tmp/ctl-srv.out 2>&1 &\n\
+         ibv_{qp}_pingpong -d rxea -g $GA -s 4096 -n {iters} -c > /tmp/ctl-srv.out 2>&1 &\n\
          wait_listen 18515 || exit 94\n\
-         ibv_rc_pingpong -d rxeb -g $GB -s 4096 -n {iters} -c 10.77.0.1; rc=$?\n\
+         ibv_{qp}_pingpong -d rxeb -g $GB -s 4096 -n {iters} -c 10.77.0.1; rc=$?\n\
          wait $! || rc=1\necho '--- server:'; cat /tmp/ctl-srv.out\n\
          echo after: $(counters rxea | grep -E 'completer_retry_err|duplicate_request') $(counters rxeb | grep -E 'completer_retry_err|duplicate_request')\n\
          exit $rc"
@@ -1485,6 +1506,10 @@ fn control(rig: &Rig, log: &mut String) -> Res<String> {
     let (rc, out) = rig.guest_run("control", &body, TOOL_TIMEOUT)?;
     let _ = writeln!(log, "## guest exit {rc}:\n{out}");
     ensure!(rc == 0, "rxe ↔ rxe pingpong failed ({rc}):\n{out}");
+    ensure!(
+        !out.contains("invalid data"),
+        "ibv_{qp}_pingpong -c found invalid data:\n{out}"
+    );
     let (mbit, usec) = result_lines(&out, 4096, iters)?;
     let after = out
         .lines()
@@ -1496,8 +1521,8 @@ fn control(rig: &Rig, log: &mut String) -> Res<String> {
         .filter_map(|v| v.parse::<u64>().ok())
         .sum();
     Ok(format!(
-        "{iters} × 4096 B, {mbit:.2} Mbit/s, {usec:.0} µs/iter; rxe retransmit timeouts \
-         (both devices, since boot) {retries}"
+        "{iters} × 4096 B, {mbit:.2} Mbit/s, {usec:.0} µs/iter, -c passed; rxe retransmit \
+         timeouts (both devices, since boot) {retries}"
     ))
 }
 
@@ -1744,7 +1769,14 @@ fn interop_rxe() {
         }
     }
     if selected(&only, CONTROL) {
-        outcomes.push(run_one(&rig, CONTROL, Role::Control, control));
+        outcomes.push(run_one(&rig, CONTROL, Role::Control, |r, l| {
+            control(r, l, "rc")
+        }));
+    }
+    if selected(&only, CONTROL_SRQ) {
+        outcomes.push(run_one(&rig, CONTROL_SRQ, Role::Control, |r, l| {
+            control(r, l, "srq")
+        }));
     }
     let manifest =
         std::fs::read_to_string(cache.join("guest").join("manifest.txt")).unwrap_or_default();
