@@ -1118,20 +1118,26 @@ fn queued_read_responses_do_not_starve_the_ack_of_a_later_write() {
 }
 
 /// SEND WITH INVALIDATE names an R_Key to invalidate. rxe (`rxe_invalidate_mr`) fails the
-/// receive when no MR has that key and the QP goes to ERR; with a valid key the MR is
-/// invalidated and the completion carries IBV_WC_WITH_INV. softroce executes it as a plain
-/// SEND: success, no flag, nothing invalidated.
+/// receive when no MR has that key (class J: IBV_WC_REM_INV_REQ_ERR) and the QP goes to ERR;
+/// with a valid key the MR is invalidated and the completion carries IBV_WC_WITH_INV.
+/// softroce also NAKs the SEND with Invalid Request (spec/deviations.toml). The MR the rig
+/// registered with `reg_mr` cannot be invalidated either.
 #[test]
-#[ignore = "BUG: SEND_WITH_INV executes as a plain SEND (bogus R_Key accepted, nothing invalidated)"]
 fn send_with_invalidate_of_an_unknown_rkey_fails_the_receive() {
-    let mut r = rig();
-    r.post_recv(7, 64);
-    let mut s = pkt(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, PSN);
-    s.ieth = Some(IethRepr { rkey: 0xdead_be00 });
-    r.feed(s, b"hello");
-    let wcs = r.completions();
-    assert_eq!(wcs.len(), 1);
-    assert_ne!(wcs[0].wc.status, WcStatus::Success);
+    for rkey in [0xdead_be00, rig().key] {
+        let mut r = rig();
+        r.post_recv(7, 64);
+        let mut s = pkt(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, PSN);
+        s.ieth = Some(IethRepr { rkey });
+        r.feed(s, b"hello");
+        let wcs = r.completions();
+        assert_eq!(wcs.len(), 1);
+        assert_eq!(wcs[0].wc.status, WcStatus::RemInvReqErr);
+        let out = r.out();
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].psn, out[0].syn), (PSN, Some(NAK_INV)));
+        assert_eq!(r.e.state(), QpState::Err);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1838,9 +1844,10 @@ impl DevRig {
     }
 }
 
-/// QPN 0 (SMI, none on RoCE), 1 (GSI, not implemented), 0xffffff (multicast) and any QPN with
-/// no QP: dropped before the ICRC check and counted `unknown_qp`, never answered
-/// (FACTS §0.9: "DestQP ≠ 0 and exists").
+/// QPN 0 (SMI, none on RoCE), 0xffffff (multicast, arriving at the unicast address) and any
+/// QPN with no QP: dropped before the ICRC check and counted `unknown_qp`, never answered
+/// (FACTS §0.9: "DestQP ≠ 0 and exists"). QPN 1 is the device's GSI QP, a UD QP: RC
+/// packets to it are `wrong_qp_type` drops (rxe `check_type_state`), never answered either.
 #[test]
 fn packets_to_qpn_0_1_0xffffff_and_unknown_qps_are_dropped() {
     let d = dev_rig();
@@ -1853,7 +1860,11 @@ fn packets_to_qpn_0_1_0xffffff_and_unknown_qps_are_dropped() {
         d.dev.handle_datagram(peer(), &dgram(s, &[1; 4], 7));
     }
     assert_eq!(d.sent(), 0);
-    assert_eq!(d.dev.counters().dropped(DropReason::UnknownQp), 14);
+    assert_eq!(d.dev.counters().dropped(DropReason::UnknownQp), 12);
+    assert_eq!(
+        d.dev.gsi_qp().counters().dropped(DropReason::WrongQpType),
+        2
+    );
     assert_eq!(d.qp_counters().rcvd_pkts, 0);
     assert_eq!(d.accounted(), 14);
 }

@@ -430,7 +430,8 @@ fn example_bin(name: &str) -> Res<PathBuf> {
     Ok(p)
 }
 
-/// `ibv_{rc,uc,ud}_pingpong` against `softroce pingpong --rc/--uc/--ud`.
+/// `ibv_{rc,uc,ud,srq}_pingpong` against `softroce pingpong --rc/--uc/--ud/--srq`;
+/// `srq-events`: srq with `-e` on both sides (each sleeps on a completion channel).
 fn pingpong(
     rig: &Rig,
     log: &mut String,
@@ -440,6 +441,10 @@ fn pingpong(
     loss: bool,
 ) -> Res<String> {
     let iters = if loss { LOSS_ITERS } else { PINGPONG_ITERS };
+    let (qp, events) = match qp.strip_suffix("-events") {
+        Some(q) => (q, true),
+        None => (qp, false),
+    };
     let transport = format!("--{qp}");
     let mut args: Vec<String> = [
         "pingpong",
@@ -463,6 +468,10 @@ fn pingpong(
     // ibv_ud_pingpong has no -m: UD messages fit the port MTU (1024 on the guest's link).
     let mtu = if qp == "ud" { "" } else { " -m 1024" };
     let mut tool = format!("ibv_{qp}_pingpong -d $DEV -g $GIDX -s {size} -n {iters}{mtu} -c");
+    if events {
+        args.push("-e".into());
+        tool.push_str(" -e");
+    }
     if qp == "srq" {
         probe_implemented(rig, &args, "local address:", "--srq")?;
     }
@@ -1650,6 +1659,11 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             "srq_pingpong 4096 B",
             "ibv_srq_pingpong -s 4096 -m 1024 -c vs softroce pingpong --srq",
             |r, l, role| pingpong(r, l, role, "srq", 4096, false),
+        ),
+        (
+            "srq_pingpong 4096 B, CQ events",
+            "as above with -e on both sides: each sleeps on a completion channel",
+            |r, l, role| pingpong(r, l, role, "srq-events", 4096, false),
         ),
         (
             "rc_pingpong 4096 B, 10% loss",

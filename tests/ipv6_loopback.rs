@@ -194,6 +194,7 @@ fn in_netns() {
     let opts = UdpOptions {
         exact_icrc: false,
         capture: Some(capture.clone()),
+        ..Default::default()
     };
     let a = side(IpAddr::V6(A), &opts).expect("device on ::1");
     let b = side(IpAddr::V6(B), &opts).expect("device on fd00:5f::2");

@@ -393,6 +393,7 @@ fn library_capture_of_every_rc_operation_matches_tshark() {
     let opts = UdpOptions {
         exact_icrc: false,
         capture: Some(capture.clone()),
+        ..Default::default()
     };
     let a = side(IpAddr::V4(Ipv4Addr::new(127, 3, 4, 3)), &opts).unwrap();
     let b = side(IpAddr::V4(Ipv4Addr::new(127, 3, 4, 4)), &opts).unwrap();

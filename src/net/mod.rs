@@ -10,13 +10,18 @@
 //!   adds the exact receive-side ICRC mode and a pcap capture.
 //! - [`pcap`]: [`Capture`], a pcap (raw-IP link type) of every datagram drivers send and
 //!   receive, each with the IP header its ICRC was computed over.
+//! - `mcast`: IP multicast for UD multicast groups (`Qp::attach_mcast`): one socket per
+//!   joined group, bound to group:4791 and joined on the device's interface, drained by the
+//!   driver thread; send sockets name the device's interface for multicast.
 //! - `raw`: the raw IPv4 socket of the exact ICRC mode (CAP_NET_RAW).
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
 //!   drive the same devices and engines deterministically.
 //! - [`oob`]: the out-of-band TCP exchange of QP endpoints and remote buffers that the
 //!   examples and the demo use.
 
+pub mod batch;
 pub mod clock;
+mod mcast;
 pub mod oob;
 pub mod pcap;
 mod raw;

@@ -7,18 +7,19 @@
 //! ([`Capture`]).
 
 use super::SystemClock;
+use super::batch::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS, RecvBatch, enable_gro, send_gso, send_mmsg};
 use super::pcap::{Capture, roce_addr};
 use super::raw::{RawRx, drop_everything};
 use crate::transport::Transmit;
-use crate::verbs::{Device, DeviceConfig, Link};
-use crate::wire::ROCE_V2_UDP_PORT;
+use crate::verbs::{Cq, Device, DeviceConfig, Link, Wc};
+use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_datagram};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -34,7 +35,7 @@ const MAX_PARK: Duration = Duration::from_millis(5);
 /// UDP with checksum 0 (its tunnel socket allows it), which a plain Linux IPv6 socket drops
 /// unless `UDP_NO_CHECK6_RX` is set. Source: FACTS §0.10; Linux `net/ipv6/udp.c`
 /// (`udpv6_queue_rcv_one_skb` / `udp6_csum_init`), `include/uapi/linux/udp.h`.
-fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
+pub(super) fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
     let on: libc::c_int = 1;
     // SAFETY: `s` is an open socket for the whole call; the option value points at a live
     // `c_int` on this stack frame and the length passed is exactly its size, so the kernel
@@ -80,10 +81,6 @@ fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socket> {
     Ok(s)
 }
 
-fn new_udp(ip: IpAddr, port: u16, reuse: bool) -> io::Result<UdpSocket> {
-    Ok(new_socket(ip, port, reuse)?.into())
-}
-
 /// What a UDP device does beyond the plain data path.
 #[derive(Debug, Clone, Default)]
 pub struct UdpOptions {
@@ -96,6 +93,17 @@ pub struct UdpOptions {
     pub exact_icrc: bool,
     /// Write every datagram the driver sends and receives to this capture.
     pub capture: Option<Arc<Capture>>,
+    /// Busy-polling mode for latency: [`UdpDevice::poll_cq`] receives from the device's
+    /// socket itself (non-blocking) and runs the engine in the calling thread, instead of
+    /// waiting for the driver thread to be woken by the kernel (a cross-core wakeup costs
+    /// ≈ 50 µs on small VMs). The driver thread still serves timers, and receives whenever
+    /// no thread has polled for a while. Off by default: then `poll_cq` only polls the CQ.
+    pub busy_poll: bool,
+    /// Turn off every batching offload (UDP GSO on send, UDP GRO on receive, `sendmmsg` /
+    /// `recvmmsg`): one system call per datagram, as on a kernel without them. For tests
+    /// and comparisons; the offloads already fall back on their own when the kernel refuses
+    /// them.
+    pub no_offload: bool,
 }
 
 /// Options that [`UdpDevice::open`] and [`UdpDevice::open_with`] use; see
@@ -125,6 +133,8 @@ pub struct UdpLink {
     recv: UdpSocket,
     raw: Option<RawRx>,
     send: Mutex<HashMap<u16, Arc<UdpSocket>>>,
+    /// One socket per joined multicast group, bound to group:4791 (`super::mcast`).
+    mcast: Mutex<HashMap<IpAddr, Arc<UdpSocket>>>,
     capture: Option<Arc<Capture>>,
     /// TTL / hop limit of our sockets (for the capture).
     hop_limit: u8,
@@ -132,6 +142,29 @@ pub struct UdpLink {
     pub tx_datagrams: AtomicU64,
     /// Datagrams received.
     pub rx_datagrams: AtomicU64,
+    /// Send system calls made (`sendto`, `sendmsg` with GSO, `sendmmsg`).
+    pub tx_syscalls: AtomicU64,
+    /// Receive calls that returned data (`recvfrom`, `recvmmsg`).
+    pub rx_syscalls: AtomicU64,
+    /// UDP GSO sends (each carrying 2 to [`GSO_MAX_SEGMENTS`] datagrams).
+    pub tx_gso_sends: AtomicU64,
+    /// Received GRO buffers that held more than one datagram.
+    pub rx_gro_buffers: AtomicU64,
+    /// Batching allowed (not [`UdpOptions::no_offload`], no capture).
+    offload: bool,
+    /// UDP GSO still believed to work (cleared by the first refusal).
+    gso: AtomicBool,
+    /// UDP GRO is on for the receive socket.
+    gro: bool,
+    /// Scratch buffer for one GSO send (used under the device lock, so rarely contended).
+    gso_buf: Mutex<Vec<u8>>,
+    /// The receive buffers of the plain UDP socket. Whoever holds the lock receives and
+    /// handles what it got before letting go, so datagrams reach the device in order.
+    rx: Mutex<RecvBatch>,
+    /// Busy-polling mode ([`UdpOptions::busy_poll`]; not with a raw receive socket).
+    busy_poll: bool,
+    /// Count of busy polls; the driver thread stays off the socket while it moves.
+    polls: AtomicU64,
 }
 
 impl UdpLink {
@@ -160,15 +193,32 @@ impl UdpLink {
             IpAddr::V4(_) => sockopt::ip_ttl(&recv).map_or(64, |t| u8::try_from(t).unwrap_or(64)),
             IpAddr::V6(_) => sockopt::ipv6_unicast_hops(&recv).unwrap_or(64),
         };
+        let offload = !opts.no_offload && opts.capture.is_none();
+        // GRO coalesces the segments of a GSO send (and, behind a NIC, runs of one flow)
+        // into one receive; refused by kernels before 5.0, which then deliver one by one.
+        let gro = offload && raw.is_none() && enable_gro(recv.as_raw_fd()).is_ok();
+        let busy_poll = opts.busy_poll && raw.is_none();
         Ok(UdpLink {
             ip,
             recv: recv.into(),
             raw,
             send: Mutex::new(HashMap::new()),
+            mcast: Mutex::new(HashMap::new()),
             capture: opts.capture.clone(),
             hop_limit,
             tx_datagrams: AtomicU64::new(0),
             rx_datagrams: AtomicU64::new(0),
+            tx_syscalls: AtomicU64::new(0),
+            rx_syscalls: AtomicU64::new(0),
+            tx_gso_sends: AtomicU64::new(0),
+            rx_gro_buffers: AtomicU64::new(0),
+            offload,
+            gso: AtomicBool::new(offload),
+            gro,
+            gso_buf: Mutex::new(Vec::with_capacity(GSO_MAX_BYTES)),
+            rx: Mutex::new(RecvBatch::new(if offload { RECV_BATCH } else { 1 })),
+            busy_poll,
+            polls: AtomicU64::new(0),
         })
     }
 
@@ -182,12 +232,149 @@ impl UdpLink {
         self.capture.as_ref()
     }
 
+    /// True while sends are batched with UDP GSO (cleared when the kernel refuses it).
+    pub fn gso(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
+    }
+
+    /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out
+    /// with one `sendmmsg` each. For tests of that fallback.
+    pub fn disable_gso(&self) {
+        self.gso.store(false, Ordering::Relaxed);
+    }
+
+    /// True when the receive socket has UDP GRO on.
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// Sends a run of datagrams that share source port and destination: UDP GSO
+    /// super-datagrams of equal-sized segments where possible, else one `sendmmsg`.
+    /// Returns how many datagrams could not be sent.
+    fn send_run(&self, run: &[Transmit]) -> usize {
+        let Some(first) = run.first() else { return 0 };
+        if run.len() == 1 {
+            return usize::from(self.send(first).is_err());
+        }
+        let Ok(sock) = self.socket_for(first.src_port) else {
+            return run.len();
+        };
+        let fd = sock.as_raw_fd();
+        let dst = roce_addr(first.dst);
+        let mut errors = 0;
+        let mut k = 0;
+        while k < run.len() {
+            let n = if self.gso() {
+                self.send_gso_chunk(fd, &dst, &run[k..])
+            } else {
+                Err(run.len() - k)
+            };
+            match n {
+                Ok((n, failed)) => {
+                    k += n;
+                    errors += failed;
+                }
+                Err(n) => {
+                    // GSO unavailable (or a lone datagram): one sendmmsg for the rest.
+                    let parts: Vec<&[u8]> = run[k..k + n].iter().map(|t| &t.payload[..]).collect();
+                    let sent = send_mmsg(fd, &dst, &parts).unwrap_or(0);
+                    self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+                    self.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
+                    errors += n - sent;
+                    k += n;
+                }
+            }
+        }
+        errors
+    }
+
+    /// Sends the longest prefix of `ts` (all to `dst` from `fd`) that makes one GSO send:
+    /// segments of the first one's size, the last possibly shorter, at most
+    /// [`GSO_MAX_SEGMENTS`] and [`GSO_MAX_BYTES`]. Returns `Ok((datagrams consumed, of
+    /// which failed))`, or `Err(count)` for a prefix the caller must send another way (a
+    /// single datagram, or GSO refused).
+    ///
+    /// Every segment stays a whole RoCE packet with its own ICRC. For IPv4 the kernel gives
+    /// segment `i` the IP Identification `i` ([`send_gso`]), which the ICRC covers, so the
+    /// ICRC of segments after the first is recomputed here for that ID (the engine computed
+    /// it for ID 0, what a lone datagram carries).
+    fn send_gso_chunk(
+        &self,
+        fd: RawFd,
+        dst: &SocketAddr,
+        ts: &[Transmit],
+    ) -> Result<(usize, usize), usize> {
+        let seg = ts.first().map_or(0, |t| t.payload.len());
+        if seg == 0 || seg > usize::from(u16::MAX) {
+            return Err(1);
+        }
+        let mut n = 1;
+        let mut total = seg;
+        while let Some(t) = ts.get(n) {
+            let l = t.payload.len();
+            if n >= GSO_MAX_SEGMENTS || l > seg || l == 0 || total + l > GSO_MAX_BYTES {
+                break;
+            }
+            n += 1;
+            total += l;
+            if l < seg {
+                break;
+            }
+        }
+        if n == 1 {
+            return Err(1);
+        }
+        let v4 = match (self.ip, dst.ip()) {
+            (IpAddr::V4(src), IpAddr::V4(d)) => Some((src, d)),
+            _ => None,
+        };
+        let mut buf = self.gso_buf.lock();
+        buf.clear();
+        for (i, t) in ts[..n].iter().enumerate() {
+            let at = buf.len();
+            buf.extend_from_slice(&t.payload);
+            if let (Some((src, d)), Ok(ident @ 1..)) = (v4, u16::try_from(i)) {
+                let ip = IcrcIp::V4 {
+                    src,
+                    dst: d,
+                    ident,
+                    src_port: ts[0].src_port,
+                    dst_port: ROCE_V2_UDP_PORT,
+                };
+                let icrc = icrc_of_datagram(&ip, &buf[at..]);
+                let end = buf.len();
+                if let Some(slot) = buf.get_mut(end.saturating_sub(4)..end) {
+                    slot.copy_from_slice(&icrc);
+                }
+            }
+        }
+        self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+        match send_gso(fd, dst, &buf, seg as u16) {
+            Ok(()) => {
+                self.tx_gso_sends.fetch_add(1, Ordering::Relaxed);
+                self.tx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
+                Ok((n, 0))
+            }
+            Err(e) if gso_refused(&e) => {
+                self.gso.store(false, Ordering::Relaxed);
+                Err(n)
+            }
+            // Another error (e.g. no buffer space): the datagrams are lost, as a plain send
+            // error would lose them; the transport retransmits.
+            Err(_) => Ok((n, n)),
+        }
+    }
+
     fn socket_for(&self, port: u16) -> io::Result<Arc<UdpSocket>> {
         let mut map = self.send.lock();
         if let Some(s) = map.get(&port) {
             return Ok(s.clone());
         }
-        let s = Arc::new(new_udp(self.ip, port, true)?);
+        let s = new_socket(self.ip, port, true)?;
+        // Multicast sends leave through the device's own interface (on loopback there is no
+        // multicast route otherwise). Unicast is unaffected, so a failure is ignored.
+        let _ = super::mcast::set_sending_interface(&s, self.ip);
+        let s = Arc::new(UdpSocket::from(s));
         map.insert(port, s.clone());
         Ok(s)
     }
@@ -206,7 +393,37 @@ impl Link for UdpLink {
             None => send()?,
         }
         self.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+        self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
+        let s = super::mcast::join(self.ip, group)?;
+        self.mcast.lock().insert(group, Arc::new(s));
+        Ok(())
+    }
+
+    fn leave_multicast(&self, group: IpAddr) {
+        // Closing the socket leaves the group.
+        self.mcast.lock().remove(&group);
+    }
+
+    fn send_batch(&self, ts: &[Transmit]) -> usize {
+        if !self.offload || ts.len() < 2 {
+            return ts.iter().filter(|t| self.send(t).is_err()).count();
+        }
+        // Runs of one (source port, destination): one socket, one GSO flow.
+        let mut errors = 0;
+        let mut i = 0;
+        while let Some(t) = ts.get(i) {
+            let len = ts[i..]
+                .iter()
+                .take_while(|u| u.src_port == t.src_port && u.dst == t.dst)
+                .count();
+            errors += self.send_run(&ts[i..i + len]);
+            i += len;
+        }
+        errors
     }
 
     fn source_port(&self, want: u16) -> u16 {
@@ -292,6 +509,25 @@ impl UdpDevice {
     pub fn link(&self) -> &UdpLink {
         &self.link
     }
+
+    /// `ibv_poll_cq` on `cq` (a CQ of this device): moves up to `out.len()` completions into
+    /// `out` and returns how many. In busy-polling mode ([`UdpOptions::busy_poll`]) it first
+    /// receives and handles whatever datagrams are waiting on the device's socket, in this
+    /// thread, without blocking.
+    pub fn poll_cq(&self, cq: &Cq, out: &mut [Wc]) -> usize {
+        let link = &*self.link;
+        if link.busy_poll {
+            link.polls.fetch_add(1, Ordering::Relaxed);
+            // Whoever holds the receive buffers (the driver thread, for at most one
+            // BUSY_DRIVER_RECV, before it sees the polls) delivers; we just poll then.
+            if let Some(mut rx) = link.rx.try_lock()
+                && rx.recv(link.recv.as_raw_fd(), false).is_ok()
+            {
+                deliver(&self.device, link, &rx);
+            }
+        }
+        cq.poll(out)
+    }
 }
 
 impl core::ops::Deref for UdpDevice {
@@ -315,40 +551,60 @@ impl Drop for UdpDevice {
 
 /// The driver loop: receive → `handle_datagram` (or `handle_ip_packet` in exact mode) →
 /// (engine sends answers); between datagrams, run due timers. Sleeps at most [`MAX_PARK`]
-/// so a timer armed by another thread is served late by at most that much.
+/// so a timer armed by another thread is served late by at most that much. Plain UDP
+/// receives are batched with `recvmmsg` and, with GRO, each buffer is cut at the segment
+/// size the kernel reports.
 fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
     let mut buf = vec![0u8; 65536];
-    let local = roce_addr(link.ip);
+    let mut seg_buf = Vec::with_capacity(65536);
+    let mut timeout = None;
+    let mut polls_seen = u64::MAX;
     while !stop.load(Ordering::Relaxed) {
-        let park = device
+        let mut park = device
             .next_timeout()
             .map_or(MAX_PARK, |d| d.clamp(Duration::from_micros(1), MAX_PARK));
+        if !link.mcast.lock().is_empty() {
+            // Group sockets are drained between receives on the unicast one.
+            park = park.min(super::mcast::MAX_PARK);
+        }
+        if link.busy_poll {
+            let polls = link.polls.load(Ordering::Relaxed);
+            if polls != polls_seen {
+                // A thread is busy-polling: it receives; we only serve timers.
+                polls_seen = polls;
+                std::thread::sleep(park.min(BUSY_DRIVER_NAP));
+                device.handle_timeouts();
+                continue;
+            }
+            park = park.min(BUSY_DRIVER_RECV);
+        }
         let got = match &link.raw {
-            Some(raw) => raw.recv(&mut buf, park).map(|n| (n, None)),
+            Some(raw) => raw.recv(&mut buf, park).map(|n| {
+                link.rx_syscalls.fetch_add(1, Ordering::Relaxed);
+                let packet = buf.get(..n).unwrap_or_default();
+                let mut one = |data: &[u8]| {
+                    link.rx_datagrams.fetch_add(1, Ordering::Relaxed);
+                    if let Some(c) = &link.capture {
+                        c.record_received_ip(data);
+                    }
+                    device.handle_ip_packet(data);
+                };
+                if !split_gso_ipv4(packet, &mut seg_buf, &mut one) {
+                    one(packet);
+                }
+            }),
             None => {
-                let _ = link.recv.set_read_timeout(Some(park));
-                link.recv.recv_from(&mut buf).map(|(n, src)| (n, Some(src)))
+                if timeout != Some(park) {
+                    let _ = link.recv.set_read_timeout(Some(park));
+                    timeout = Some(park);
+                }
+                let mut rx = link.rx.lock();
+                rx.recv(link.recv.as_raw_fd(), true)
+                    .map(|_| deliver(device, link, &rx))
             }
         };
         match got {
-            Ok((n, src)) => {
-                link.rx_datagrams.fetch_add(1, Ordering::Relaxed);
-                let data = &buf[..n];
-                match src {
-                    Some(src) => {
-                        if let Some(c) = &link.capture {
-                            c.record_received_udp(src, local, data);
-                        }
-                        device.handle_datagram(src, data);
-                    }
-                    None => {
-                        if let Some(c) = &link.capture {
-                            c.record_received_ip(data);
-                        }
-                        device.handle_ip_packet(data);
-                    }
-                }
-            }
+            Ok(()) => {}
             Err(e)
                 if matches!(
                     e.kind(),
@@ -356,6 +612,138 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                 ) => {}
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
         }
+        let groups: Vec<_> = link
+            .mcast
+            .lock()
+            .iter()
+            .map(|(g, s)| (*g, s.clone()))
+            .collect();
+        for (group, sock) in groups {
+            super::mcast::drain(device, link, group, &sock, &mut buf);
+        }
         device.handle_timeouts();
     }
+}
+
+/// In busy-polling mode, how long the driver thread sleeps while a thread polls (its timer
+/// service is that much late at worst).
+const BUSY_DRIVER_NAP: Duration = Duration::from_micros(500);
+/// In busy-polling mode, the longest the driver thread blocks in a receive (the longest a
+/// poller that starts polling waits before it gets the socket).
+const BUSY_DRIVER_RECV: Duration = Duration::from_millis(1);
+
+/// Datagrams one receive call may return (`recvmmsg` slots of 64 KiB each).
+const RECV_BATCH: usize = 8;
+
+/// Feeds what one `recvmmsg` returned to the device, cutting GRO buffers into their
+/// datagrams. Segment `i` of a GRO buffer is checked first for IPv4 ID `i`, the ID the
+/// kernel gives segment `i` of a GSO send (see [`Device::handle_gro_segment`]).
+fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch) {
+    let local = roce_addr(link.ip);
+    link.rx_syscalls.fetch_add(1, Ordering::Relaxed);
+    for r in batch.received() {
+        let Some(src) = r.src else { continue };
+        let coalesced = r.segment_bytes.is_some_and(|g| g < r.data.len());
+        if coalesced {
+            link.rx_gro_buffers.fetch_add(1, Ordering::Relaxed);
+        }
+        for (i, seg) in r.segments().enumerate() {
+            link.rx_datagrams.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = &link.capture {
+                c.record_received_udp(src, local, seg);
+            }
+            if coalesced {
+                device.handle_gro_segment(src, seg, i);
+            } else {
+                device.handle_datagram(src, seg);
+            }
+        }
+    }
+}
+
+/// Whether a GSO send error means the kernel (or the route's device) cannot do UDP GSO,
+/// as opposed to a transient failure.
+fn gso_refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
+}
+
+/// A raw socket sees a UDP GSO send from this host (loopback, or a veth into this namespace)
+/// before the kernel cuts it: one IPv4 packet whose UDP payload is several RoCE packets of
+/// one size (the last maybe shorter), IP total length and UDP length covering them all, and
+/// the first segment's IP ID. The kernel would give segment `i` ID `first + i` and its own
+/// lengths. When `packet` is such a packet, calls `each` with every segment rebuilt that
+/// way (IPv4 header checksum recomputed, UDP checksum 0) and returns true; for anything
+/// else (a packet whose ICRC holds as it is, IPv6, IP options, no segment size that makes
+/// the first segment's ICRC valid) returns false without calling it.
+///
+/// The segment size is not on the wire, so it is found from the data: candidate sizes
+/// (multiples of 4) where a BTH with the first one's P_Key and destination QP starts,
+/// confirmed by the first segment's exact ICRC. Every segment is then checked exactly by
+/// the device like any received packet. Cost: one CRC pass over the packet when it is a
+/// single RoCE packet.
+fn split_gso_ipv4(packet: &[u8], scratch: &mut Vec<u8>, each: &mut dyn FnMut(&[u8])) -> bool {
+    const IP: usize = 20;
+    const HDRS: usize = IP + 8;
+    const BTH: usize = 12;
+    if packet.len() < HDRS + BTH + 4 || packet[0] != 0x45 {
+        return false;
+    }
+    let (ip, rest) = packet.split_at(IP);
+    let (udp, payload) = rest.split_at(8);
+    let body_end = payload.len() - 4;
+    if icrc_compute(ip, udp, &payload[..body_end]) == payload[body_end..] {
+        return false;
+    }
+    let base_id = u16::from_be_bytes([ip[4], ip[5]]);
+    let header = |seg_len: usize, index: usize, out: &mut Vec<u8>| {
+        out.clear();
+        out.extend_from_slice(&packet[..HDRS]);
+        let total = (HDRS + seg_len) as u16;
+        out[2..4].copy_from_slice(&total.to_be_bytes());
+        let id = base_id.wrapping_add(index as u16);
+        out[4..6].copy_from_slice(&id.to_be_bytes());
+        out[10..12].copy_from_slice(&[0, 0]);
+        let sum = ipv4_header_checksum(&out[..IP]);
+        out[10..12].copy_from_slice(&sum.to_be_bytes());
+        out[IP + 4..IP + 6].copy_from_slice(&((8 + seg_len) as u16).to_be_bytes());
+        out[IP + 6..IP + 8].copy_from_slice(&[0, 0]);
+    };
+    // BTH bytes 1 (flags, TVer), 2..4 (P_Key) and 5..8 (reserved, dest QP) repeat in every
+    // segment of one QP's GSO send.
+    let same_flow = |at: usize| {
+        payload.get(at + 2..at + 8).is_some_and(|b| {
+            b[..2] == payload[2..4] && b[3..] == payload[5..8] && payload[at + 1] & 0x0f == 0
+        })
+    };
+    let found = (BTH + 4..payload.len())
+        .step_by(4)
+        .filter(|g| same_flow(*g))
+        .find(|&g| {
+            header(g, 0, scratch);
+            let (ip0, udp0) = scratch.split_at(IP);
+            icrc_compute(ip0, udp0, &payload[..g - 4]) == payload[g - 4..g]
+        });
+    let Some(g) = found else { return false };
+    for (i, seg) in payload.chunks(g).enumerate() {
+        header(seg.len(), i, scratch);
+        scratch.extend_from_slice(seg);
+        each(scratch);
+    }
+    true
+}
+
+/// The IPv4 header checksum (RFC 791: ones' complement of the ones' complement sum of the
+/// header's 16-bit words, with the checksum field taken as 0).
+fn ipv4_header_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }

@@ -99,6 +99,11 @@ impl QpEngine {
         let mut acked = q.add(1);
         let mut implied_nak = None;
         while let Some(w) = self.sq.front() {
+            if w.local_done {
+                // An executed local operation holds no PSN: it completes in order here.
+                self.pop_completed(WcStatus::Success, 0);
+                continue;
+            }
             if !w.assigned {
                 break;
             }

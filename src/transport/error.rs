@@ -32,6 +32,10 @@ pub enum RespError {
     Rnr,
     /// The receive WQE's SGEs failed their local checks.
     MalformedWqe,
+    /// SEND with Invalidate named an R_Key this QP may not invalidate (unknown, another PD,
+    /// a type 1 window, a window bound to another QP, an ordinary MR, an MR with windows):
+    /// rxe `RESPST_ERR_INVALIDATE_RKEY`, class J.
+    InvalidateRkey,
 }
 
 /// What the QP does after a [`RespError`].
@@ -76,6 +80,14 @@ impl RespError {
             },
             MissingOpcodeFirst | MissingOpcodeLast | UnsupportedOpcode | InvalidLength
             | MisalignedAtomic | TooManyRdAtomic => Disposition {
+                nak: inv,
+                wc_status: Some(WcStatus::RemInvReqErr),
+                qp: QpAction::Error,
+            },
+            // rxe completes the receive with IB_WC_REM_INV_REQ_ERR and moves the QP to ERR
+            // but leaves the ACK syndrome as it was (a positive ACK if AckReq is set);
+            // softroce NAKs the SEND (spec/deviations.toml).
+            InvalidateRkey => Disposition {
                 nak: inv,
                 wc_status: Some(WcStatus::RemInvReqErr),
                 qp: QpAction::Error,

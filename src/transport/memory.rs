@@ -1,29 +1,110 @@
-//! Memory regions: the key table and the checks every local and remote access goes through.
+//! Memory regions and memory windows: the key tables and the checks every local and remote
+//! access goes through.
 //!
-//! An MR owns its bytes (a boxed slice that never moves, so its heap address serves as the
-//! MR's virtual address, as a real registration would). Keys follow rxe: `lkey == rkey ==
-//! index << 8 | key byte`, the key byte drawn from the device's seeded generator.
-//! Source: IBTA Vol 1 ch. 10 (memory regions, L_Key/R_Key checks) and C9-88 (zero-length
-//! RDMA needs no valid R_Key); rxe `rxe_mr.c` (`lookup_mr`, `mr_check_range`, `rxe_mr_copy`).
+//! An MR either owns its bytes (a boxed slice that never moves, so its heap address serves as
+//! the MR's virtual address, as a real registration would) or borrows caller memory
+//! ([`MrTable::register_user`], whose caller guarantees the memory outlives the MR). Keys
+//! follow rxe: `lkey == rkey == index << 8 | key byte`; MR indices are 1..=0x1_0000 and MW
+//! indices 0x1_0001..=0x2_0000 (rxe `RXE_MIN_MW_INDEX`), so an R_Key names an MR or an MW by
+//! its index alone (rxe `rkey_is_mw`). The key byte of a new registration is drawn from the
+//! device's seeded generator and always differs from the last key byte used at that index, and
+//! indices are handed out cyclically, so a stale key is rejected after re-registration.
+//!
+//! Fast-register MRs ([`MrTable::alloc_fast_reg`]) start in the FREE state and become usable
+//! only through a REG_MR work request; LOCAL_INV and SEND_WITH_INVALIDATE put them back in
+//! FREE (rxe `rxe_reg_fast_mr`, `rxe_invalidate_mr`). Memory windows live in `mw.rs`.
+//!
+//! Source: IBTA Vol 1 ch. 10 (memory regions and windows, L_Key/R_Key checks) and C9-88
+//! (zero-length RDMA needs no valid R_Key); rxe `rxe_mr.c` (`lookup_mr`, `mr_check_range`,
+//! `rxe_mr_copy`), `rxe_pool.c` (cyclic index allocation).
 
 use super::{AccessFlags, Sge};
+use core::ptr::NonNull;
 
-/// Why an access to registered memory was refused.
+/// Why an access to registered memory (or a memory operation) was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemError {
-    /// No live MR has this key (wrong index, wrong key byte, or deregistered).
+    /// No live MR or MW has this key (wrong index, wrong key byte, or deregistered).
     BadKey,
-    /// The MR belongs to another protection domain.
+    /// The MR or MW belongs to another protection domain.
     PdMismatch,
-    /// The MR was not registered with the access the operation needs.
+    /// The MR or MW was not registered (bound) with the access the operation needs.
     Access,
-    /// The byte range is not inside the MR (or overflows u64).
+    /// The byte range is not inside the MR or MW (or overflows u64).
     Range,
     /// The scatter/gather list is shorter than the data.
     Length,
+    /// The MR or MW is not in the state the operation needs (a FREE fast-register MR, an
+    /// unbound window, REG_MR of an MR that is not FREE).
+    State,
+    /// The operation does not apply to this kind of MR or MW (invalidating an MR made by
+    /// `reg_mr` or a type 1 window, REG_MR of an ordinary MR).
+    Type,
+    /// The MR still has memory windows bound to it.
+    Busy,
+    /// A type 2 window bound to another QP.
+    WrongQp,
 }
 
-/// One registered memory region.
+/// The state of an MR. Source: rxe `enum rxe_mr_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MrState {
+    /// Usable.
+    Valid,
+    /// Allocated but not registered (fast-register MR before REG_MR, or after invalidation).
+    Free,
+}
+
+/// How an MR was made. Source: `enum ib_mr_type` (`IB_MR_TYPE_USER`, `IB_MR_TYPE_MEM_REG`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MrKind {
+    /// `reg_mr` / `reg_mr_user`: valid from registration until deregistration.
+    User,
+    /// `alloc_mr`: registered and invalidated by work requests.
+    FastReg,
+}
+
+/// The bytes behind an MR.
+#[derive(Debug)]
+enum MrBuf {
+    Owned(Box<[u8]>),
+    /// Caller memory: `len` bytes at `ptr`, valid for reads and writes for the MR's lifetime
+    /// and accessed by nobody else meanwhile (the contract of [`MrTable::register_user`]).
+    User {
+        ptr: NonNull<u8>,
+        len: usize,
+    },
+}
+
+// SAFETY: the `User` pointer is only dereferenced through `&MrEntry` / `&mut MrEntry`, which the
+// owning table hands out under Rust's borrow rules (the device keeps the table behind a lock);
+// the caller of `register_user` promised that no one else touches that memory meanwhile, so
+// moving the entry to another thread moves the only access path with it.
+unsafe impl Send for MrBuf {}
+// SAFETY: shared access only produces `&[u8]` (reads); see the `Send` impl for the contract.
+unsafe impl Sync for MrBuf {}
+
+impl MrBuf {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            MrBuf::Owned(b) => b,
+            // SAFETY: `register_user`'s caller guarantees `ptr` is valid for `len` bytes of
+            // reads and writes while the MR exists and that nothing else accesses them.
+            MrBuf::User { ptr, len } => unsafe { core::slice::from_raw_parts(ptr.as_ptr(), *len) },
+        }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            MrBuf::Owned(b) => b,
+            // SAFETY: as in `as_slice`; `&mut self` makes this the only live view of the bytes.
+            MrBuf::User { ptr, len } => unsafe {
+                core::slice::from_raw_parts_mut(ptr.as_ptr(), *len)
+            },
+        }
+    }
+}
+
+/// One memory region.
 #[derive(Debug)]
 pub struct MrEntry {
     /// Local key (== rkey).
@@ -32,33 +113,58 @@ pub struct MrEntry {
     pub pd: u32,
     /// Access rights granted at registration.
     pub access: AccessFlags,
-    /// Virtual address of byte 0 (the buffer's address).
+    /// Virtual address of byte 0 (the buffer's address, or what REG_MR set).
     pub iova: u64,
-    buf: Box<[u8]>,
+    length: u64,
+    state: MrState,
+    kind: MrKind,
+    /// Memory windows bound to this MR.
+    pub(super) num_mw: u32,
+    buf: MrBuf,
 }
 
 impl MrEntry {
-    /// Length in bytes.
+    /// Registered length in bytes (0 for a fast-register MR never registered).
     pub fn length(&self) -> u64 {
-        self.buf.len() as u64
+        self.length
     }
-    /// The MR's bytes.
+    /// State.
+    pub fn state(&self) -> MrState {
+        self.state
+    }
+    /// Kind.
+    pub fn kind(&self) -> MrKind {
+        self.kind
+    }
+    /// The MR's whole buffer (for a fast-register MR, all `max_num_sg` pages).
     pub fn bytes(&self) -> &[u8] {
-        &self.buf
+        self.buf.as_slice()
     }
-    /// The MR's bytes, writable.
+    /// The MR's whole buffer, writable.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf
+        self.buf.as_mut_slice()
+    }
+    /// Host address of the buffer's byte 0.
+    pub fn host_addr(&self) -> u64 {
+        self.bytes().as_ptr() as u64
+    }
+
+    /// REG_MR: the MR becomes VALID with this length and access.
+    pub(super) fn set_registered(&mut self, length: u64, access: AccessFlags) {
+        self.length = length;
+        self.access = access;
+        self.state = MrState::Valid;
+    }
+    /// Invalidation: back to FREE.
+    pub(super) fn set_free(&mut self) {
+        self.state = MrState::Free;
     }
 
     /// Offset of `[va, va + len)` inside the MR, or [`MemError::Range`].
     /// Overflow-safe: `va + len` is computed in checked arithmetic.
     pub fn offset_of(&self, va: u64, len: u64) -> Result<usize, MemError> {
         let end = va.checked_add(len).ok_or(MemError::Range)?;
-        let mr_end = self
-            .iova
-            .checked_add(self.length())
-            .ok_or(MemError::Range)?;
+        let mr_end = self.iova.checked_add(self.length).ok_or(MemError::Range)?;
         if va < self.iova || end > mr_end {
             return Err(MemError::Range);
         }
@@ -66,96 +172,251 @@ impl MrEntry {
     }
 }
 
-/// The MR key table of one device.
-#[derive(Debug, Default)]
-pub struct MrTable {
-    slots: Vec<Option<MrEntry>>,
-    rng: u64,
+/// Maximum number of MRs per device (rxe `RXE_MAX_MR_INDEX` was 0x1_0000).
+pub const MAX_MR: usize = 1 << 16;
+/// Key index of the first MR slot.
+const MR_BASE: u32 = 1;
+
+/// A range of key indices: slots handed out cyclically, with the last key byte of each slot
+/// remembered so that the next registration there gets another one.
+#[derive(Debug)]
+pub(super) struct KeySpace<T> {
+    pub(super) slots: Vec<Option<T>>,
+    last_byte: Vec<Option<u8>>,
+    next: usize,
+    base: u32,
+    max: usize,
 }
 
-/// Maximum number of MRs per device (rxe `RXE_MAX_MR` is 0x40000; we keep it smaller).
-pub const MAX_MR: usize = 1 << 16;
+impl<T> KeySpace<T> {
+    pub(super) const fn new(base: u32, max: usize) -> KeySpace<T> {
+        KeySpace {
+            slots: Vec::new(),
+            last_byte: Vec::new(),
+            next: 0,
+            base,
+            max,
+        }
+    }
+
+    /// A free slot, searching cyclically from the one after the last handed out (rxe pools
+    /// allocate indices cyclically, so a freed index is not reused at once).
+    pub(super) fn alloc(&mut self) -> Option<usize> {
+        for i in 0..self.max {
+            let idx = (self.next + i) % self.max;
+            if idx == self.slots.len() {
+                self.slots.push(None);
+                self.last_byte.push(None);
+            }
+            if matches!(self.slots.get(idx), Some(None)) {
+                self.next = (idx + 1) % self.max;
+                return Some(idx);
+            }
+        }
+        None
+    }
+
+    /// The slot a key's index names, if inside this space.
+    pub(super) fn slot_of(&self, key: u32) -> Option<usize> {
+        let i = (key >> 8).checked_sub(self.base)? as usize;
+        (i < self.slots.len()).then_some(i)
+    }
+
+    /// The key of `slot` with key byte `byte`.
+    pub(super) fn key(&self, slot: usize, byte: u8) -> u32 {
+        ((slot as u32 + self.base) << 8) | u32::from(byte)
+    }
+
+    /// A key byte for a new registration in `slot`: from `rng`, never the slot's last one.
+    pub(super) fn fresh_byte(&mut self, slot: usize, rng: &mut u64) -> u8 {
+        let last = self.last_byte.get(slot).copied().flatten();
+        let mut b = splitmix_byte(rng);
+        // Bounded: a few draws, then a step away from the last byte.
+        for _ in 0..8 {
+            if Some(b) != last {
+                break;
+            }
+            b = splitmix_byte(rng);
+        }
+        if Some(b) == last {
+            b = b.wrapping_add(1);
+        }
+        if let Some(l) = self.last_byte.get_mut(slot) {
+            *l = Some(b);
+        }
+        b
+    }
+
+    /// Records `byte` as the slot's last key byte (REG_MR and MW binds choose their own).
+    pub(super) fn note_byte(&mut self, slot: usize, byte: u8) {
+        if let Some(l) = self.last_byte.get_mut(slot) {
+            *l = Some(byte);
+        }
+    }
+}
+
+/// splitmix64: a seeded, deterministic key-byte source (the sans-IO rule: no global RNG).
+fn splitmix_byte(state: &mut u64) -> u8 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) as u8
+}
+
+/// The MR and MW key tables of one device.
+#[derive(Debug)]
+pub struct MrTable {
+    pub(super) mrs: KeySpace<MrEntry>,
+    pub(super) mws: KeySpace<super::mw::MwEntry>,
+    pub(super) rng: u64,
+}
+
+impl Default for MrTable {
+    fn default() -> MrTable {
+        MrTable::new(0)
+    }
+}
 
 impl MrTable {
     /// An empty table whose key bytes come from `seed`.
     pub fn new(seed: u64) -> MrTable {
         MrTable {
-            slots: Vec::new(),
+            mrs: KeySpace::new(MR_BASE, MAX_MR),
+            mws: KeySpace::new(super::mw::MW_BASE, super::mw::MAX_MW),
             rng: seed,
         }
     }
 
-    fn next_key_byte(&mut self) -> u8 {
-        // splitmix64: a seeded, deterministic key-byte source (the sans-IO rule: no global RNG).
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) as u8
-    }
-
-    /// Registers a zeroed region of `length` bytes. Returns its key.
-    /// Errors: `None` when the table is full (the caller maps it to ENOMEM).
-    pub fn register(&mut self, pd: u32, length: usize, access: AccessFlags) -> Option<u32> {
-        let buf = vec![0u8; length].into_boxed_slice();
-        let iova = buf.as_ptr() as u64;
-        let index = match self.slots.iter().position(Option::is_none) {
-            Some(i) => i,
-            None if self.slots.len() < MAX_MR => {
-                self.slots.push(None);
-                self.slots.len() - 1
-            }
-            None => return None,
+    fn insert(
+        &mut self,
+        pd: u32,
+        access: AccessFlags,
+        kind: MrKind,
+        buf: MrBuf,
+        length: u64,
+    ) -> Option<u32> {
+        let slot = self.mrs.alloc()?;
+        let byte = self.mrs.fresh_byte(slot, &mut self.rng);
+        let lkey = self.mrs.key(slot, byte);
+        let iova = buf.as_slice().as_ptr() as u64;
+        let state = match kind {
+            MrKind::User => MrState::Valid,
+            MrKind::FastReg => MrState::Free,
         };
-        // Index 0 is never used, so no valid key is below 0x100.
-        let lkey = ((index as u32 + 1) << 8) | u32::from(self.next_key_byte());
-        self.slots[index] = Some(MrEntry {
+        let entry = MrEntry {
             lkey,
             pd,
             access,
             iova,
+            length,
+            state,
+            kind,
+            num_mw: 0,
             buf,
-        });
+        };
+        *self.mrs.slots.get_mut(slot)? = Some(entry);
         Some(lkey)
+    }
+
+    /// Registers a zeroed region of `length` bytes owned by the table. Returns its key.
+    /// Errors: `None` when the table is full (the caller maps it to ENOMEM).
+    pub fn register(&mut self, pd: u32, length: usize, access: AccessFlags) -> Option<u32> {
+        let buf = MrBuf::Owned(vec![0u8; length].into_boxed_slice());
+        self.insert(pd, access, MrKind::User, buf, length as u64)
+    }
+
+    /// Registers `len` bytes of caller memory at `ptr`; the MR's virtual address is `ptr`.
+    /// Returns its key, or `None` when the table is full.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be valid for reads and writes of `len` bytes until the MR is deregistered
+    /// (or the table dropped), and nothing else may read or write those bytes while the table
+    /// can reach them: peers write into them at any time.
+    pub unsafe fn register_user(
+        &mut self,
+        pd: u32,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Option<u32> {
+        self.insert(
+            pd,
+            access,
+            MrKind::User,
+            MrBuf::User { ptr, len },
+            len as u64,
+        )
+    }
+
+    /// Allocates a fast-register MR with room for `max_bytes` bytes, in the FREE state (no
+    /// access until a REG_MR work request registers it). Source: rxe `rxe_alloc_mr`.
+    pub fn alloc_fast_reg(&mut self, pd: u32, max_bytes: usize) -> Option<u32> {
+        let buf = MrBuf::Owned(vec![0u8; max_bytes].into_boxed_slice());
+        self.insert(pd, AccessFlags::empty(), MrKind::FastReg, buf, 0)
     }
 
     /// Deregisters `key`. Returns false when no such MR exists.
     pub fn deregister(&mut self, key: u32) -> bool {
-        match self.slot_mut(key) {
-            Some(slot) => {
-                *slot = None;
+        match self.mrs.slot_of(key) {
+            Some(s) if self.get(key).is_some() => {
+                if let Some(e) = self.mrs.slots.get_mut(s) {
+                    *e = None;
+                }
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
-    fn slot_mut(&mut self, key: u32) -> Option<&mut Option<MrEntry>> {
-        let index = (key >> 8).checked_sub(1)? as usize;
-        let slot = self.slots.get_mut(index)?;
-        match slot {
-            Some(mr) if mr.lkey == key => Some(slot),
-            _ => None,
+    /// Deregisters the MR in the slot `key`'s index names, whatever its key byte is now (a
+    /// fast-register MR changes it with each REG_MR). Returns false for an empty slot.
+    pub fn deregister_slot(&mut self, key: u32) -> bool {
+        match self
+            .mrs
+            .slot_of(key)
+            .and_then(|s| self.mrs.slots.get_mut(s))
+        {
+            Some(e) if e.is_some() => {
+                *e = None;
+                true
+            }
+            _ => false,
         }
     }
 
-    /// The live MR with this key.
+    /// The live MR with this key (any state).
     pub fn get(&self, key: u32) -> Option<&MrEntry> {
-        let index = (key >> 8).checked_sub(1)? as usize;
-        self.slots.get(index)?.as_ref().filter(|mr| mr.lkey == key)
+        let s = self.mrs.slot_of(key)?;
+        self.mrs.slots.get(s)?.as_ref().filter(|mr| mr.lkey == key)
     }
 
     /// The live MR with this key, writable.
     pub fn get_mut(&mut self, key: u32) -> Option<&mut MrEntry> {
-        let index = (key >> 8).checked_sub(1)? as usize;
-        self.slots
-            .get_mut(index)?
+        let s = self.mrs.slot_of(key)?;
+        self.mrs
+            .slots
+            .get_mut(s)?
             .as_mut()
             .filter(|mr| mr.lkey == key)
     }
 
-    /// Checks `key` for an access of `[va, va + len)` by protection domain `pd` needing
-    /// `need`. Returns the MR and the byte offset.
+    /// The MR in the slot `key`'s index names, whatever its key byte.
+    pub fn get_slot(&self, key: u32) -> Option<&MrEntry> {
+        let s = self.mrs.slot_of(key)?;
+        self.mrs.slots.get(s)?.as_ref()
+    }
+
+    /// As [`MrTable::get_slot`], writable.
+    pub fn get_slot_mut(&mut self, key: u32) -> Option<&mut MrEntry> {
+        let s = self.mrs.slot_of(key)?;
+        self.mrs.slots.get_mut(s)?.as_mut()
+    }
+
+    /// Checks `key` for a local access of `[va, va + len)` by protection domain `pd` needing
+    /// `need`: the key must name a VALID MR of `pd` with that access and the range. Returns
+    /// the MR and the byte offset. Source: rxe `lookup_mr` + `mr_check_range`.
     pub fn check(
         &self,
         key: u32,
@@ -165,6 +426,9 @@ impl MrTable {
         need: AccessFlags,
     ) -> Result<(&MrEntry, usize), MemError> {
         let mr = self.get(key).ok_or(MemError::BadKey)?;
+        if mr.state != MrState::Valid {
+            return Err(MemError::State);
+        }
         if mr.pd != pd {
             return Err(MemError::PdMismatch);
         }
@@ -175,25 +439,118 @@ impl MrTable {
         Ok((mr, off))
     }
 
-    /// Copies `out.len()` bytes from the remote-visible range at `va` of MR `key` (READ).
-    pub fn read_remote(&self, key: u32, pd: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
-        let (mr, off) = self.check(key, pd, va, out.len() as u64, AccessFlags::REMOTE_READ)?;
-        out.copy_from_slice(&mr.bytes()[off..off + out.len()]);
+    /// Checks an R_Key for a remote access of `[va, va + len)` needing `need`, arriving on QP
+    /// `qpn` of protection domain `pd`. The key names an MR (checked as [`MrTable::check`]) or,
+    /// by its index, a memory window: the window must be bound (VALID, non-zero length), of
+    /// `pd`, bound to `qpn` if it is type 2, grant `need`, and contain the range; the MR it
+    /// is bound to must still be VALID. Returns the MR's slot and the byte offset in it.
+    /// Source: rxe `check_rkey`, `rxe_lookup_mw`; IBTA Vol 1 ch. 10 (memory windows).
+    pub fn check_remote(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(usize, usize), MemError> {
+        let mr_key = if super::mw::is_mw_key(key) {
+            let mw = self.mw(key).ok_or(MemError::BadKey)?;
+            mw.check_access(pd, qpn, va, len, need)?;
+            mw.mr_key.ok_or(MemError::State)?
+        } else {
+            key
+        };
+        let mr = self.get(mr_key).ok_or(MemError::BadKey)?;
+        if mr.state != MrState::Valid {
+            return Err(MemError::State);
+        }
+        if mr.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
+        if mr_key == key && !mr.access.contains(need) {
+            return Err(MemError::Access);
+        }
+        let off = mr.offset_of(va, len)?;
+        let slot = self.mrs.slot_of(mr_key).ok_or(MemError::BadKey)?;
+        Ok((slot, off))
+    }
+
+    /// The `len` bytes at `va` that R_Key `key` grants (see [`MrTable::check_remote`]).
+    pub fn remote_bytes(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        va: u64,
+        len: usize,
+        need: AccessFlags,
+    ) -> Result<&[u8], MemError> {
+        let (slot, off) = self.check_remote(key, pd, qpn, va, len as u64, need)?;
+        let mr = self.mrs.slots.get(slot).and_then(Option::as_ref);
+        mr.and_then(|m| m.bytes().get(off..off + len))
+            .ok_or(MemError::Range)
+    }
+
+    /// As [`MrTable::remote_bytes`], writable.
+    pub fn remote_bytes_mut(
+        &mut self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        va: u64,
+        len: usize,
+        need: AccessFlags,
+    ) -> Result<&mut [u8], MemError> {
+        let (slot, off) = self.check_remote(key, pd, qpn, va, len as u64, need)?;
+        let mr = self.mrs.slots.get_mut(slot).and_then(Option::as_mut);
+        mr.and_then(|m| m.bytes_mut().get_mut(off..off + len))
+            .ok_or(MemError::Range)
+    }
+
+    /// Copies `out.len()` bytes from `va` of R_Key `key` (READ), checking REMOTE_READ.
+    pub fn read_remote(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        va: u64,
+        out: &mut [u8],
+    ) -> Result<(), MemError> {
+        let src = self.remote_bytes(key, pd, qpn, va, out.len(), AccessFlags::REMOTE_READ)?;
+        out.copy_from_slice(src);
         Ok(())
     }
 
-    /// Copies `data` into MR `key` at `va` (WRITE), checking REMOTE_WRITE.
+    /// Copies `data` to `va` of R_Key `key` (WRITE), checking REMOTE_WRITE.
     pub fn write_remote(
         &mut self,
         key: u32,
         pd: u32,
+        qpn: u32,
         va: u64,
         data: &[u8],
     ) -> Result<(), MemError> {
-        let (_, off) = self.check(key, pd, va, data.len() as u64, AccessFlags::REMOTE_WRITE)?;
-        let mr = self.get_mut(key).ok_or(MemError::BadKey)?;
-        mr.bytes_mut()[off..off + data.len()].copy_from_slice(data);
+        let dst = self.remote_bytes_mut(key, pd, qpn, va, data.len(), AccessFlags::REMOTE_WRITE)?;
+        dst.copy_from_slice(data);
         Ok(())
+    }
+
+    /// The bytes of `[addr, addr + len)` in host memory, if some MR's buffer holds all of
+    /// them (whatever its key, PD or state). Used to copy IBV_SEND_INLINE data at post time,
+    /// where libibverbs reads plain process memory and needs no lkey.
+    pub fn host_bytes(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let end = addr.checked_add(len as u64)?;
+        self.mrs.slots.iter().flatten().find_map(|mr| {
+            let start = mr.host_addr();
+            let stop = start.checked_add(mr.bytes().len() as u64)?;
+            if addr >= start && end <= stop {
+                let off = usize::try_from(addr - start).ok()?;
+                mr.bytes().get(off..off + len)
+            } else {
+                None
+            }
+        })
     }
 
     /// Validates a local scatter/gather list for protection domain `pd` with `need` access
@@ -306,16 +663,22 @@ mod tests {
     fn remote_checks() {
         let (mut t, k) = table();
         let va = t.get(k).unwrap().iova;
-        assert_eq!(t.write_remote(k, 1, va + 60, b"abcd"), Ok(()));
-        assert_eq!(t.write_remote(k, 1, va + 61, b"abcd"), Err(MemError::Range));
-        assert_eq!(t.write_remote(k, 2, va, b"a"), Err(MemError::PdMismatch));
+        assert_eq!(t.write_remote(k, 1, 0x11, va + 60, b"abcd"), Ok(()));
         assert_eq!(
-            t.write_remote(k + 0x100, 1, va, b"a"),
+            t.write_remote(k, 1, 0x11, va + 61, b"abcd"),
+            Err(MemError::Range)
+        );
+        assert_eq!(
+            t.write_remote(k, 2, 0x11, va, b"a"),
+            Err(MemError::PdMismatch)
+        );
+        assert_eq!(
+            t.write_remote(k + 0x100, 1, 0x11, va, b"a"),
             Err(MemError::BadKey)
         );
         let mut out = [0u8; 4];
         assert_eq!(
-            t.read_remote(k, 1, va + 60, &mut out),
+            t.read_remote(k, 1, 0x11, va + 60, &mut out),
             Err(MemError::Access)
         );
         assert_eq!(
@@ -345,5 +708,67 @@ mod tests {
         t.gather(&sges, 1, 0, &mut out).unwrap();
         assert_eq!(&out, b"\0XYZW\0\0\0");
         assert_eq!(t.gather(&sges, 1, 4, &mut [0u8; 5]), Err(MemError::Length));
+    }
+
+    /// Re-registering a slot never brings back the key it had: with every other index in
+    /// use, a deregistered slot is handed out again with a new key byte, and the old key is
+    /// rejected remotely while the new one works.
+    #[test]
+    fn a_reused_slot_gets_a_new_key_and_the_old_key_is_rejected() {
+        let mut t = MrTable::new(1);
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let keys: Vec<u32> = (0..MAX_MR)
+            .map(|_| t.register(1, 1, all).unwrap())
+            .collect();
+        assert!(t.register(1, 1, all).is_none(), "table full");
+        for &old in keys.iter().step_by(997) {
+            assert!(t.deregister(old));
+            let new = t.register(1, 1, all).unwrap();
+            assert_eq!(new >> 8, old >> 8, "the only free slot is reused");
+            assert_ne!(new, old, "with another key byte");
+            let va = t.get(new).unwrap().iova;
+            assert_eq!(
+                t.write_remote(old, 1, 0x11, va, b"x"),
+                Err(MemError::BadKey)
+            );
+            assert_eq!(t.write_remote(new, 1, 0x11, va, b"x"), Ok(()));
+            assert!(!t.deregister(old));
+        }
+    }
+
+    /// Freed indices are not reused at once (cyclic allocation, as rxe's pools).
+    #[test]
+    fn indices_are_handed_out_cyclically() {
+        let mut t = MrTable::new(2);
+        let a = t.register(1, 8, AccessFlags::empty()).unwrap();
+        assert!(t.deregister(a));
+        let b = t.register(1, 8, AccessFlags::empty()).unwrap();
+        assert_eq!(b >> 8, (a >> 8) + 1);
+    }
+
+    /// An MR over caller memory reads and writes the caller's bytes; after deregistration the
+    /// caller sees what peers wrote. (Run under Miri where available.)
+    #[test]
+    fn user_memory_is_read_and_written_in_place() {
+        let mut buf = vec![7u8; 32];
+        let ptr = NonNull::new(buf.as_mut_ptr()).unwrap();
+        let mut t = MrTable::new(3);
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        // SAFETY: `buf` outlives the registration (deregistered below before `buf` is used
+        // again) and nothing else touches it meanwhile.
+        let k = unsafe { t.register_user(1, ptr, buf.len(), all) }.unwrap();
+        let va = t.get(k).unwrap().iova;
+        assert_eq!(va, ptr.as_ptr() as u64);
+        t.write_remote(k, 1, 0x11, va + 30, b"ab").unwrap();
+        assert_eq!(
+            t.write_remote(k, 1, 0x11, va + 31, b"ab"),
+            Err(MemError::Range)
+        );
+        let mut out = [0u8; 3];
+        t.read_remote(k, 1, 0x11, va + 29, &mut out).unwrap();
+        assert_eq!(&out, b"\x07ab");
+        assert_eq!(t.host_bytes(va + 30, 2), Some(&b"ab"[..]));
+        assert!(t.deregister(k));
+        assert_eq!(&buf[28..], b"\x07\x07ab");
     }
 }

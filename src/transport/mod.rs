@@ -7,7 +7,10 @@
 //! [`QpEngine::post_send`] / [`QpEngine::post_recv`], and drains output with
 //! [`QpEngine::poll_transmit`] (datagrams to send), [`QpEngine::poll_completion`] (work
 //! completions) and [`QpEngine::poll_timeout`] (when to call `handle_timeout`). `now` must
-//! not decrease between calls. Nothing here does I/O, reads a clock or uses a global RNG.
+//! not decrease between calls. Local operations (REG_MR, LOCAL_INV, BIND_MW) send nothing:
+//! when `poll_transmit` has nothing left, [`QpEngine::run_local_ops`] executes those the
+//! requester has reached (then poll again). Nothing here does I/O, reads a clock or uses a
+//! global RNG.
 //! Registered memory is passed in as a [`MemoryTable`] on every call that touches it.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -15,7 +18,9 @@
 mod completer;
 mod counters;
 mod error;
+mod local_ops;
 mod memory;
+mod mw;
 mod requester;
 mod responder;
 mod srq;
@@ -23,7 +28,9 @@ mod timer;
 
 pub use counters::{Counters, DropReason};
 pub use error::{Disposition, QpAction, RespError};
-pub use memory::{MAX_MR, MemError, MrEntry, MrTable as MemoryTable};
+pub use local_ops::MAX_INLINE_DATA;
+pub use memory::{MAX_MR, MemError, MrEntry, MrKind, MrState, MrTable as MemoryTable};
+pub use mw::{BindMw, MAX_MW, MwEntry, MwState, MwType, RegMr, inc_rkey, is_mw_key};
 pub use srq::{QpEvent, SrqQueue};
 pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 
@@ -40,7 +47,21 @@ pub enum QpType {
     Uc,
     /// Unreliable datagram (`IBV_QPT_UD`).
     Ud,
+    /// The general services QP, QP1 (`IB_QPT_GSI`): UD on the wire, created by the device,
+    /// Q_Key fixed at 0x8001_0000 for what it sends and receives (rxe `GSI_QKEY`).
+    Gsi,
 }
+
+impl QpType {
+    /// True for the datagram types (UD and GSI), which share the UD data path.
+    pub const fn is_datagram(self) -> bool {
+        matches!(self, QpType::Ud | QpType::Gsi)
+    }
+}
+
+/// The Q_Key of QP1: every GSI packet carries it and QP1 accepts no other. Source: ib_core
+/// `IB_QP1_QKEY`; rxe `GSI_QKEY` in `rxe_req.c` / `rxe_recv.c` `check_keys`.
+pub const GSI_QKEY: u32 = 0x8001_0000;
 
 /// Queue pair state, in `enum ibv_qp_state` order. Source: IBTA Vol 1 ch. 10 (QP state machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -181,6 +202,9 @@ bitflags_u32!(
         GRH = 1,
         /// `IBV_WC_WITH_IMM`: `imm_data` is valid.
         WITH_IMM = 2,
+        /// `IBV_WC_WITH_INV`: a SEND_WITH_INVALIDATE invalidated the R_Key in `imm_data`
+        /// (libibverbs' `invalidated_rkey`, which shares the union with `imm_data`).
+        WITH_INV = 8,
     }
 );
 
@@ -212,6 +236,15 @@ pub enum WrOpcode {
     AtomicCmpAndSwp,
     /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
     AtomicFetchAndAdd,
+    /// `IBV_WR_LOCAL_INV`: invalidate the MR or type 2 MW named by `invalidate_rkey`; it
+    /// waits until every earlier WR on the send queue has completed.
+    LocalInv,
+    /// `IBV_WR_BIND_MW`: bind the window described by `bind_mw`.
+    BindMw,
+    /// `IBV_WR_SEND_WITH_INV`: a SEND whose last packet carries `invalidate_rkey` in an IETH.
+    SendWithInv,
+    /// `IB_WR_REG_MR` (kernel verbs): register the fast-register MR described by `reg_mr`.
+    RegMr,
 }
 
 impl WrOpcode {
@@ -234,6 +267,10 @@ impl WrOpcode {
             WrOpcode::RdmaRead => WcOpcode::RdmaRead,
             WrOpcode::AtomicCmpAndSwp => WcOpcode::CompSwap,
             WrOpcode::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            WrOpcode::LocalInv => WcOpcode::LocalInv,
+            WrOpcode::BindMw => WcOpcode::BindMw,
+            WrOpcode::SendWithInv => WcOpcode::Send,
+            WrOpcode::RegMr => WcOpcode::RegMr,
         }
     }
 }
@@ -262,6 +299,12 @@ pub struct SendWr {
     pub swap: u64,
     /// UD only: where the datagram goes (`wr.ud` of `ibv_send_wr`).
     pub ud: Option<UdDest>,
+    /// The R_Key to invalidate: SEND_WITH_INV (carried in the IETH) and LOCAL_INV.
+    pub invalidate_rkey: u32,
+    /// BIND_MW: the window, MR, range and rights (`wr.bind_mw`).
+    pub bind_mw: Option<BindMw>,
+    /// REG_MR: the fast-register MR and its new key, address, length and rights.
+    pub reg_mr: Option<RegMr>,
 }
 
 /// The destination of a UD send: what `wr.ud` carries (the address handle's address, the
@@ -291,6 +334,9 @@ impl SendWr {
             compare_add: 0,
             swap: 0,
             ud: None,
+            invalidate_rkey: 0,
+            bind_mw: None,
+            reg_mr: None,
         }
     }
 }
@@ -426,6 +472,12 @@ pub enum WcOpcode {
     CompSwap,
     /// `IBV_WC_FETCH_ADD`.
     FetchAdd,
+    /// `IBV_WC_BIND_MW`.
+    BindMw,
+    /// `IBV_WC_LOCAL_INV`.
+    LocalInv,
+    /// `IB_WC_REG_MR` (kernel verbs).
+    RegMr,
     /// `IBV_WC_RECV`.
     Recv,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`.
@@ -588,7 +640,7 @@ pub struct QpCap {
     pub max_send_sge: u32,
     /// SGEs per receive WR.
     pub max_recv_sge: u32,
-    /// Inline bytes per send WR.
+    /// Most bytes an IBV_SEND_INLINE WR may carry (at most [`MAX_INLINE_DATA`], 512, as rxe).
     pub max_inline_data: u32,
 }
 
@@ -638,6 +690,11 @@ struct SendWqe {
     /// For READ: PSN of the last READ request sent for this WQE; its first response is a
     /// FIRST or ONLY (a re-issued READ restarts the response sequence, rxe `req_retry`).
     read_req_psn: Psn,
+    /// IBV_SEND_INLINE: the message, copied at post time.
+    inline_data: Option<Vec<u8>>,
+    /// A local operation (REG_MR, LOCAL_INV, BIND_MW) already executed, waiting to complete
+    /// in order.
+    local_done: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -666,6 +723,9 @@ pub struct QpEngine {
     counters: Counters,
     /// Source address of the packet being handled (for the UD GRH).
     last_src: IpAddr,
+    /// Destination of the packet being handled when it is not this QP's own address (a
+    /// multicast group), for the GRH of a UD receive.
+    rx_dst: Option<IpAddr>,
     /// SRQ attachment and asynchronous events (srq.rs).
     srq: srq::SrqExt,
 }
@@ -691,6 +751,7 @@ impl QpEngine {
             completions: VecDeque::new(),
             counters: Counters::default(),
             last_src: IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
+            rx_dst: None,
             srq: srq::SrqExt::default(),
         }
     }
@@ -794,8 +855,17 @@ impl QpEngine {
     /// [`PostError::QueueFull`] when `max_send_wr` WRs are outstanding;
     /// [`PostError::Invalid`] for too many SGEs, a message over 2 GiB, or an atomic whose
     /// SGE is not 8 bytes or whose remote address is not 8-byte aligned;
-    /// [`PostError::NotSupported`] for an opcode this QP type cannot carry.
+    /// [`PostError::NotSupported`] for an opcode this QP type cannot carry. A WR with
+    /// IBV_SEND_INLINE and data needs [`QpEngine::post_send_mem`], which copies the data.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        self.post_send_inner(wr, None)
+    }
+
+    fn post_send_inner(
+        &mut self,
+        wr: SendWr,
+        inline_data: Option<Vec<u8>>,
+    ) -> Result<(), PostError> {
         if self.state < QpState::Rts {
             return Err(PostError::WrongState);
         }
@@ -808,7 +878,7 @@ impl QpEngine {
         if self.qp_type != QpType::Rc && (wr.opcode.is_rd_atomic()) {
             return Err(PostError::NotSupported);
         }
-        if self.qp_type == QpType::Ud {
+        if self.qp_type.is_datagram() {
             if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) {
                 return Err(PostError::NotSupported);
             }
@@ -819,6 +889,7 @@ impl QpEngine {
             }
         }
         let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        self.check_post_extensions(&wr, length, inline_data.is_some())?;
         if length > MAX_MSG_BYTES {
             return Err(PostError::Invalid("message longer than 2 GiB"));
         }
@@ -845,6 +916,8 @@ impl QpEngine {
             assigned: false,
             read_done: 0,
             read_req_psn: Psn::new(0),
+            inline_data,
+            local_done: false,
         };
         if self.state == QpState::Err {
             self.complete_send(&wqe, WcStatus::WrFlushErr, 0);
@@ -893,7 +966,7 @@ impl QpEngine {
         let want = match self.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
-            QpType::Ud => Transport::Ud,
+            QpType::Ud | QpType::Gsi => Transport::Ud,
         };
         if pkt.info.transport != want {
             self.counters.drop_packet(DropReason::WrongQpType);
@@ -917,7 +990,7 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::WrongQpState);
             return;
         }
-        if self.qp_type != QpType::Ud && self.path.is_none_or(|p| to_v6(p.remote) != to_v6(src)) {
+        if !self.qp_type.is_datagram() && self.path.is_none_or(|p| to_v6(p.remote) != to_v6(src)) {
             self.counters.drop_packet(DropReason::WrongSource);
             return;
         }
@@ -938,7 +1011,24 @@ impl QpEngine {
         } else {
             self.completer_handle(now, pkt, mem);
         }
+        self.pop_done_local_ops();
         self.keep_retransmit_timer(now);
+    }
+
+    /// [`QpEngine::handle_packet`] for a datagram sent to `dst`, an address other than this
+    /// QP's own: a multicast group, which the GRH of a UD receive then names as its
+    /// destination (rxe copies the IP header as received).
+    pub fn handle_packet_to(
+        &mut self,
+        now: Instant,
+        pkt: &RocePacket<'_>,
+        src: IpAddr,
+        dst: IpAddr,
+        mem: &mut MemoryTable,
+    ) {
+        self.rx_dst = Some(dst);
+        self.handle_packet(now, pkt, src, mem);
+        self.rx_dst = None;
     }
 
     /// Runs the timers due at `now` (retransmit, RNR wait).
@@ -1004,7 +1094,10 @@ impl QpEngine {
     fn complete_send(&mut self, wqe: &SendWqe, status: WcStatus, byte_len: u32) {
         let signaled = self.sq_sig_all || wqe.wr.send_flags.contains(SendFlags::SIGNALED);
         if status == WcStatus::Success
-            && matches!(wqe.wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm)
+            && matches!(
+                wqe.wr.opcode,
+                WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv
+            )
         {
             self.counters.rdma_sends += 1;
         }

@@ -5,13 +5,15 @@
 //! Source: IBTA Vol 1 ch. 9 (requester behaviour); rxe `rxe_req.c` (`init_req_packet`,
 //! `update_wqe_psn`, `req_retry`, `rxe_requester`).
 
+use super::local_ops::wqe_payload;
 use super::{
     MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Path, QpEngine, QpState, QpType, SendFlags, Timer, Transmit,
     WcStatus, WrOpcode, ack_timeout, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, ImmDtRepr, Opcode, PacketRepr, Psn, RethRepr,
+    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Psn,
+    RethRepr,
 };
 
 /// Requester cursor: which WQE and byte offset the next packet comes from, and its PSN.
@@ -35,24 +37,29 @@ impl QpEngine {
         path: &Path,
         mem: &MemoryTable,
     ) -> Option<Transmit> {
-        // SQD (IBTA ch. 10 "send queue drain"; rxe `req_next_wqe`): WQEs already started
-        // finish, retransmissions included; no new WQE starts.
-        let draining = self.state == QpState::Sqd;
-        if !(self.state == QpState::Rts || draining) || self.timers.is_armed(Timer::Rnr) {
+        // SQD: WRs stay queued and none is started; one already under way is finished (and
+        // retransmitted) so the send queue can drain (rxe `req_next_wqe` in the drain state).
+        let sqd = self.state == QpState::Sqd;
+        if !(self.state == QpState::Rts || sqd) || self.timers.is_armed(Timer::Rnr) {
             return None;
         }
-        if self.qp_type == QpType::Ud {
-            return if draining {
+        if self.qp_type.is_datagram() {
+            return if sqd {
                 None
             } else {
                 self.ud_transmit(path, mem)
             };
         }
+        self.skip_done_local_ops();
         let idx = self.req.wqe;
         let pmtu = self.pmtu();
         let max_rd = usize::from(self.attrs.max_rd_atomic.max(1));
         let wqe = self.sq.get(idx)?;
-        if draining && !wqe.assigned {
+        if wqe.wr.opcode.is_local() {
+            // Sends nothing: `run_local_ops` executes it.
+            return None;
+        }
+        if sqd && !wqe.assigned {
             return None;
         }
         let uc = self.qp_type == QpType::Uc;
@@ -109,13 +116,18 @@ impl QpEngine {
         match wr.opcode {
             WrOpcode::Send
             | WrOpcode::SendWithImm
+            | WrOpcode::SendWithInv
             | WrOpcode::RdmaWrite
             | WrOpcode::RdmaWriteWithImm => {
                 let off = self.req.offset;
                 let pay = (wqe.length - off).min(pmtu);
                 let first = off == 0;
                 let last = off + pay == wqe.length;
-                let send = matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm);
+                let send = matches!(
+                    wr.opcode,
+                    WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv
+                );
+                let inv = wr.opcode == WrOpcode::SendWithInv;
                 let imm = matches!(
                     wr.opcode,
                     WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm
@@ -134,6 +146,13 @@ impl QpEngine {
                     (false, false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
                     (false, false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
                 };
+                if inv && last {
+                    bth.opcode = if first {
+                        Opcode::RC_SEND_ONLY_WITH_INVALIDATE
+                    } else {
+                        Opcode::RC_SEND_LAST_WITH_INVALIDATE
+                    };
+                }
                 if uc {
                     // UC opcodes are the RC ones with transport bits 0b001.
                     bth.opcode = Opcode(bth.opcode.0 | 0x20);
@@ -153,6 +172,13 @@ impl QpEngine {
                 if imm && last {
                     repr.immdt = Some(ImmDtRepr {
                         imm_data: wr.imm_data,
+                    });
+                }
+                // The IETH goes in the last packet of a SEND with Invalidate (rxe
+                // `init_req_packet`).
+                if inv && last {
+                    repr.ieth = Some(IethRepr {
+                        rkey: wr.invalidate_rkey,
                     });
                 }
                 repr.payload_len = pay as usize;
@@ -188,13 +214,14 @@ impl QpEngine {
                     compare: if cas { wr.compare_add } else { 0 },
                 });
             }
+            WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::RegMr => return None,
         }
         let mut buf = vec![0u8; repr.buffer_len()];
         repr.emit_headers(&mut buf);
         let h = repr.header_len();
         let pay = repr.payload_len;
         if pay > 0
-            && let Err(_e) = mem.gather(&wr.sg_list, self.pd, payload_off, &mut buf[h..h + pay])
+            && let Err(_e) = wqe_payload(wqe, mem, self.pd, payload_off, &mut buf[h..h + pay])
         {
             // A local SGE that fails its key/range check: IBV_WC_LOC_PROT_ERR, QP to ERR.
             if let Some(w) = self.sq.remove(idx) {
@@ -281,8 +308,11 @@ impl QpEngine {
                 psn: self.req.psn,
             };
             let mut repr = PacketRepr::new(bth);
-            // A WR Q_Key with bit 31 set means "use the QP's own Q_Key".
-            let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
+            // A WR Q_Key with bit 31 set means "use the QP's own Q_Key"; QP1 always sends
+            // GSI_QKEY (rxe `init_req_packet`).
+            let qkey = if self.qp_type == QpType::Gsi {
+                super::GSI_QKEY
+            } else if dest.remote_qkey & 0x8000_0000 != 0 {
                 self.attrs.qkey
             } else {
                 dest.remote_qkey
@@ -301,11 +331,7 @@ impl QpEngine {
             repr.emit_headers(&mut buf);
             let h = repr.header_len();
             let n = repr.payload_len;
-            if n > 0
-                && mem
-                    .gather(&w.wr.sg_list, self.pd, 0, &mut buf[h..h + n])
-                    .is_err()
-            {
+            if n > 0 && wqe_payload(w, mem, self.pd, 0, &mut buf[h..h + n]).is_err() {
                 let w = self.sq.pop_front()?;
                 self.complete_send(&w, WcStatus::LocProtErr, 0);
                 self.enter_error();

@@ -94,7 +94,7 @@ impl QpEngine {
             self.uc_handle(pkt, mem);
             return;
         }
-        if self.qp_type == QpType::Ud {
+        if self.qp_type.is_datagram() {
             self.ud_handle(pkt, mem);
             return;
         }
@@ -240,7 +240,13 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::LengthMismatch);
             return;
         };
-        if deth.qkey != self.attrs.qkey {
+        // rxe `check_keys`: QP1 takes only GSI_QKEY, other UD QPs only their own Q_Key.
+        let want = if self.qp_type == QpType::Gsi {
+            super::GSI_QKEY
+        } else {
+            self.attrs.qkey
+        };
+        if deth.qkey != want {
             self.counters.drop_packet(DropReason::BadQkey);
             return;
         }
@@ -288,6 +294,7 @@ impl QpEngine {
     fn grh(&self, udp_payload: usize) -> [u8; 40] {
         let mut g = [0u8; 40];
         let local = self.path.map(|p| p.local);
+        let local = self.rx_dst.or(local);
         match (self.last_src, local) {
             (IpAddr::V4(src), Some(IpAddr::V4(dst))) => {
                 let h = &mut g[20..40];
@@ -353,9 +360,20 @@ impl QpEngine {
         }
         self.resp.recv_offset += len;
         if pos.ends_message() {
+            // SEND with Invalidate: the IETH R_Key is invalidated once the data is placed
+            // (rxe `execute` → `invalidate_rkey`); a key this QP may not invalidate fails the
+            // receive (class J).
+            let inv = pkt.repr.ieth.map(|i| i.rkey);
+            if let Some(rkey) = inv {
+                mem.invalidate(rkey, self.pd, Some(self.qpn))
+                    .map_err(|_| RespError::InvalidateRkey)?;
+            }
             let imm = pkt.repr.immdt.map(|i| i.imm_data);
             let byte_len = self.resp.recv_offset;
             self.finish_recv(WcOpcode::Recv, byte_len, imm);
+            if let Some(rkey) = inv {
+                self.note_invalidated(rkey);
+            }
             self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         }
         Ok(())
@@ -393,9 +411,10 @@ impl QpEngine {
             }
             // C9-88: a zero-length WRITE needs no valid R_Key or address.
             if dma_len > 0 {
-                mem.check(
+                mem.check_remote(
                     reth.rkey,
                     self.pd,
+                    self.qpn,
                     reth.va,
                     dma_len,
                     AccessFlags::REMOTE_WRITE,
@@ -430,6 +449,7 @@ impl QpEngine {
             let r = mem.write_remote(
                 self.resp.write_rkey,
                 self.pd,
+                self.qpn,
                 self.resp.write_va,
                 pkt.payload,
             );
@@ -466,8 +486,15 @@ impl QpEngine {
             return Err(RespError::TooManyRdAtomic);
         }
         if len > 0 {
-            mem.check(reth.rkey, self.pd, reth.va, len, AccessFlags::REMOTE_READ)
-                .map_err(|_| RespError::RkeyViolation)?;
+            mem.check_remote(
+                reth.rkey,
+                self.pd,
+                self.qpn,
+                reth.va,
+                len,
+                AccessFlags::REMOTE_READ,
+            )
+            .map_err(|_| RespError::RkeyViolation)?;
         }
         let psn = pkt.repr.bth.psn;
         // C9-148: the MSN counts the READ when it is accepted, before its responses.
@@ -502,11 +529,16 @@ impl QpEngine {
         if a.va % 8 != 0 {
             return Err(RespError::MisalignedAtomic);
         }
-        let (_, off) = mem
-            .check(a.rkey, self.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        let cell = mem
+            .remote_bytes_mut(
+                a.rkey,
+                self.pd,
+                self.qpn,
+                a.va,
+                8,
+                AccessFlags::REMOTE_ATOMIC,
+            )
             .map_err(|_| RespError::RkeyViolation)?;
-        let mr = mem.get_mut(a.rkey).ok_or(RespError::RkeyViolation)?;
-        let cell = &mut mr.bytes_mut()[off..off + 8];
         let mut cur = [0u8; 8];
         cur.copy_from_slice(cell);
         // The target is 8 bytes in the responder's host order (rxe does a native u64 op).
@@ -565,7 +597,14 @@ impl QpEngine {
                     && fits
                     && (len == 0
                         || mem
-                            .check(reth.rkey, self.pd, reth.va, len, AccessFlags::REMOTE_READ)
+                            .check_remote(
+                                reth.rkey,
+                                self.pd,
+                                self.qpn,
+                                reth.va,
+                                len,
+                                AccessFlags::REMOTE_READ,
+                            )
                             .is_ok());
                 if ok {
                     // Answered as a replay — MIDDLE/LAST — unless it starts at that READ's
@@ -764,7 +803,7 @@ impl QpEngine {
             let n = repr.payload_len;
             if n > 0
                 && mem
-                    .read_remote(rkey, self.pd, va, &mut buf[h..h + n])
+                    .read_remote(rkey, self.pd, self.qpn, va, &mut buf[h..h + n])
                     .is_err()
             {
                 // The MR went away between the request and this response.

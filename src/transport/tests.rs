@@ -488,6 +488,7 @@ fn every_responder_error_maps_as_the_spec_says() {
         RespError::RkeyViolation,
         RespError::Rnr,
         RespError::MalformedWqe,
+        RespError::InvalidateRkey,
     ];
     assert_eq!(rows.len(), all.len(), "one row per RespError variant");
     for e in all {

@@ -16,6 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+// Memory windows, fast-register MRs and MRs over caller memory (src/verbs/mw.rs).
+#[path = "mw.rs"]
+pub(super) mod mw;
+
 /// How to build a device.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
@@ -80,6 +84,13 @@ pub enum RxHeaders<'a> {
     /// bits, 1–8 random bytes and all-random payloads; none of 41,984 single-bit flips; the
     /// exact check accepted none of them. README.md ("How it is built") has the table.
     Udp,
+    /// A plain UDP socket, for segment `index` of a UDP GRO buffer: as [`RxHeaders::Udp`],
+    /// but an IPv4 check also tries ID `index` before solving, the ID Linux gives segment
+    /// `index` of a UDP GSO send from an unconnected `IP_PMTUDISC_DO` socket.
+    UdpGro {
+        /// The segment's position in its GRO buffer.
+        index: usize,
+    },
     /// The IP and UDP headers exactly as received (raw socket): the ICRC is checked over them,
     /// as kernel rxe does.
     Exact {
@@ -158,6 +169,45 @@ const MAX_QP: u32 = 1 << 16;
 const MAX_RD_ATOM: u32 = 128;
 /// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
 const FIRST_QPN: u32 = 0x11;
+/// The GSI QP's number.
+const GSI_QPN: u32 = 1;
+/// The DestQP of every multicast packet. Source: IBTA Vol 1 ch. 10 (multicast: QP 0xFFFFFF);
+/// ib_core `IB_MULTICAST_QPN`.
+pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
+/// Most multicast groups per device and QPs per group (rxe `RXE_MAX_MCAST_GRP`,
+/// `RXE_MAX_MCAST_QP_ATTACH`).
+const MAX_MCAST_GRP: usize = 8192;
+const MAX_MCAST_QP_ATTACH: usize = 56;
+/// The GSI QP's protection domain (user PDs start at 1).
+const GSI_PD: u32 = 0;
+/// Entries of the GSI CQ.
+const GSI_CQE: u32 = 1024;
+
+/// QP1's engine, taken to RTS as ib_mad does (`ib_mad_change_qp_state_to_rts`: INIT with
+/// the Q_Key, RTR, RTS with `sq_psn` 0); UD-style path fixed at creation.
+fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
+    let cap = QpCap {
+        max_send_wr: 128,
+        max_recv_wr: 512,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    let mut e = QpEngine::new(GSI_QPN, QpType::Gsi, GSI_PD, cap, true);
+    e.set_path(Path {
+        local: cfg.ip,
+        remote: cfg.ip,
+        src_port: link.source_port(rxe_initial_udp_sport(GSI_QPN)),
+    });
+    let a = e.attrs_mut();
+    a.path_mtu = cfg.active_mtu;
+    a.qkey = crate::transport::GSI_QKEY;
+    a.sq_psn = crate::wire::Psn::new(0);
+    e.set_state(QpState::Init);
+    e.set_state(QpState::Rtr);
+    e.set_state(QpState::Rts);
+    e
+}
 
 pub(super) struct CqShared {
     ring: Mutex<VecDeque<Wc>>,
@@ -183,9 +233,16 @@ pub(super) struct State {
     counters: Counters,
     /// CNPs received with a good ICRC and ignored (softroce has no congestion control).
     rp_cnp_ignored: u64,
+    /// Multicast groups this device's QPs are attached to: group address -> QPNs, in
+    /// attach order.
+    mcast: BTreeMap<IpAddr, Vec<u32>>,
+    /// Reused buffer of the datagrams one `pump` hands to the link.
+    tx_batch: Vec<crate::transport::Transmit>,
 }
 
 struct Shared {
+    /// Completions of QP1.
+    gsi_cq: Arc<CqShared>,
     cfg: DeviceConfig,
     node_guid: u64,
     gids: [GidEntry; 2],
@@ -274,15 +331,27 @@ impl Device {
                 gid_type: GidType::RoceV2,
             },
         ];
+        let gsi_cq = Arc::new(CqShared::new(GSI_CQE));
+        let mut qps = BTreeMap::new();
+        qps.insert(
+            GSI_QPN,
+            QpSlot {
+                engine: gsi_engine(&cfg, link.as_ref()),
+                send_cq: gsi_cq.clone(),
+                recv_cq: gsi_cq.clone(),
+            },
+        );
         let state = State {
             mrs: MemoryTable::new(cfg.seed),
-            qps: BTreeMap::new(),
+            qps,
             srqs: Default::default(),
             next_qpn: FIRST_QPN,
             next_pd: 1,
             live_pds: Vec::new(),
             counters: Counters::default(),
             rp_cnp_ignored: 0,
+            mcast: BTreeMap::new(),
+            tx_batch: Vec::new(),
         };
         let dev = Device {
             shared: Arc::new(Shared {
@@ -292,6 +361,7 @@ impl Device {
                 link,
                 clock,
                 state: Mutex::new(state),
+                gsi_cq,
                 events: super::event::AsyncEvents::new(),
             }),
         };
@@ -312,6 +382,44 @@ impl Device {
 
     pub(super) fn same_device(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// QP1, the general services QP (GSI) every device has, as ib_core's MAD layer sets it
+    /// up: UD on the wire, Q_Key [`GSI_QKEY`](crate::verbs::GSI_QKEY) (sent on every packet
+    /// whatever the WR says, and the only one accepted: others are dropped and counted as
+    /// `BadQkey`), already in RTS with `sq_psn` 0, send and receive completions on
+    /// [`Device::gsi_cq`], buffers registered in [`Device::gsi_pd`]. A datagram with DestQP
+    /// 1 lands in the oldest receive posted on it, preceded by the 40-byte GRH; with none
+    /// posted it is dropped and counted (`UdNoReceive`).
+    ///
+    /// Queue sizes (ib_mad's defaults): 128 send WRs, 512 receive WRs, 2 SGEs each.
+    /// The handle does not own QP1: dropping it destroys nothing, and `modify` on it follows
+    /// the GSI rows of the transition table (e.g. to ERR and back through RESET, INIT, RTR,
+    /// RTS with `PKEY_INDEX`, `QKEY` and `SQ_PSN`).
+    /// Source: ib_core `ib_mad_port_open` / `ib_mad_change_qp_state_to_rts`; rxe
+    /// `rxe_recv.c` `check_keys` (GSI_QKEY), FACTS §2.12.
+    pub fn gsi_qp(&self) -> Qp {
+        Qp {
+            dev: self.clone(),
+            qpn: GSI_QPN,
+        }
+    }
+
+    /// The CQ of QP1's send and receive completions ([`Device::gsi_qp`]); 1024 entries.
+    pub fn gsi_cq(&self) -> Cq {
+        Cq {
+            shared: self.shared.gsi_cq.clone(),
+        }
+    }
+
+    /// The protection domain of QP1: MRs whose SGEs are posted on [`Device::gsi_qp`] must be
+    /// registered in it (a PD's MRs serve only its own QPs). Its handle is 0; PDs from
+    /// [`Device::alloc_pd`] start at 1.
+    pub fn gsi_pd(&self) -> Pd {
+        Pd {
+            dev: self.clone(),
+            handle: GSI_PD,
+        }
     }
 
     /// Device name.
@@ -419,13 +527,7 @@ impl Device {
             return Err(Error::new(ErrorKind::Inval, "create_cq: cqe out of range"));
         }
         Ok(Cq {
-            shared: Arc::new(CqShared {
-                ring: Mutex::new(VecDeque::with_capacity(cqe.min(4096) as usize)),
-                ready: Condvar::new(),
-                cqe: cqe as usize,
-                overflows: AtomicU64::new(0),
-                notify: Default::default(),
-            }),
+            shared: Arc::new(CqShared::new(cqe)),
         })
     }
 
@@ -442,7 +544,24 @@ impl Device {
     /// have written: exact for IPv6; for IPv4 first with ID 0 (what softroce sends), then by
     /// solving for the 16-bit ID (see [`solve_ipv4_ident`] and [`RxHeaders::Udp`]).
     pub fn handle_datagram(&self, src: SocketAddr, data: &[u8]) {
-        self.handle_received(src, data, RxHeaders::Udp);
+        self.handle_received(src, self.shared.cfg.ip, data, RxHeaders::Udp);
+    }
+
+    /// Feeds one UDP datagram received on a socket bound to the multicast address `group`
+    /// (port 4791), which the link joined for [`Qp::attach_mcast`]. A packet with DestQP
+    /// 0xFFFFFF is delivered to every QP of this device attached to `group`, each checking
+    /// the Q_Key itself (a mismatch is that QP's `BadQkey` drop); with no QP attached it is
+    /// an `UnknownQp` drop. Any other DestQP is handled as by [`Device::handle_datagram`].
+    /// The ICRC is checked once, over the header with `group` as destination.
+    /// Source: rxe `rxe_recv.c` `rxe_rcv_mcast_pkt`.
+    pub fn handle_multicast_datagram(&self, src: SocketAddr, group: IpAddr, data: &[u8]) {
+        self.handle_received(src, group, data, RxHeaders::Udp);
+    }
+
+    /// Feeds datagram number `index` of a UDP GRO buffer received from `src`: as
+    /// [`Device::handle_datagram`], with the IPv4 ID guess of [`RxHeaders::UdpGro`].
+    pub fn handle_gro_segment(&self, src: SocketAddr, data: &[u8], index: usize) {
+        self.handle_received(src, self.shared.cfg.ip, data, RxHeaders::UdpGro { index });
     }
 
     /// Feeds one whole IP packet (IPv4 or IPv6, then UDP, then the RoCEv2 datagram) received
@@ -457,7 +576,8 @@ impl Device {
                     ip_header: d.ip_header,
                     udp_header: d.udp_header,
                 };
-                self.handle_received(SocketAddr::new(d.src, d.src_port), d.payload, hdrs);
+                let src = SocketAddr::new(d.src, d.src_port);
+                self.handle_received(src, d.dst, d.payload, hdrs);
             }
             _ => self
                 .shared
@@ -468,7 +588,7 @@ impl Device {
         }
     }
 
-    fn handle_received(&self, src: SocketAddr, data: &[u8], hdrs: RxHeaders<'_>) {
+    fn handle_received(&self, src: SocketAddr, dst: IpAddr, data: &[u8], hdrs: RxHeaders<'_>) {
         let now = self.now();
         let mut st = self.shared.state.lock();
         let pkt = match RocePacket::parse(data) {
@@ -482,7 +602,7 @@ impl Device {
             // A CNP asks the sender of an ECN-marked flow to slow down (DCQCN reaction
             // point). softroce implements no rate control: counted as ignored, like mlx5's
             // `rp_cnp_ignored`, once its ICRC holds; a bad one is an ICRC drop.
-            if self.icrc_ok(&pkt, src, hdrs) {
+            if self.icrc_ok(&pkt, src, dst, hdrs) {
                 st.rp_cnp_ignored += 1;
             } else {
                 st.counters.drop_packet(DropReason::IcrcMismatch);
@@ -490,12 +610,16 @@ impl Device {
             return;
         }
         let qpn = pkt.repr.bth.dest_qpn;
+        if qpn == MULTICAST_QPN && dst.is_multicast() {
+            self.deliver_multicast(&mut st, now, &pkt, src, dst, hdrs);
+            return;
+        }
         if !st.qps.contains_key(&qpn) {
             st.counters.drop_packet(DropReason::UnknownQp);
             return;
         }
         // IBTA A17 (RoCEv2): a packet whose ICRC fails is dropped silently; never NAKed.
-        if !self.icrc_ok(&pkt, src, hdrs) {
+        if !self.icrc_ok(&pkt, src, dst, hdrs) {
             st.counters.drop_packet(DropReason::IcrcMismatch);
             return;
         }
@@ -503,9 +627,43 @@ impl Device {
         self.pump(&mut st, qpn, now);
     }
 
-    /// The receive-side ICRC check of `pkt`, sent from `src` to this device, for what the
-    /// receiver saw of the outer headers.
-    fn icrc_ok(&self, pkt: &RocePacket<'_>, src: SocketAddr, hdrs: RxHeaders<'_>) -> bool {
+    /// A multicast packet: to every QP attached to `group`, after one ICRC check.
+    fn deliver_multicast(
+        &self,
+        st: &mut State,
+        now: Instant,
+        pkt: &RocePacket<'_>,
+        src: SocketAddr,
+        group: IpAddr,
+        hdrs: RxHeaders<'_>,
+    ) {
+        let members = st.mcast.get(&group).cloned().unwrap_or_default();
+        if members.is_empty() {
+            st.counters.drop_packet(DropReason::UnknownQp);
+            return;
+        }
+        if !self.icrc_ok(pkt, src, group, hdrs) {
+            st.counters.drop_packet(DropReason::IcrcMismatch);
+            return;
+        }
+        for qpn in members {
+            let State { mrs, qps, .. } = &mut *st;
+            if let Some(slot) = qps.get_mut(&qpn) {
+                slot.engine.handle_packet_to(now, pkt, src.ip(), group, mrs);
+            }
+            self.pump(st, qpn, now);
+        }
+    }
+
+    /// The receive-side ICRC check of `pkt`, sent from `src` to `dst` (this device's
+    /// address, or a multicast group), for what the receiver saw of the outer headers.
+    fn icrc_ok(
+        &self,
+        pkt: &RocePacket<'_>,
+        src: SocketAddr,
+        dst: IpAddr,
+        hdrs: RxHeaders<'_>,
+    ) -> bool {
         if cfg!(fuzzing) {
             return true;
         }
@@ -514,8 +672,8 @@ impl Device {
                 ip_header,
                 udp_header,
             } => icrc_compute(ip_header, udp_header, pkt.body) == pkt.icrc,
-            RxHeaders::Udp => {
-                let ip = match (src.ip(), self.shared.cfg.ip) {
+            RxHeaders::Udp | RxHeaders::UdpGro { .. } => {
+                let ip = match (src.ip(), dst) {
                     (IpAddr::V4(s), IpAddr::V4(d)) => IcrcIp::V4 {
                         src: s,
                         dst: d,
@@ -532,7 +690,30 @@ impl Device {
                 };
                 // Our own senders write IPv4 ID 0; kernel rxe and NICs write a counter that a
                 // UDP socket cannot see, which is recovered by CRC linearity.
+                // Segment i of a GSO send carries ID i: try it before solving.
+                let gro_ident = match (hdrs, ip) {
+                    (RxHeaders::UdpGro { index }, IcrcIp::V4 { .. }) => {
+                        u16::try_from(index).ok().filter(|i| *i != 0)
+                    }
+                    _ => None,
+                };
                 pkt.icrc_ok(&ip)
+                    || gro_ident.is_some_and(|ident| match ip {
+                        IcrcIp::V4 {
+                            src,
+                            dst,
+                            src_port,
+                            dst_port,
+                            ..
+                        } => pkt.icrc_ok(&IcrcIp::V4 {
+                            src,
+                            dst,
+                            ident,
+                            src_port,
+                            dst_port,
+                        }),
+                        IcrcIp::V6 { .. } => false,
+                    })
                     || (matches!(ip, IcrcIp::V4 { .. })
                         && solve_ipv4_ident(&ip, pkt.body, pkt.icrc).is_some())
             }
@@ -586,14 +767,30 @@ impl Device {
     /// Sends everything QP `qpn` has to send and delivers its completions.
     fn pump(&self, st: &mut State, qpn: u32, now: Instant) {
         let State {
-            mrs, qps, counters, ..
+            mrs,
+            qps,
+            counters,
+            tx_batch,
+            ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
-        while let Some(t) = slot.engine.poll_transmit(now, mrs) {
-            if self.shared.link.send(&t).is_err() {
-                counters.send_err += 1;
+        // Local operations (REG_MR, LOCAL_INV, BIND_MW) run when the requester reaches
+        // them; after one runs the requester may have more to send. Each round's datagrams
+        // go to the link as one batch, so it can send them with few system calls.
+        loop {
+            let mut batch = core::mem::take(tx_batch);
+            while let Some(t) = slot.engine.poll_transmit(now, mrs) {
+                batch.push(t);
+            }
+            if !batch.is_empty() {
+                counters.send_err += self.shared.link.send_batch(&batch) as u64;
+                batch.clear();
+            }
+            *tx_batch = batch;
+            if !slot.engine.run_local_ops(mrs) {
+                break;
             }
         }
         while let Some(Completion { cq, wc, solicited }) = slot.engine.poll_completion() {
@@ -616,6 +813,16 @@ impl Device {
 }
 
 impl CqShared {
+    fn new(cqe: u32) -> CqShared {
+        CqShared {
+            ring: Mutex::new(VecDeque::with_capacity(cqe.min(4096) as usize)),
+            ready: Condvar::new(),
+            cqe: cqe as usize,
+            overflows: AtomicU64::new(0),
+            notify: Default::default(),
+        }
+    }
+
     fn push(self: &Arc<Self>, wc: Wc, solicited: bool) {
         let mut ring = self.ring.lock();
         if ring.len() >= self.cqe {
@@ -692,6 +899,12 @@ impl Pd {
             return Err(Error::new(
                 ErrorKind::Inval,
                 "create_qp: max_sge out of range",
+            ));
+        }
+        if c.max_inline_data > crate::transport::MAX_INLINE_DATA {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "create_qp: max_inline_data over 512",
             ));
         }
         let mut st = self.dev.shared.state.lock();
@@ -778,17 +991,20 @@ pub struct Mr {
 }
 
 impl Mr {
-    /// Local key.
+    /// Local key (a fast-register MR's changes with each REG_MR).
     pub fn lkey(&self) -> u32 {
-        self.lkey
+        let st = self.dev.shared.state.lock();
+        st.mrs.get_slot(self.lkey).map_or(self.lkey, |m| m.lkey)
     }
     /// Remote key (equal to the local key, as in rxe).
     pub fn rkey(&self) -> u32 {
-        self.lkey
+        self.lkey()
     }
-    /// Virtual address of byte 0: what a peer puts in its RETH.
+    /// Virtual address of byte 0: what a peer puts in its RETH (a fast-register MR's is
+    /// the iova of its last REG_MR).
     pub fn addr(&self) -> u64 {
-        self.addr
+        let st = self.dev.shared.state.lock();
+        st.mrs.get_slot(self.lkey).map_or(self.addr, |m| m.iova)
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
@@ -801,9 +1017,9 @@ impl Mr {
     /// An SGE covering `[offset, offset + length)` of this MR.
     pub fn sge(&self, offset: usize, length: u32) -> crate::transport::Sge {
         crate::transport::Sge {
-            addr: self.addr + offset as u64,
+            addr: self.addr() + offset as u64,
             length,
-            lkey: self.lkey,
+            lkey: self.lkey(),
         }
     }
     /// Copies bytes out of the MR. Errors: `EINVAL` if the range is outside the MR.
@@ -811,7 +1027,7 @@ impl Mr {
         let st = self.dev.shared.state.lock();
         let mr = st
             .mrs
-            .get(self.lkey)
+            .get_slot(self.lkey)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
         let src = offset
             .checked_add(out.len())
@@ -825,7 +1041,7 @@ impl Mr {
         let mut st = self.dev.shared.state.lock();
         let mr = st
             .mrs
-            .get_mut(self.lkey)
+            .get_slot_mut(self.lkey)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
         let dst = offset
             .checked_add(data.len())
@@ -845,7 +1061,7 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        self.dev.shared.state.lock().mrs.deregister(self.lkey);
+        self.dev.shared.state.lock().mrs.deregister_slot(self.lkey);
     }
 }
 
@@ -950,6 +1166,14 @@ impl Qp {
     /// QP number.
     pub fn qp_num(&self) -> u32 {
         self.qpn
+    }
+
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        let st = self.dev.shared.state.lock();
+        st.qps
+            .get(&self.qpn)
+            .map_or(QpType::Rc, |s| s.engine.qp_type())
     }
 
     /// Current state.
@@ -1081,13 +1305,13 @@ impl Qp {
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
         let now = self.dev.now();
         let mut st = self.dev.shared.state.lock();
-        let slot = st
-            .qps
+        let State { mrs, qps, .. } = &mut *st;
+        let slot = qps
             .get_mut(&self.qpn)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "post_send: QP destroyed"))?;
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = slot.engine.post_send(wr.clone()) {
+            if let Err(e) = slot.engine.post_send_mem(wr.clone(), mrs) {
                 result = Err(post_error("post_send", e).at_wr(i));
                 break;
             }
@@ -1115,6 +1339,111 @@ impl Qp {
         }
         self.dev.pump(&mut st, self.qpn, now);
         result
+    }
+}
+
+impl Qp {
+    /// `ibv_attach_mcast`: this UD QP receives the datagrams sent to multicast group `gid`
+    /// (DestQP 0xFFFFFF, the QP's own Q_Key). The first QP of the device to attach makes the
+    /// link join the group (the UDP link joins the IP group on the device's interface);
+    /// attaching twice is a no-op, as in rxe. `lid` is ignored (RoCE has no LIDs).
+    ///
+    /// Errors: `EINVAL` for a QP that is not UD (GSI included, as ib_core) or a GID that is
+    /// not multicast or not of the device's IP family; `ENOMEM` past 8192 groups per
+    /// device or 56 QPs per group (rxe's limits); `EIO` when the link cannot join.
+    /// Source: ib_core `ib_attach_mcast`; rxe `rxe_mcast.c` `rxe_attach_mcast`.
+    pub fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let group = self.mcast_group("attach_mcast", gid)?;
+        let mut st = self.dev.shared.state.lock();
+        let n_groups = st.mcast.len();
+        let members = st.mcast.get(&group);
+        if members.is_some_and(|m| m.contains(&self.qpn)) {
+            return Ok(());
+        }
+        if members.is_none() && n_groups >= MAX_MCAST_GRP {
+            return Err(Error::new(
+                ErrorKind::NoMem,
+                "attach_mcast: too many groups",
+            ));
+        }
+        if members.is_some_and(|m| m.len() >= MAX_MCAST_QP_ATTACH) {
+            return Err(Error::new(
+                ErrorKind::NoMem,
+                "attach_mcast: too many QPs in the group",
+            ));
+        }
+        if members.is_none() {
+            self.dev.shared.link.join_multicast(group).map_err(|e| {
+                Error::new(ErrorKind::Io, format!("attach_mcast: joining {group}: {e}"))
+            })?;
+        }
+        st.mcast.entry(group).or_default().push(self.qpn);
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: stops delivering `gid`'s datagrams to this QP; the last QP of the
+    /// device to detach makes the link leave the group. Errors: `EINVAL` as
+    /// [`Qp::attach_mcast`], and for a QP not attached to `gid` (rxe).
+    pub fn detach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let group = self.mcast_group("detach_mcast", gid)?;
+        let mut st = self.dev.shared.state.lock();
+        if !self.dev.detach_locked(&mut st, group, self.qpn) {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "detach_mcast: QP not attached to that group",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The group address of a valid attach/detach of this QP to `gid`.
+    fn mcast_group(&self, call: &'static str, gid: &Gid) -> Result<IpAddr> {
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("{call}: only UD QPs join multicast groups"),
+            ));
+        }
+        if !gid.is_multicast() {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("{call}: {gid} is not a multicast GID"),
+            ));
+        }
+        let group = gid.ip();
+        if group.is_ipv4() != self.dev.shared.cfg.ip.is_ipv4() {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("{call}: {gid} is of another IP family than the device"),
+            ));
+        }
+        Ok(group)
+    }
+}
+
+impl Device {
+    /// Removes `qpn` from `group`; leaves the group when it was the last member. Returns
+    /// whether it was attached.
+    fn detach_locked(&self, st: &mut State, group: IpAddr, qpn: u32) -> bool {
+        let Some(members) = st.mcast.get_mut(&group) else {
+            return false;
+        };
+        let before = members.len();
+        members.retain(|q| *q != qpn);
+        let was = members.len() != before;
+        if members.is_empty() {
+            st.mcast.remove(&group);
+            self.shared.link.leave_multicast(group);
+        }
+        was
+    }
+
+    /// The QPNs attached to multicast group `gid`, in attach order.
+    pub fn mcast_members(&self, gid: &Gid) -> Vec<u32> {
+        let st = self.shared.state.lock();
+        st.mcast.get(&gid.ip()).cloned().unwrap_or_default()
     }
 }
 
@@ -1300,7 +1629,22 @@ fn post_error(call: &'static str, e: PostError) -> Error {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        if self.qpn == GSI_QPN {
+            // QP1 belongs to the device; a handle from `gsi_qp` destroys nothing.
+            return;
+        }
         let mut st = self.dev.shared.state.lock();
+        // A destroyed QP leaves its multicast groups (ib_core would refuse the destroy with
+        // EBUSY; a Rust drop cannot fail).
+        let groups: Vec<IpAddr> = st
+            .mcast
+            .iter()
+            .filter(|(_, m)| m.contains(&self.qpn))
+            .map(|(g, _)| *g)
+            .collect();
+        for g in groups {
+            self.dev.detach_locked(&mut st, g, self.qpn);
+        }
         // Device counters only grow (as rxe's hw_counters): keep the QP's counts.
         if let Some(slot) = st.qps.remove(&self.qpn) {
             let c = slot.engine.counters().clone();

@@ -13,15 +13,17 @@ mod modify;
 mod srq;
 
 pub use crate::transport::{
-    AccessFlags, Counters, DropReason, PathMtu, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr,
-    Sge, Transmit, UdDest, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, BindMw, Counters, DropReason, GSI_QKEY, MAX_INLINE_DATA, MwType, PathMtu, QpCap,
+    QpState, QpType, RecvWr, RegMr, SendFlags, SendWr, Sge, Transmit, UdDest, Wc, WcFlags,
+    WcOpcode, WcStatus, WrOpcode, inc_rkey,
 };
+pub use device::mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
 pub use device::{
-    Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, Mr, Pd, PortAttr, Qp, QpInitAttr,
-    RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
+    Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, MULTICAST_QPN, Mr, Pd, PortAttr,
+    Qp, QpInitAttr, RcConnect, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
 };
 pub use event::{AsyncEvent, CompChannel, EventElement, EventType};
-pub use modify::{AhAttr, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
 pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
 
 use crate::transport::Instant;
@@ -144,6 +146,12 @@ impl Gid {
         }
     }
 
+    /// True for a multicast GID: an IPv4-mapped class D address (`::ffff:224.0.0.0/100`) or
+    /// an IPv6 multicast address (`ff00::/8`). Source: ib_core `rdma_is_multicast_addr`.
+    pub fn is_multicast(&self) -> bool {
+        self.ip().is_multicast()
+    }
+
     /// The IP address this GID names (IPv4 for an IPv4-mapped GID).
     pub fn ip(&self) -> IpAddr {
         let v6 = Ipv6Addr::from(self.0);
@@ -173,6 +181,13 @@ pub trait Link: Send + Sync {
     /// by retransmission.
     fn send(&self, t: &Transmit) -> std::io::Result<()>;
 
+    /// Sends `ts` in order (the datagrams one pump of a QP produced). A link may batch them
+    /// into fewer system calls (UDP GSO, `sendmmsg`); the default sends them one by one.
+    /// Returns how many could not be sent (counted as `send_err`).
+    fn send_batch(&self, ts: &[Transmit]) -> usize {
+        ts.iter().filter(|t| self.send(t).is_err()).count()
+    }
+
     /// Prepares to send from UDP source port `want` and returns the port actually used (a
     /// link that cannot bind `want` picks another; the ICRC is computed over the result).
     fn source_port(&self, want: u16) -> u16 {
@@ -181,6 +196,20 @@ pub trait Link: Send + Sync {
 
     /// Tells the link's receive side that a timer may now be due earlier than it planned.
     fn wake(&self) {}
+
+    /// Starts receiving datagrams sent to the multicast address `group` (port 4791) and
+    /// handing them to [`Device::handle_multicast_datagram`]; called when the first QP of
+    /// the device attaches to the group. A link without IP multicast (a simulator) has
+    /// nothing to do. Errors: the socket error (the attach then fails with `EIO`).
+    fn join_multicast(&self, group: IpAddr) -> std::io::Result<()> {
+        let _ = group;
+        Ok(())
+    }
+
+    /// Stops receiving `group`; called when the last QP of the device detaches from it.
+    fn leave_multicast(&self, group: IpAddr) {
+        let _ = group;
+    }
 }
 
 /// A monotonic clock for the device. `net::SystemClock` reads the real one.

@@ -198,19 +198,43 @@ impl Default for QpAttr {
     }
 }
 
-/// One row of the transition table.
+/// The attributes one QP type must and may set in one transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Attributes that must be in the mask (besides STATE).
+    pub required: QpAttrMask,
+    /// Attributes that may be in the mask.
+    pub optional: QpAttrMask,
+}
+
+/// One row of the transition table: a (from, to) pair that `modify_qp` accepts, with the
+/// attributes of each QP type. A pair not in [`TRANSITIONS`] is refused for every type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition {
     /// From state.
     pub from: QpState,
     /// To state.
     pub to: QpState,
-    /// QP type.
-    pub qp_type: QpType,
-    /// Attributes that must be in the mask (besides STATE).
-    pub required: QpAttrMask,
-    /// Attributes that may be in the mask.
-    pub optional: QpAttrMask,
+    /// RC attributes.
+    pub rc: Params,
+    /// UC attributes.
+    pub uc: Params,
+    /// UD attributes.
+    pub ud: Params,
+    /// GSI (QP1) attributes.
+    pub gsi: Params,
+}
+
+impl Transition {
+    /// The attributes of `qp_type` in this transition.
+    pub const fn params(&self, qp_type: QpType) -> Params {
+        match qp_type {
+            QpType::Rc => self.rc,
+            QpType::Uc => self.uc,
+            QpType::Ud => self.ud,
+            QpType::Gsi => self.gsi,
+        }
+    }
 }
 
 const fn m(bits: &[QpAttrMask]) -> QpAttrMask {
@@ -223,258 +247,196 @@ const fn m(bits: &[QpAttrMask]) -> QpAttrMask {
     QpAttrMask(v)
 }
 
+const fn p(required: &[QpAttrMask], optional: &[QpAttrMask]) -> Params {
+    Params {
+        required: m(required),
+        optional: m(optional),
+    }
+}
+
 use QpAttrMask as A;
 use QpState as S;
-use QpType as T;
 
-const INIT_RC: QpAttrMask = m(&[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS]);
-const INIT_UD: QpAttrMask = m(&[A::PKEY_INDEX, A::PORT, A::QKEY]);
-const RTR_OPT: QpAttrMask = m(&[A::ALT_PATH, A::ACCESS_FLAGS, A::PKEY_INDEX]);
-const RTS_RC_OPT: QpAttrMask = m(&[
+/// No attributes besides STATE.
+const NONE: Params = p(&[], &[]);
+
+/// A row whose four QP types take no attribute (the moves to RESET and ERR).
+const fn bare(from: QpState, to: QpState) -> Transition {
+    Transition {
+        from,
+        to,
+        rc: NONE,
+        uc: NONE,
+        ud: NONE,
+        gsi: NONE,
+    }
+}
+
+const RC_INIT: &[QpAttrMask] = &[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS];
+const UD_INIT: &[QpAttrMask] = &[A::PKEY_INDEX, A::PORT, A::QKEY];
+const GSI_INIT: &[QpAttrMask] = &[A::PKEY_INDEX, A::QKEY];
+const RTR_OPT: &[QpAttrMask] = &[A::ALT_PATH, A::ACCESS_FLAGS, A::PKEY_INDEX];
+const RC_RTS_OPT: &[QpAttrMask] = &[
     A::CUR_STATE,
     A::ALT_PATH,
     A::ACCESS_FLAGS,
     A::MIN_RNR_TIMER,
     A::PATH_MIG_STATE,
-]);
-const RTS_UC_OPT: QpAttrMask = m(&[
+];
+const UC_RTS_OPT: &[QpAttrMask] = &[
     A::CUR_STATE,
     A::ALT_PATH,
     A::ACCESS_FLAGS,
     A::PATH_MIG_STATE,
-]);
-const UD_OPT: QpAttrMask = m(&[A::CUR_STATE, A::QKEY]);
+];
+const UD_RTS_OPT: &[QpAttrMask] = &[A::CUR_STATE, A::QKEY];
+const SQD_OPT: Params = p(&[], &[A::EN_SQD_ASYNC_NOTIFY]);
 
-/// The transition table, mirrored in `spec/qp_states.toml`.
+/// The transition table, mirrored row by row in `spec/qp_states.toml` (and compared with it
+/// in `tests/spec_tables_qp.rs`). Source: ib_core `qp_state_table`.
 pub const TRANSITIONS: &[Transition] = &[
+    bare(S::Reset, S::Reset),
     Transition {
         from: S::Reset,
         to: S::Init,
-        qp_type: T::Rc,
-        required: INIT_RC,
-        optional: m(&[]),
+        rc: p(RC_INIT, &[]),
+        uc: p(RC_INIT, &[]),
+        ud: p(UD_INIT, &[]),
+        gsi: p(GSI_INIT, &[]),
     },
-    Transition {
-        from: S::Reset,
-        to: S::Init,
-        qp_type: T::Uc,
-        required: INIT_RC,
-        optional: m(&[]),
-    },
-    Transition {
-        from: S::Reset,
-        to: S::Init,
-        qp_type: T::Ud,
-        required: INIT_UD,
-        optional: m(&[]),
-    },
+    bare(S::Init, S::Reset),
+    bare(S::Init, S::Err),
     Transition {
         from: S::Init,
         to: S::Init,
-        qp_type: T::Rc,
-        required: m(&[]),
-        optional: INIT_RC,
-    },
-    Transition {
-        from: S::Init,
-        to: S::Init,
-        qp_type: T::Uc,
-        required: m(&[]),
-        optional: INIT_RC,
-    },
-    Transition {
-        from: S::Init,
-        to: S::Init,
-        qp_type: T::Ud,
-        required: m(&[]),
-        optional: INIT_UD,
+        rc: p(&[], RC_INIT),
+        uc: p(&[], RC_INIT),
+        ud: p(&[], UD_INIT),
+        gsi: p(&[], GSI_INIT),
     },
     Transition {
         from: S::Init,
         to: S::Rtr,
-        qp_type: T::Rc,
-        required: m(&[
-            A::AV,
-            A::PATH_MTU,
-            A::DEST_QPN,
-            A::RQ_PSN,
-            A::MAX_DEST_RD_ATOMIC,
-            A::MIN_RNR_TIMER,
-        ]),
-        optional: RTR_OPT,
+        rc: p(
+            &[
+                A::AV,
+                A::PATH_MTU,
+                A::DEST_QPN,
+                A::RQ_PSN,
+                A::MAX_DEST_RD_ATOMIC,
+                A::MIN_RNR_TIMER,
+            ],
+            RTR_OPT,
+        ),
+        uc: p(&[A::AV, A::PATH_MTU, A::DEST_QPN, A::RQ_PSN], RTR_OPT),
+        ud: p(&[], GSI_INIT),
+        gsi: p(&[], GSI_INIT),
     },
-    Transition {
-        from: S::Init,
-        to: S::Rtr,
-        qp_type: T::Uc,
-        required: m(&[A::AV, A::PATH_MTU, A::DEST_QPN, A::RQ_PSN]),
-        optional: RTR_OPT,
-    },
-    Transition {
-        from: S::Init,
-        to: S::Rtr,
-        qp_type: T::Ud,
-        required: m(&[]),
-        optional: m(&[A::PKEY_INDEX, A::QKEY]),
-    },
+    bare(S::Rtr, S::Reset),
+    bare(S::Rtr, S::Err),
     Transition {
         from: S::Rtr,
         to: S::Rts,
-        qp_type: T::Rc,
-        required: m(&[
-            A::SQ_PSN,
-            A::TIMEOUT,
-            A::RETRY_CNT,
-            A::RNR_RETRY,
-            A::MAX_QP_RD_ATOMIC,
-        ]),
-        optional: RTS_RC_OPT,
+        rc: p(
+            &[
+                A::SQ_PSN,
+                A::TIMEOUT,
+                A::RETRY_CNT,
+                A::RNR_RETRY,
+                A::MAX_QP_RD_ATOMIC,
+            ],
+            RC_RTS_OPT,
+        ),
+        uc: p(&[A::SQ_PSN], UC_RTS_OPT),
+        ud: p(&[A::SQ_PSN], UD_RTS_OPT),
+        gsi: p(&[A::SQ_PSN], UD_RTS_OPT),
     },
-    Transition {
-        from: S::Rtr,
-        to: S::Rts,
-        qp_type: T::Uc,
-        required: m(&[A::SQ_PSN]),
-        optional: RTS_UC_OPT,
-    },
-    Transition {
-        from: S::Rtr,
-        to: S::Rts,
-        qp_type: T::Ud,
-        required: m(&[A::SQ_PSN]),
-        optional: UD_OPT,
-    },
+    bare(S::Rts, S::Reset),
+    bare(S::Rts, S::Err),
     Transition {
         from: S::Rts,
         to: S::Rts,
-        qp_type: T::Rc,
-        required: m(&[]),
-        optional: m(&[
-            A::CUR_STATE,
-            A::ACCESS_FLAGS,
-            A::ALT_PATH,
-            A::PATH_MIG_STATE,
-            A::MIN_RNR_TIMER,
-        ]),
-    },
-    Transition {
-        from: S::Rts,
-        to: S::Rts,
-        qp_type: T::Uc,
-        required: m(&[]),
-        optional: RTS_UC_OPT,
-    },
-    Transition {
-        from: S::Rts,
-        to: S::Rts,
-        qp_type: T::Ud,
-        required: m(&[]),
-        optional: UD_OPT,
+        rc: p(&[], RC_RTS_OPT),
+        uc: p(&[], UC_RTS_OPT),
+        ud: p(&[], UD_RTS_OPT),
+        gsi: p(&[], UD_RTS_OPT),
     },
     Transition {
         from: S::Rts,
         to: S::Sqd,
-        qp_type: T::Rc,
-        required: m(&[]),
-        optional: A::EN_SQD_ASYNC_NOTIFY,
+        rc: SQD_OPT,
+        uc: SQD_OPT,
+        ud: SQD_OPT,
+        gsi: SQD_OPT,
     },
-    Transition {
-        from: S::Rts,
-        to: S::Sqd,
-        qp_type: T::Uc,
-        required: m(&[]),
-        optional: A::EN_SQD_ASYNC_NOTIFY,
-    },
-    Transition {
-        from: S::Rts,
-        to: S::Sqd,
-        qp_type: T::Ud,
-        required: m(&[]),
-        optional: A::EN_SQD_ASYNC_NOTIFY,
-    },
+    bare(S::Sqd, S::Reset),
+    bare(S::Sqd, S::Err),
     Transition {
         from: S::Sqd,
         to: S::Rts,
-        qp_type: T::Rc,
-        required: m(&[]),
-        optional: RTS_RC_OPT,
-    },
-    Transition {
-        from: S::Sqd,
-        to: S::Rts,
-        qp_type: T::Uc,
-        required: m(&[]),
-        optional: RTS_UC_OPT,
-    },
-    Transition {
-        from: S::Sqd,
-        to: S::Rts,
-        qp_type: T::Ud,
-        required: m(&[]),
-        optional: UD_OPT,
+        rc: p(&[], RC_RTS_OPT),
+        uc: p(&[], UC_RTS_OPT),
+        ud: p(&[], UD_RTS_OPT),
+        gsi: p(&[], UD_RTS_OPT),
     },
     Transition {
         from: S::Sqd,
         to: S::Sqd,
-        qp_type: T::Rc,
-        required: m(&[]),
-        optional: m(&[
-            A::AV,
-            A::TIMEOUT,
-            A::RETRY_CNT,
-            A::RNR_RETRY,
-            A::MAX_QP_RD_ATOMIC,
-            A::MAX_DEST_RD_ATOMIC,
-            A::ALT_PATH,
-            A::ACCESS_FLAGS,
-            A::PKEY_INDEX,
-            A::MIN_RNR_TIMER,
-            A::PATH_MIG_STATE,
-        ]),
+        rc: p(
+            &[],
+            &[
+                A::PORT,
+                A::AV,
+                A::TIMEOUT,
+                A::RETRY_CNT,
+                A::RNR_RETRY,
+                A::MAX_QP_RD_ATOMIC,
+                A::MAX_DEST_RD_ATOMIC,
+                A::ALT_PATH,
+                A::ACCESS_FLAGS,
+                A::PKEY_INDEX,
+                A::MIN_RNR_TIMER,
+                A::PATH_MIG_STATE,
+            ],
+        ),
+        uc: p(
+            &[],
+            &[
+                A::AV,
+                A::ALT_PATH,
+                A::ACCESS_FLAGS,
+                A::PKEY_INDEX,
+                A::PATH_MIG_STATE,
+            ],
+        ),
+        ud: p(&[], GSI_INIT),
+        gsi: p(&[], GSI_INIT),
     },
-    Transition {
-        from: S::Sqd,
-        to: S::Sqd,
-        qp_type: T::Uc,
-        required: m(&[]),
-        optional: m(&[
-            A::AV,
-            A::ALT_PATH,
-            A::ACCESS_FLAGS,
-            A::PKEY_INDEX,
-            A::PATH_MIG_STATE,
-        ]),
-    },
-    Transition {
-        from: S::Sqd,
-        to: S::Sqd,
-        qp_type: T::Ud,
-        required: m(&[]),
-        optional: m(&[A::PKEY_INDEX, A::QKEY]),
-    },
+    bare(S::Sqe, S::Reset),
+    bare(S::Sqe, S::Err),
+    // RC never enters SQE (a send error takes it to ERR); ib_core still marks the pair
+    // valid with no RC attributes, and so does this table.
     Transition {
         from: S::Sqe,
         to: S::Rts,
-        qp_type: T::Uc,
-        required: m(&[]),
-        optional: m(&[A::CUR_STATE, A::ACCESS_FLAGS]),
+        rc: NONE,
+        uc: p(&[], &[A::CUR_STATE, A::ACCESS_FLAGS]),
+        ud: p(&[], UD_RTS_OPT),
+        gsi: p(&[], UD_RTS_OPT),
     },
-    Transition {
-        from: S::Sqe,
-        to: S::Rts,
-        qp_type: T::Ud,
-        required: m(&[]),
-        optional: UD_OPT,
-    },
+    bare(S::Err, S::Reset),
+    bare(S::Err, S::Err),
 ];
 
 /// Checks a `modify_qp` call against the table before anything changes (rxe
 /// `rxe_qp_chk_attr` after `ib_modify_qp_is_ok`). Returns the target state.
 ///
-/// Errors (all `EINVAL`): an unknown transition; a required attribute missing (the message
-/// names the first one); an attribute not allowed for the transition; `CUR_STATE` that
+/// Errors (all `EINVAL`): a (from, to) pair not in [`TRANSITIONS`] ("transition not
+/// allowed"); a required attribute missing (the message names the first one in bit order);
+/// an attribute not allowed for the transition and QP type (named); `CUR_STATE` that
 /// disagrees with the QP's state; out-of-range values (`timeout` > 31, `retry_cnt` /
-/// `rnr_retry` > 7, `min_rnr_timer` > 31, `port_num` ≠ 1, `pkey_index` ≠ 0).
+/// `rnr_retry` > 7, `min_rnr_timer` > 31, `port_num` ≠ 1, `pkey_index` ≠ 0, a PSN or
+/// `dest_qp_num` over 24 bits).
 pub fn check_modify(
     qp_type: QpType,
     cur: QpState,
@@ -488,31 +450,12 @@ pub fn check_modify(
     };
     let inval = |msg: String| Error::new(ErrorKind::Inval, msg);
     let arrow = format!("modify_qp {}->{}", cur.name(), new.name());
-    if mask.contains(A::CUR_STATE) && attr.cur_qp_state != cur {
-        return Err(inval(format!(
-            "{arrow}: CUR_STATE {} does not match",
-            attr.cur_qp_state.name()
-        )));
-    }
-    let rest = QpAttrMask(mask.0 & !(A::STATE.0));
-    if matches!(new, S::Reset | S::Err) && mask.contains(A::STATE) {
-        // Any state may go to RESET or ERR, with no other attribute.
-        if let Some((_, name)) = A::NAMES
-            .iter()
-            .find(|(b, _)| rest.contains(*b) && b.0 != A::CUR_STATE.0)
-        {
-            return Err(inval(format!("{arrow}: attribute {name} not allowed")));
-        }
-        return Ok(new);
-    }
-    let Some(row) = TRANSITIONS
-        .iter()
-        .find(|t| t.from == cur && t.to == new && t.qp_type == qp_type)
-    else {
+    let Some(row) = TRANSITIONS.iter().find(|t| t.from == cur && t.to == new) else {
         return Err(inval(format!(
             "{arrow}: transition not allowed for {qp_type:?} QPs"
         )));
     };
+    let row = row.params(qp_type);
     for (bit, name) in A::NAMES.iter().skip(1) {
         if row.required.contains(*bit) && !mask.contains(*bit) {
             return Err(inval(format!("{arrow}: missing {name}")));
@@ -522,6 +465,12 @@ pub fn check_modify(
         if mask.contains(*bit) && !row.required.contains(*bit) && !row.optional.contains(*bit) {
             return Err(inval(format!("{arrow}: attribute {name} not allowed")));
         }
+    }
+    if mask.contains(A::CUR_STATE) && attr.cur_qp_state != cur {
+        return Err(inval(format!(
+            "{arrow}: CUR_STATE {} does not match",
+            attr.cur_qp_state.name()
+        )));
     }
     let range = |ok: bool, what: &str| {
         if ok {
@@ -563,6 +512,7 @@ pub fn check_modify(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use QpType as T;
 
     fn rc_rtr_mask() -> QpAttrMask {
         A::STATE
@@ -605,7 +555,7 @@ mod tests {
     }
 
     #[test]
-    fn skipping_a_state_is_refused_and_any_to_err_is_allowed() {
+    fn skipping_a_state_is_refused_and_any_but_reset_to_err_is_allowed() {
         let attr = QpAttr {
             qp_state: S::Rts,
             ..QpAttr::default()
@@ -615,8 +565,10 @@ mod tests {
             qp_state: S::Err,
             ..QpAttr::default()
         };
-        for s in [S::Reset, S::Init, S::Rtr, S::Rts, S::Sqd] {
+        for s in [S::Init, S::Rtr, S::Rts, S::Sqd, S::Sqe, S::Err] {
             assert_eq!(check_modify(T::Rc, s, &err, A::STATE), Ok(S::Err));
         }
+        // ib_core lists no RESET -> ERR.
+        assert!(check_modify(T::Rc, S::Reset, &err, A::STATE).is_err());
     }
 }

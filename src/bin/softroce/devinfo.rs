@@ -2,6 +2,7 @@
 
 use super::BoxError;
 use softroce::verbs::{GidType, PathMtu};
+use std::io::Write as _;
 use std::net::IpAddr;
 
 fn mtu_str(m: PathMtu) -> String {
@@ -26,43 +27,59 @@ pub fn run(ip: IpAddr, name: &str) -> Result<(), BoxError> {
             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
         )
     };
-    println!("hca_id:\t{}", dev.name());
-    println!("\ttransport:\t\t\tInfiniBand (0)");
-    println!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
-    println!("\tnode_guid:\t\t\t{}", guid(a.node_guid));
-    println!("\tsys_image_guid:\t\t\t{}", guid(a.sys_image_guid));
-    println!("\tvendor_id:\t\t\t{:#x}", a.vendor_id);
-    println!("\tvendor_part_id:\t\t\t0");
-    println!("\thw_ver:\t\t\t\t0x0");
-    println!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
-    println!("\tmax_mr_size:\t\t\t{:#x}", a.max_mr_size);
-    println!("\tmax_qp:\t\t\t\t{}", a.max_qp);
-    println!("\tmax_qp_wr:\t\t\t{}", a.max_qp_wr);
-    println!("\tmax_sge:\t\t\t{}", a.max_sge);
-    println!("\tmax_cq:\t\t\t\t{}", a.max_cq);
-    println!("\tmax_cqe:\t\t\t{}", a.max_cqe);
-    println!("\tmax_mr:\t\t\t\t{}", a.max_mr);
-    println!("\tmax_pd:\t\t\t\t{}", a.max_pd);
-    println!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
-    println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
-    println!("\t\tport:\t1");
-    println!("\t\t\tstate:\t\t\tPORT_ACTIVE ({})", p.state);
-    println!("\t\t\tmax_mtu:\t\t{}", mtu_str(p.max_mtu));
-    println!("\t\t\tactive_mtu:\t\t{}", mtu_str(p.active_mtu));
-    println!("\t\t\tsm_lid:\t\t\t0");
-    println!("\t\t\tport_lid:\t\t0");
-    println!("\t\t\tport_lmc:\t\t0x00");
-    println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
-    println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
-    println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
+    // Written at once; a reader that closes the pipe early (`softroce devinfo | head`) is not
+    // an error.
+    let mut out = String::new();
+    macro_rules! w {
+        ($($t:tt)*) => {{
+            use std::fmt::Write as _;
+            let _ = writeln!(out, $($t)*);
+        }};
+    }
+    w!("hca_id:\t{}", dev.name());
+    w!("\ttransport:\t\t\tInfiniBand (0)");
+    w!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
+    w!("\tnode_guid:\t\t\t{}", guid(a.node_guid));
+    w!("\tsys_image_guid:\t\t\t{}", guid(a.sys_image_guid));
+    w!("\tvendor_id:\t\t\t{:#x}", a.vendor_id);
+    w!("\tvendor_part_id:\t\t\t0");
+    w!("\thw_ver:\t\t\t\t0x0");
+    w!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
+    w!("\tmax_mr_size:\t\t\t{:#x}", a.max_mr_size);
+    w!("\tmax_qp:\t\t\t\t{}", a.max_qp);
+    w!("\tmax_qp_wr:\t\t\t{}", a.max_qp_wr);
+    w!("\tmax_sge:\t\t\t{}", a.max_sge);
+    w!("\tmax_cq:\t\t\t\t{}", a.max_cq);
+    w!("\tmax_cqe:\t\t\t{}", a.max_cqe);
+    w!("\tmax_mr:\t\t\t\t{}", a.max_mr);
+    w!("\tmax_pd:\t\t\t\t{}", a.max_pd);
+    w!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
+    w!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
+    w!("\t\tport:\t1");
+    w!("\t\t\tstate:\t\t\tPORT_ACTIVE ({})", p.state);
+    w!("\t\t\tmax_mtu:\t\t{}", mtu_str(p.max_mtu));
+    w!("\t\t\tactive_mtu:\t\t{}", mtu_str(p.active_mtu));
+    w!("\t\t\tsm_lid:\t\t\t0");
+    w!("\t\t\tport_lid:\t\t0");
+    w!("\t\t\tport_lmc:\t\t0x00");
+    w!("\t\t\tlink_layer:\t\t{}", p.link_layer);
+    w!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
+    w!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
     for g in dev.gids() {
         let kind = match g.gid_type {
             GidType::RoceV2 => "RoCE v2",
         };
         let ip6 = std::net::Ipv6Addr::from(g.gid.0);
-        println!("\t\t\tGID[{:>3}]:\t\t{ip6}, {kind}", g.index);
+        w!("\t\t\tGID[{:>3}]:\t\t{ip6}, {kind}", g.index);
     }
-    Ok(())
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(Into::into),
+    }
 }
 
 /// A link for a device that is only described, never used to send.

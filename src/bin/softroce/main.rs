@@ -60,9 +60,10 @@ enum Command {
     },
     /// Describes a device the way `ibv_devinfo -v` does.
     Devinfo {
-        /// Device address (the device binds UDP port 4791 on it).
-        #[arg(long, default_value = "127.0.0.1")]
-        ip: IpAddr,
+        /// Device address (the device binds UDP port 4791 on it); default $SOFTROCE_IP, else
+        /// 127.0.0.1, as every subcommand that opens a device.
+        #[arg(long)]
+        ip: Option<IpAddr>,
         /// Device name.
         #[arg(short = 'd', long = "ib-dev", default_value = "softroce0")]
         name: String,
@@ -102,7 +103,9 @@ fn main() -> ExitCode {
             server_ip,
             client_ip,
         } => demo(server_ip, client_ip),
-        Command::Devinfo { ip, name } => devinfo::run(ip, &name),
+        Command::Devinfo { ip, name } => {
+            pingpong::device_ip(ip).and_then(|ip| devinfo::run(ip, &name))
+        }
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Decode { json, file } => decode::run(&file, json),
@@ -139,6 +142,7 @@ fn net_options(
     softroce::net::UdpOptions::set_process_default(softroce::net::UdpOptions {
         exact_icrc,
         capture: capture.clone(),
+        ..Default::default()
     });
     Ok(capture)
 }

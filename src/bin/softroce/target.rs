@@ -431,6 +431,9 @@ fn wc_opcode_name(op: WcOpcode) -> &'static str {
         WcOpcode::RdmaRead => "IBV_WC_RDMA_READ",
         WcOpcode::CompSwap => "IBV_WC_COMP_SWAP",
         WcOpcode::FetchAdd => "IBV_WC_FETCH_ADD",
+        WcOpcode::BindMw => "IBV_WC_BIND_MW",
+        WcOpcode::LocalInv => "IBV_WC_LOCAL_INV",
+        WcOpcode::RegMr => "IB_WC_REG_MR",
         WcOpcode::Recv => "IBV_WC_RECV",
         WcOpcode::RecvRdmaWithImm => "IBV_WC_RECV_RDMA_WITH_IMM",
     }

@@ -1,0 +1,310 @@
+//! Batched UDP system calls for the data path: UDP GSO (`UDP_SEGMENT`) and `sendmmsg` on
+//! send, UDP GRO (`UDP_GRO`) and `recvmmsg` on receive.
+//!
+//! Layer: net (sockets only; no protocol knowledge beyond "a datagram is a byte slice").
+//! Each call is one system call; an error is the kernel's (`EINVAL`/`EIO`/`ENOPROTOOPT` on a
+//! kernel without the feature, which callers answer by falling back to plain calls).
+//!
+//! Why: on loopback the kernel's per-datagram cost (≈ 1.6 µs of sender CPU per 4 KiB
+//! datagram) dominates; one GSO send carries up to 64 segments, one GRO receive returns them
+//! in one buffer (shared/PERF.md: 2.6 GB/s plain, 9.4 GB/s GSO + GRO).
+//!
+//! Source: Linux `include/uapi/linux/udp.h` (`UDP_SEGMENT` = 103, `UDP_GRO` = 104),
+//! `net/ipv4/udp.c` (`udp_send_skb`: at most `UDP_MAX_SEGMENTS` segments, each `gso_size`
+//! bytes but the last; `udp_cmsg_recv`: the receive cmsg carries the segment size as an
+//! `int`), `net/ipv4/udp_offload.c`.
+//!
+//! Allocation: [`RecvBatch`] owns its buffers, allocated once; sending allocates nothing.
+//! `unsafe` here is the `libc` calls that neither std, socket2 nor rustix wrap (a cmsg of
+//! our choice, `recvmmsg`); each has a `// SAFETY:` comment.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+
+/// Most segments one GSO send may carry (`UDP_MAX_SEGMENTS` in Linux ≥ 4.18; newer kernels
+/// allow 128, 64 works on all).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+/// Most UDP payload bytes one GSO send may carry: the IPv4 total-length limit less the IPv4
+/// and UDP headers (IPv6 allows 8 more; we use the smaller for both).
+pub const GSO_MAX_BYTES: usize = 65_535 - 20 - 8;
+
+/// Room for one cmsg carrying an `int` or a `u16`, aligned as the kernel wants.
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 32]);
+
+fn sockaddr_of(a: &SocketAddr) -> socket2::SockAddr {
+    socket2::SockAddr::from(*a)
+}
+
+/// Sends `buf` to `dst` as UDP GSO: the kernel cuts it into datagrams of `segment_bytes`
+/// (the last may be shorter). `buf.len()` ≤ [`GSO_MAX_BYTES`] and at most
+/// [`GSO_MAX_SEGMENTS`] segments (the caller's invariant; the kernel answers `EINVAL`).
+///
+/// Every segment leaves with its own UDP and IP header; for IPv4 the kernel numbers the
+/// IP Identification of segment `i` as the first one's plus `i` (0, 1, 2, … for softroce's
+/// unconnected `IP_PMTUDISC_DO` sockets; measured on Linux 6.18 with software segmentation
+/// on a veth), which the caller's ICRCs must cover.
+///
+/// Errors: the kernel's; `EIO`, `EINVAL` or `ENOPROTOOPT` when UDP GSO is not available.
+pub fn send_gso(fd: RawFd, dst: &SocketAddr, buf: &[u8], segment_bytes: u16) -> io::Result<()> {
+    let addr = sockaddr_of(dst);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = CmsgBuf([0; 32]);
+    // SAFETY: `msg` points at `addr`, `iov` and `cbuf`, which all live until `sendmsg`
+    // returns; the kernel only reads through the iovec (`buf` is borrowed for the call). The
+    // cmsg header and its `u16` payload are written inside `cbuf`, whose size (32 bytes,
+    // 8-aligned) is at least `CMSG_SPACE(2)`, so CMSG_FIRSTHDR is non-null and the writes
+    // stay in bounds.
+    let rc = unsafe {
+        let mut msg: libc::msghdr = zeroed();
+        msg.msg_name = addr.as_ptr() as *mut libc::c_void;
+        msg.msg_namelen = addr.len();
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
+        let c = libc::CMSG_FIRSTHDR(&raw const msg);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment_bytes);
+        libc::sendmsg(fd, &raw const msg, 0)
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Sends each of `datagrams` to `dst` with one `sendmmsg` call (up to 64 at a time; loops
+/// for more). Returns how many were sent; stops at the first error, which it returns if
+/// nothing was sent.
+pub fn send_mmsg(fd: RawFd, dst: &SocketAddr, datagrams: &[&[u8]]) -> io::Result<usize> {
+    const MAX: usize = 64;
+    let addr = sockaddr_of(dst);
+    let mut sent = 0;
+    while sent < datagrams.len() {
+        let chunk = &datagrams[sent..datagrams.len().min(sent + MAX)];
+        let mut iovs: [libc::iovec; MAX] = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX];
+        // SAFETY: an all-zero `mmsghdr` is a valid value (null pointers, zero lengths).
+        let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
+        for (i, d) in chunk.iter().enumerate() {
+            iovs[i] = libc::iovec {
+                iov_base: d.as_ptr() as *mut libc::c_void,
+                iov_len: d.len(),
+            };
+            msgs[i].msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
+            msgs[i].msg_hdr.msg_namelen = addr.len();
+            msgs[i].msg_hdr.msg_iov = &raw mut iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: the first `chunk.len()` entries of `msgs` point at `addr` and at iovecs
+        // over the borrowed `datagrams`, all alive for the call; the kernel reads them and
+        // writes only `msg_len` of those entries.
+        let rc = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), chunk.len() as libc::c_uint, 0) };
+        if rc <= 0 {
+            let e = io::Error::last_os_error();
+            return if sent == 0 { Err(e) } else { Ok(sent) };
+        }
+        sent += rc as usize;
+    }
+    Ok(sent)
+}
+
+/// Asks the kernel to coalesce received datagrams of one flow into one buffer (`UDP_GRO`);
+/// [`RecvBatch`] then reports the segment size of each. Errors: `ENOPROTOOPT` on kernels
+/// before 5.0.
+pub fn enable_gro(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: the option value is a live `c_int` on this frame and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Buffers for one `recvmmsg` of up to `slots` datagrams (each up to 64 KiB, the most a GRO
+/// receive returns), and what the last call received.
+pub struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    addrs: Vec<libc::sockaddr_storage>,
+    cmsgs: Vec<CmsgBuf>,
+    iovs: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
+    got: usize,
+}
+
+// SAFETY: the raw pointers inside `iovs`/`msgs` point only into this struct's own heap
+// buffers, which move with it; nothing is shared with another thread.
+unsafe impl Send for RecvBatch {}
+
+impl core::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RecvBatch")
+            .field("slots", &self.bufs.len())
+            .field("got", &self.got)
+            .finish()
+    }
+}
+
+/// One received datagram (or GRO super-datagram) of a [`RecvBatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct Received<'a> {
+    /// Sender.
+    pub src: Option<SocketAddr>,
+    /// The bytes: one datagram, or with GRO several of `segment_bytes` each (the last may be
+    /// shorter).
+    pub data: &'a [u8],
+    /// The GRO segment size, when the kernel coalesced (`UDP_GRO` cmsg).
+    pub segment_bytes: Option<usize>,
+}
+
+impl Received<'_> {
+    /// The datagrams: `data` cut at `segment_bytes` (or whole).
+    pub fn segments(&self) -> impl Iterator<Item = &[u8]> {
+        let seg = self.segment_bytes.unwrap_or(self.data.len()).max(1);
+        self.data.chunks(seg)
+    }
+}
+
+impl RecvBatch {
+    /// Buffers for `slots` datagrams of up to 64 KiB each.
+    pub fn new(slots: usize) -> RecvBatch {
+        let slots = slots.max(1);
+        RecvBatch {
+            bufs: (0..slots).map(|_| vec![0u8; 65_536]).collect(),
+            // SAFETY: all-zero `sockaddr_storage` and `mmsghdr` are valid values.
+            addrs: (0..slots).map(|_| unsafe { zeroed() }).collect(),
+            cmsgs: (0..slots).map(|_| CmsgBuf([0; 32])).collect(),
+            iovs: (0..slots)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
+            // SAFETY: as above.
+            msgs: (0..slots).map(|_| unsafe { zeroed() }).collect(),
+            got: 0,
+        }
+    }
+
+    /// One `recvmmsg`: with `wait`, blocks (up to the socket's receive timeout) for the first
+    /// datagram and takes whatever else is queued (`MSG_WAITFORONE`); without, returns at
+    /// once (`MSG_DONTWAIT`). Returns how many were received. Errors: the kernel's
+    /// (`EAGAIN`/`EWOULDBLOCK` when nothing came).
+    pub fn recv(&mut self, fd: RawFd, wait: bool) -> io::Result<usize> {
+        let n = self.bufs.len();
+        for i in 0..n {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: self.bufs[i].len(),
+            };
+            let h = &mut self.msgs[i].msg_hdr;
+            h.msg_name = (&raw mut self.addrs[i]).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &raw mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.cmsgs[i].0.as_mut_ptr().cast();
+            h.msg_controllen = self.cmsgs[i].0.len();
+            h.msg_flags = 0;
+            self.msgs[i].msg_len = 0;
+        }
+        let flags = if wait {
+            libc::MSG_WAITFORONE
+        } else {
+            libc::MSG_DONTWAIT
+        };
+        // SAFETY: every `msgs[i]` points at this struct's own buffers (`bufs[i]` through
+        // `iovs[i]`, `addrs[i]`, `cmsgs[i]`), sized as declared in the headers and alive and
+        // unaliased for the call (`&mut self`).
+        let rc = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                flags,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < 0 {
+            self.got = 0;
+            return Err(io::Error::last_os_error());
+        }
+        self.got = rc as usize;
+        Ok(self.got)
+    }
+
+    /// The datagrams of the last [`RecvBatch::recv`].
+    pub fn received(&self) -> impl Iterator<Item = Received<'_>> {
+        (0..self.got).map(move |i| {
+            let m = &self.msgs[i];
+            let len = (m.msg_len as usize).min(self.bufs[i].len());
+            Received {
+                src: parse_sockaddr(&self.addrs[i]),
+                data: &self.bufs[i][..len],
+                segment_bytes: gro_segment(&m.msg_hdr),
+            }
+        })
+    }
+}
+
+/// The `UDP_GRO` cmsg of a received message, if any.
+fn gro_segment(h: &libc::msghdr) -> Option<usize> {
+    // SAFETY: `h` was filled by `recvmmsg`: `msg_control`/`msg_controllen` describe a buffer
+    // of ours holding the kernel's cmsgs; the CMSG_* macros stay within `msg_controllen`.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(v).ok().filter(|v| *v > 0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
+}
+
+fn parse_sockaddr(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(s.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a `sockaddr_in`, which fits in it
+            // and has no stricter alignment.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above for `sockaddr_in6`.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,55 @@
+//! `--ip` on the subcommands that open a device: an explicit `--ip` wins, else
+//! `$SOFTROCE_IP`, else 127.0.0.1; a `$SOFTROCE_IP` that is not an address is an error.
+//! `devinfo` opens no socket, so this runs anywhere; pingpong, perf and target share the
+//! same `device_ip` helper and each declares `--ip` (checked through `--help`).
+
+use std::process::Command;
+
+fn softroce(args: &[&str], env: Option<&str>) -> (bool, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_softroce"));
+    c.args(args).env_remove("SOFTROCE_IP");
+    if let Some(v) = env {
+        c.env("SOFTROCE_IP", v);
+    }
+    let o = c.output().expect("runs");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn devinfo_takes_ip_then_env_then_localhost() {
+    let (ok, out, _) = softroce(&["devinfo"], None);
+    assert!(ok);
+    assert!(out.contains("::ffff:127.0.0.1, RoCE v2"), "{out}");
+    let (ok, out, _) = softroce(&["devinfo"], Some("127.0.24.9"));
+    assert!(ok);
+    assert!(out.contains("::ffff:127.0.24.9, RoCE v2"), "{out}");
+    let (ok, out, _) = softroce(&["devinfo", "--ip", "127.0.24.10"], Some("127.0.24.9"));
+    assert!(ok);
+    assert!(out.contains("::ffff:127.0.24.10, RoCE v2"), "{out}");
+    assert!(!out.contains("127.0.24.9"), "{out}");
+    let (ok, _, err) = softroce(&["devinfo"], Some("not-an-ip"));
+    assert!(!ok);
+    assert!(
+        err.contains("SOFTROCE_IP=\"not-an-ip\" is not an IP address"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_device_subcommand_has_ip() {
+    for sub in [
+        &["devinfo", "--help"][..],
+        &["pingpong", "--help"],
+        &["perf", "write_bw", "--help"],
+        &["target", "--help"],
+    ] {
+        let (ok, out, err) = softroce(sub, None);
+        assert!(ok, "{sub:?}: {err}");
+        assert!(out.contains("--ip <IP>"), "{sub:?}: {out}");
+        assert!(out.contains("SOFTROCE_IP"), "{sub:?}: {out}");
+    }
+}
