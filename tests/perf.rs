@@ -1,6 +1,7 @@
-//! `softroce perf write_bw` and `read_bw` against themselves, as two processes over UDP on
-//! loopback, and against a hand-written peer that speaks perftest's TCP exchange byte for byte.
-//! Each test uses its own 127.0.7x.y addresses and a free TCP port.
+//! `softroce perf`: every perftest test against itself as two processes over UDP on loopback,
+//! servers against a hand-written peer that speaks perftest's TCP exchange byte for byte,
+//! `--json`, `-a`, and the UDP/TCP baselines. Each test uses its own 127.0.7x.y / 127.0.8x.y
+//! addresses and a free TCP port, so the tests can run in parallel (inside `unshare -n`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -53,10 +54,17 @@ fn finish(mut p: Proc, limit: Duration) -> Output {
 
 /// Reads stdout until a complete line contains `needle`; returns what was read.
 fn wait_for_line(p: &mut Proc, needle: &str) -> String {
-    let out =
-        p.0.as_mut()
-            .and_then(|c| c.stdout.as_mut())
-            .expect("piped stdout");
+    wait_for_line_on(p, needle, false)
+}
+
+/// Reads stdout (or stderr) until a complete line contains `needle`; returns what was read.
+fn wait_for_line_on(p: &mut Proc, needle: &str, stderr: bool) -> String {
+    let c = p.0.as_mut().expect("running");
+    let out: &mut dyn Read = if stderr {
+        c.stderr.as_mut().expect("piped stderr")
+    } else {
+        c.stdout.as_mut().expect("piped stdout")
+    };
     let mut seen = Vec::new();
     let mut byte = [0u8; 1];
     while !String::from_utf8_lossy(&seen)
@@ -89,18 +97,24 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// The row under perftest's result header.
-fn result_row(out: &str) -> Vec<String> {
+/// The rows under perftest's result header (bandwidth or latency).
+fn result_rows(out: &str) -> Vec<Vec<String>> {
     let mut lines = out.lines();
     lines
-        .find(|l| l.contains("#bytes") && l.contains("BW average[MB/sec]"))
+        .find(|l| l.contains("#bytes") && (l.contains("BW average[") || l.contains("t_min[usec]")))
         .unwrap_or_else(|| panic!("no result header in {out}"));
     lines
-        .next()
-        .expect("a result row")
-        .split_whitespace()
-        .map(str::to_string)
+        .take_while(|l| !l.starts_with("---"))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
         .collect()
+}
+
+/// The first row under perftest's result header.
+fn result_row(out: &str) -> Vec<String> {
+    result_rows(out)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no result row in {out}"))
 }
 
 fn counter(out: &str, name: &str) -> u64 {
@@ -114,25 +128,16 @@ fn counter(out: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("counter {name} missing in {out}"))
 }
 
-fn run_pair(net: u8, test: &str, size: u32, iters: u32) {
+/// Runs `softroce perf TEST` as server and client processes on 127.0.NET.1 / .2 with `extra`
+/// options on both; returns (client output, server output) after checking both succeeded.
+fn pair(net: u8, test: &str, extra: &[&str]) -> (String, String) {
     let (sip, cip) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
     let port = free_port(&sip).to_string();
-    let (size_s, iters_s) = (size.to_string(), iters.to_string());
-    let common = [
-        "perf",
-        test,
-        "-p",
-        &port,
-        "-s",
-        &size_s,
-        "-n",
-        &iters_s,
-        "-t",
-        "16",
-        "--counters",
-    ];
+    let common = [&["perf", test, "-p", &port][..], extra].concat();
     let mut server = spawn(&[&common[..], &["--ip", &sip]].concat());
-    let head = wait_for_line(&mut server, "Waiting for client to connect");
+    // With --json the banner goes to stderr with every other line of text.
+    let json = extra.contains(&"--json");
+    let head = wait_for_line_on(&mut server, "Waiting for client to connect", json);
     let c = finish(
         spawn(&[&common[..], &["--ip", &cip, &sip]].concat()),
         Duration::from_secs(60),
@@ -141,6 +146,16 @@ fn run_pair(net: u8, test: &str, size: u32, iters: u32) {
     let (cs, ss) = (text(&c), format!("{head}{}", text(&s)));
     assert!(c.status.success(), "client:\n{cs}\nserver:\n{ss}");
     assert!(s.status.success(), "server:\n{ss}\nclient:\n{cs}");
+    (cs, ss)
+}
+
+fn run_pair(net: u8, test: &str, size: u32, iters: u32) {
+    let (size_s, iters_s) = (size.to_string(), iters.to_string());
+    let (cs, ss) = pair(
+        net,
+        test,
+        &["-s", &size_s, "-n", &iters_s, "-t", "16", "--counters"],
+    );
     let row = result_row(&cs);
     assert_eq!(row[..2], [size_s.clone(), iters_s.clone()], "{cs}");
     assert!(row[3].parse::<f64>().expect("average") > 0.0, "{cs}");
@@ -228,14 +243,318 @@ fn server_speaks_perftest_exchange() {
 }
 
 #[test]
-fn unimplemented_tests_are_refused_with_a_clear_error() {
-    for t in ["send_bw", "write_lat", "send_lat", "read_lat"] {
-        let o = finish(spawn(&["perf", t]), Duration::from_secs(20));
-        assert_eq!(o.status.code(), Some(1), "{t}");
-        assert!(
-            text(&o).contains(&format!("{t} is not implemented yet")),
-            "{t}: {}",
-            text(&o)
-        );
+fn send_bw_two_processes_each_side_measures() {
+    let (cs, ss) = pair(
+        73,
+        "send_bw",
+        &["-s", "3000", "-n", "300", "-q", "2", "--counters"],
+    );
+    let (c, s) = (result_row(&cs), result_row(&ss));
+    assert_eq!(c[..2], ["3000", "300"], "{cs}");
+    // The server measured its receives itself (perftest's run_iter_bw_server).
+    assert_eq!(s[..2], ["3000", "300"], "{ss}");
+    assert!(s[3].parse::<f64>().expect("server average") > 0.0, "{ss}");
+    // Two QPs × 300 SENDs of three packets each (MTU 1024), all received.
+    assert_eq!(counter(&cs, "sent_pkts"), 2 * 300 * 3);
+    assert_eq!(counter(&ss, "rcvd_pkts"), 2 * 300 * 3);
+    assert_eq!(
+        counter(&ss, "send_rnr_err") + counter(&cs, "rcvd_rnr_err"),
+        0
+    );
+}
+
+#[test]
+fn atomic_bw_two_processes() {
+    let (cs, ss) = pair(74, "atomic_bw", &["-n", "200", "--counters"]);
+    let row = result_row(&cs);
+    assert_eq!(row[..2], ["8", "200"], "{cs}");
+    assert_eq!(
+        result_row(&ss),
+        row,
+        "the server prints the client's results:\n{ss}"
+    );
+    assert!(cs.contains("Atomic FETCH_AND_ADD BW Test"), "{cs}");
+    // 200 atomic requests, 200 atomic ACKs.
+    assert_eq!(counter(&cs, "sent_pkts"), 200);
+    assert_eq!(counter(&ss, "sent_pkts"), 200);
+    let (cs, _) = pair(74, "atomic_bw", &["-n", "50", "-A", "CMP_AND_SWAP"]);
+    assert!(cs.contains("Atomic CMP_AND_SWAP BW Test"), "{cs}");
+    assert_eq!(result_row(&cs)[..2], ["8", "50"]);
+}
+
+/// A latency row: #bytes #iterations t_min t_max t_typical t_avg t_stdev p99 p99.9, with
+/// t_min <= t_typical <= t_max and the percentiles in order.
+fn check_lat_row(row: &[String], size: &str, iters: &str, out: &str) {
+    assert_eq!(row.len(), 9, "{out}");
+    assert_eq!(row[..2], [size, iters], "{out}");
+    let v: Vec<f64> = row[2..]
+        .iter()
+        .map(|x| x.parse().expect("number"))
+        .collect();
+    let (min, max, typ, p99, p999) = (v[0], v[1], v[2], v[5], v[6]);
+    assert!(min > 0.0 && min <= typ && typ <= max, "{out}");
+    assert!(min <= p99 && p99 <= p999, "{out}");
+}
+
+#[test]
+fn write_lat_two_processes_both_sides_measure() {
+    let (cs, ss) = pair(75, "write_lat", &["-s", "64", "-n", "100", "--counters"]);
+    check_lat_row(&result_row(&cs), "64", "100", &cs);
+    check_lat_row(&result_row(&ss), "64", "100", &ss);
+    assert!(cs.contains("RDMA_Write Latency Test"), "{cs}");
+    // A ping-pong: 100 WRITEs each way, one packet each.
+    assert_eq!(counter(&cs, "sent_pkts"), counter(&ss, "rcvd_pkts"));
+    assert_eq!(counter(&ss, "sent_pkts"), counter(&cs, "rcvd_pkts"));
+    assert!(counter(&ss, "rcvd_pkts") >= 100, "{ss}");
+}
+
+#[test]
+fn send_lat_two_processes_both_sides_measure() {
+    let (cs, ss) = pair(76, "send_lat", &["-s", "2000", "-n", "50", "--counters"]);
+    check_lat_row(&result_row(&cs), "2000", "50", &cs);
+    check_lat_row(&result_row(&ss), "2000", "50", &ss);
+    // 50 SENDs of two packets each way, no receive ever missing.
+    assert!(counter(&ss, "rcvd_pkts") >= 100, "{ss}");
+    assert_eq!(
+        counter(&ss, "send_rnr_err") + counter(&cs, "send_rnr_err"),
+        0
+    );
+}
+
+#[test]
+fn read_lat_two_processes_client_measures() {
+    let (cs, ss) = pair(77, "read_lat", &["-s", "512", "-n", "60", "--counters"]);
+    check_lat_row(&result_row(&cs), "512", "60", &cs);
+    // The server only takes part in the exchange, as perftest's read_lat server.
+    assert!(!ss.contains("t_min[usec]"), "{ss}");
+    // 60 READ requests from the client; 60 READ responses from the server.
+    assert_eq!(counter(&cs, "sent_pkts"), 60);
+    assert_eq!(counter(&ss, "sent_pkts"), 60);
+}
+
+#[test]
+fn json_rows_parse_and_name_the_columns() {
+    let (cs, ss) = pair(78, "write_bw", &["-s", "1024", "-n", "50", "--json"]);
+    let rows: Vec<serde_json::Value> = cs
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(rows.len(), 1, "{cs}");
+    let r = &rows[0];
+    assert_eq!(r["test"], "write_bw");
+    assert_eq!(r["bytes"], 1024);
+    assert_eq!(r["iterations"], 50);
+    for f in ["bw_peak_mb_sec", "bw_average_mb_sec", "msg_rate_mpps"] {
+        assert!(r[f].as_f64().expect(f) > 0.0, "{f} in {r}");
+    }
+    assert!(
+        ss.lines()
+            .any(|l| l.starts_with("{\"bytes\":1024") || l.contains("\"bytes\":1024"))
+    );
+    let (cs, _) = pair(78, "send_lat", &["-s", "8", "-n", "20", "--json"]);
+    let r: serde_json::Value = cs
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .unwrap_or_else(|| panic!("no JSON row in {cs}"));
+    for f in [
+        "t_min_usec",
+        "t_max_usec",
+        "t_typical_usec",
+        "t_avg_usec",
+        "t_stdev_usec",
+        "percentile_99_usec",
+        "percentile_99_9_usec",
+    ] {
+        assert!(r[f].as_f64().is_some(), "{f} in {r}");
+    }
+    assert_eq!(
+        (r["bytes"].as_u64(), r["iterations"].as_u64()),
+        (Some(8), Some(20))
+    );
+}
+
+#[test]
+fn all_sizes_run_every_power_of_two() {
+    // perftest's -a has no upper bound option: 2 B to 8 MiB, here with 2 messages each.
+    let (cs, ss) = pair(79, "send_bw", &["-a", "-n", "2", "-m", "4096"]);
+    let sizes: Vec<String> = result_rows(&cs).into_iter().map(|r| r[0].clone()).collect();
+    let want: Vec<String> = (1..24).map(|i| (1u64 << i).to_string()).collect();
+    assert_eq!(sizes, want, "{cs}");
+    assert_eq!(result_rows(&ss).len(), 23, "{ss}");
+}
+
+/// The ratio lines printed after a --loopback run: (baseline name, ratio).
+fn ratios(out: &str) -> Vec<(String, f64)> {
+    out.lines()
+        .filter(|l| l.contains(" ratio "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let ratio = w.last().and_then(|r| r.parse().ok()).expect("ratio");
+            let name = w
+                .iter()
+                .find(|x| x.ends_with("-stream") || x.ends_with("-pingpong"))
+                .expect("baseline name")
+                .to_string();
+            (name, ratio)
+        })
+        .collect()
+}
+
+#[test]
+fn loopback_prints_ratios_to_udp_and_tcp_baselines() {
+    let o = finish(
+        spawn(&[
+            "perf",
+            "write_bw",
+            "--loopback",
+            "--compare-tcp",
+            "--ip",
+            "127.0.80.1",
+            "--peer-ip",
+            "127.0.80.2",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+        ]),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert_eq!(result_row(&out)[..2], ["4096", "100"], "{out}");
+    let r = ratios(&out);
+    assert_eq!(
+        r.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["udp-stream", "tcp-stream"],
+        "{out}"
+    );
+    assert!(r.iter().all(|(_, x)| *x > 0.0), "{out}");
+
+    let o = finish(
+        spawn(&[
+            "perf",
+            "write_lat",
+            "--loopback",
+            "--compare-tcp",
+            "--ip",
+            "127.0.80.1",
+            "--peer-ip",
+            "127.0.80.2",
+            "-s",
+            "64",
+            "-n",
+            "50",
+            "--json",
+        ]),
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", text(&o));
+    let objs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert_eq!(objs.len(), 3, "a latency row and two comparisons: {stdout}");
+    assert_eq!(objs[0]["test"], "write_lat");
+    assert_eq!(objs[1]["baseline"], "udp-pingpong");
+    assert_eq!(objs[2]["baseline"], "tcp-pingpong");
+    for c in &objs[1..] {
+        assert!(c["ratio"].as_f64().expect("ratio") > 0.0, "{c}");
+        assert_eq!(c["softroce"], objs[0]["t_typical_usec"]);
+    }
+}
+
+#[test]
+fn udp_baseline_prints_stream_and_pingpong_rows() {
+    let o = finish(
+        spawn(&[
+            "perf",
+            "udp-baseline",
+            "--ip",
+            "127.0.81.1",
+            "--peer-ip",
+            "127.0.81.2",
+            "-s",
+            "8192",
+            "-m",
+            "4096",
+            "-n",
+            "200",
+        ]),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("4112-byte datagrams"),
+        "MTU payload + BTH + ICRC: {out}"
+    );
+    let bw = result_row(&out);
+    assert_eq!(bw[..2], ["8192", "200"], "{out}");
+    assert!(bw[3].parse::<f64>().expect("MB/s") > 0.0, "{out}");
+    let lat_part = &out[out.find("UDP ping-pong").expect("ping-pong section")..];
+    check_lat_row(&result_row(lat_part), "8192", "200", lat_part);
+}
+
+/// A hand-written perftest peer drives a read_lat and an atomic_bw server through their
+/// whole exchange (both servers only wait while the client works), with the step counts of
+/// perftest 4.5's captures.
+#[test]
+fn servers_follow_perftest_step_counts() {
+    for (test, before, reports) in [("read_lat", 4, false), ("atomic_bw", 3, true)] {
+        let ip = "127.0.82.1";
+        let port = free_port(ip);
+        let mut server = spawn(&["perf", test, "--ip", ip, "-p", &port.to_string()]);
+        wait_for_line(&mut server, "Waiting for client to connect");
+        let mut tcp = TcpStream::connect((ip, port)).expect("connect");
+        let mut xchg = |mine: &[u8]| -> Vec<u8> {
+            tcp.write_all(mine).expect("write");
+            let mut theirs = vec![0u8; mine.len()];
+            tcp.read_exact(&mut theirs).expect("read");
+            theirs
+        };
+        let mut version = [0u8; 16];
+        version[..4].copy_from_slice(b"6.06");
+        xchg(&version);
+        xchg(&4096u32.to_be_bytes());
+        xchg(&64u32.to_be_bytes());
+        xchg(b"3\0");
+        let mine = b"0000:0080:000123:abcdef:00000456:0000000000001000:00:00:00:00:00:00:00:00:00:00:ff:ff:7f:00:52:02:00000000:\0";
+        let theirs = xchg(mine);
+        let t = std::str::from_utf8(&theirs[..107]).expect("text");
+        assert_eq!(&t[5..9], "0080", "{test} accepts outstanding reads: {t}");
+        for _ in 1..before {
+            assert_eq!(xchg(mine), theirs, "{test}");
+        }
+        if reports {
+            xchg(mine);
+            let r = [
+                8u64.to_be_bytes(),
+                5u64.to_be_bytes(),
+                1.5f64.to_be_bytes(),
+                1.25f64.to_be_bytes(),
+                0.1f64.to_be_bytes(),
+            ];
+            for w in r {
+                xchg(&w);
+            }
+        }
+        assert_eq!(xchg(mine), theirs, "{test}: closing handshake");
+        let mut done = [0u8; 5];
+        tcp.read_exact(&mut done).expect("server's done");
+        assert_eq!(&done, b"done\0");
+        tcp.write_all(b"done\0").expect("our done");
+        let o = finish(server, Duration::from_secs(20));
+        let out = text(&o);
+        assert!(o.status.success(), "{test}: {out}");
+        if reports {
+            assert_eq!(
+                result_row(&out),
+                ["8", "5", "1.50", "1.25", "0.100000"],
+                "{out}"
+            );
+        }
     }
 }

@@ -5,7 +5,9 @@
 //! - `softroce devinfo`: an `ibv_devinfo`-shaped description of a device.
 //! - `softroce decode [--json] FILE`: every frame of a pcap/pcapng explained, as text or JSON.
 //! - `softroce pingpong --rc`: rdma-core's `ibv_rc_pingpong`, interoperable with it.
-//! - `softroce perf write_bw|read_bw`: perftest's `ib_write_bw` / `ib_read_bw`, likewise.
+//! - `softroce perf write_bw|read_bw|send_bw|atomic_bw|write_lat|read_lat|send_lat`:
+//!   perftest's `ib_*` tests, likewise; `softroce perf udp-baseline` and `--loopback` /
+//!   `--compare-tcp` put the numbers beside kernel UDP and TCP on loopback.
 //! - `softroce target`: a scriptable RC responder driven by JSON lines on stdin.
 
 use clap::{Parser, Subcommand};
@@ -70,7 +72,8 @@ enum Command {
     },
     /// rdma-core's ibv_rc_pingpong on a softroce device (same options and TCP exchange).
     Pingpong(pingpong::PingpongArgs),
-    /// perftest's ib_write_bw / ib_read_bw on a softroce device (same TCP exchange).
+    /// perftest's bandwidth and latency tests on a softroce device (same TCP exchange), and
+    /// UDP/TCP baselines on loopback.
     Perf(perf::PerfArgs),
     /// Random RC operations between two simulated devices on a seeded lossy link, checked
     /// against a reference model.

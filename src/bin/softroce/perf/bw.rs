@@ -1,0 +1,234 @@
+//! The bandwidth tests' traffic: the client keeps up to `-t` WRITEs, READs, SENDs or atomics
+//! in flight per QP (`run_iter_bw` in perftest's `src/perftest_resources.c`); in send_bw the
+//! server receives them, re-posting each receive as it completes (`run_iter_bw_server`).
+//! Every send is signaled here (perftest signals every `-Q` CQ moderation's worth, which
+//! changes nothing on the wire).
+
+use super::oob::PerfDest;
+use super::report::BwResult;
+use super::session::Session;
+use crate::BoxError;
+use softroce::verbs::{RecvWr, SendFlags, SendWr, Wc, WcStatus, WrOpcode};
+use std::time::{Duration, Instant};
+
+/// Longest either side waits for any completion before it gives up.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// How long a test runs: `-n` iterations per QP, or `-D` seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Messages per QP.
+    Iters(u64),
+    /// Wall time.
+    Duration(Duration),
+}
+
+/// The client's operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BwOp {
+    /// RDMA WRITE of `size` bytes.
+    Write,
+    /// RDMA READ of `size` bytes.
+    Read,
+    /// SEND of `size` bytes.
+    Send,
+    /// 8-byte FETCH_AND_ADD (adds 1).
+    FetchAdd,
+    /// 8-byte CMP_AND_SWP (compare 0, swap 0).
+    CmpSwap,
+}
+
+/// The client's side: `limit` messages of `size` bytes on every QP towards `peers`.
+pub fn client(
+    s: &Session,
+    peers: &[PerfDest],
+    op: BwOp,
+    size: u32,
+    limit: Limit,
+    tx_depth: u32,
+) -> Result<BwResult, BoxError> {
+    let nq = s.qps.len();
+    let (opcode, len) = match op {
+        BwOp::Write => (WrOpcode::RdmaWrite, size),
+        BwOp::Read => (WrOpcode::RdmaRead, size),
+        BwOp::Send => (WrOpcode::Send, size),
+        BwOp::FetchAdd => (WrOpcode::AtomicFetchAndAdd, 8),
+        BwOp::CmpSwap => (WrOpcode::AtomicCmpAndSwp, 8),
+    };
+    let mut posted = vec![0u64; nq];
+    let mut completed = vec![0u64; nq];
+    // Post times of the messages in flight per QP (RC completes them in order).
+    let mut in_flight: Vec<std::collections::VecDeque<f64>> = vec![Default::default(); nq];
+    let mut best = f64::INFINITY;
+    let mut done_s = Vec::new();
+    let mut wcs = vec![Wc::default(); 64];
+    let start = Instant::now();
+    let more = |posted: u64| match limit {
+        Limit::Iters(n) => posted < n,
+        Limit::Duration(d) => start.elapsed() < d,
+    };
+    loop {
+        for i in 0..nq {
+            let mut batch = Vec::new();
+            while more(posted[i] + batch.len() as u64)
+                && posted[i] + (batch.len() as u64) - completed[i] < u64::from(tx_depth)
+            {
+                let mut wr = SendWr::new(i as u64, opcode, vec![s.mr.sge(s.local_offset(i), len)]);
+                wr.send_flags = SendFlags::SIGNALED;
+                if op != BwOp::Send {
+                    wr.remote_addr = peers[i].vaddr;
+                    wr.rkey = peers[i].rkey;
+                }
+                if op == BwOp::FetchAdd {
+                    wr.compare_add = 1;
+                }
+                batch.push(wr);
+            }
+            if !batch.is_empty() {
+                posted[i] += batch.len() as u64;
+                let t = start.elapsed().as_secs_f64();
+                in_flight[i].extend(std::iter::repeat_n(t, batch.len()));
+                s.qps[i]
+                    .post_send(&batch)
+                    .map_err(|e| format!("Couldn't post send: {e}"))?;
+            }
+        }
+        let outstanding: u64 = posted.iter().zip(&completed).map(|(p, c)| p - c).sum();
+        if outstanding == 0 && !posted.iter().any(|p| more(*p)) {
+            break;
+        }
+        let n = s.send_cq.wait(&mut wcs, STALL);
+        if n == 0 {
+            return Err(format!(
+                "no completion in {STALL:?} ({} of {} done)",
+                completed.iter().sum::<u64>(),
+                posted.iter().sum::<u64>()
+            )
+            .into());
+        }
+        let now = start.elapsed().as_secs_f64();
+        for wc in &wcs[..n] {
+            check(wc, "client")?;
+            let i = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
+            if let Some(c) = completed.get_mut(i) {
+                *c += 1;
+            }
+            if let Some(t) = in_flight.get_mut(i).and_then(|q| q.pop_front()) {
+                best = best.min(now - t);
+            }
+            done_s.push(now);
+        }
+    }
+    let iters = posted.iter().copied().min().unwrap_or(0);
+    Ok(BwResult::from_times(
+        u64::from(len),
+        iters,
+        0.0,
+        &done_s,
+        best.is_finite().then_some(best),
+    ))
+}
+
+/// Posts up to `count` receives of `size` bytes on QP `i` (perftest's `ctx_set_recv_wqes`).
+pub fn post_recvs(s: &Session, i: usize, size: u32, count: u64) -> Result<(), BoxError> {
+    let wrs: Vec<RecvWr> = (0..count)
+        .map(|_| RecvWr {
+            wr_id: i as u64,
+            sg_list: vec![s.mr.sge(s.target_offset(i), size)],
+        })
+        .collect();
+    if !wrs.is_empty() {
+        s.qps[i]
+            .post_recv(&wrs)
+            .map_err(|e| format!("Couldn't post recv: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The send_bw server's side, once `initial[i]` receives are posted on each QP: waits for
+/// the messages, re-posting receives until `limit` is met. In duration mode it receives for
+/// the duration and then until the link has been quiet for 200 ms, so that the client's last
+/// SENDs find receives. Its bandwidth runs from the first receive to the last.
+pub fn server(
+    s: &Session,
+    size: u32,
+    limit: Limit,
+    rx_depth: u32,
+    initial: &[u64],
+) -> Result<BwResult, BoxError> {
+    let nq = s.qps.len();
+    let mut posted = initial.to_vec();
+    let mut received = vec![0u64; nq];
+    let mut done_s = Vec::new();
+    let mut wcs = vec![Wc::default(); 64];
+    let start = Instant::now();
+    let mut first: Option<f64> = None;
+    loop {
+        let finished = match limit {
+            Limit::Iters(n) => received.iter().all(|r| *r >= n),
+            Limit::Duration(_) => false,
+        };
+        if finished {
+            break;
+        }
+        let wait = match limit {
+            Limit::Duration(d) if start.elapsed() >= d => Duration::from_millis(200),
+            Limit::Duration(_) => Duration::from_millis(50),
+            Limit::Iters(_) => STALL,
+        };
+        let n = s.recv_cq.wait(&mut wcs, wait);
+        if n == 0 {
+            match limit {
+                Limit::Duration(d) if start.elapsed() >= d => break,
+                Limit::Duration(_) => continue,
+                Limit::Iters(_) => {
+                    return Err(format!(
+                        "no receive in {STALL:?} ({} received)",
+                        received.iter().sum::<u64>()
+                    )
+                    .into());
+                }
+            }
+        }
+        let now = start.elapsed().as_secs_f64();
+        for wc in &wcs[..n] {
+            check(wc, "server")?;
+            first.get_or_insert(now);
+            done_s.push(now);
+            let i = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
+            if i >= nq {
+                continue;
+            }
+            received[i] += 1;
+            let want = match limit {
+                Limit::Iters(n) => posted[i] < n,
+                Limit::Duration(_) => true,
+            };
+            if want && posted[i] - received[i] < u64::from(rx_depth) {
+                post_recvs(s, i, size, 1)?;
+                posted[i] += 1;
+            }
+        }
+    }
+    let iters = received.iter().copied().min().unwrap_or(0);
+    Ok(BwResult::from_times(
+        u64::from(size),
+        iters,
+        first.unwrap_or(0.0),
+        &done_s,
+        None,
+    ))
+}
+
+/// Errors on a failed completion, in perftest's words.
+pub fn check(wc: &Wc, side: &str) -> Result<(), BoxError> {
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(format!(
+            "Completion with error at {side}: {} ({}) for wr_id {}",
+            wc.status, wc.status as u32, wc.wr_id
+        )
+        .into())
+    }
+}

@@ -1,0 +1,675 @@
+//! `softroce perf`: perftest's bandwidth and latency tests (`ib_write_bw`, `ib_read_bw`,
+//! `ib_send_bw`, `ib_atomic_bw`, `ib_write_lat`, `ib_read_lat`, `ib_send_lat`) on a softroce
+//! device, as client or server, interoperable with the unmodified perftest tools (Debian's
+//! perftest 4.5-0.17, whose exchange calls itself version "6.06") on kernel rxe; plus raw UDP
+//! and TCP baselines on loopback to put the numbers in proportion.
+//!
+//! - [`oob`]: the TCP exchange (port 18515 unless `-p`), byte for byte as perftest's.
+//! - [`session`]: device, CQs, `-q` QPs and the MR; the moves to RTS.
+//! - [`bw`], [`lat`]: the traffic of the bandwidth and latency tests.
+//! - [`report`]: perftest's result tables, `--json`, and comparisons with a baseline.
+//! - [`baseline`]: `softroce perf udp-baseline` and `--compare-tcp`.
+//!
+//! The order of the exchange's steps per test is in [`Flow`]. Each test's traffic, who
+//! measures and who prints follow perftest's `src/<test>.c`:
+//! - write_bw, read_bw, atomic_bw: the client posts, the server only waits; the client sends
+//!   its results over TCP and both print them (`xchg_bw_reports`).
+//! - send_bw: the server posts receives, the client SENDs; each side prints its own numbers.
+//! - write_lat, send_lat: a ping-pong; both sides measure and print. read_lat: the client
+//!   alone READs and prints.
+//!
+//! `--loopback` runs the server and the client as two devices of one process (127.0.0.1 and
+//! 127.0.0.2 unless `--ip` / `--peer-ip`), prints the client's results, and the UDP (and with
+//! `--compare-tcp` the TCP) baseline beside them with the ratio.
+
+pub mod baseline;
+pub mod bw;
+pub mod lat;
+pub mod oob;
+pub mod report;
+pub mod session;
+
+use crate::BoxError;
+use crate::pingpong::{DEFAULT_TCP_PORT, device_ip, quiesce};
+use bw::{BwOp, Limit};
+use clap::{Args, ValueEnum};
+use lat::LatOp;
+use oob::Oob;
+use report::{BwResult, LatResult, Out};
+use session::{Session, SessionSpec};
+use softroce::verbs::PathMtu;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// The perftest test to run (perftest's program name without "ib_"), or the UDP baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PerfTest {
+    /// RDMA WRITE bandwidth (ib_write_bw).
+    #[value(name = "write_bw")]
+    WriteBw,
+    /// RDMA READ bandwidth (ib_read_bw).
+    #[value(name = "read_bw")]
+    ReadBw,
+    /// SEND bandwidth (ib_send_bw).
+    #[value(name = "send_bw")]
+    SendBw,
+    /// Atomic bandwidth (ib_atomic_bw): FETCH_AND_ADD, or CMP_AND_SWAP with -A.
+    #[value(name = "atomic_bw")]
+    AtomicBw,
+    /// RDMA WRITE latency (ib_write_lat).
+    #[value(name = "write_lat")]
+    WriteLat,
+    /// SEND latency (ib_send_lat).
+    #[value(name = "send_lat")]
+    SendLat,
+    /// RDMA READ latency (ib_read_lat).
+    #[value(name = "read_lat")]
+    ReadLat,
+    /// Raw UDP stream and ping-pong between two sockets on loopback, with the datagram size
+    /// of the RoCE data path at this MTU and message size.
+    #[value(name = "udp-baseline")]
+    UdpBaseline,
+}
+
+impl PerfTest {
+    /// perftest's program name without "ib_".
+    pub fn name(self) -> &'static str {
+        match self {
+            PerfTest::WriteBw => "write_bw",
+            PerfTest::ReadBw => "read_bw",
+            PerfTest::SendBw => "send_bw",
+            PerfTest::AtomicBw => "atomic_bw",
+            PerfTest::WriteLat => "write_lat",
+            PerfTest::SendLat => "send_lat",
+            PerfTest::ReadLat => "read_lat",
+            PerfTest::UdpBaseline => "udp-baseline",
+        }
+    }
+
+    fn is_lat(self) -> bool {
+        matches!(
+            self,
+            PerfTest::WriteLat | PerfTest::SendLat | PerfTest::ReadLat
+        )
+    }
+}
+
+/// `-A`: the atomic operation of atomic_bw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AtomicType {
+    /// IBV_WR_ATOMIC_FETCH_AND_ADD (perftest's default).
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+    /// IBV_WR_ATOMIC_CMP_AND_SWP.
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
+}
+
+/// Options of `softroce perf`, named and defaulted as perftest's (`src/perftest_parameters.c`).
+#[derive(Args, Debug, Clone)]
+pub struct PerfArgs {
+    /// The test (perftest's program name without "ib_"), or udp-baseline.
+    test: PerfTest,
+    /// Server to connect to; without it, wait for a client.
+    host: Option<String>,
+    /// Listen on / connect to this TCP port.
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_TCP_PORT)]
+    port: u16,
+    /// Device name.
+    #[arg(short = 'd', long = "ib-dev", default_value = "softroce0")]
+    ib_dev: String,
+    /// Device port (softroce devices have port 1 only).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// Message size in bytes (perftest: 65536 for bandwidth, 2 for latency, 8 for atomics).
+    #[arg(short = 's', long = "size")]
+    size: Option<u32>,
+    /// Iterations (perftest: 5000 for bandwidth, 1000 for latency; latency needs at least 5).
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<u64>,
+    /// Run for this many seconds instead of -n iterations.
+    #[arg(short = 'D', long = "duration")]
+    duration: Option<u64>,
+    /// Run every size from 2 to 2^23 bytes.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Path MTU in bytes; the smaller of both sides' is used.
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
+    /// Number of QPs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Messages in flight per QP (perftest: 128 for bandwidth, 1 for latency).
+    #[arg(short = 't', long = "tx-depth")]
+    tx_depth: Option<u32>,
+    /// Receives posted per QP in the SEND tests (perftest: 512, at most -n).
+    #[arg(short = 'r', long = "rx-depth")]
+    rx_depth: Option<u32>,
+    /// Local GID index (1: the RoCE v2 GID of the device address).
+    #[arg(short = 'x', long = "gid-index", default_value_t = 1)]
+    gid_index: u8,
+    /// Atomic operation of atomic_bw.
+    #[arg(short = 'A', long = "atomic_type", value_enum, default_value_t = AtomicType::FetchAndAdd)]
+    atomic_type: AtomicType,
+    /// Accepted for perftest compatibility (softroce reads no CPU frequency).
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
+    /// Bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// One JSON object per result row on stdout (everything else goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Address the device binds (UDP 4791); default $SOFTROCE_IP, else 127.0.0.1. With
+    /// --loopback: the server's device (default 127.0.0.1).
+    #[arg(long)]
+    ip: Option<IpAddr>,
+    /// With --loopback: the client's device (default 127.0.0.2).
+    #[arg(long)]
+    peer_ip: Option<IpAddr>,
+    /// Server and client as two devices in this process; prints the client's results beside
+    /// the UDP baseline (and the TCP one with --compare-tcp).
+    #[arg(long)]
+    loopback: bool,
+    /// After the test, a TCP stream (bandwidth tests) or ping-pong (latency tests) on
+    /// loopback with the same message size, printed beside the result with the ratio.
+    #[arg(long)]
+    compare_tcp: bool,
+    /// After the results, print the device's counters (rxe hw_counters names), read once the
+    /// link has been quiet for 200 ms.
+    #[arg(long)]
+    counters: bool,
+}
+
+/// A result row of either kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Row {
+    /// Bandwidth test row.
+    Bw(BwResult),
+    /// Latency test row.
+    Lat(LatResult),
+}
+
+/// The validated settings of one side.
+#[derive(Debug, Clone)]
+struct Plan {
+    test: PerfTest,
+    sizes: Vec<u32>,
+    limit: Limit,
+    tx_depth: u32,
+    rx_depth: u32,
+    qps: usize,
+    mtu: PathMtu,
+    gid_index: u8,
+    atomic: AtomicType,
+    counters: bool,
+}
+
+impl Plan {
+    fn from_args(a: &PerfArgs) -> Result<Plan, BoxError> {
+        if a.ib_port != 1 {
+            return Err(format!("device port {} does not exist (only port 1)", a.ib_port).into());
+        }
+        let mtu = PathMtu::from_bytes(a.mtu)
+            .ok_or_else(|| format!("MTU {} is not one of 256, 512, 1024, 2048, 4096", a.mtu))?;
+        let lat = a.test.is_lat();
+        let atomic = a.test == PerfTest::AtomicBw;
+        let size = a.size.unwrap_or(if lat {
+            2
+        } else if atomic {
+            8
+        } else {
+            65536
+        });
+        let iters = a.iters.unwrap_or(if lat { 1000 } else { 5000 });
+        if size == 0 || size > 1 << 23 && a.test != PerfTest::UdpBaseline {
+            return Err(format!("message size {size} is not between 1 and 8388608").into());
+        }
+        if lat && iters < 5 && a.duration.is_none() {
+            return Err(" Iteration num should be between 5 and 100000000".into());
+        }
+        if iters == 0 {
+            return Err("-n must be at least 1".into());
+        }
+        if a.qps == 0 || a.qps > 64 || (lat && a.qps != 1) {
+            return Err(format!(
+                "-q {}: bandwidth tests take 1 to 64 QPs, latency tests 1",
+                a.qps
+            )
+            .into());
+        }
+        let sizes = if atomic {
+            vec![8]
+        } else if a.all {
+            (1..24).map(|i| 1u32 << i).collect()
+        } else {
+            vec![size]
+        };
+        if atomic && a.size.is_some_and(|s| s != 8) {
+            return Err("atomic_bw messages are 8 bytes (-s 8)".into());
+        }
+        let limit = match a.duration {
+            Some(0) => return Err("-D must be at least 1 second".into()),
+            Some(d) => Limit::Duration(Duration::from_secs(d)),
+            None => Limit::Iters(iters),
+        };
+        let tx_depth = a.tx_depth.unwrap_or(if lat { 1 } else { 128 });
+        if tx_depth == 0 {
+            return Err("-t must be at least 1".into());
+        }
+        let rx_cap = u32::try_from(iters).unwrap_or(u32::MAX);
+        let rx_depth = a.rx_depth.unwrap_or(512).min(rx_cap).max(1);
+        let _ = a.cpu_freq;
+        Ok(Plan {
+            test: a.test,
+            sizes,
+            limit,
+            tx_depth,
+            rx_depth,
+            qps: a.qps as usize,
+            mtu,
+            gid_index: a.gid_index,
+            atomic: a.atomic_type,
+            counters: a.counters,
+        })
+    }
+
+    fn uses_recvs(&self) -> bool {
+        matches!(self.test, PerfTest::SendBw | PerfTest::SendLat)
+    }
+
+    fn rd_atomic(&self) -> bool {
+        matches!(
+            self.test,
+            PerfTest::ReadBw | PerfTest::AtomicBw | PerfTest::ReadLat
+        )
+    }
+
+    fn max_size(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(8) as usize
+    }
+}
+
+/// How one side reaches the other over TCP.
+enum Role {
+    Client(String, u16),
+    Server(TcpListener),
+}
+
+/// Runs `softroce perf`.
+pub fn run(a: PerfArgs) -> Result<(), BoxError> {
+    let out = Out {
+        json: a.json,
+        quiet: false,
+        gbits: a.report_gbits,
+    };
+    let plan = Plan::from_args(&a)?;
+    if a.test == PerfTest::UdpBaseline {
+        return baseline::udp_baseline(&plan_baseline(&a, &plan), out);
+    }
+    let rows = if a.loopback {
+        loopback(&a, &plan, out)?
+    } else {
+        let ip = device_ip(a.ip)?;
+        let role = match &a.host {
+            Some(h) => Role::Client(h.clone(), a.port),
+            None => Role::Server(listen(ip, a.port)?),
+        };
+        run_side(&plan, &a.ib_dev, ip, role, out)?
+    };
+    let b = plan_baseline(&a, &plan);
+    if a.loopback {
+        baseline::compare(&b, &rows, baseline::Kind::Udp, out)?;
+    }
+    if a.compare_tcp {
+        baseline::compare(&b, &rows, baseline::Kind::Tcp, out)?;
+    }
+    Ok(())
+}
+
+fn plan_baseline(a: &PerfArgs, plan: &Plan) -> baseline::Plan {
+    baseline::Plan {
+        lat: plan.test.is_lat(),
+        sizes: plan.sizes.clone(),
+        iters: match plan.limit {
+            Limit::Iters(n) => n,
+            Limit::Duration(_) => a.iters.unwrap_or(5000),
+        },
+        mtu_bytes: plan.mtu.bytes(),
+        ip: a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        peer_ip: a.peer_ip.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
+        read: matches!(a.test, PerfTest::ReadLat),
+    }
+}
+
+fn listen(ip: IpAddr, port: u16) -> Result<TcpListener, BoxError> {
+    let unspecified = if ip.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    };
+    TcpListener::bind(SocketAddr::new(unspecified, port))
+        .map_err(|e| format!("Couldn't listen to port {port}: {e}").into())
+}
+
+/// Server and client in one process: the server on `--ip` (default 127.0.0.1) in a thread,
+/// quiet; the client on `--peer-ip` (default 127.0.0.2), printing. Returns the client's rows.
+fn loopback(a: &PerfArgs, plan: &Plan, out: Out) -> Result<Vec<Row>, BoxError> {
+    let sip = a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let cip = a.peer_ip.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+    let listener = TcpListener::bind(SocketAddr::new(sip, 0))
+        .map_err(|e| format!("Couldn't listen on {sip}: {e}"))?;
+    let port = listener.local_addr()?.port();
+    let splan = plan.clone();
+    let sdev = format!("{}-server", a.ib_dev);
+    let quiet = Out { quiet: true, ..out };
+    let server = std::thread::spawn(move || {
+        run_side(&splan, &sdev, sip, Role::Server(listener), quiet).map_err(|e| e.to_string())
+    });
+    let c = run_side(
+        plan,
+        &a.ib_dev,
+        cip,
+        Role::Client(sip.to_string(), port),
+        out,
+    );
+    let s = server.join().map_err(|_| "server thread panicked")?;
+    let rows = c.map_err(|e| format!("client: {e}"))?;
+    s.map_err(|e| format!("server: {e}"))?;
+    Ok(rows)
+}
+
+/// The order of one test's TCP steps after the prelude, as perftest 4.5's `main` of each
+/// test performs them (counted in captures of two perftest peers). "sync" is a
+/// `ctx_hand_shake` of the first QP's address; `addr` one per QP.
+///
+/// | test | before the traffic | per size | after |
+/// |---|---|---|---|
+/// | write_bw, read_bw | addr, addr, sync | – | sync, reports, close |
+/// | atomic_bw | addr, addr, sync | – | sync, reports, close |
+/// | send_bw | addr, sync, addr | sync, traffic, (sync with -a) | close |
+/// | write_lat | addr, addr, sync, sync | – | – (no close) |
+/// | read_lat | addr, addr, addr, sync | – | close (the server at once) |
+/// | send_lat | addr, addr, sync | sync, traffic | close |
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    /// Extra address exchanges after the first (each one per QP).
+    addr_repeats: usize,
+    /// Synchronisations after the address exchanges, before the first size.
+    syncs: usize,
+    /// Whether the `addr` repeats come after the syncs (true) or before.
+    addr_after_syncs: bool,
+}
+
+fn flow(test: PerfTest) -> Flow {
+    let f = |addr_repeats, syncs, addr_after_syncs| Flow {
+        addr_repeats,
+        syncs,
+        addr_after_syncs,
+    };
+    match test {
+        PerfTest::WriteBw | PerfTest::ReadBw | PerfTest::AtomicBw | PerfTest::SendLat => {
+            f(1, 1, false)
+        }
+        PerfTest::SendBw => f(1, 1, true),
+        PerfTest::WriteLat => f(1, 2, false),
+        PerfTest::ReadLat => f(2, 1, false),
+        PerfTest::UdpBaseline => f(0, 0, false),
+    }
+}
+
+/// One side of a test, from the TCP connection to the closing handshake. Returns the rows
+/// this side printed (for the server of write_bw/read_bw/atomic_bw: the client's).
+fn run_side(
+    plan: &Plan,
+    dev_name: &str,
+    ip: IpAddr,
+    role: Role,
+    out: Out,
+) -> Result<Vec<Row>, BoxError> {
+    let test = plan.test;
+    let client = matches!(role, Role::Client(..));
+    let s = Session::open(
+        dev_name,
+        ip,
+        &SessionSpec {
+            qps: plan.qps,
+            max_size: plan.max_size(),
+            tx_depth: plan.tx_depth,
+            rx_depth: if plan.uses_recvs() { plan.rx_depth } else { 1 },
+            rd_atomic: plan.rd_atomic(),
+            remote_access: !plan.uses_recvs(),
+            gid_index: plan.gid_index,
+        },
+    )?;
+    let mut oob = match role {
+        Role::Client(host, port) => Oob::new(connect(&host, port)?, true),
+        Role::Server(listener) => {
+            out.line("\n************************************");
+            out.line("* Waiting for client to connect... *");
+            out.line("************************************");
+            let (tcp, _) = listener
+                .accept()
+                .map_err(|e| format!("accept() failed: {e}"))?;
+            Oob::new(tcp, false)
+        }
+    };
+    let pre = oob.prelude(plan.mtu)?;
+    print_info(plan, client, &pre, out, &s);
+
+    let f = flow(test);
+    let me0 = s.me[0];
+    let peers = oob.addresses(&s.me)?;
+    s.connect(&peers, pre.mtu, plan.gid_index)?;
+    if !f.addr_after_syncs {
+        for _ in 0..f.addr_repeats {
+            oob.addresses(&s.me)?;
+        }
+    }
+    for _ in 0..f.syncs {
+        oob.sync(&me0)?;
+    }
+    if f.addr_after_syncs {
+        for _ in 0..f.addr_repeats {
+            oob.addresses(&s.me)?;
+        }
+    }
+    let keys = test.is_lat() && test != PerfTest::SendLat;
+    for (i, (m, p)) in s.me.iter().zip(&peers).enumerate() {
+        let _ = i;
+        for l in m.describe("local", plan.rd_atomic(), keys) {
+            out.line(l);
+        }
+        for l in p.describe("remote", plan.rd_atomic(), keys) {
+            out.line(l);
+        }
+    }
+
+    let mut rows = Vec::new();
+    let tname = test.name();
+    match test {
+        PerfTest::WriteBw | PerfTest::ReadBw | PerfTest::AtomicBw => {
+            let op = match (test, plan.atomic) {
+                (PerfTest::WriteBw, _) => BwOp::Write,
+                (PerfTest::ReadBw, _) => BwOp::Read,
+                (_, AtomicType::FetchAndAdd) => BwOp::FetchAdd,
+                (_, AtomicType::CmpAndSwap) => BwOp::CmpSwap,
+            };
+            out.bw_header();
+            let mut last = None;
+            if client {
+                for &size in &plan.sizes {
+                    let r = bw::client(&s, &peers, op, size, plan.limit, plan.tx_depth)?;
+                    out.bw_row(tname, &r);
+                    rows.push(Row::Bw(r));
+                    last = Some(r);
+                }
+            }
+            oob.sync(&me0)?;
+            let mine = last.map_or(
+                oob::BwReport {
+                    size: 0,
+                    iters: 0,
+                    bw_peak: 0.0,
+                    bw_avg: 0.0,
+                    msg_rate: 0.0,
+                },
+                |r| oob::BwReport {
+                    size: r.size,
+                    iters: r.iters,
+                    bw_peak: r.bw_peak,
+                    bw_avg: r.bw_avg,
+                    msg_rate: r.msg_rate,
+                },
+            );
+            let theirs = oob.reports(&mine)?;
+            if !client {
+                let r = BwResult {
+                    size: theirs.size,
+                    iters: theirs.iters,
+                    bw_peak: theirs.bw_peak,
+                    bw_avg: theirs.bw_avg,
+                    msg_rate: theirs.msg_rate,
+                };
+                out.bw_row(tname, &r);
+                rows.push(Row::Bw(r));
+            }
+            oob.close(&me0)?;
+        }
+        PerfTest::SendBw => {
+            out.bw_header();
+            for &size in &plan.sizes {
+                let mut initial = vec![0u64; s.qps.len()];
+                if !client {
+                    let first = match plan.limit {
+                        Limit::Iters(n) => n.min(u64::from(plan.rx_depth)),
+                        Limit::Duration(_) => u64::from(plan.rx_depth),
+                    };
+                    for (i, n) in initial.iter_mut().enumerate() {
+                        bw::post_recvs(&s, i, size, first)?;
+                        *n = first;
+                    }
+                }
+                oob.sync(&me0)?;
+                let r = if client {
+                    bw::client(&s, &peers, BwOp::Send, size, plan.limit, plan.tx_depth)?
+                } else {
+                    bw::server(&s, size, plan.limit, plan.rx_depth, &initial)?
+                };
+                out.bw_row(tname, &r);
+                rows.push(Row::Bw(r));
+                if plan.sizes.len() > 1 {
+                    oob.sync(&me0)?;
+                }
+            }
+            oob.close(&me0)?;
+        }
+        PerfTest::WriteLat | PerfTest::SendLat | PerfTest::ReadLat => {
+            let op = match test {
+                PerfTest::WriteLat => LatOp::Write,
+                PerfTest::SendLat => LatOp::Send,
+                _ => LatOp::Read,
+            };
+            let duration = matches!(plan.limit, Limit::Duration(_));
+            if op == LatOp::Read && !client {
+                oob.close(&me0)?;
+                out.line(report::LINE);
+            } else {
+                out.lat_header(duration);
+                for &size in &plan.sizes {
+                    let mut posted = 0;
+                    if op == LatOp::Send {
+                        posted = match plan.limit {
+                            Limit::Iters(n) => n.min(u64::from(plan.rx_depth)),
+                            Limit::Duration(_) => u64::from(plan.rx_depth),
+                        };
+                        bw::post_recvs(&s, 0, size, posted)?;
+                        oob.sync(&me0)?;
+                    }
+                    let r = lat::run(
+                        &s,
+                        &peers[0],
+                        lat::LatRun {
+                            op,
+                            size,
+                            limit: plan.limit,
+                            client,
+                            rx_depth: u64::from(plan.rx_depth),
+                            recvs_posted: posted,
+                        },
+                    )?;
+                    out.lat_row(tname, &r);
+                    rows.push(Row::Lat(r));
+                }
+                if op != LatOp::Write {
+                    oob.close(&me0)?;
+                }
+            }
+        }
+        PerfTest::UdpBaseline => {}
+    }
+    if test != PerfTest::ReadLat || client {
+        out.line(report::LINE);
+    }
+    if plan.counters {
+        quiesce(&s.dev);
+        let link = s.dev.link();
+        let tx = link.tx_datagrams.load(std::sync::atomic::Ordering::Relaxed);
+        let rx = link.rx_datagrams.load(std::sync::atomic::Ordering::Relaxed);
+        let mut line = format!("counters: tx_datagrams={tx} rx_datagrams={rx}");
+        for (name, v) in s.dev.counters().entries() {
+            line.push_str(&format!(" {name}={v}"));
+        }
+        out.line(line);
+    }
+    Ok(rows)
+}
+
+/// perftest's `ctx_print_test_info` (the lines that apply to softroce).
+fn print_info(plan: &Plan, client: bool, pre: &oob::Prelude, out: Out, s: &Session) {
+    let title = match (plan.test, plan.atomic) {
+        (PerfTest::WriteBw, _) => "RDMA_Write BW Test".to_string(),
+        (PerfTest::ReadBw, _) => "RDMA_Read BW Test".to_string(),
+        (PerfTest::SendBw, _) => "Send BW Test".to_string(),
+        (PerfTest::AtomicBw, AtomicType::FetchAndAdd) => "Atomic FETCH_AND_ADD BW Test".to_string(),
+        (PerfTest::AtomicBw, AtomicType::CmpAndSwap) => "Atomic CMP_AND_SWAP BW Test".to_string(),
+        (PerfTest::WriteLat, _) => "RDMA_Write Latency Test".to_string(),
+        (PerfTest::SendLat, _) => "Send Latency Test".to_string(),
+        (PerfTest::ReadLat, _) => "RDMA_Read Latency Test".to_string(),
+        (PerfTest::UdpBaseline, _) => String::new(),
+    };
+    out.line(report::LINE);
+    out.line(format!("                    {title}"));
+    out.line(format!(
+        " Number of qps   : {}\t\tTransport type : IB",
+        plan.qps
+    ));
+    out.line(" Connection type : RC\t\tUsing SRQ      : OFF");
+    if client {
+        out.line(format!(" TX depth        : {}", plan.tx_depth));
+    } else if plan.uses_recvs() {
+        out.line(format!(" RX depth        : {}", plan.rx_depth));
+    }
+    out.line(format!(" Mtu             : {}[B]", pre.mtu.bytes()));
+    out.line(" Link type       : Ethernet");
+    out.line(format!(" GID index       : {}", plan.gid_index));
+    if plan.rd_atomic() {
+        out.line(format!(" Outstand reads  : {}", s.me[0].out_reads));
+    }
+    out.line(format!(
+        " Data ex. method : Ethernet (peer exchange version {})",
+        pre.their_version
+    ));
+    out.line(report::LINE);
+}
+
+fn connect(host: &str, port: u16) -> Result<TcpStream, BoxError> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{e} for {host}:{port}"))?
+        .collect();
+    addrs
+        .iter()
+        .find_map(|a| TcpStream::connect(a).ok())
+        .ok_or_else(|| format!("Couldn't connect to {host}:{port}").into())
+}
