@@ -663,6 +663,7 @@ fn reg_mr_user_over_caller_memory() {
     drop(mr);
     assert_eq!(&buf[10..3010], &data[..]);
     assert_eq!(&buf[5000..5014], b"from the owner");
+    // SAFETY: a null address is refused before anything is registered.
     let e = unsafe {
         b.pd.reg_mr_user(std::ptr::null_mut(), 8, AccessFlags::LOCAL_WRITE)
     };
@@ -956,4 +957,438 @@ fn engine_inline_is_copied_at_post() {
         a.e.post_send_mem(big, &a.mem),
         Err(softroce::transport::PostError::Invalid(_))
     ));
+}
+
+fn reg_wr(wr_id: u64, key: u32, access: AccessFlags) -> SendWr {
+    let mut w = SendWr::new(wr_id, WrOpcode::RegMr, vec![]);
+    w.reg_mr = Some(softroce::transport::RegMr {
+        mr_key: key,
+        key,
+        iova: 0x100,
+        length: 4096,
+        access,
+    });
+    w
+}
+
+/// Go-back-N over an executed local operation does not execute it again: a's first SEND is
+/// lost, b NAKs the sequence error when the second arrives, a resends from the first SEND
+/// and steps over the REG_MR between them (executing it twice would fail: it is no longer
+/// FREE). Everything completes in order and the QP stays in RTS.
+#[test]
+fn engine_retransmission_skips_executed_local_ops() {
+    let (mut a, mut b) = engines(0);
+    let k = a.mem.alloc_fast_reg(PD, 4096).unwrap();
+    for _ in 0..2 {
+        b.e.post_recv(RecvWr {
+            wr_id: 0,
+            sg_list: vec![],
+        })
+        .unwrap();
+    }
+    a.e.post_send(SendWr::new(1, WrOpcode::Send, vec![]))
+        .unwrap();
+    a.e.post_send(reg_wr(2, k, AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    a.e.post_send(SendWr::new(3, WrOpcode::Send, vec![]))
+        .unwrap();
+    let lost = a.e.poll_transmit(Instant::ZERO, &a.mem).expect("SEND 1");
+    assert!(a.e.poll_transmit(Instant::ZERO, &a.mem).is_none());
+    assert!(a.e.run_local_ops(&mut a.mem), "REG_MR runs at once");
+    assert_eq!(
+        a.mem.get(k).unwrap().state(),
+        softroce::transport::MrState::Valid
+    );
+    drop(lost);
+    let wire = drive(&mut a, &mut b);
+    assert!(wire.contains(&(Opcode::RC_SEND_ONLY, None)));
+    let got: Vec<_> = completions(&mut a)
+        .iter()
+        .map(|c| (c.1, c.2, c.3))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::RegMr),
+            (3, WcStatus::Success, WcOpcode::Send),
+        ]
+    );
+    assert_eq!(a.e.state(), QpState::Rts);
+    assert_eq!(a.e.counters().rcvd_seq_err, 1);
+}
+
+/// IBV_SEND_FENCE on a local operation waits for earlier READs (as on any WR); without the
+/// fence a REG_MR behind a READ runs at once. A failing REG_MR completes with
+/// IBV_WC_LOC_QP_OP_ERR and moves the QP to ERR (rxe `rxe_do_local_ops`).
+#[test]
+fn engine_fenced_local_op_waits_for_reads() {
+    let (mut a, mut b) = engines(0);
+    let src = b
+        .mem
+        .register(PD, 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+    let sva = b.mem.get(src).unwrap().iova;
+    let sink = a.mem.register(PD, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let kva = a.mem.get(sink).unwrap().iova;
+    let k1 = a.mem.alloc_fast_reg(PD, 4096).unwrap();
+    let k2 = a.mem.alloc_fast_reg(PD, 4096).unwrap();
+    let mut read = SendWr::new(
+        1,
+        WrOpcode::RdmaRead,
+        vec![Sge {
+            addr: kva,
+            length: 64,
+            lkey: sink,
+        }],
+    );
+    read.remote_addr = sva;
+    read.rkey = src;
+    a.e.post_send(read).unwrap();
+    a.e.post_send(reg_wr(2, k1, AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    let mut fenced = reg_wr(3, k2, AccessFlags::LOCAL_WRITE);
+    fenced.send_flags |= SendFlags::FENCE;
+    a.e.post_send(fenced).unwrap();
+    let req =
+        a.e.poll_transmit(Instant::ZERO, &a.mem)
+            .expect("READ request");
+    assert!(a.e.run_local_ops(&mut a.mem));
+    let state = |a: &Node, k| a.mem.get(k).unwrap().state();
+    assert_eq!(
+        state(&a, k1),
+        softroce::transport::MrState::Valid,
+        "not fenced"
+    );
+    assert_eq!(state(&a, k2), softroce::transport::MrState::Free, "fenced");
+    let p = RocePacket::parse(&req.payload).unwrap();
+    b.e.handle_packet(Instant::ZERO, &p, A_IP, &mut b.mem);
+    drive(&mut a, &mut b);
+    assert_eq!(state(&a, k2), softroce::transport::MrState::Valid);
+    let got: Vec<_> = completions(&mut a).iter().map(|c| (c.1, c.3)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcOpcode::RdmaRead),
+            (2, WcOpcode::RegMr),
+            (3, WcOpcode::RegMr)
+        ]
+    );
+    // REG_MR of an MR that is not FREE fails.
+    a.e.post_send(reg_wr(4, k2, AccessFlags::LOCAL_WRITE))
+        .unwrap();
+    a.e.post_send(SendWr::new(5, WrOpcode::Send, vec![]))
+        .unwrap();
+    drive(&mut a, &mut b);
+    let got: Vec<_> = completions(&mut a).iter().map(|c| (c.1, c.2)).collect();
+    assert_eq!(got, [(4, WcStatus::LocQpOpErr), (5, WcStatus::WrFlushErr)]);
+    assert_eq!(a.e.state(), QpState::Err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulator: the FRMR / SEND_WITH_INV cycle over a lossy, duplicating, reordering link
+// ---------------------------------------------------------------------------------------------
+
+fn sim_wait(sim: &mut softroce::net::sim::Sim, cq: &Cq) -> Wc {
+    let end = sim.now() + Duration::from_secs(30);
+    loop {
+        if let Some(wc) = cq.poll_one() {
+            return wc;
+        }
+        assert!(
+            sim.now() <= end && sim.step(),
+            "no completion in 30 s of virtual time"
+        );
+    }
+}
+
+/// For several seeds (swarm-tested faults: loss, duplication, reordering, bit flips, delay),
+/// 12 rounds of: b registers its FRMR under a new key (REG_MR), a WRITEs a round-specific
+/// pattern through it and SEND_WITH_INVs the key; b's receive reports the key invalidated and
+/// the MR holds the pattern. Duplicated or retransmitted SEND_WITH_INVs are re-ACKed, never
+/// executed twice (C9-105), so each round's REG_MR finds the MR FREE. Finally a WRITE with the
+/// last key is IBV_WC_REM_ACCESS_ERR and leaves the MR unchanged. A failure prints the seed.
+#[test]
+fn sim_frmr_send_with_inv_cycle_under_faults() {
+    use softroce::net::sim::{Sim, SimFaults};
+    let mut faults = 0;
+    for seed in [1u64, 2, 3, 5, 8, 13] {
+        let mut sim = Sim::new(seed, SimFaults::from_seed(seed));
+        let (ia, ib) = (
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2)),
+        );
+        let (da, db) = (sim.add_device("simA", ia), sim.add_device("simB", ib));
+        let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+        let (ca, cb) = (da.create_cq(64).unwrap(), db.create_cq(64).unwrap());
+        let init = |cq| QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            srq: None,
+        };
+        let (qa, qb) = (
+            pa.create_qp(&init(&ca)).unwrap(),
+            pb.create_qp(&init(&cb)).unwrap(),
+        );
+        for (me, peer, ip) in [(&qa, &qb, ib), (&qb, &qa, ia)] {
+            let mut c = RcConnect::new(peer.qp_num(), Gid::from_ip(ip), 0x10, 0x10);
+            c.timeout = 10;
+            c.min_rnr_timer = 1;
+            me.connect_rc(&c).unwrap();
+        }
+        let frmr = pb.alloc_mr(1).unwrap();
+        let rbuf = pb.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let src = pa.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut key = 0;
+        for round in 0..12u8 {
+            let w = frmr.reg_wr(100, round, 0x5000, 4096, AccessFlags::LOCAL_WRITE | rw());
+            key = w.reg_mr.unwrap().key;
+            qb.post_send(&[w]).unwrap();
+            let wc = sim_wait(&mut sim, &cb);
+            assert_eq!(
+                (wc.status, wc.opcode),
+                (WcStatus::Success, WcOpcode::RegMr),
+                "SOFTROCE_SEED={seed}"
+            );
+            qb.post_recv(&[RecvWr {
+                wr_id: u64::from(round),
+                sg_list: vec![rbuf.sge(0, 64)],
+            }])
+            .unwrap();
+            let data = pattern(3000, round);
+            src.write(0, &data).unwrap();
+            let mut wr = SendWr::new(1, WrOpcode::RdmaWrite, vec![src.sge(0, 3000)]);
+            wr.remote_addr = 0x5000 + u64::from(round);
+            wr.rkey = key;
+            let mut inv = SendWr::new(2, WrOpcode::SendWithInv, vec![]);
+            inv.invalidate_rkey = key;
+            qa.post_send(&[wr, inv]).unwrap();
+            for id in [1, 2] {
+                let wc = sim_wait(&mut sim, &ca);
+                assert_eq!(
+                    (wc.wr_id, wc.status),
+                    (id, WcStatus::Success),
+                    "SOFTROCE_SEED={seed}"
+                );
+            }
+            let r = sim_wait(&mut sim, &cb);
+            assert_eq!(
+                (r.wr_id, r.status, r.invalidated_rkey()),
+                (u64::from(round), WcStatus::Success, Some(key)),
+                "SOFTROCE_SEED={seed}"
+            );
+            let mut got = vec![0u8; 3000];
+            frmr.read(usize::from(round), &mut got).unwrap();
+            assert_eq!(got, data, "SOFTROCE_SEED={seed} round {round}");
+        }
+        // Watch b's answers: the WRITE with the dead key must draw NAK 0x62.
+        let naks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = naks.clone();
+        sim.set_filter(Some(Box::new(move |_, from, _, payload| {
+            if from.ip() == ib
+                && let Ok(p) = RocePacket::parse(payload)
+                && p.repr.aeth.is_some_and(|a| a.syndrome == 0x62)
+            {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            true
+        })));
+        let snapshot = frmr.to_vec();
+        let mut wr = SendWr::new(3, WrOpcode::RdmaWrite, vec![src.sge(0, 8)]);
+        wr.remote_addr = 0x5000;
+        wr.rkey = key;
+        qa.post_send(&[wr]).unwrap();
+        let wc = sim_wait(&mut sim, &ca);
+        assert_eq!(frmr.to_vec(), snapshot, "SOFTROCE_SEED={seed}");
+        assert_eq!(
+            naks.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "SOFTROCE_SEED={seed}"
+        );
+        assert_eq!(qb.state(), QpState::Err, "SOFTROCE_SEED={seed}");
+        // The NAK itself may be lost on this link; then a's retries meet a responder in ERR.
+        assert!(
+            matches!(wc.status, WcStatus::RemAccessErr | WcStatus::RetryExcErr),
+            "SOFTROCE_SEED={seed}: {:?}",
+            wc.status
+        );
+        let st = sim.stats();
+        faults += st.lost + st.duplicated + st.reordered + st.corrupted;
+    }
+    assert!(faults > 20, "the seeds exercised the faults ({faults})");
+}
+
+/// The bytes of a SEND ONLY WITH INVALIDATE as rxe lays them out (rxe_hdr.h, IBTA ch. 9):
+/// BTH (12 bytes, opcode 0x17, AckReq set), IETH (the R_Key, 4 bytes big-endian), payload,
+/// ICRC (4 bytes).
+#[test]
+fn engine_send_with_inv_bytes() {
+    let (mut a, _b) = engines(16);
+    let sk = a.mem.register(PD, 4, AccessFlags::LOCAL_WRITE).unwrap();
+    a.mem
+        .get_mut(sk)
+        .unwrap()
+        .bytes_mut()
+        .copy_from_slice(b"data");
+    let host = a.mem.get(sk).unwrap().host_addr();
+    let mut s = SendWr::new(
+        1,
+        WrOpcode::SendWithInv,
+        vec![Sge {
+            addr: host,
+            length: 4,
+            lkey: sk,
+        }],
+    );
+    s.invalidate_rkey = 0x0001_2345;
+    a.e.post_send(s).unwrap();
+    let t =
+        a.e.poll_transmit(Instant::ZERO, &a.mem)
+            .expect("one packet");
+    let b = &t.payload;
+    assert_eq!(b.len(), 12 + 4 + 4 + 4);
+    assert_eq!(b[0], 0x17, "RC SEND ONLY WITH INVALIDATE");
+    assert_eq!(b[8] & 0x80, 0x80, "AckReq");
+    assert_eq!(&b[4..8], &[0, 0, 0, 0x12], "dest QPN");
+    assert_eq!(&b[12..16], &0x0001_2345u32.to_be_bytes(), "IETH");
+    assert_eq!(&b[16..20], b"data");
+}
+
+/// Which QP types take which new opcodes (rxe `rxe_wr_opcode_info`): LOCAL_INV, REG_MR and
+/// SEND_WITH_INV on RC only, BIND_MW on RC and UC; refused with EOPNOTSUPP otherwise. A UC
+/// QP executes a bind at once and completes it (UC WQEs complete when sent).
+#[test]
+fn engine_opcodes_by_qp_type() {
+    use softroce::transport::PostError;
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        let mut e = QpEngine::new(0x11, qp_type, PD, QpCap::default(), false);
+        e.set_path(Path {
+            local: A_IP,
+            remote: B_IP,
+            src_port: 0xc000,
+        });
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            e.set_state(s);
+        }
+        let mut mem = MemoryTable::new(1);
+        let mr = mem
+            .register(PD, 64, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+            .unwrap();
+        let va = mem.get(mr).unwrap().iova;
+        let mw = mem.alloc_mw(PD, MwType::Type1).unwrap();
+        let mut bind = SendWr::new(1, WrOpcode::BindMw, vec![]);
+        bind.bind_mw = Some(softroce::transport::BindMw {
+            mw_rkey: mw,
+            rkey: softroce::transport::inc_rkey(mw),
+            mr_lkey: mr,
+            addr: va,
+            length: 64,
+            access: AccessFlags::REMOTE_READ,
+        });
+        for op in [WrOpcode::LocalInv, WrOpcode::RegMr, WrOpcode::SendWithInv] {
+            let mut w = SendWr::new(9, op, vec![]);
+            w.reg_mr = Some(softroce::transport::RegMr {
+                mr_key: mr,
+                key: mr,
+                iova: 0,
+                length: 0,
+                access: AccessFlags::empty(),
+            });
+            assert_eq!(
+                e.post_send(w),
+                Err(PostError::NotSupported),
+                "{qp_type:?} {op:?}"
+            );
+        }
+        if qp_type == QpType::Ud {
+            assert_eq!(e.post_send(bind), Err(PostError::NotSupported));
+            continue;
+        }
+        e.post_send(bind).unwrap();
+        assert!(e.run_local_ops(&mut mem));
+        let c = e.poll_completion().expect("bind completes");
+        assert_eq!(
+            (c.wc.wr_id, c.wc.status, c.wc.opcode),
+            (1, WcStatus::Success, WcOpcode::BindMw)
+        );
+        let w = softroce::transport::inc_rkey(mw);
+        assert!(
+            mem.check_remote(w, PD, 0x11, va, 64, AccessFlags::REMOTE_READ)
+                .is_ok()
+        );
+    }
+}
+
+/// In the engine pair: windows of both types grant a peer's WRITE; unbinding (type 1) and
+/// LOCAL_INV (type 2) revoke them: the next WRITE draws NAK 0x62 → IBV_WC_REM_ACCESS_ERR and
+/// the target keeps its bytes.
+#[test]
+fn engine_mw_types_grant_and_revocation_revokes() {
+    for mw_type in [MwType::Type1, MwType::Type2] {
+        let (mut a, mut b) = engines(0);
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND;
+        let mr = b.mem.register(PD, 256, all).unwrap();
+        let va = b.mem.get(mr).unwrap().iova;
+        let mw = b.mem.alloc_mw(PD, mw_type).unwrap();
+        let rkey = softroce::transport::inc_rkey(mw);
+        let bind_wr = |id, mw_rkey, rkey, length| {
+            let mut w = SendWr::new(id, WrOpcode::BindMw, vec![]);
+            w.bind_mw = Some(softroce::transport::BindMw {
+                mw_rkey,
+                rkey,
+                mr_lkey: mr,
+                addr: va + 128,
+                length,
+                access: AccessFlags::REMOTE_WRITE,
+            });
+            w
+        };
+        b.e.post_send(bind_wr(1, mw, rkey, 128)).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(completions(&mut b)[0].3, WcOpcode::BindMw);
+        let src = a.mem.register(PD, 8, AccessFlags::LOCAL_WRITE).unwrap();
+        let sva = a.mem.get(src).unwrap().iova;
+        a.mem
+            .get_mut(src)
+            .unwrap()
+            .bytes_mut()
+            .copy_from_slice(b"windowed");
+        let write = |id, rkey| {
+            let mut w = SendWr::new(
+                id,
+                WrOpcode::RdmaWrite,
+                vec![Sge {
+                    addr: sva,
+                    length: 8,
+                    lkey: src,
+                }],
+            );
+            w.remote_addr = va + 200;
+            w.rkey = rkey;
+            w
+        };
+        a.e.post_send(write(2, rkey)).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(completions(&mut a)[0].2, WcStatus::Success, "{mw_type:?}");
+        assert_eq!(&b.mem.get(mr).unwrap().bytes()[200..208], b"windowed");
+        b.mem.get_mut(mr).unwrap().bytes_mut()[200..208].copy_from_slice(b"original");
+        let revoke = match mw_type {
+            MwType::Type1 => bind_wr(3, rkey, softroce::transport::inc_rkey(rkey), 0),
+            MwType::Type2 => SendWr::local_inv(3, rkey),
+        };
+        b.e.post_send(revoke).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(completions(&mut b)[0].2, WcStatus::Success);
+        a.e.post_send(write(4, rkey)).unwrap();
+        drive(&mut a, &mut b);
+        assert_eq!(
+            completions(&mut a)[0].2,
+            WcStatus::RemAccessErr,
+            "{mw_type:?}"
+        );
+        assert_eq!(&b.mem.get(mr).unwrap().bytes()[200..208], b"original");
+    }
 }

@@ -518,6 +518,7 @@ fn every_row_succeeds_through_qp_modify_on_a_device() {
                     recv_cq: &cq,
                     cap: QpCap::default(),
                     sq_sig_all: false,
+                    srq: None,
                 })
                 .unwrap()
             };

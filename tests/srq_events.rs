@@ -738,3 +738,231 @@ fn a_completion_channel_wakes_a_thread_blocked_in_get_cq_event() {
     );
     assert_eq!(cb.unacked_events(), 0);
 }
+
+#[test]
+fn write_with_imm_takes_an_srq_wr_and_plain_write_takes_none() {
+    let mut p = srq_pair(1, QpType::Rc, attr(4, 1, 0), 7);
+    p.srq
+        .post_recv(&[recv_wr(1, &p.dst, 0, 0), recv_wr(2, &p.dst, 0, 0)])
+        .unwrap();
+    p.src.write(0, &[0xab; 100]).unwrap();
+    for (id, op) in [(10, WrOpcode::RdmaWrite), (11, WrOpcode::RdmaWriteWithImm)] {
+        let mut w = SendWr::new(id, op, vec![p.src.sge(0, 100)]);
+        w.remote_addr = p.dst.addr() + 4096;
+        w.rkey = p.dst.rkey();
+        w.imm_data = 0x0102_0304;
+        p.qa[0].post_send(&[w]).unwrap();
+    }
+    p.settle();
+    assert_eq!(
+        SrqPair::drain(&p.ca)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(10, WcStatus::Success), (11, WcStatus::Success)]
+    );
+    let r = SrqPair::drain(&p.cb);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm_data),
+        (1, WcOpcode::RecvRdmaWithImm, 100, 0x0102_0304)
+    );
+    assert_eq!(p.srq.len(), 1);
+    let mut landed = [0u8; 100];
+    p.dst.read(4096, &mut landed).unwrap();
+    assert_eq!(landed, [0xab; 100]);
+}
+
+#[test]
+fn an_srq_dropped_while_qps_use_it_keeps_serving_them() {
+    let mut p = srq_pair(2, QpType::Rc, attr(4, 1, 0), 7);
+    p.srq
+        .post_recv(&[recv_wr(1, &p.dst, 0, 64), recv_wr(2, &p.dst, 0, 64)])
+        .unwrap();
+    // Drop the handle (replacing it with an unrelated SRQ): the QPs still hold the old one.
+    let old = std::mem::replace(&mut p.srq, p._pds.1.create_srq(&attr(1, 1, 0)).unwrap());
+    drop(old);
+    for (k, q) in p.qa.iter().enumerate() {
+        send(q, k as u64, &p.src, 8, SendFlags::SIGNALED);
+    }
+    p.settle();
+    let got: Vec<(u64, u32)> = SrqPair::drain(&p.cb)
+        .iter()
+        .map(|w| (w.wr_id, w.qp_num))
+        .collect();
+    assert_eq!(got, vec![(1, p.qb[0].qp_num()), (2, p.qb[1].qp_num())]);
+}
+
+#[test]
+fn a_cq_event_of_a_dropped_cq_is_skipped() {
+    let mut sim = Sim::new(9, SimFaults::NONE);
+    let b = sim.add_device("simB", B);
+    let pd = b.alloc_pd().unwrap();
+    let ch = b.create_comp_channel().unwrap();
+    let keep = b.create_cq_with_channel(4, &ch).unwrap();
+    for cq in [b.create_cq_with_channel(4, &ch).unwrap(), keep.clone()] {
+        let q = qp(&pd, QpType::Ud, &cq, None);
+        q.ready_ud(1, 0).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        q.post_recv(&[recv_wr(3, &mr, 0, 64)]).unwrap();
+        cq.req_notify(false).unwrap();
+        // The flush completion on ERR is the event.
+        to_state(&q, QpState::Err);
+    }
+    let got = ch.get_cq_event(Duration::from_millis(1)).unwrap();
+    assert!(
+        got.same_cq(&keep),
+        "the first CQ is gone, its event skipped"
+    );
+    assert!(ch.try_get_cq_event().is_none());
+}
+
+#[test]
+fn uc_and_ud_qps_drain_in_sqd_and_resume_in_rts() {
+    for t in [QpType::Uc, QpType::Ud] {
+        let mut p = srq_pair(1, t, attr(8, 1, 0), 7);
+        p.srq
+            .post_recv(
+                &(0..4)
+                    .map(|i| recv_wr(i, &p.dst, 0, 4096))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+        let ah = p
+            ._pds
+            .0
+            .create_ah(&softroce::verbs::AhAttr::roce_v2(Gid::from_ip(B)))
+            .unwrap();
+        let wr = |id| {
+            let mut w = SendWr::new(id, WrOpcode::Send, vec![p.src.sge(0, 512)]);
+            if t == QpType::Ud {
+                w.ud = Some(ah.dest(p.qb[0].qp_num(), 0x1111_1111));
+            }
+            w
+        };
+        p.qa[0].post_send(&[wr(1)]).unwrap();
+        to_state(&p.qa[0], QpState::Sqd);
+        p.qa[0].post_send(&[wr(2)]).unwrap();
+        p.settle();
+        assert_eq!(
+            events(&p.a),
+            vec![AsyncEvent {
+                event_type: EventType::SqDrained,
+                element: EventElement::Qp(p.qa[0].qp_num())
+            }],
+            "{t:?}"
+        );
+        let ids = |cq: &Cq| {
+            SrqPair::drain(cq)
+                .iter()
+                .map(|w| w.wr_id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&p.ca), vec![1], "{t:?}: the WR posted in SQD waits");
+        assert_eq!(ids(&p.cb), vec![0], "{t:?}");
+        to_state(&p.qa[0], QpState::Rts);
+        p.settle();
+        assert_eq!(ids(&p.ca), vec![2], "{t:?}");
+        assert_eq!(ids(&p.cb), vec![1], "{t:?}");
+        assert!(events(&p.a).is_empty());
+    }
+}
+
+#[test]
+fn the_new_objects_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Srq>();
+    send_sync::<softroce::verbs::CompChannel>();
+    send_sync::<AsyncEvent>();
+    send_sync::<Cq>();
+}
+
+/// Drops the first datagram for which `pick` holds, delivers everything else.
+fn drop_first(
+    sim: &mut Sim,
+    pick: impl Fn(&softroce::wire::RocePacket<'_>) -> bool + Send + 'static,
+) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = dropped.clone();
+    sim.set_filter(Some(Box::new(move |_, _, _, bytes| {
+        let Ok(p) = softroce::wire::RocePacket::parse(bytes) else {
+            return true;
+        };
+        if !d.load(std::sync::atomic::Ordering::Relaxed) && pick(&p) {
+            d.store(true, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
+        true
+    })));
+    dropped
+}
+
+#[test]
+fn a_retransmitted_send_whose_ack_was_lost_takes_no_second_srq_wr() {
+    let mut p = srq_pair(1, QpType::Rc, attr(4, 1, 0), 7);
+    p.srq
+        .post_recv(
+            &(0..3)
+                .map(|i| recv_wr(i, &p.dst, 0, 64))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    use softroce::wire::Opcode;
+    let dropped = drop_first(&mut p.sim, |pkt| {
+        pkt.repr.bth.opcode == Opcode::RC_ACKNOWLEDGE
+    });
+    send(&p.qa[0], 1, &p.src, 16, SendFlags::SIGNALED);
+    p.sim.run_until(Duration::from_secs(1), || false);
+    assert!(dropped.load(std::sync::atomic::Ordering::Relaxed));
+    assert_eq!(
+        p.ca.poll_one().map(|w| (w.wr_id, w.status)),
+        Some((1, WcStatus::Success))
+    );
+    // IBTA C9-105: the duplicate is re-ACKed, not executed: one receive, one WR consumed.
+    assert_eq!(p.qb[0].counters().duplicate_request, 1);
+    assert_eq!(SrqPair::drain(&p.cb).len(), 1);
+    assert_eq!(p.srq.len(), 2);
+}
+
+#[test]
+fn sqd_drains_through_a_retransmission() {
+    let mut p = srq_pair(1, QpType::Rc, attr(8, 1, 0), 7);
+    p.srq
+        .post_recv(
+            &(0..4)
+                .map(|i| recv_wr(i, &p.dst, 0, 8192))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+    use softroce::wire::Opcode;
+    // Lose the middle packet of the first 3-packet SEND: the responder NAKs the gap (or the
+    // timer fires) and the requester goes back while the QP is in SQD.
+    let dropped = drop_first(&mut p.sim, |pkt| {
+        pkt.repr.bth.opcode == Opcode::RC_SEND_MIDDLE
+    });
+    send(&p.qa[0], 1, &p.src, 3000, SendFlags::SIGNALED);
+    send(&p.qa[0], 2, &p.src, 3000, SendFlags::SIGNALED);
+    to_state(&p.qa[0], QpState::Sqd);
+    p.sim.run_until(Duration::from_secs(2), || false);
+    assert!(dropped.load(std::sync::atomic::Ordering::Relaxed));
+    let c = p.qa[0].counters();
+    assert!(
+        c.rcvd_seq_err + c.completer_retry_err >= 1,
+        "a retransmission happened: {c:?}"
+    );
+    assert_eq!(
+        SrqPair::drain(&p.ca)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(
+        events(&p.a),
+        vec![AsyncEvent {
+            event_type: EventType::SqDrained,
+            element: EventElement::Qp(p.qa[0].qp_num())
+        }]
+    );
+    assert_eq!(SrqPair::drain(&p.cb).len(), 2);
+}

@@ -116,11 +116,16 @@ impl QpEngine {
         has_inline: bool,
     ) -> Result<(), PostError> {
         let op = wr.opcode;
-        if (op.is_local() || op == WrOpcode::SendWithInv) && self.qp_type == QpType::Ud {
-            return Err(PostError::NotSupported);
-        }
-        // SEND with Invalidate exists for RC (and XRC) only: UC has no such opcodes.
-        if op == WrOpcode::SendWithInv && self.qp_type == QpType::Uc {
+        // rxe `rxe_wr_opcode_info`: LOCAL_INV and REG_MR on RC only, BIND_MW on RC and UC;
+        // SEND with Invalidate has wire opcodes for RC (and XRC) only.
+        let allowed = match op {
+            WrOpcode::LocalInv | WrOpcode::RegMr | WrOpcode::SendWithInv => {
+                self.qp_type == QpType::Rc
+            }
+            WrOpcode::BindMw => self.qp_type != QpType::Ud,
+            _ => true,
+        };
+        if !allowed {
             return Err(PostError::NotSupported);
         }
         if op.is_local() && !wr.sg_list.is_empty() {

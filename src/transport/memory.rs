@@ -357,32 +357,33 @@ impl MrTable {
         self.insert(pd, AccessFlags::empty(), MrKind::FastReg, buf, 0)
     }
 
-    /// Deregisters `key`. Returns false when no such MR exists.
+    /// Deregisters `key`. Returns false when no such MR exists. Windows still bound to the
+    /// MR are unbound (rxe refuses the deregistration with EBUSY instead; a dropped handle
+    /// cannot fail, and a window must never reach a later MR in the same slot).
     pub fn deregister(&mut self, key: u32) -> bool {
-        match self.mrs.slot_of(key) {
-            Some(s) if self.get(key).is_some() => {
-                if let Some(e) = self.mrs.slots.get_mut(s) {
-                    *e = None;
-                }
-                true
-            }
-            _ => false,
+        if self.get(key).is_none() {
+            return false;
         }
+        self.deregister_slot(key)
     }
 
     /// Deregisters the MR in the slot `key`'s index names, whatever its key byte is now (a
-    /// fast-register MR changes it with each REG_MR). Returns false for an empty slot.
+    /// fast-register MR changes it with each REG_MR), unbinding its windows. Returns false
+    /// for an empty slot.
     pub fn deregister_slot(&mut self, key: u32) -> bool {
-        match self
+        let old = self
             .mrs
             .slot_of(key)
             .and_then(|s| self.mrs.slots.get_mut(s))
-        {
-            Some(e) if e.is_some() => {
-                *e = None;
+            .and_then(Option::take);
+        match old {
+            Some(mr) => {
+                if mr.num_mw > 0 {
+                    self.unbind_windows_of(mr.lkey);
+                }
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 

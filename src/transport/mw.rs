@@ -202,6 +202,23 @@ impl MrTable {
         self.mws.slots.get(s)?.as_ref()
     }
 
+    /// Unbinds every window bound to the MR with key `mr_key` (the MR is going away): type 1
+    /// windows stay VALID with length 0, type 2 windows go back to FREE.
+    pub(super) fn unbind_windows_of(&mut self, mr_key: u32) {
+        for mw in self.mws.slots.iter_mut().flatten() {
+            if mw.mr_key == Some(mr_key) {
+                mw.mr_key = None;
+                mw.access = AccessFlags::empty();
+                mw.addr = 0;
+                mw.length = 0;
+                if mw.mw_type == MwType::Type2 {
+                    mw.state = MwState::Free;
+                    mw.qpn = None;
+                }
+            }
+        }
+    }
+
     fn release_mr(&mut self, mr_key: Option<u32>) {
         if let Some(mr) = mr_key.and_then(|k| self.get_mut(k)) {
             mr.num_mw = mr.num_mw.saturating_sub(1);
@@ -575,6 +592,36 @@ mod tests {
         // Ordinary MRs are not invalidated.
         let plain = t.register(PD, 64, all).unwrap();
         assert_eq!(t.invalidate(plain, PD, None), Err(MemError::Type));
+    }
+
+    /// A window never outlives its MR: deregistering the MR unbinds it, so a later MR in the
+    /// same slot is not reachable through the window.
+    #[test]
+    fn deregistering_an_mr_unbinds_its_windows() {
+        let mut t = MrTable::new(4);
+        let k = t.alloc_fast_reg(PD, 4096).unwrap();
+        let r = RegMr {
+            mr_key: k,
+            key: k,
+            iova: 0x1000,
+            length: 4096,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+        };
+        t.reg_fast(PD, &r).unwrap();
+        let w1 = t.alloc_mw(PD, MwType::Type1).unwrap();
+        let w2 = t.alloc_mw(PD, MwType::Type2).unwrap();
+        t.bind_mw(QPN, PD, &bind(w1, k, 0x1000, 64)).unwrap();
+        t.bind_mw(QPN, PD, &bind(w2, k, 0x1000, 64)).unwrap();
+        let (w1, w2) = (inc_rkey(w1), inc_rkey(w2));
+        assert!(t.deregister_slot(k));
+        for w in [w1, w2] {
+            assert_eq!(
+                t.check_remote(w, PD, QPN, 0x1000, 8, AccessFlags::REMOTE_READ),
+                Err(MemError::State)
+            );
+        }
+        assert_eq!(t.mw(w2).unwrap().state(), MwState::Free);
+        assert_eq!(t.mw(w1).unwrap().state(), MwState::Valid);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!
 //! Contract: no I/O, no clock, no allocation beyond the queues. Nothing here panics.
 
-use super::{PostError, QpEngine, QpState, RecvWqe};
+use super::{PostError, QpEngine, QpState, QpType, RecvWqe};
 use crate::transport::RecvWr;
 use std::collections::VecDeque;
 
@@ -124,12 +124,13 @@ impl QpEngine {
     }
 
     /// Raises `SqDrained` once, when the QP is draining in SQD and no started send WQE is
-    /// left (every PSN sent was acknowledged; WQEs not yet started stay queued).
+    /// left (on RC, every PSN sent was acknowledged, rxe's `comp.psn == req.psn`; UC and UD
+    /// WQEs complete when sent). WQEs not yet started stay queued.
     fn check_sq_drained(&mut self) {
         if self.srq.sq_draining
             && self.state == QpState::Sqd
             && !self.sq.iter().any(|w| w.assigned)
-            && self.req.psn.diff(self.comp.psn) <= 0
+            && (self.qp_type != QpType::Rc || self.req.psn.diff(self.comp.psn) <= 0)
         {
             self.srq.sq_draining = false;
             self.raise(QpEvent::SqDrained);
@@ -256,6 +257,56 @@ mod tests {
             wr_id: id,
             sg_list: vec![crate::transport::Sge::default(); sges],
         }
+    }
+
+    fn srq_qp() -> QpEngine {
+        let mut e = QpEngine::new(
+            0x11,
+            crate::transport::QpType::Rc,
+            1,
+            Default::default(),
+            false,
+        );
+        e.attach_srq();
+        e.set_state(QpState::Init);
+        e
+    }
+
+    #[test]
+    fn err_keeps_a_lent_wr_for_the_srq_and_raises_last_wqe_reached_only() {
+        let mut e = srq_qp();
+        assert_eq!(
+            e.post_recv(wr(9, 1)),
+            Err(PostError::Invalid("the QP takes its receives from an SRQ"))
+        );
+        e.lend_srq_recv(wr(1, 1));
+        e.set_state(QpState::Err);
+        assert!(e.poll_completion().is_none(), "nothing flushed");
+        assert_eq!(e.reclaim_srq_recv().map(|w| w.wr_id), Some(1));
+        assert_eq!(e.poll_event(), Some(QpEvent::LastWqeReached));
+        assert_eq!(e.poll_event(), None);
+        // ERR -> ERR raises nothing more.
+        e.set_state(QpState::Err);
+        assert_eq!(e.poll_event(), None);
+    }
+
+    #[test]
+    fn an_error_is_fatal_then_last_wqe_reached() {
+        let mut e = srq_qp();
+        e.enter_error();
+        assert_eq!(e.poll_event(), Some(QpEvent::Fatal));
+        assert_eq!(e.poll_event(), Some(QpEvent::LastWqeReached));
+        let mut plain = QpEngine::new(
+            0x12,
+            crate::transport::QpType::Rc,
+            1,
+            Default::default(),
+            false,
+        );
+        plain.set_state(QpState::Init);
+        plain.enter_error();
+        assert_eq!(plain.poll_event(), Some(QpEvent::Fatal));
+        assert_eq!(plain.poll_event(), None);
     }
 
     #[test]

@@ -981,7 +981,9 @@ pub struct QpInitAttr<'a> {
     pub srq: Option<&'a super::Srq>,
 }
 
-/// A memory region that owns its buffer. Dropping it deregisters it.
+/// A memory region: one that owns its buffer ([`Pd::reg_mr`], [`Pd::alloc_mr`]) or one over
+/// caller memory ([`Pd::reg_mr_user`]). Dropping it deregisters it (memory windows still
+/// bound to it stop granting access).
 #[derive(Debug)]
 pub struct Mr {
     dev: Device,
@@ -1016,10 +1018,15 @@ impl Mr {
     }
     /// An SGE covering `[offset, offset + length)` of this MR.
     pub fn sge(&self, offset: usize, length: u32) -> crate::transport::Sge {
+        let st = self.dev.shared.state.lock();
+        let (addr, lkey) = st
+            .mrs
+            .get_slot(self.lkey)
+            .map_or((self.addr, self.lkey), |m| (m.iova, m.lkey));
         crate::transport::Sge {
-            addr: self.addr() + offset as u64,
+            addr: addr + offset as u64,
             length,
-            lkey: self.lkey(),
+            lkey,
         }
     }
     /// Copies bytes out of the MR. Errors: `EINVAL` if the range is outside the MR.
@@ -1299,7 +1306,9 @@ impl Qp {
     }
 
     /// `ibv_post_send`: queues the work requests in order and transmits what the window
-    /// allows at once. Errors (with `bad_wr` = index of the first refused WR; those before
+    /// allows at once. IBV_SEND_INLINE data is copied before this returns; REG_MR, LOCAL_INV
+    /// and BIND_MW run when the requester reaches them (LOCAL_INV once every earlier WR has
+    /// completed). Errors (with `bad_wr` = index of the first refused WR; those before
     /// it were posted): `EINVAL` before RTS or for an invalid WR, `ENOMEM` when the send
     /// queue is full, `EOPNOTSUPP` for an opcode the QP type cannot carry.
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {

@@ -12,8 +12,8 @@ use super::{Device, Error, ErrorKind, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// An asynchronous event type, in `enum ibv_event_type` order.
@@ -306,7 +306,8 @@ impl AsRawFd for Device {
 /// handle to the same channel.
 #[derive(Clone)]
 pub struct CompChannel {
-    shared: Arc<SignalQueue<Cq>>,
+    /// CQs with an event, held weakly: a CQ keeps its channel alive, not the reverse.
+    shared: Arc<SignalQueue<Weak<CqShared>>>,
 }
 
 impl core::fmt::Debug for CompChannel {
@@ -322,14 +323,36 @@ impl CompChannel {
     /// The CQ is disarmed; call [`Cq::req_notify`] again for the next event, and acknowledge
     /// it with [`CompChannel::ack_cq_events`]. Errors: `EAGAIN` on timeout.
     pub fn get_cq_event(&self, timeout: Duration) -> Result<Cq> {
-        self.shared
-            .pop_timeout(timeout)
-            .ok_or_else(|| Error::new(ErrorKind::Again, "get_cq_event: no event pending"))
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        loop {
+            let left = deadline.map_or(timeout, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            });
+            match self.shared.pop_timeout(left) {
+                // An event of a CQ dropped since is skipped.
+                Some(w) => {
+                    if let Some(cq) = w.upgrade() {
+                        return Ok(Cq::from_shared(cq));
+                    }
+                }
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Again,
+                        "get_cq_event: no event pending",
+                    ));
+                }
+            }
+        }
     }
 
     /// The next CQ event if one is pending, without waiting.
     pub fn try_get_cq_event(&self) -> Option<Cq> {
-        self.shared.try_pop()
+        while let Some(w) = self.shared.try_pop() {
+            if let Some(cq) = w.upgrade() {
+                return Some(Cq::from_shared(cq));
+            }
+        }
+        None
     }
 
     /// `ibv_ack_cq_events`: acknowledges `n` events of `cq` taken with
@@ -349,8 +372,8 @@ impl CompChannel {
         Ok(())
     }
 
-    fn notify(&self, cq: Cq) {
-        self.shared.push(cq);
+    fn notify(&self, cq: &Arc<CqShared>) {
+        self.shared.push(Arc::downgrade(cq));
     }
 }
 
@@ -390,7 +413,7 @@ impl CqNotify {
         let channel = self.channel.lock().clone();
         if let Some(ch) = channel {
             self.counts.lock().0 += 1;
-            ch.notify(Cq::from_shared(cq.clone()));
+            ch.notify(cq);
         }
     }
 }

@@ -287,11 +287,9 @@ impl Srq {
             ));
         }
         self.with("modify_srq", |e| {
+            // Checked on a copy, so that a refused call changes nothing. As rxe, a resize is
+            // checked against the limit armed before this call.
             let mut q = e.queue.clone();
-            if arm {
-                // A new limit replaces the old one before the resize is checked against it.
-                q.arm(0).ok();
-            }
             if resize {
                 q.resize(attr.max_wr)
                     .map_err(|err| Error::new(ErrorKind::Inval, post_what("modify_srq", err)))?;

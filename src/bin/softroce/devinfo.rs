@@ -55,6 +55,9 @@ pub fn run(ip: IpAddr, name: &str) -> Result<(), BoxError> {
     w!("\tmax_pd:\t\t\t\t{}", a.max_pd);
     w!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
     w!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
+    w!("\tmax_srq:\t\t\t{}", a.max_srq);
+    w!("\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
+    w!("\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);
     w!("\t\tport:\t1");
     w!("\t\t\tstate:\t\t\tPORT_ACTIVE ({})", p.state);
     w!("\t\t\tmax_mtu:\t\t{}", mtu_str(p.max_mtu));
