@@ -163,8 +163,24 @@ fn run_pair(net: u8, test: &str, size: u32, iters: u32) {
     assert_eq!(result_row(&ss), row, "server:\n{ss}");
     // One request per MTU of data each way: WRITEs go client → server, READ responses back.
     let per_msg = u64::from(size.div_ceil(1024));
-    let data_side = if test == "write_bw" { &cs } else { &ss };
-    assert_eq!(counter(data_side, "sent_pkts"), u64::from(iters) * per_msg);
+    let (data_side, other) = if test == "write_bw" {
+        (&cs, &ss)
+    } else {
+        (&ss, &cs)
+    };
+    let sent = counter(data_side, "sent_pkts");
+    let expected = u64::from(iters) * per_msg;
+    // A loaded machine may make a requester time out and go back N; then the receiver
+    // counts the repeats as duplicates or out of sequence.
+    let repeats = counter(other, "duplicate_request")
+        + counter(other, "out_of_seq_request")
+        + counter(other, "out_of_sequence_dropped")
+        + counter(&ss, "duplicate_request");
+    if repeats == 0 {
+        assert_eq!(sent, expected, "{cs}\n{ss}");
+    } else {
+        assert!(sent >= expected, "{cs}\n{ss}");
+    }
     assert_eq!(counter(&cs, "sent_pkts"), counter(&ss, "rcvd_pkts"));
     assert_eq!(counter(&ss, "sent_pkts"), counter(&cs, "rcvd_pkts"));
 }
@@ -250,9 +266,10 @@ fn send_bw_two_processes_each_side_measures() {
         &["-s", "3000", "-n", "300", "-q", "2", "--counters"],
     );
     let (c, s) = (result_row(&cs), result_row(&ss));
-    assert_eq!(c[..2], ["3000", "300"], "{cs}");
+    // perftest's #iterations counts both QPs' messages.
+    assert_eq!(c[..2], ["3000", "600"], "{cs}");
     // The server measured its receives itself (perftest's run_iter_bw_server).
-    assert_eq!(s[..2], ["3000", "300"], "{ss}");
+    assert_eq!(s[..2], ["3000", "600"], "{ss}");
     assert!(s[3].parse::<f64>().expect("server average") > 0.0, "{ss}");
     // Two QPs × 300 SENDs of three packets each (MTU 1024), all received.
     assert_eq!(counter(&cs, "sent_pkts"), 2 * 300 * 3);

@@ -119,14 +119,20 @@ pub fn client(
             done_s.push(now);
         }
     }
-    let iters = posted.iter().copied().min().unwrap_or(0);
-    Ok(BwResult::from_times(
+    // perftest's #iterations counts the messages of all QPs.
+    let iters = posted.iter().sum();
+    let mut r = BwResult::from_times(
         u64::from(len),
         iters,
         0.0,
         &done_s,
         best.is_finite().then_some(best),
-    ))
+    );
+    if matches!(limit, Limit::Duration(_)) {
+        // perftest's duration mode reports no peak (0.00).
+        r.bw_peak = 0.0;
+    }
+    Ok(r)
 }
 
 /// Posts up to `count` receives of `size` bytes on QP `i` (perftest's `ctx_set_recv_wqes`).
@@ -148,7 +154,8 @@ pub fn post_recvs(s: &Session, i: usize, size: u32, count: u64) -> Result<(), Bo
 /// The send_bw server's side, once `initial[i]` receives are posted on each QP: waits for
 /// the messages, re-posting receives until `limit` is met. In duration mode it receives for
 /// the duration and then until the link has been quiet for 200 ms, so that the client's last
-/// SENDs find receives. Its bandwidth runs from the first receive to the last.
+/// SENDs find receives. Its bandwidth runs from the first receive to the last; its peak is
+/// 0, as perftest's server prints it.
 pub fn server(
     s: &Session,
     size: u32,
@@ -210,14 +217,11 @@ pub fn server(
             }
         }
     }
-    let iters = received.iter().copied().min().unwrap_or(0);
-    Ok(BwResult::from_times(
-        u64::from(size),
-        iters,
-        first.unwrap_or(0.0),
-        &done_s,
-        None,
-    ))
+    let iters = received.iter().sum();
+    let mut r = BwResult::from_times(u64::from(size), iters, first.unwrap_or(0.0), &done_s, None);
+    // perftest's receiving server has no post times and prints a peak of 0.00.
+    r.bw_peak = 0.0;
+    Ok(r)
 }
 
 /// Errors on a failed completion, in perftest's words.

@@ -2,9 +2,10 @@
 //! in perftest's `src/perftest_resources.c`), one QP, one message in flight:
 //! - write_lat: a ping-pong of RDMA WRITEs. Each side stamps the last byte of its message
 //!   with its send count (1, 2, ... as a byte) and waits until the peer's WRITE has put the
-//!   next expected count in the last byte of its own buffer; the client sends first.
+//!   next expected count in the last byte of its own buffer; the SERVER sends first
+//!   (`!(scnt < 1 && machine == SERVER)` guards the wait; checked against kernel rxe).
 //! - send_lat: the same ping-pong with SENDs, each side waiting for a receive completion;
-//!   both keep receives posted.
+//!   both keep receives posted; the CLIENT sends first.
 //! - read_lat: the client alone READs, one at a time; the server only waits.
 //!
 //! Every post is timestamped; the samples are the gaps between posts (a round trip, halved
@@ -56,7 +57,7 @@ pub struct LatRun {
     pub size: u32,
     /// `-n` or `-D`.
     pub limit: Limit,
-    /// The client sends first.
+    /// This side is the client (names errors; decides who sends first).
     pub client: bool,
     /// send_lat: receives to keep posted (`-r`).
     pub rx_depth: u64,
@@ -97,6 +98,11 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
         Limit::Duration(d) => (start + d + grace).max(now),
         Limit::Iters(_) => now + STALL,
     };
+    // perftest: the write_lat server and the send_lat client post first; READ never waits.
+    let sends_first = match op {
+        LatOp::Write => !client,
+        LatOp::Send | LatOp::Read => client,
+    };
     let mut byte = [0u8; 1];
     let unfinished = |scnt: u64, rcnt: u64| {
         if op == LatOp::Read {
@@ -109,8 +115,9 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
         if time_up() && scnt == rcnt {
             break;
         }
-        // Wait for the peer's message (not before the client's first send; never in READ).
-        if op != LatOp::Read && rcnt < iters && !(client && scnt == 0) {
+        // Wait for the peer's message (not before the first sender's first send; never in
+        // READ).
+        if op != LatOp::Read && rcnt < iters && !(sends_first && scnt == 0) {
             rcnt += 1;
             let until = deadline(Instant::now());
             match op {
@@ -155,7 +162,7 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
             }
         }
         if scnt < iters {
-            if time_up() && (client || op == LatOp::Read) {
+            if time_up() && sends_first {
                 break;
             }
             scnt += 1;

@@ -119,7 +119,7 @@ impl PerfDest {
 pub struct BwReport {
     /// Message size in bytes.
     pub size: u64,
-    /// Messages per QP.
+    /// Messages, all QPs together.
     pub iters: u64,
     /// Peak bandwidth, MB/s.
     pub bw_peak: f64,

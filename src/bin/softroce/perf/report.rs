@@ -76,6 +76,11 @@ impl Out {
                 format!("bw_average_{unit}"): avg,
                 "msg_rate_mpps": r.msg_rate,
             }));
+        } else if self.gbits {
+            self.line(format!(
+                " {:<7}    {}           {:<7.6}            {:<7.6}            {:<7.6}",
+                r.size, r.iters, peak, avg, r.msg_rate
+            ));
         } else {
             self.line(format!(
                 " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
@@ -150,7 +155,7 @@ impl Out {
 pub struct BwResult {
     /// Message size in bytes.
     pub size: u64,
-    /// Messages per QP.
+    /// Messages, all QPs together (perftest's `#iterations` with `-q`).
     pub iters: u64,
     /// Peak bandwidth, MB/s.
     pub bw_peak: f64,
@@ -165,8 +170,8 @@ impl BwResult {
     /// `start_s` when the first was posted. Average = bytes / (last completion − start).
     /// Peak follows perftest's `print_report_bw`: one message's size over the shortest
     /// post-to-completion time of any message (`best_s`), never below the average; without
-    /// post times (a receiving server) it is the average. `done_s` counts all QPs' messages;
-    /// `iters` is per QP.
+    /// post times (a receiving server) it is the average. `done_s` and `iters` count all
+    /// QPs' messages.
     pub fn from_times(
         size: u64,
         iters: u64,
