@@ -115,7 +115,7 @@ fn qp1_receives_mads_with_the_gsi_qkey_only() {
             recv_cq: &cq,
             cap: QpCap::default(),
             sq_sig_all: true,
-        srq: None,
+            srq: None,
         })
         .unwrap();
     ud.ready_ud(0x1111, 0).unwrap();

@@ -370,7 +370,7 @@ fn mw_type2_is_usable_only_through_its_qp() {
             recv_cq: &s.cq,
             cap: QpCap::default(),
             sq_sig_all: false,
-        srq: None,
+            srq: None,
         })
         .unwrap()
     };

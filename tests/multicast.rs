@@ -52,7 +52,7 @@ fn ud(dev: &Device, pd: &Pd, qkey: u32) -> Ud {
             recv_cq: &cq,
             cap: QpCap::default(),
             sq_sig_all: true,
-        srq: None,
+            srq: None,
         })
         .unwrap();
     qp.ready_ud(qkey, 0).unwrap();
@@ -201,7 +201,7 @@ fn attach_and_detach_refuse_what_ibv_attach_mcast_refuses() {
             recv_cq: &cq,
             cap: QpCap::default(),
             sq_sig_all: false,
-        srq: None,
+            srq: None,
         })
         .unwrap();
     rc.connect_rc(&RcConnect::new(0x11, Gid::from(S), 0, 0))

@@ -295,7 +295,7 @@ fn posting_follows_the_qp_state() {
                     recv_cq: &cq,
                     cap: QpCap::default(),
                     sq_sig_all: true,
-                srq: None,
+                    srq: None,
                 })
                 .unwrap();
             to_state(&qp, ty, target);

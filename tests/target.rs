@@ -282,3 +282,141 @@ fn quit_exits_zero_and_bad_options_print_an_error_line() {
         assert_eq!(status.code(), Some(1), "{args:?}");
     }
 }
+
+/// The next line of kind `kind` (other kinds, e.g. `event`, are skipped).
+fn next_of(t: &Target, kind: &str) -> Value {
+    loop {
+        let (k, v) = t.line();
+        if k == kind {
+            return v;
+        }
+    }
+}
+
+/// Two targets, one the requester (`post_send`), one the responder: a SEND into a QP with no
+/// receive posted is RNR NAKed until `post_recv`, then lands; with `rnr_retry` 0 it ends in
+/// IBV_WC_RNR_RETRY_EXC_ERR; a READ inside the MR returns its bytes, one past its end ends in
+/// IBV_WC_REM_ACCESS_ERR (rxe NAKs it remote access error).
+#[test]
+fn post_send_drives_a_second_target() {
+    let start = |ip: &str, extra: &[&str]| {
+        let mut args = vec!["--ip", ip, "--psn", "0x100", "--mr-size", "256"];
+        args.extend_from_slice(extra);
+        let t = Target::start(&args);
+        let (kind, ready) = t.line();
+        assert_eq!(kind, "ready", "{ready}");
+        (t, ready)
+    };
+    let connect = |t: &mut Target, peer: &Value, ip: &str, rnr_retry: u32| {
+        let (kind, c) = t.send(&format!(
+            r#"{{"connect": {{"dest_qpn": {}, "dest_psn": "0x100", "dest_gid": "{ip}", "rnr_retry": {rnr_retry}}}}}"#,
+            peer["qpn"]
+        ));
+        assert_eq!(
+            (kind.as_str(), &c["state"]),
+            ("connect", &"RTS".into()),
+            "{c}"
+        );
+        assert_eq!(c["rnr_retry"], rnr_retry);
+    };
+    let (req_ip, resp_ip) = ("127.0.42.10", "127.0.42.11");
+    // RNR timer code 1 (0.01 ms): the retries come quickly.
+    let (mut resp, resp_ready) = start(resp_ip, &["--no-recv", "--min-rnr-timer", "1"]);
+    let (mut req, req_ready) = start(req_ip, &[]);
+    connect(&mut resp, &req_ready, req_ip, 7);
+    connect(&mut req, &resp_ready, resp_ip, 7);
+
+    let (_, w) = req.send(r#"{"write_mr": {"index": 0, "hex": "5365 6e64 21"}}"#);
+    assert_eq!(w["length"], 5);
+    let (kind, p) = req.send(r#"{"post_send": {"opcode": "send", "length": 5, "wr_id": 7}}"#);
+    assert_eq!(
+        (kind.as_str(), &p["wr_id"]),
+        ("post_send", &7.into()),
+        "{p}"
+    );
+    // Wait for the responder's first RNR NAK, then give it a receive.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (_, c) = resp.send(r#"{"counters": {}}"#);
+        if c["send_rnr_err"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no RNR NAK: {c}");
+        std::thread::sleep(Duration::from_millis(5)); // polling interval
+    }
+    let (kind, _) = resp.send(r#"{"post_recv": {}}"#);
+    assert_eq!(kind, "post_recv");
+    let wc = next_of(&resp, "wc");
+    assert_eq!(
+        (&wc["status"], &wc["opcode"], &wc["data"]),
+        (
+            &"IBV_WC_SUCCESS".into(),
+            &"IBV_WC_RECV".into(),
+            &"53656e6421".into()
+        )
+    );
+    let wc = next_of(&req, "wc");
+    assert_eq!(
+        (&wc["wr_id"], &wc["status"], &wc["opcode"]),
+        (&7.into(), &"IBV_WC_SUCCESS".into(), &"IBV_WC_SEND".into())
+    );
+    let (_, c) = req.send(r#"{"counters": {}}"#);
+    assert!(c["rcvd_rnr_err"].as_u64().unwrap_or(0) > 0, "{c}");
+
+    // READ: the responder's MR 0 is 256 bytes.
+    let va = resp_ready["mrs"][0]["va"].as_u64().expect("va");
+    let rkey = &resp_ready["mrs"][0]["rkey"];
+    let (_, _) = resp.send(r#"{"write_mr": {"index": 0, "offset": 252, "hex": "a1b2c3d4"}}"#);
+    let (kind, p) = req.send(&format!(
+        r#"{{"post_send": {{"opcode": "read", "offset": 16, "length": 4, "remote_addr": {}, "rkey": {rkey}, "wr_id": 8}}}}"#,
+        va + 252
+    ));
+    assert_eq!(kind, "post_send", "{p}");
+    let wc = next_of(&req, "wc");
+    assert_eq!(
+        (&wc["status"], &wc["opcode"]),
+        (&"IBV_WC_SUCCESS".into(), &"IBV_WC_RDMA_READ".into())
+    );
+    let (_, d) = req.send(r#"{"dump_mr": {"index": 0, "offset": 16, "length": 4}}"#);
+    assert_eq!(d["hex"], "a1b2c3d4");
+    let (_, p) = req.send(&format!(
+        r#"{{"post_send": {{"opcode": "read", "length": 8, "remote_addr": {}, "rkey": {rkey}, "wr_id": 9}}}}"#,
+        va + 252
+    ));
+    assert_eq!(p["wr_id"], 9);
+    let wc = next_of(&req, "wc");
+    assert_eq!(
+        (&wc["wr_id"], &wc["status"]),
+        (&9.into(), &"IBV_WC_REM_ACCESS_ERR".into()),
+        "{wc}"
+    );
+
+    // Bad post_send lines are errors, not panics.
+    for line in [
+        r#"{"post_send": {}}"#,
+        r#"{"post_send": {"opcode": "atomic"}}"#,
+        r#"{"post_send": {"opcode": "read", "length": 4}}"#,
+        r#"{"post_send": {"opcode": "send", "rkey": 1}}"#,
+        r#"{"post_send": {"opcode": "send", "offset": 250, "length": 7}}"#,
+        r#"{"post_send": {"opcode": "send", "index": 3}}"#,
+    ] {
+        let (kind, e) = req.send(line);
+        assert_eq!(
+            (kind.as_str(), &e["command"]),
+            ("error", &"post_send".into()),
+            "{line}: {e}"
+        );
+    }
+
+    // rnr_retry 0: the first RNR NAK ends the SEND.
+    let (mut resp, resp_ready) = start("127.0.42.12", &["--no-recv"]);
+    let (mut req, req_ready) = start("127.0.42.13", &[]);
+    connect(&mut resp, &req_ready, "127.0.42.13", 7);
+    connect(&mut req, &resp_ready, "127.0.42.12", 0);
+    let (kind, _) = req.send(r#"{"post_send": {"opcode": "send", "length": 16}}"#);
+    assert_eq!(kind, "post_send");
+    let wc = next_of(&req, "wc");
+    assert_eq!(wc["status"], "IBV_WC_RNR_RETRY_EXC_ERR", "{wc}");
+    let (_, c) = resp.send(r#"{"counters": {}}"#);
+    assert_eq!(c["send_rnr_err"], 1, "{c}");
+}

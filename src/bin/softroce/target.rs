@@ -1,5 +1,5 @@
-//! `softroce target`: a scriptable RC responder for people testing their own RoCE code and
-//! scapy scripts.
+//! `softroce target`: a scriptable RC responder (and, with `post_send`, requester) for people
+//! testing their own RoCE code and scapy scripts.
 //!
 //! It opens a device on `--ip`, creates one RC QP, registers the MRs asked for and a receive
 //! MR, and prints one JSON line (`{"ready": {...}}`) with the GID, QPN, PSN and each MR's
@@ -12,8 +12,9 @@
 //!
 //! | command | args | reply |
 //! |---|---|---|
-//! | `connect` | `dest_qpn`, `dest_gid` (GID or IP), `dest_psn` (default 0) | QP through INIT/RTR/RTS (from RESET first if needed); receives posted |
+//! | `connect` | `dest_qpn`, `dest_gid` (GID or IP), `dest_psn` (default 0), `timeout` (14), `retry_cnt` (7), `rnr_retry` (7) | QP through INIT/RTR/RTS (from RESET first if needed); receives posted |
 //! | `post_recv` | `count` (1), `length` (`--recv-size`) | `wr_ids` posted |
+//! | `post_send` | `opcode` (`send`, `write` or `read`), `index` (MR, 0), `offset` (0), `length` (rest of the MR), `remote_addr` + `rkey` (write, read), `wr_id` (1) | one signaled WR posted; its `wc` line follows |
 //! | `dump_mr` | `index` (or `"recv"`), `offset` (0), `length` (rest of the MR) | `hex` |
 //! | `write_mr` | `index`, `offset` (0), `hex`, or `fill` + `length` | bytes written |
 //! | `counters` | — | device counters (rxe names), drop reasons, datagrams |
@@ -35,7 +36,7 @@ use softroce::net::UdpDevice;
 use softroce::net::oob::random_psn;
 use softroce::verbs::{
     AccessFlags, AhAttr, Cq, Gid, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask as A, QpCap, QpInitAttr,
-    QpState, QpType, RecvWr, Wc, WcFlags, WcOpcode, WcStatus,
+    QpState, QpType, RecvWr, SendWr, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
@@ -50,6 +51,8 @@ const MAX_MRS: usize = 1024;
 const MAX_TOTAL_MR_BYTES: u64 = 1 << 30;
 /// Most receive slots.
 const MAX_RECV_DEPTH: u32 = 4096;
+/// Send queue depth (`post_send` WRs outstanding at once).
+const MAX_SEND_WR: u32 = 16;
 /// Most bytes one `dump_mr` returns (the hex line is twice as long).
 const MAX_DUMP_BYTES: u64 = 16 << 20;
 /// Longest command line accepted, in bytes.
@@ -306,7 +309,7 @@ fn setup(a: &TargetArgs) -> Result<Target, BoxError> {
         send_cq: &cq,
         recv_cq: &cq,
         cap: QpCap {
-            max_send_wr: 1,
+            max_send_wr: MAX_SEND_WR,
             max_recv_wr: a.recv_depth,
             max_send_sge: 1,
             max_recv_sge: 1,
@@ -718,6 +721,7 @@ fn handle_line(t: &Target, text: &str) -> Result<Outcome, CmdError> {
     let reply = match cmd.as_str() {
         "connect" => cmd_connect(t, &a)?,
         "post_recv" => cmd_post_recv(t, &a)?,
+        "post_send" => cmd_post_send(t, &a)?,
         "dump_mr" => cmd_dump_mr(t, &a)?,
         "write_mr" => cmd_write_mr(t, &a)?,
         "counters" => {
@@ -733,6 +737,7 @@ fn handle_line(t: &Target, text: &str) -> Result<Outcome, CmdError> {
             json!({"help": {"commands": [
                 "connect {dest_qpn, dest_gid, dest_psn?}",
                 "post_recv {count?, length?}",
+                "post_send {opcode, index?, offset?, length?, remote_addr?, rkey?, wr_id?}",
                 "dump_mr {index, offset?, length?}",
                 "write_mr {index, offset?, hex | fill + length}",
                 "counters {}",
@@ -748,7 +753,7 @@ fn handle_line(t: &Target, text: &str) -> Result<Outcome, CmdError> {
         other => {
             return Err(CmdError::new(
                 other,
-                "unknown command (connect, post_recv, dump_mr, write_mr, counters, query_qp, help, quit)",
+                "unknown command (connect, post_recv, post_send, dump_mr, write_mr, counters, query_qp, help, quit)",
             ));
         }
     };
@@ -757,8 +762,20 @@ fn handle_line(t: &Target, text: &str) -> Result<Outcome, CmdError> {
 
 /// `connect`: RESET (if needed) → INIT → RTR → RTS towards the peer, then the receives.
 fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
-    a.only(&["dest_qpn", "dest_psn", "dest_gid"])?;
+    a.only(&[
+        "dest_qpn",
+        "dest_psn",
+        "dest_gid",
+        "timeout",
+        "retry_cnt",
+        "rnr_retry",
+    ])?;
     let dest_qpn = a.need_uint("dest_qpn", 0x00ff_ffff)? as u32;
+    // The requester's retry settings (ibv_qp_attr): 5-bit local ACK timeout code, 3-bit
+    // counts (rnr_retry 7 = retry for ever).
+    let timeout = a.uint("timeout", 31)?.unwrap_or(14) as u8;
+    let retry_cnt = a.uint("retry_cnt", 7)?.unwrap_or(7) as u8;
+    let rnr_retry = a.uint("rnr_retry", 7)?.unwrap_or(7) as u8;
     let dest_psn = a.uint("dest_psn", 0x00ff_ffff)?.unwrap_or(0) as u32;
     let gid_text = a
         .string("dest_gid")?
@@ -815,9 +832,9 @@ fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: s.sq_psn,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
+            timeout,
+            retry_cnt,
+            rnr_retry,
             max_rd_atomic: 1,
             ..QpAttr::default()
         };
@@ -851,6 +868,9 @@ fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
         "dest_gid": dgid.to_string(),
         "rq_psn": dest_psn,
         "sq_psn": s.sq_psn,
+        "timeout": timeout,
+        "retry_cnt": retry_cnt,
+        "rnr_retry": rnr_retry,
         "recv_posted": posted.len(),
     }}))
 }
@@ -873,6 +893,68 @@ fn cmd_post_recv(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
         "wr_ids": ids,
         "length": length,
         "outstanding": outstanding,
+    }}))
+}
+
+/// `post_send`: one signaled SEND, RDMA WRITE or RDMA READ from (READ: into) bytes
+/// `offset..offset + length` of MR `index`; WRITE and READ go to `remote_addr` / `rkey`. The
+/// WR's completion comes as a `wc` line like any other.
+fn cmd_post_send(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
+    a.only(&[
+        "opcode",
+        "index",
+        "offset",
+        "length",
+        "remote_addr",
+        "rkey",
+        "wr_id",
+    ])?;
+    let op_text = a
+        .string("opcode")?
+        .ok_or_else(|| a.err("missing field \"opcode\" (send, write or read)"))?;
+    let opcode = match op_text {
+        "send" => WrOpcode::Send,
+        "write" => WrOpcode::RdmaWrite,
+        "read" => WrOpcode::RdmaRead,
+        other => return Err(a.err(format!("opcode {other:?}: use send, write or read"))),
+    };
+    let (mr, index) = if a.map.contains_key("index") {
+        mr_arg(t, a)?
+    } else {
+        let mr = t
+            .mrs
+            .first()
+            .ok_or_else(|| a.err("there is no MR 0: give index"))?;
+        (mr, Value::from(0))
+    };
+    let (offset, length) = range_arg(a, mr, None)?;
+    let length32 = u32::try_from(length)
+        .map_err(|_| a.err(format!("length {length} does not fit in 32 bits")))?;
+    let remote = opcode != WrOpcode::Send;
+    let (remote_addr, rkey) = if remote {
+        (
+            a.need_uint("remote_addr", u64::MAX)?,
+            a.need_uint("rkey", u64::from(u32::MAX))? as u32,
+        )
+    } else {
+        if a.map.contains_key("remote_addr") || a.map.contains_key("rkey") {
+            return Err(a.err("a send takes no remote_addr or rkey"));
+        }
+        (0, 0)
+    };
+    let wr_id = a.uint("wr_id", u64::MAX)?.unwrap_or(1);
+    let mut wr = SendWr::new(wr_id, opcode, vec![mr.sge(offset as usize, length32)]);
+    wr.remote_addr = remote_addr;
+    wr.rkey = rkey;
+    t.qp.post_send(&[wr]).map_err(|e| a.err(e.to_string()))?;
+    Ok(json!({"post_send": {
+        "wr_id": wr_id,
+        "opcode": op_text,
+        "index": index,
+        "offset": offset,
+        "length": length,
+        "remote_addr": remote_addr,
+        "rkey": rkey,
     }}))
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""pyverbs_peer.py — the kernel-rxe side of softroce's RDMA WRITE scenarios, through rdma-core's
-Python binding (python3-pyverbs).  Runs INSIDE the rxe guest.
+"""pyverbs_peer.py — the kernel-rxe side of softroce's RDMA WRITE scenarios and negative cases,
+through rdma-core's Python binding (python3-pyverbs).  Runs INSIDE the rxe guest.
 
 It speaks the out-of-band TCP exchange of softroce's examples/rdma_write_{server,client}.rs:
   1. both sides send, then read, a 24-byte endpoint: QPN u32, first PSN u32, GID 16 bytes
@@ -17,8 +17,20 @@ usage:
   pyverbs_peer.py client HOST [--port P] [--bad-rkey]
       rxe is the requester: WRITEs MESSAGE to the host.  With --bad-rkey it flips the rkey's key
       byte and expects IBV_WC_REM_ACCESS_ERR; otherwise IBV_WC_SUCCESS.  Exit 0 when it got it.
+  pyverbs_peer.py neg requester|responder --op read-oob|send --ex PREFIX [--rnr-retry N]
+                 [--min-rnr-timer CODE] [--expect STATUS] [--no-recv]
+      the rxe side of a negative case against `softroce target`.  The endpoints go through files
+      (the host's test drives the target): this side writes PREFIX.rxe (JSON: qpn, psn, gid, and
+      the MR's va, rkey, len), waits for PREFIX.host (the target's qpn, psn, gid and its MR 0),
+      connects, and writes PREFIX.rxe-ready.
+      requester: read-oob READs 64 B from 32 B before the end of the peer's MR; send SENDs
+        MESSAGE; either way it polls the completion and exits 0 when its status is STATUS.
+      responder: read-oob waits for PREFIX.done; send posts no receive until its rxe counter
+        send_rnr_err has grown (it has RNR NAKed the SEND), then posts one and checks that
+        MESSAGE lands; with --no-recv it never posts one and waits for PREFIX.done.
   pyverbs_peer.py pcap-summary FILE
-      one line per RoCEv2 packet in a pcap: source, destination, opcode, PSN, AETH syndrome.
+      one line per RoCEv2 packet in a pcap: source, destination, opcode, PSN, IP ID, capture
+      time (seconds), AETH syndrome.
 Device and GID index come from $DEV and $GIDX (set by the guest agent).
 """
 import argparse
@@ -67,7 +79,7 @@ class Rc:
         gid = bytes.fromhex(str(self.gid.gid).replace(':', ''))
         return struct.pack('>II', self.qp.qp_num, self.psn) + gid
 
-    def connect(self, peer):
+    def connect(self, peer, rnr_retry=7, min_rnr_timer=12):
         from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.qp import QPAttr
         e = self.e
@@ -75,14 +87,15 @@ class Rc:
         h = peer[8:24].hex()
         dgid = GID(':'.join(h[i:i + 4] for i in range(0, 32, 4)))
         attr = QPAttr(port_num=1)
-        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+                                | e.IBV_ACCESS_REMOTE_READ)
         attr.path_mtu = e.IBV_MTU_1024
         attr.max_dest_rd_atomic = 1
         attr.max_rd_atomic = 1
-        attr.min_rnr_timer = 12
+        attr.min_rnr_timer = min_rnr_timer
         attr.timeout = 14
         attr.retry_cnt = 7
-        attr.rnr_retry = 7
+        attr.rnr_retry = rnr_retry
         attr.ah_attr = AHAttr(port_num=1, is_global=1,
                               gr=GlobalRoute(dgid=dgid, sgid_index=self.gidx, hop_limit=64))
         attr.dest_qp_num = qpn
@@ -90,7 +103,8 @@ class Rc:
         attr.rq_psn = psn
         self.qp.to_rts(attr)
         print(f'pyverbs: rxe QPN 0x{self.qp.qp_num:06x} PSN 0x{self.psn:06x} connected to '
-              f'QPN 0x{qpn:06x} PSN 0x{psn:06x} GID {dgid.gid}', flush=True)
+              f'QPN 0x{qpn:06x} PSN 0x{psn:06x} GID {dgid.gid} (rnr_retry {rnr_retry}, '
+              f'min_rnr_timer {min_rnr_timer})', flush=True)
 
     def poll(self, timeout=20.0):
         t0 = time.time()
@@ -165,6 +179,115 @@ def client(a):
     return 0 if wc.status == want else 1
 
 
+def counter(name):
+    dev = os.environ.get('DEV', 'rxe0')
+    with open(f'/sys/class/infiniband/{dev}/ports/1/hw_counters/{name}') as f:
+        return int(f.read())
+
+
+def put_file(path, text):
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.rename(path + '.tmp', path)
+
+
+def wait_file(path, timeout=60.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            with open(path) as f:
+                return f.read()
+        except FileNotFoundError:
+            time.sleep(0.02)
+    raise SystemExit(f'pyverbs: {path} did not appear within {timeout} s')
+
+
+QP_STATES = ['RESET', 'INIT', 'RTR', 'RTS', 'SQD', 'SQE', 'ERR']
+
+
+def report_qp_state(rc):
+    attr, _ = rc.qp.query(rc.e.IBV_QP_STATE)
+    s = attr.qp_state
+    print(f'rxe QP state: {QP_STATES[s] if 0 <= s < len(QP_STATES) else s}', flush=True)
+
+
+def neg(a):
+    """One side of a negative case; the other side is `softroce target`, driven by the host."""
+    import json
+    import pyverbs.enums as e
+    from pyverbs.wr import SGE, RecvWR, SendWR
+    rc = Rc(e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
+    gid = str(rc.gid.gid)
+    put_file(a.ex + '.rxe', json.dumps({'qpn': rc.qp.qp_num, 'psn': rc.psn, 'gid': gid,
+                                        'va': rc.mr.buf, 'rkey': rc.mr.rkey, 'len': BUF_LEN}))
+    host = json.loads(wait_file(a.ex + '.host'))
+    peer = struct.pack('>II', host['qpn'], host['psn']) + bytes.fromhex(
+        ''.join(f'{int(g, 16):04x}' for g in expand_gid(host['gid'])))
+    rc.connect(peer, rnr_retry=a.rnr_retry, min_rnr_timer=a.min_rnr_timer)
+    rnr_before = counter('send_rnr_err')
+    put_file(a.ex + '.rxe-ready', 'ready\n')
+    if a.side == 'requester':
+        want = getattr(e, a.expect)
+        if a.op == 'read-oob':
+            addr = host['va'] + host['len'] - 32
+            wr = SendWR(wr_id=2, opcode=e.IBV_WR_RDMA_READ, send_flags=e.IBV_SEND_SIGNALED,
+                        num_sge=1, sg=[SGE(rc.mr.buf, 64, rc.mr.lkey)])
+            wr.set_wr_rdma(rkey=host['rkey'], addr=addr)
+            what = (f'RDMA READ of 64 B at 0x{addr:x} rkey 0x{host["rkey"]:x}, the last 32 B '
+                    f'of a {host["len"]}-byte MR and 32 B past its end')
+        else:
+            rc.mr.write(MESSAGE, len(MESSAGE))
+            wr = SendWR(wr_id=3, opcode=e.IBV_WR_SEND, send_flags=e.IBV_SEND_SIGNALED,
+                        num_sge=1, sg=[SGE(rc.mr.buf, len(MESSAGE), rc.mr.lkey)])
+            what = f'SEND of {len(MESSAGE)} B'
+        rc.qp.post_send(wr)
+        wc = rc.poll(timeout=40.0)
+        print(f'WC status={wc_status_name(e, wc.status)} opcode={wc.opcode} ({what}; '
+              f'expected {a.expect})')
+        print(f'rxe counters: rcvd_rnr_err={counter("rcvd_rnr_err")} '
+              f'retry_rnr_exceeded_err={counter("retry_rnr_exceeded_err")}')
+        report_qp_state(rc)
+        return 0 if wc.status == want else 1
+    # responder
+    if a.op == 'send' and not a.no_recv:
+        t0 = time.time()
+        while counter('send_rnr_err') == rnr_before:
+            if time.time() - t0 > 40:
+                raise SystemExit('pyverbs: no RNR NAK sent within 40 s')
+            time.sleep(0.005)
+        print(f'rxe RNR NAKed the SEND (send_rnr_err {rnr_before} -> '
+              f'{counter("send_rnr_err")}); posting a receive', flush=True)
+        rc.qp.post_recv(RecvWR(wr_id=9, num_sge=1, sg=[SGE(rc.mr.buf, BUF_LEN, rc.mr.lkey)]))
+        wc = rc.poll(timeout=40.0)
+        got = rc.mr.read(wc.byte_len, 0) if wc.status == e.IBV_WC_SUCCESS else b''
+        print(f'WC status={wc_status_name(e, wc.status)} opcode={wc.opcode} '
+              f'byte_len={wc.byte_len} data={got!r}')
+        ok = wc.status == e.IBV_WC_SUCCESS and got == a.message.encode()
+        print(f'received {"the expected message" if ok else "NOT " + repr(a.message)}')
+        wait_file(a.ex + '.done')
+        print(f'rxe counters: send_rnr_err={counter("send_rnr_err") - rnr_before} (this run)')
+        report_qp_state(rc)
+        return 0 if ok else 1
+    wait_file(a.ex + '.done')
+    print(f'rxe counters: send_rnr_err={counter("send_rnr_err") - rnr_before} (this run)')
+    report_qp_state(rc)
+    return 0
+
+
+def expand_gid(text):
+    """The eight 16-bit groups of an IPv6 address text (a '::' expanded)."""
+    if '.' in text:  # ::ffff:a.b.c.d
+        head, v4 = text.rsplit(':', 1)
+        o = [int(x) for x in v4.split('.')]
+        text = f'{head}:{o[0] << 8 | o[1]:x}:{o[2] << 8 | o[3]:x}'
+    if '::' in text:
+        left, right = text.split('::')
+        lg = [g for g in left.split(':') if g]
+        rg = [g for g in right.split(':') if g]
+        return lg + ['0'] * (8 - len(lg) - len(rg)) + rg
+    return text.split(':')
+
+
 def pcap_summary(a):
     """RoCEv2 packets (UDP port 4791) of an Ethernet/IPv4 pcap, one line each."""
     data = open(a.file, 'rb').read()
@@ -172,7 +295,7 @@ def pcap_summary(a):
     endian = '<' if magic in (0xa1b2c3d4, 0xa1b23c4d) else '>'
     off = 24
     while off + 16 <= len(data):
-        _, _, incl, _ = struct.unpack(endian + 'IIII', data[off:off + 16])
+        sec, usec, incl, _ = struct.unpack(endian + 'IIII', data[off:off + 16])
         pkt = data[off + 16:off + 16 + incl]
         off += 16 + incl
         if len(pkt) < 14 + 20 + 8 + 12 or pkt[12:14] != b'\x08\x00':
@@ -189,7 +312,7 @@ def pcap_summary(a):
         psn = struct.unpack('>I', bth[8:12])[0] & 0xffffff
         ident = struct.unpack('>H', ip[4:6])[0]
         line = (f'{socket.inet_ntoa(ip[12:16])} > {socket.inet_ntoa(ip[16:20])} '
-                f'opcode=0x{opcode:02x} psn=0x{psn:06x} ipid=0x{ident:04x}')
+                f'opcode=0x{opcode:02x} psn=0x{psn:06x} ipid=0x{ident:04x} t={sec}.{usec:06d}')
         if opcode in (0x0d, 0x0f, 0x10, 0x11, 0x12) and len(bth) >= 16:  # carries an AETH
             line += f' syndrome=0x{bth[12]:02x}'
         print(line)
@@ -207,10 +330,20 @@ def main():
     c.add_argument('host')
     c.add_argument('--port', type=int, default=18515)
     c.add_argument('--bad-rkey', action='store_true')
+    n = sub.add_parser('neg')
+    n.add_argument('side', choices=['requester', 'responder'])
+    n.add_argument('--op', choices=['read-oob', 'send'], required=True)
+    n.add_argument('--ex', required=True)
+    n.add_argument('--rnr-retry', type=int, default=7)
+    n.add_argument('--min-rnr-timer', type=int, default=12)
+    n.add_argument('--expect', default='IBV_WC_SUCCESS')
+    n.add_argument('--no-recv', action='store_true')
+    n.add_argument('--message', default='')
     ps = sub.add_parser('pcap-summary')
     ps.add_argument('file')
     a = p.parse_args()
-    return {'server': server, 'client': client, 'pcap-summary': pcap_summary}[a.cmd](a)
+    return {'server': server, 'client': client, 'neg': neg,
+            'pcap-summary': pcap_summary}[a.cmd](a)
 
 
 if __name__ == '__main__':
