@@ -34,6 +34,7 @@ fn sixty_four_qps_share_one_driver_thread_per_device() {
             recv_cq: &s.cq,
             cap,
             sq_sig_all: false,
+            srq: None,
         })
         .expect("create_qp")
     };
