@@ -38,7 +38,7 @@
 //! Ratios are of medians over the rounds.
 //!
 //! Every softroce run keeps every check on (ICRC, PSN, rkey); the device counters are printed
-//! at the end so drops or retransmissions show.
+//! at the end so drops or retransmissions show (all non-zero ones with `DATAPLANE_COUNTERS=1`).
 
 use softroce::net::{UdpDevice, UdpOptions};
 use softroce::verbs::{
@@ -206,6 +206,19 @@ fn main() -> Res<()> {
         }
     }
     let (ca, cb) = (pair.a.dev.counters(), pair.b.dev.counters());
+    if std::env::var_os("DATAPLANE_COUNTERS").is_some() {
+        let nz = |c: &softroce::verbs::Counters| {
+            c.entries()
+                .into_iter()
+                .filter(|(_, v)| *v != 0)
+                .collect::<Vec<_>>()
+        };
+        println!(
+            "all counters a: {:?}\nall counters b: {:?}",
+            nz(&ca),
+            nz(&cb)
+        );
+    }
     println!(
         "counters a: sent_pkts={} rcvd_pkts={} retransmits={} drops={} send_err={}",
         ca.sent_pkts,
