@@ -29,14 +29,16 @@
 //! - `write_rate`: 64-byte RDMA WRITEs posted 32 per `post_send`, 256 outstanding, one
 //!   completion per 32 (the rest unsignaled); messages/s.
 //! - `send_lat` / `write_lat`: 64-byte SEND (receive completion polled) and RDMA WRITE (last
-//!   byte of the target MR polled) ping-pong; round-trip p50/p99 in µs.
+//!   byte of the target MR polled; only with `--busy-poll`) ping-pong; round-trip p50/p99 in
+//!   µs. Without `--busy-poll` the CQ is waited on (blocking), which measures the default
+//!   mode's wakeups.
 //!
 //! Throughputs are reported per wall second and per CPU second of this process (user +
 //! system, `getrusage`): the second is steadier on a machine shared with other work.
 //! Ratios are of medians over the rounds.
 //!
 //! Every softroce run keeps every check on (ICRC, PSN, rkey); the device counters are printed
-//! at the end so drops or retransmissions show.
+//! at the end so drops or retransmissions show (all non-zero ones with `DATAPLANE_COUNTERS=1`).
 
 use softroce::net::{UdpDevice, UdpOptions};
 use softroce::verbs::{
@@ -146,7 +148,9 @@ fn main() -> Res<()> {
         if cfg.wants("send_lat") {
             m.latency(round, "send_lat", pair.send_latency(cfg.iters)?);
         }
-        if cfg.wants("write_lat") {
+        // Without busy polling the target side would spin on its MR against the driver
+        // threads for the cores; skipped (use --busy-poll).
+        if cfg.wants("write_lat") && cfg.busy {
             m.latency(round, "write_lat", pair.write_latency(cfg.iters)?);
         }
     }
@@ -202,6 +206,19 @@ fn main() -> Res<()> {
         }
     }
     let (ca, cb) = (pair.a.dev.counters(), pair.b.dev.counters());
+    if std::env::var_os("DATAPLANE_COUNTERS").is_some() {
+        let nz = |c: &softroce::verbs::Counters| {
+            c.entries()
+                .into_iter()
+                .filter(|(_, v)| *v != 0)
+                .collect::<Vec<_>>()
+        };
+        println!(
+            "all counters a: {:?}\nall counters b: {:?}",
+            nz(&ca),
+            nz(&cb)
+        );
+    }
     println!(
         "counters a: sent_pkts={} rcvd_pkts={} retransmits={} drops={} send_err={}",
         ca.sent_pkts,

@@ -276,16 +276,15 @@ impl UdpLink {
         errors
     }
 
-    /// Sends the ACKs a busy poll held back, if any.
+    /// Sends the ACKs held back, if any. The lock is held while they go out, so two threads
+    /// flushing cannot reorder them (a stale ACK overtaking a newer one is dropped by the
+    /// peer's completer as an unexpected response).
     fn flush_deferred(&self) {
-        let held = {
-            let mut d = self.deferred.lock();
-            if d.is_empty() {
-                return;
-            }
-            core::mem::take(&mut *d)
-        };
-        let _ = self.send_now(&held);
+        let mut held = self.deferred.lock();
+        if !held.is_empty() {
+            let _ = self.send_now(&held);
+            held.clear();
+        }
     }
 
     /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out
@@ -505,19 +504,16 @@ impl Link for UdpLink {
     }
 
     fn send_batch(&self, ts: &[Transmit]) -> usize {
-        if DEFER_ACKS.with(Cell::get) && ts.iter().any(|t| t.payload.len() <= DEFER_MAX_BYTES) {
-            // Busy polling: ACKs wait until the poller has handed its completions to the
-            // application (whose reply goes first), then leave with the next poll.
-            let small = |t: &Transmit| t.payload.len() <= DEFER_MAX_BYTES;
-            self.deferred
-                .lock()
-                .extend(ts.iter().filter(|t| small(t)).cloned());
-            // The rest (data: READ responses) goes now, in runs, without copies.
-            let mut errors = 0;
-            for run in ts.split(|t| small(t)) {
-                errors += self.send_now(run);
-            }
-            return errors;
+        if DEFER_ACKS.with(Cell::get) && ts.iter().all(|t| t.payload.len() <= DEFER_MAX_BYTES) {
+            // ACKs only: they wait for the end of the receive batch (driver thread) or the
+            // next poll (busy polling, so the application's reply goes first).
+            self.deferred.lock().extend(ts.iter().cloned());
+            return 0;
+        }
+        // Held ACKs go before any other response (READ responses, ACKs), which share their
+        // PSN order; requests (the other direction's stream) need not wait for them.
+        if ts.iter().any(is_response) {
+            self.flush_deferred();
         }
         self.send_now(ts)
     }
@@ -747,6 +743,15 @@ thread_local! {
     /// application has seen the completions and answered (PERF.md: ACKs off the critical
     /// path).
     static DEFER_ACKS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True for an RC response datagram (BTH opcode RDMA READ RESPONSE FIRST 0x0D through
+/// ATOMIC ACKNOWLEDGE 0x12, ACKNOWLEDGE 0x11 included): the responder's stream, whose
+/// order the held-back ACKs are part of. Source: IBTA Vol 1 ch. 9 (opcodes); rxe_opcode.c.
+fn is_response(t: &Transmit) -> bool {
+    t.payload
+        .first()
+        .is_some_and(|op| (0x0d..=0x12).contains(op))
 }
 
 /// Datagrams at most this long are ACKs (BTH 12 + AETH 4 + ICRC 4; an atomic ACK has 8
