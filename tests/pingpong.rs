@@ -394,7 +394,7 @@ fn srq_pingpong_16_qps_on_one_srq() {
 
 #[test]
 fn srq_pingpong_with_completion_events() {
-    run_srq_pair(70, 4, 4096, 200, &["-e"]);
+    run_srq_pair(70, 4, 8192, 200, &["-e", "-c"]);
 }
 
 /// The server answers a peer that speaks srq_pingpong's exchange: 256 messages of 52 bytes

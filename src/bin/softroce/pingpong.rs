@@ -65,6 +65,34 @@ const SEND_WRID: u64 = 2;
 /// rc_pingpong's `-c` checks the first byte of every page.
 const PAGE_BYTES: usize = 4096;
 
+/// `-c` on the client: byte 0 of every page of the message is `page % sizeof(char)`, that
+/// is 0, as rdma-core's pingpong clients set it (`pp_init_ctx` with `validate_buf`).
+fn chk_mark_pages(buf: &mut [u8]) {
+    for b in buf.iter_mut().step_by(PAGE_BYTES) {
+        *b = 0;
+    }
+}
+
+/// `-c` on the server: every page of the last message received must start with 0; prints
+/// rdma-core's "invalid data in page N" for each that does not, and fails if any.
+fn chk_verify_pages(buf: &[u8]) -> Result<(), BoxError> {
+    let bad: Vec<usize> = buf
+        .iter()
+        .step_by(PAGE_BYTES)
+        .enumerate()
+        .filter(|(_, b)| **b != 0)
+        .map(|(page, _)| page)
+        .collect();
+    for page in &bad {
+        println!("invalid data in page {page}");
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("-c: {} page(s) hold invalid data", bad.len()).into())
+    }
+}
+
 /// Options of `softroce pingpong`, those of rdma-core's `ibv_rc_pingpong` plus `--ip`.
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("transport").required(true).args(["rc", "uc", "ud", "srq"])))]
@@ -281,10 +309,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let mr = pd.reg_mr((2 * size + grh).max(1), AccessFlags::LOCAL_WRITE)?;
     let mut buf: Vec<u8> = (0..size).map(fill_byte).collect();
     if a.chk && a.host.is_some() {
-        // rc_pingpong -c: the client sets byte 0 of every page to (page % sizeof(char)) = 0.
-        for b in buf.iter_mut().step_by(PAGE_BYTES) {
-            *b = 0;
-        }
+        chk_mark_pages(&mut buf);
     }
     mr.write(0, &buf)?;
     let init = QpAttr {
@@ -453,17 +478,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         buf = rx;
     }
     if a.chk {
-        let bad: Vec<usize> = (0..size)
-            .step_by(PAGE_BYTES)
-            .filter(|i| buf[*i] != 0)
-            .map(|i| i / PAGE_BYTES)
-            .collect();
-        for page in &bad {
-            println!("invalid data in page {page}");
-        }
-        if !bad.is_empty() {
-            return Err(format!("-c: {} page(s) hold invalid data", bad.len()).into());
-        }
+        chk_verify_pages(&buf)?;
     }
     println!(
         "data: {rcnt} received messages of {msg_size} bytes checked, each equal to the first message of the session"

@@ -23,8 +23,8 @@
 //! `pp_client_exch_dest`, `pp_server_exch_dest`, `main`).
 
 use super::{
-    MSG_LEN, PingpongArgs, PingpongDest, RECV_WRID, SEND_WRID, check_same, connect_qp, device_ip,
-    fill_byte, quiesce,
+    MSG_LEN, PingpongArgs, PingpongDest, RECV_WRID, SEND_WRID, check_same, chk_mark_pages,
+    chk_verify_pages, connect_qp, device_ip, fill_byte, quiesce,
 };
 use crate::BoxError;
 use softroce::net::UdpDevice;
@@ -127,7 +127,10 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         .map_err(|e| format!("Failed to modify QP[{i}] to INIT: {e}"))?;
         qps.push(qp);
     }
-    let client_data: Vec<u8> = (0..size).map(fill_byte).collect();
+    let mut client_data: Vec<u8> = (0..size).map(fill_byte).collect();
+    if a.chk && a.host.is_some() {
+        chk_mark_pages(&mut client_data);
+    }
     if a.host.is_some() {
         mr.write(0, &client_data)?;
     }
@@ -306,6 +309,11 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         usec / 1e6,
         usec / f64::from(a.iters)
     );
+    if a.chk
+        && let Some(last) = &reference
+    {
+        chk_verify_pages(last)?;
+    }
     println!(
         "data: {rcnt} received messages of {msg_size} bytes on {num_qp} QPs and one SRQ checked, each equal to the first message of the session"
     );
