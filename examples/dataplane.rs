@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Options: `--secs S` (length of each bandwidth/rate run, default 1), `--iters N` (round trips
-//! per latency run, default 20000), `--busy-poll` (the devices' busy-polling mode: the thread
+//! per latency run, default 20000), `--rounds R` (every measurement R times, interleaved;
+//! medians reported, default 3), `--busy-poll` (the devices' busy-polling mode: the thread
 //! that polls a CQ also drives the device's socket), `--no-gso` (the plain one-datagram-per-call
 //! path), `--only NAME,...` (a subset of: udp_stream tcp_stream udp_rate udp_pingpong write_bw
 //! read_bw write_rate send_lat write_lat).
@@ -28,10 +29,16 @@
 //! - `write_rate`: 64-byte RDMA WRITEs posted 32 per `post_send`, 256 outstanding, one
 //!   completion per 32 (the rest unsignaled); messages/s.
 //! - `send_lat` / `write_lat`: 64-byte SEND (receive completion polled) and RDMA WRITE (last
-//!   byte of the target MR polled) ping-pong; round-trip p50/p99 in µs.
+//!   byte of the target MR polled; only with `--busy-poll`) ping-pong; round-trip p50/p99 in
+//!   µs. Without `--busy-poll` the CQ is waited on (blocking), which measures the default
+//!   mode's wakeups.
+//!
+//! Throughputs are reported per wall second and per CPU second of this process (user +
+//! system, `getrusage`): the second is steadier on a machine shared with other work.
+//! Ratios are of medians over the rounds.
 //!
 //! Every softroce run keeps every check on (ICRC, PSN, rkey); the device counters are printed
-//! at the end so drops or retransmissions show.
+//! at the end so drops or retransmissions show (all non-zero ones with `DATAPLANE_COUNTERS=1`).
 
 use softroce::net::{UdpDevice, UdpOptions};
 use softroce::verbs::{
@@ -56,6 +63,7 @@ const BW_MSG: usize = 64 << 10;
 struct Cfg {
     secs: f64,
     iters: usize,
+    rounds: usize,
     opts: UdpOptions,
     busy: bool,
     only: Option<Vec<String>>,
@@ -73,6 +81,7 @@ fn main() -> Res<()> {
     let mut cfg = Cfg {
         secs: 1.0,
         iters: 20_000,
+        rounds: 3,
         opts: UdpOptions::default(),
         busy: false,
         only: None,
@@ -82,6 +91,7 @@ fn main() -> Res<()> {
         match a.as_str() {
             "--secs" => cfg.secs = args.next().ok_or("--secs S")?.parse()?,
             "--iters" => cfg.iters = args.next().ok_or("--iters N")?.parse()?,
+            "--rounds" => cfg.rounds = args.next().ok_or("--rounds R")?.parse()?,
             "--busy-poll" => cfg.busy = true,
             "--no-gso" => cfg.opts.no_offload = true,
             "--only" => {
@@ -101,88 +111,129 @@ fn main() -> Res<()> {
         "dataplane: secs={} iters={} busy_poll={} offload={}",
         cfg.secs, cfg.iters, cfg.busy, !cfg.opts.no_offload
     );
-    let mut base = Baselines::default();
-    if cfg.wants("udp_stream") {
-        base.udp_bw = udp_stream(MTU4096_MIDDLE, cfg.secs)?.0;
-        println!(
-            "udp_stream   {:>8.3} GB/s  ({MTU4096_MIDDLE}-byte datagrams)",
-            base.udp_bw / 1e9
-        );
-    }
-    if cfg.wants("tcp_stream") {
-        base.tcp_bw = tcp_stream(cfg.secs)?;
-        println!(
-            "tcp_stream   {:>8.3} GB/s  (64 KiB writes)",
-            base.tcp_bw / 1e9
-        );
-    }
-    if cfg.wants("udp_rate") {
-        base.udp_rate = udp_stream(WRITE_ONLY_64, cfg.secs)?.1;
-        println!(
-            "udp_rate     {:>8.3} M/s   ({WRITE_ONLY_64}-byte datagrams)",
-            base.udp_rate / 1e6
-        );
-    }
-    if cfg.wants("udp_pingpong") {
-        let (p50, p99) = udp_pingpong(WRITE_ONLY_64, cfg.iters)?;
-        base.udp_p50 = p50;
-        println!("udp_pingpong p50 {p50:>7.2} us  p99 {p99:>7.2} us (busy-polled, RTT)");
-    }
     let pair = Pair::open(&cfg)?;
-    if cfg.wants("write_bw") {
-        let bw = pair.bandwidth(WrOpcode::RdmaWrite, cfg.secs)?;
-        base.write_bw = bw;
-        println!(
-            "write_bw     {:>8.3} GB/s  = {:.2}x tcp_stream, {:.2}x udp_stream  (targets 1.0x, 0.8x)",
-            bw / 1e9,
-            bw / base.tcp_bw,
-            bw / base.udp_bw
-        );
+    let mut m = Medians::default();
+    for round in 0..cfg.rounds {
+        if cfg.wants("udp_stream") {
+            let (bytes, _, t) = udp_stream(MTU4096_MIDDLE, cfg.secs)?;
+            m.rate(round, "udp_stream", bytes, t);
+        }
+        if cfg.wants("tcp_stream") {
+            let (bytes, t) = tcp_stream(cfg.secs)?;
+            m.rate(round, "tcp_stream", bytes, t);
+        }
+        if cfg.wants("udp_rate") {
+            let (_, n, t) = udp_stream(WRITE_ONLY_64, cfg.secs)?;
+            m.rate(round, "udp_rate", n, t);
+        }
+        if cfg.wants("udp_pingpong") {
+            m.latency(
+                round,
+                "udp_pingpong",
+                udp_pingpong(WRITE_ONLY_64, cfg.iters)?,
+            );
+        }
+        if cfg.wants("write_bw") {
+            let (bytes, t) = pair.bandwidth(WrOpcode::RdmaWrite, cfg.secs)?;
+            m.rate(round, "write_bw", bytes, t);
+        }
+        if cfg.wants("read_bw") {
+            let (bytes, t) = pair.bandwidth(WrOpcode::RdmaRead, cfg.secs)?;
+            m.rate(round, "read_bw", bytes, t);
+        }
+        if cfg.wants("write_rate") {
+            let (n, t) = pair.write_rate(cfg.secs)?;
+            m.rate(round, "write_rate", n, t);
+        }
+        if cfg.wants("send_lat") {
+            m.latency(round, "send_lat", pair.send_latency(cfg.iters)?);
+        }
+        // Without busy polling the target side would spin on its MR against the driver
+        // threads for the cores; skipped (use --busy-poll).
+        if cfg.wants("write_lat") && cfg.busy {
+            m.latency(round, "write_lat", pair.write_latency(cfg.iters)?);
+        }
     }
-    if cfg.wants("read_bw") {
-        let bw = pair.bandwidth(WrOpcode::RdmaRead, cfg.secs)?;
-        println!(
-            "read_bw      {:>8.3} GB/s  = {:.2}x write_bw  (target 0.8x)",
-            bw / 1e9,
-            bw / base.write_bw
-        );
+    println!(
+        "medians of {} rounds; rate = per wall second, eff = per CPU second of this process",
+        cfg.rounds
+    );
+    let gb = |v: f64| format!("{:>8.3} GB/s", v / 1e9);
+    let mps = |v: f64| format!("{:>8.3} M/s ", v / 1e6);
+    for (name, fmt, unit) in [
+        (
+            "udp_stream",
+            &gb as &dyn Fn(f64) -> String,
+            "4112-byte datagrams",
+        ),
+        ("tcp_stream", &gb, "64 KiB writes"),
+        ("udp_rate", &mps, "96-byte datagrams"),
+        ("write_bw", &gb, "64 KiB RDMA WRITE, MTU 4096"),
+        ("read_bw", &gb, "64 KiB RDMA READ, MTU 4096"),
+        ("write_rate", &mps, "64 B RDMA WRITE, 32 per post"),
+    ] {
+        if let (Some(r), Some(e)) = (m.get(name, false), m.get(name, true)) {
+            println!("{name:<12} rate {}  eff {}  ({unit})", fmt(r), fmt(e));
+        }
     }
-    if cfg.wants("write_rate") {
-        let r = pair.write_rate(cfg.secs)?;
-        println!(
-            "write_rate   {:>8.3} M/s   = {:.2}x udp_rate  (target 0.8x)",
-            r / 1e6,
-            r / base.udp_rate
-        );
+    for name in ["udp_pingpong", "send_lat", "write_lat"] {
+        if let (Some(p50), Some(p99)) = (m.get(name, false), m.get(name, true)) {
+            println!("{name:<12} RTT p50 {p50:>7.2} us  p99 {p99:>8.2} us");
+        }
     }
-    if cfg.wants("send_lat") {
-        let (p50, p99) = pair.send_latency(cfg.iters)?;
-        println!(
-            "send_lat     p50 {p50:>7.2} us  p99 {p99:>7.2} us = {:.2}x udp_pingpong p50  (target 1.5x with busy poll)",
-            p50 / base.udp_p50
-        );
+    println!("ratios (rate; eff):");
+    for (num, den, target) in [
+        ("write_bw", "tcp_stream", "target >= 1.0"),
+        ("write_bw", "udp_stream", "target >= 0.8"),
+        ("read_bw", "write_bw", "target >= 0.8"),
+        ("write_rate", "udp_rate", "target >= 0.8"),
+    ] {
+        if let (Some(a), Some(b), Some(ae), Some(be)) = (
+            m.get(num, false),
+            m.get(den, false),
+            m.get(num, true),
+            m.get(den, true),
+        ) {
+            println!("  {num} / {den}: {:.2}; {:.2}  ({target})", a / b, ae / be);
+        }
     }
-    if cfg.wants("write_lat") {
-        let (p50, p99) = pair.write_latency(cfg.iters)?;
-        println!(
-            "write_lat    p50 {p50:>7.2} us  p99 {p99:>7.2} us = {:.2}x udp_pingpong p50  (target 1.5x with busy poll)",
-            p50 / base.udp_p50
-        );
+    for num in ["send_lat", "write_lat"] {
+        if let (Some(a), Some(b)) = (m.get(num, false), m.get("udp_pingpong", false)) {
+            println!(
+                "  {num} p50 / udp_pingpong p50: {:.2}  (target <= 1.5 with --busy-poll)",
+                a / b
+            );
+        }
     }
     let (ca, cb) = (pair.a.dev.counters(), pair.b.dev.counters());
+    if std::env::var_os("DATAPLANE_COUNTERS").is_some() {
+        let nz = |c: &softroce::verbs::Counters| {
+            c.entries()
+                .into_iter()
+                .filter(|(_, v)| *v != 0)
+                .collect::<Vec<_>>()
+        };
+        println!(
+            "all counters a: {:?}\nall counters b: {:?}",
+            nz(&ca),
+            nz(&cb)
+        );
+    }
     println!(
-        "counters a: sent_pkts={} rcvd_pkts={} retransmits={} drops={}",
+        "counters a: sent_pkts={} rcvd_pkts={} retransmits={} drops={} send_err={}",
         ca.sent_pkts,
         ca.rcvd_pkts,
         ca.rcvd_seq_err + ca.completer_retry_err,
-        ca.dropped_total()
+        ca.dropped_total(),
+        ca.send_err
     );
     println!(
-        "counters b: sent_pkts={} rcvd_pkts={} retransmits={} drops={}",
+        "counters b: sent_pkts={} rcvd_pkts={} retransmits={} drops={} send_err={}",
         cb.sent_pkts,
         cb.rcvd_pkts,
         cb.out_of_seq_request + cb.duplicate_request,
-        cb.dropped_total()
+        cb.dropped_total(),
+        cb.send_err
     );
     println!(
         "datagrams: a tx {} rx {}; b tx {} rx {}",
@@ -194,13 +245,55 @@ fn main() -> Res<()> {
     Ok(())
 }
 
+/// Per-metric samples over the rounds: throughputs per wall second and per CPU second of
+/// the process (robust to other load on the machine), latency p50 and p99.
 #[derive(Default)]
-struct Baselines {
-    udp_bw: f64,
-    tcp_bw: f64,
-    udp_rate: f64,
-    udp_p50: f64,
-    write_bw: f64,
+struct Medians {
+    samples: std::collections::BTreeMap<(String, bool), Vec<f64>>,
+    cpu_mark: f64,
+}
+
+/// User + system CPU seconds of this process so far.
+fn cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed value we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut u) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+impl Medians {
+    fn push(&mut self, name: &str, second: bool, v: f64) {
+        self.samples
+            .entry((name.to_string(), second))
+            .or_default()
+            .push(v);
+    }
+    /// Records `units` done in `wall` seconds, with the CPU time since the previous record.
+    fn rate(&mut self, round: usize, name: &str, units: f64, wall: f64) {
+        let now = cpu_seconds();
+        let cpu = now - self.cpu_mark;
+        self.cpu_mark = now;
+        self.push(name, false, units / wall);
+        self.push(name, true, units / cpu.max(1e-9));
+        println!(
+            "  round {round} {name:<12} {:>10.4e}/s wall, {:>10.4e}/s cpu",
+            units / wall,
+            units / cpu
+        );
+    }
+    fn latency(&mut self, round: usize, name: &str, (p50, p99): (f64, f64)) {
+        self.cpu_mark = cpu_seconds();
+        self.push(name, false, p50);
+        self.push(name, true, p99);
+        println!("  round {round} {name:<12} p50 {p50:.2} us p99 {p99:.2} us");
+    }
+    fn get(&self, name: &str, second: bool) -> Option<f64> {
+        let mut v = self.samples.get(&(name.to_string(), second))?.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    }
 }
 
 fn bound(ip: &str, port: u16) -> Res<UdpSocket> {
@@ -210,8 +303,9 @@ fn bound(ip: &str, port: u16) -> Res<UdpSocket> {
     Ok(s.into())
 }
 
-/// Bytes/s and datagrams/s received of a one-way stream of `size`-byte datagrams.
-fn udp_stream(size: usize, secs: f64) -> Res<(f64, f64)> {
+/// Bytes and datagrams received of a one-way stream of `size`-byte datagrams, and the
+/// seconds it took.
+fn udp_stream(size: usize, secs: f64) -> Res<(f64, f64, f64)> {
     let rx = bound(B, 40001)?;
     let tx = bound(A, 40002)?;
     rx.set_read_timeout(Some(Duration::from_millis(50)))?;
@@ -242,10 +336,11 @@ fn udp_stream(size: usize, secs: f64) -> Res<(f64, f64)> {
     let t = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let _ = r.join();
-    Ok((n as f64 * size as f64 / t, n as f64 / t))
+    Ok((n as f64 * size as f64, n as f64, t))
 }
 
-fn tcp_stream(secs: f64) -> Res<f64> {
+/// Bytes received over TCP and the seconds it took.
+fn tcp_stream(secs: f64) -> Res<(f64, f64)> {
     let l = TcpListener::bind(format!("{B}:40003"))?;
     let r = std::thread::spawn(move || -> u64 {
         let Ok((mut s, _)) = l.accept() else { return 0 };
@@ -268,7 +363,7 @@ fn tcp_stream(secs: f64) -> Res<f64> {
     }
     drop(s);
     let n = r.join().map_err(|_| "tcp reader panicked")?;
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    Ok((n as f64, start.elapsed().as_secs_f64()))
 }
 
 fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
@@ -373,8 +468,8 @@ impl Pair {
         })
     }
 
-    /// Message bytes/s of 64 KiB WRITEs (or READs) from a to b, 32 outstanding.
-    fn bandwidth(&self, op: WrOpcode, secs: f64) -> Res<f64> {
+    /// Message bytes of 64 KiB WRITEs (or READs) from a to b, 32 outstanding, and seconds.
+    fn bandwidth(&self, op: WrOpcode, secs: f64) -> Res<(f64, f64)> {
         let (a, b) = (&self.a, &self.b);
         let depth = if op == WrOpcode::RdmaRead { 16 } else { 32 };
         let wr = |i: u64| {
@@ -396,11 +491,11 @@ impl Pair {
             let n = poll(a, &mut wcs, self.busy)?;
             done += n as u64;
         }
-        Ok(done as f64 * BW_MSG as f64 / start.elapsed().as_secs_f64())
+        Ok((done as f64 * BW_MSG as f64, start.elapsed().as_secs_f64()))
     }
 
-    /// 64-byte WRITEs/s, 32 per post, one signaled per 32, 256 outstanding.
-    fn write_rate(&self, secs: f64) -> Res<f64> {
+    /// 64-byte WRITEs, 32 per post, one signaled per 32, 256 outstanding; and seconds.
+    fn write_rate(&self, secs: f64) -> Res<(f64, f64)> {
         let (a, b) = (&self.a, &self.b);
         let batch: Vec<SendWr> = (0..32u64)
             .map(|i| {
@@ -425,7 +520,7 @@ impl Pair {
             }
             done += poll(a, &mut wcs, self.busy)? as u64;
         }
-        Ok(done as f64 * 32.0 / start.elapsed().as_secs_f64())
+        Ok((done as f64 * 32.0, start.elapsed().as_secs_f64()))
     }
 
     /// SEND ping-pong of 64 bytes: RTT p50/p99 in µs.

@@ -101,7 +101,7 @@ fn text(o: &Output) -> String {
 fn result_rows(out: &str) -> Vec<Vec<String>> {
     let mut lines = out.lines();
     lines
-        .find(|l| l.contains("#bytes") && (l.contains("BW average[") || l.contains("t_min[usec]")))
+        .find(|l| l.contains("#bytes") && (l.contains("BW average[") || l.contains("t_avg[usec]")))
         .unwrap_or_else(|| panic!("no result header in {out}"));
     lines
         .take_while(|l| !l.starts_with("---"))
@@ -573,5 +573,28 @@ fn servers_follow_perftest_step_counts() {
                 "{out}"
             );
         }
+    }
+}
+
+#[test]
+fn duration_mode_counts_what_fit_in_the_time() {
+    // -D 1: the client sends for a second; the row gives what completed, peak 0 (perftest).
+    let (cs, ss) = pair(83, "send_bw", &["-D", "1", "-s", "1024"]);
+    let (c, s) = (result_row(&cs), result_row(&ss));
+    assert_eq!(c[0], "1024", "{cs}");
+    assert!(c[1].parse::<u64>().expect("iterations") > 10, "{cs}");
+    assert_eq!(c[2], "0.00", "no peak in duration mode: {cs}");
+    assert_eq!(
+        s[1], c[1],
+        "the server received every SEND the client completed: {ss}"
+    );
+    // Latency: perftest's duration table (#bytes #iterations t_avg tps).
+    let (cs, ss) = pair(83, "write_lat", &["-D", "1", "-s", "64"]);
+    for out in [&cs, &ss] {
+        assert!(out.contains("t_avg[usec]    tps average"), "{out}");
+        let r = result_row(out);
+        assert_eq!(r.len(), 4, "{out}");
+        assert!(r[1].parse::<u64>().expect("iterations") > 10, "{out}");
+        assert!(r[2].parse::<f64>().expect("t_avg") > 0.0, "{out}");
     }
 }

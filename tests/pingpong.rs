@@ -189,10 +189,16 @@ fn run_pair(net: u8, transport: &str, size: u32, iters: u32, mtu: u32) {
     // One packet per MTU (at least one) per message, plus, on RC, one ACK per message.
     let per_msg = u64::from(size.div_ceil(mtu).max(1));
     let acks = u64::from(transport == "--rc");
-    assert_eq!(
-        counter(&cs, "sent_pkts"),
-        u64::from(iters) * (per_msg + acks),
-        "{cs}"
+    // Beyond that only what a retransmission explains: on a loaded machine an ACK timer may
+    // expire, and then the peer counts the repeats as duplicate (or out-of-sequence)
+    // requests and this side re-acknowledges the duplicates it got.
+    let expected = u64::from(iters) * (per_msg + acks);
+    let repeats =
+        |out: &str| counter(out, "duplicate_request") + counter(out, "out_of_seq_request");
+    let sent = counter(&cs, "sent_pkts");
+    assert!(
+        sent >= expected && sent <= expected + repeats(&ss) + repeats(&cs),
+        "sent {sent}, expected {expected}:\n{cs}\nserver:\n{ss}"
     );
 }
 

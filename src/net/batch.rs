@@ -49,23 +49,44 @@ fn sockaddr_of(a: &SocketAddr) -> socket2::SockAddr {
 ///
 /// Errors: the kernel's; `EIO`, `EINVAL` or `ENOPROTOOPT` when UDP GSO is not available.
 pub fn send_gso(fd: RawFd, dst: &SocketAddr, buf: &[u8], segment_bytes: u16) -> io::Result<()> {
+    send_gso_gather(fd, dst, &[buf], segment_bytes)
+}
+
+/// As [`send_gso`], with the super-datagram gathered from `parts` (the kernel concatenates
+/// them; segment boundaries fall every `segment_bytes` bytes whatever the parts), so no copy
+/// is made here. At most [`GSO_MAX_IOV`] parts.
+///
+/// Errors: as [`send_gso`]; `EINVAL` for more than [`GSO_MAX_IOV`] parts.
+pub fn send_gso_gather(
+    fd: RawFd,
+    dst: &SocketAddr,
+    parts: &[&[u8]],
+    segment_bytes: u16,
+) -> io::Result<()> {
+    if parts.len() > GSO_MAX_IOV {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let addr = sockaddr_of(dst);
-    let mut iov = libc::iovec {
-        iov_base: buf.as_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
+    let mut iovs = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; GSO_MAX_IOV];
+    for (iov, p) in iovs.iter_mut().zip(parts) {
+        *iov = libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        };
+    }
     let mut cbuf = CmsgBuf([0; 32]);
-    // SAFETY: `msg` points at `addr`, `iov` and `cbuf`, which all live until `sendmsg`
-    // returns; the kernel only reads through the iovec (`buf` is borrowed for the call). The
-    // cmsg header and its `u16` payload are written inside `cbuf`, whose size (32 bytes,
-    // 8-aligned) is at least `CMSG_SPACE(2)`, so CMSG_FIRSTHDR is non-null and the writes
-    // stay in bounds.
+    // SAFETY: as in `send_gso`: `msg` points at `addr`, the first `parts.len()` entries of
+    // `iovs` (over the borrowed `parts`) and `cbuf`, all alive for the call; the kernel only
+    // reads them. The cmsg is written inside `cbuf`, which is at least `CMSG_SPACE(2)`.
     let rc = unsafe {
         let mut msg: libc::msghdr = zeroed();
         msg.msg_name = addr.as_ptr() as *mut libc::c_void;
         msg.msg_namelen = addr.len();
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
+        msg.msg_iov = iovs.as_mut_ptr();
+        msg.msg_iovlen = parts.len();
         msg.msg_control = cbuf.0.as_mut_ptr().cast();
         msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
         let c = libc::CMSG_FIRSTHDR(&raw const msg);
@@ -81,6 +102,10 @@ pub fn send_gso(fd: RawFd, dst: &SocketAddr, buf: &[u8], segment_bytes: u16) -> 
         Ok(())
     }
 }
+
+/// Most parts [`send_gso_gather`] takes: two per segment (a datagram without its ICRC, then
+/// the ICRC) for [`GSO_MAX_SEGMENTS`] segments.
+pub const GSO_MAX_IOV: usize = 2 * GSO_MAX_SEGMENTS;
 
 /// Sends each of `datagrams` to `dst` with one `sendmmsg` call (up to 64 at a time; loops
 /// for more). Returns how many were sent; stops at the first error, which it returns if

@@ -7,7 +7,10 @@
 //!   that Linux writes IPv4 ID 0 and DF on every datagram and the ICRC of what we send is
 //!   computable; and the driver thread that feeds received datagrams to the device.
 //!   IPv6 sockets set `UDP_NO_CHECK6_RX` (rxe sends IPv6 UDP checksum 0). [`UdpOptions`]
-//!   adds the exact receive-side ICRC mode and a pcap capture.
+//!   adds the exact receive-side ICRC mode, a pcap capture, busy polling and turning the
+//!   batching offloads off. (A UDP GSO send gives IPv4 segment `i` ID `i`; its ICRC covers
+//!   that ID.)
+//! - [`batch`]: UDP GSO / GRO and `sendmmsg` / `recvmmsg` system calls.
 //! - [`pcap`]: [`Capture`], a pcap (raw-IP link type) of every datagram drivers send and
 //!   receive, each with the IP header its ICRC was computed over.
 //! - `mcast`: IP multicast for UD multicast groups (`Qp::attach_mcast`): one socket per

@@ -1,21 +1,30 @@
 //! UDP sockets and the driver thread of a device.
 //!
 //! A device owns UDP port 4791 on its address (IPv4, or IPv6 with `IPV6_V6ONLY`), sends from
-//! one unconnected socket per UDP source port, and runs one driver thread that receives,
-//! feeds [`Device::handle_datagram`] and runs timers. [`UdpOptions`] add the exact
+//! one unconnected socket per UDP source port, and runs one driver thread (whatever the
+//! number of QPs) that receives, feeds [`Device::handle_datagram`] and runs timers.
+//!
+//! Data path: the datagrams one pump of a QP produces go out as UDP GSO sends per (source
+//! port, destination), each segment a whole RoCE packet with its own ICRC (for IPv4 over the
+//! ID Linux gives that segment), else with `sendmmsg`; receives use `recvmmsg` and UDP GRO,
+//! and the ACKs one receive batch causes leave together. [`UdpOptions::busy_poll`] lets the
+//! thread polling a CQ drive the socket itself. See `net::batch` and examples/dataplane.rs. [`UdpOptions`] add the exact
 //! receive-side ICRC mode (a raw socket beside the UDP one, `net::raw`) and a pcap capture
 //! ([`Capture`]).
 
 use super::SystemClock;
-use super::batch::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS, RecvBatch, enable_gro, send_gso, send_mmsg};
+use super::batch::{
+    GSO_MAX_BYTES, GSO_MAX_IOV, GSO_MAX_SEGMENTS, RecvBatch, enable_gro, send_gso_gather, send_mmsg,
+};
 use super::pcap::{Capture, roce_addr};
 use super::raw::{RawRx, drop_everything};
 use crate::transport::Transmit;
 use crate::verbs::{Cq, Device, DeviceConfig, Link, Wc};
-use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_datagram};
+use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -100,9 +109,12 @@ pub struct UdpOptions {
     /// no thread has polled for a while. Off by default: then `poll_cq` only polls the CQ.
     pub busy_poll: bool,
     /// Turn off every batching offload (UDP GSO on send, UDP GRO on receive, `sendmmsg` /
-    /// `recvmmsg`): one system call per datagram, as on a kernel without them. For tests
-    /// and comparisons; the offloads already fall back on their own when the kernel refuses
-    /// them.
+    /// `recvmmsg`): one system call per datagram, as on a kernel without them. The offloads
+    /// fall back on their own when the kernel refuses them; this is for comparisons and for
+    /// peers that check our ICRCs assuming IPv4 ID 0 on every datagram: with GSO, Linux
+    /// gives segment `i` of a send ID `i` (our ICRCs cover that ID, so kernel rxe, which
+    /// checks over the header it received, accepts them; a plain-UDP receiver must solve
+    /// for the ID, as softroce's own does, or be told the segment index by UDP GRO).
     pub no_offload: bool,
 }
 
@@ -156,8 +168,9 @@ pub struct UdpLink {
     gso: AtomicBool,
     /// UDP GRO is on for the receive socket.
     gro: bool,
-    /// Scratch buffer for one GSO send (used under the device lock, so rarely contended).
-    gso_buf: Mutex<Vec<u8>>,
+    /// Cached ICRC corrections for IPv4 GSO segments ([`UdpLink::ident_delta`]), by
+    /// (destination, source port, IP ID, body length).
+    ident_deltas: Mutex<HashMap<IdentDeltaKey, [u8; 4]>>,
     /// The receive buffers of the plain UDP socket. Whoever holds the lock receives and
     /// handles what it got before letting go, so datagrams reach the device in order.
     rx: Mutex<RecvBatch>,
@@ -165,6 +178,8 @@ pub struct UdpLink {
     busy_poll: bool,
     /// Count of busy polls; the driver thread stays off the socket while it moves.
     polls: AtomicU64,
+    /// ACKs held back by a busy poll until its completions are handed out.
+    deferred: Mutex<Vec<Transmit>>,
 }
 
 impl UdpLink {
@@ -215,10 +230,11 @@ impl UdpLink {
             offload,
             gso: AtomicBool::new(offload),
             gro,
-            gso_buf: Mutex::new(Vec::with_capacity(GSO_MAX_BYTES)),
+            ident_deltas: Mutex::new(HashMap::new()),
             rx: Mutex::new(RecvBatch::new(if offload { RECV_BATCH } else { 1 })),
             busy_poll,
             polls: AtomicU64::new(0),
+            deferred: Mutex::new(Vec::new()),
         })
     }
 
@@ -235,6 +251,40 @@ impl UdpLink {
     /// True while sends are batched with UDP GSO (cleared when the kernel refuses it).
     pub fn gso(&self) -> bool {
         self.gso.load(Ordering::Relaxed)
+    }
+
+    /// Sends `ts` now: runs of one (source port, destination) batched, unless offloads are
+    /// off. Returns how many failed.
+    fn send_now(&self, ts: &[Transmit]) -> usize {
+        if ts.is_empty() {
+            return 0;
+        }
+        if !self.offload || ts.len() < 2 {
+            return ts.iter().filter(|t| self.send(t).is_err()).count();
+        }
+        // Runs of one (source port, destination): one socket, one GSO flow.
+        let mut errors = 0;
+        let mut i = 0;
+        while let Some(t) = ts.get(i) {
+            let len = ts[i..]
+                .iter()
+                .take_while(|u| u.src_port == t.src_port && u.dst == t.dst)
+                .count();
+            errors += self.send_run(&ts[i..i + len]);
+            i += len;
+        }
+        errors
+    }
+
+    /// Sends the ACKs held back, if any. The lock is held while they go out, so two threads
+    /// flushing cannot reorder them (a stale ACK overtaking a newer one is dropped by the
+    /// peer's completer as an unexpected response).
+    fn flush_deferred(&self) {
+        let mut held = self.deferred.lock();
+        if !held.is_empty() {
+            let _ = self.send_now(&held);
+            held.clear();
+        }
     }
 
     /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out
@@ -295,9 +345,10 @@ impl UdpLink {
     /// single datagram, or GSO refused).
     ///
     /// Every segment stays a whole RoCE packet with its own ICRC. For IPv4 the kernel gives
-    /// segment `i` the IP Identification `i` ([`send_gso`]), which the ICRC covers, so the
-    /// ICRC of segments after the first is recomputed here for that ID (the engine computed
-    /// it for ID 0, what a lone datagram carries).
+    /// segment `i` the IP Identification `i` (`batch::send_gso`), which the ICRC covers, so
+    /// the ICRC of segments after the first is corrected here for that ID (the engine
+    /// computed it for ID 0, what a lone datagram carries; [`UdpLink::ident_delta`]). The
+    /// datagrams are gathered from the engine's buffers, not copied.
     fn send_gso_chunk(
         &self,
         fd: RawFd,
@@ -328,28 +379,33 @@ impl UdpLink {
             (IpAddr::V4(src), IpAddr::V4(d)) => Some((src, d)),
             _ => None,
         };
-        let mut buf = self.gso_buf.lock();
-        buf.clear();
-        for (i, t) in ts[..n].iter().enumerate() {
-            let at = buf.len();
-            buf.extend_from_slice(&t.payload);
-            if let (Some((src, d)), Ok(ident @ 1..)) = (v4, u16::try_from(i)) {
-                let ip = IcrcIp::V4 {
-                    src,
-                    dst: d,
-                    ident,
-                    src_port: ts[0].src_port,
-                    dst_port: ROCE_V2_UDP_PORT,
-                };
-                let icrc = icrc_of_datagram(&ip, &buf[at..]);
-                let end = buf.len();
-                if let Some(slot) = buf.get_mut(end.saturating_sub(4)..end) {
-                    slot.copy_from_slice(&icrc);
+        // Gather the datagrams in place; for IPv4 segment i >= 1 swap in the ICRC for ID i.
+        let mut icrcs = [[0u8; 4]; GSO_MAX_SEGMENTS];
+        if let Some((src, d)) = v4 {
+            for (i, t) in ts[..n].iter().enumerate().skip(1) {
+                let body_bytes = t.payload.len().saturating_sub(4);
+                let delta = self.ident_delta(src, d, ts[0].src_port, i as u16, body_bytes);
+                let old = t.payload.get(body_bytes..).unwrap_or_default();
+                for (k, (o, x)) in old.iter().zip(delta).enumerate() {
+                    icrcs[i][k] = o ^ x;
                 }
             }
         }
+        let mut parts: [&[u8]; GSO_MAX_IOV] = [&[]; GSO_MAX_IOV];
+        let mut np = 0;
+        for (i, t) in ts[..n].iter().enumerate() {
+            if v4.is_some() && i >= 1 {
+                let body_bytes = t.payload.len().saturating_sub(4);
+                parts[np] = t.payload.get(..body_bytes).unwrap_or_default();
+                parts[np + 1] = &icrcs[i];
+                np += 2;
+            } else {
+                parts[np] = &t.payload;
+                np += 1;
+            }
+        }
         self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
-        match send_gso(fd, dst, &buf, seg as u16) {
+        match send_gso_gather(fd, dst, &parts[..np], seg as u16) {
             Ok(()) => {
                 self.tx_gso_sends.fetch_add(1, Ordering::Relaxed);
                 self.tx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
@@ -363,6 +419,45 @@ impl UdpLink {
             // error would lose them; the transport retransmits.
             Err(_) => Ok((n, n)),
         }
+    }
+
+    /// What to XOR into the ICRC of an IPv4 datagram with a `body_bytes`-byte body (all but
+    /// the ICRC), computed for IP ID 0 on the flow from this link's address and `src_port`
+    /// to `dst`:4791, to make it the ICRC for ID `ident`. The ICRC is affine in the bits it
+    /// covers, so for bodies of one length `icrc(id, body) = icrc(0, body) ⊕ icrc(id, 0…) ⊕
+    /// icrc(0, 0…)`; the last two depend only on the flow, the ID and the length, and are
+    /// cached (a bulk flow uses a handful of lengths and IDs 1..64).
+    fn ident_delta(
+        &self,
+        src: std::net::Ipv4Addr,
+        dst: std::net::Ipv4Addr,
+        src_port: u16,
+        ident: u16,
+        body_bytes: usize,
+    ) -> [u8; 4] {
+        let key = (dst, src_port, ident, body_bytes);
+        let mut cache = self.ident_deltas.lock();
+        if let Some(d) = cache.get(&key) {
+            return *d;
+        }
+        let zeros = vec![0u8; body_bytes];
+        let flow = |ident| IcrcIp::V4 {
+            src,
+            dst,
+            ident,
+            src_port,
+            dst_port: ROCE_V2_UDP_PORT,
+        };
+        let (a, b) = (
+            icrc_of_body(&flow(ident), &zeros),
+            icrc_of_body(&flow(0), &zeros),
+        );
+        let d = [a[0] ^ b[0], a[1] ^ b[1], a[2] ^ b[2], a[3] ^ b[3]];
+        if cache.len() >= IDENT_DELTA_CACHE {
+            cache.clear();
+        }
+        cache.insert(key, d);
+        d
     }
 
     fn socket_for(&self, port: u16) -> io::Result<Arc<UdpSocket>> {
@@ -409,21 +504,18 @@ impl Link for UdpLink {
     }
 
     fn send_batch(&self, ts: &[Transmit]) -> usize {
-        if !self.offload || ts.len() < 2 {
-            return ts.iter().filter(|t| self.send(t).is_err()).count();
+        if DEFER_ACKS.with(Cell::get) && ts.iter().all(|t| t.payload.len() <= DEFER_MAX_BYTES) {
+            // ACKs only: they wait for the end of the receive batch (driver thread) or the
+            // next poll (busy polling, so the application's reply goes first).
+            self.deferred.lock().extend(ts.iter().cloned());
+            return 0;
         }
-        // Runs of one (source port, destination): one socket, one GSO flow.
-        let mut errors = 0;
-        let mut i = 0;
-        while let Some(t) = ts.get(i) {
-            let len = ts[i..]
-                .iter()
-                .take_while(|u| u.src_port == t.src_port && u.dst == t.dst)
-                .count();
-            errors += self.send_run(&ts[i..i + len]);
-            i += len;
+        // Held ACKs go before any other response (READ responses, ACKs), which share their
+        // PSN order; requests (the other direction's stream) need not wait for them.
+        if ts.iter().any(is_response) {
+            self.flush_deferred();
         }
-        errors
+        self.send_now(ts)
     }
 
     fn source_port(&self, want: u16) -> u16 {
@@ -518,12 +610,16 @@ impl UdpDevice {
         let link = &*self.link;
         if link.busy_poll {
             link.polls.fetch_add(1, Ordering::Relaxed);
+            // ACKs held back by the previous poll: the application has had its turn.
+            link.flush_deferred();
             // Whoever holds the receive buffers (the driver thread, for at most one
             // BUSY_DRIVER_RECV, before it sees the polls) delivers; we just poll then.
             if let Some(mut rx) = link.rx.try_lock()
                 && rx.recv(link.recv.as_raw_fd(), false).is_ok()
             {
+                DEFER_ACKS.with(|d| d.set(true));
                 deliver(&self.device, link, &rx);
+                DEFER_ACKS.with(|d| d.set(false));
             }
         }
         cq.poll(out)
@@ -568,6 +664,8 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
             park = park.min(super::mcast::MAX_PARK);
         }
         if link.busy_poll {
+            // ACKs a poller held back and has not sent yet (it may have stopped polling).
+            link.flush_deferred();
             let polls = link.polls.load(Ordering::Relaxed);
             if polls != polls_seen {
                 // A thread is busy-polling: it receives; we only serve timers.
@@ -599,8 +697,14 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                     timeout = Some(park);
                 }
                 let mut rx = link.rx.lock();
-                rx.recv(link.recv.as_raw_fd(), true)
-                    .map(|_| deliver(device, link, &rx))
+                rx.recv(link.recv.as_raw_fd(), true).map(|_| {
+                    // The ACKs this batch causes leave together at its end (one GSO send
+                    // per flow where they are alike) instead of one system call each.
+                    DEFER_ACKS.with(|d| d.set(link.offload));
+                    deliver(device, link, &rx);
+                    DEFER_ACKS.with(|d| d.set(false));
+                    link.flush_deferred();
+                })
             }
         };
         match got {
@@ -631,6 +735,34 @@ const BUSY_DRIVER_NAP: Duration = Duration::from_micros(500);
 /// In busy-polling mode, the longest the driver thread blocks in a receive (the longest a
 /// poller that starts polling waits before it gets the socket).
 const BUSY_DRIVER_RECV: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// Set while received datagrams are delivered: small datagrams (ACKs) they cause are
+    /// held back ([`UdpLink::flush_deferred`]). The driver thread sends them together at
+    /// the end of each receive batch; a busy poll sends them at the next poll, after the
+    /// application has seen the completions and answered (PERF.md: ACKs off the critical
+    /// path).
+    static DEFER_ACKS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True for an RC response datagram (BTH opcode RDMA READ RESPONSE FIRST 0x0D through
+/// ATOMIC ACKNOWLEDGE 0x12, ACKNOWLEDGE 0x11 included): the responder's stream, whose
+/// order the held-back ACKs are part of. Source: IBTA Vol 1 ch. 9 (opcodes); rxe_opcode.c.
+fn is_response(t: &Transmit) -> bool {
+    t.payload
+        .first()
+        .is_some_and(|op| (0x0d..=0x12).contains(op))
+}
+
+/// Datagrams at most this long are ACKs (BTH 12 + AETH 4 + ICRC 4; an atomic ACK has 8
+/// more) and may be held back by a busy poll.
+const DEFER_MAX_BYTES: usize = 28;
+
+/// (destination, UDP source port, IPv4 ID, body bytes) of a cached ICRC correction.
+type IdentDeltaKey = (std::net::Ipv4Addr, u16, u16, usize);
+
+/// Most cached IPv4 GSO ICRC corrections (then the cache starts over).
+const IDENT_DELTA_CACHE: usize = 4096;
 
 /// Datagrams one receive call may return (`recvmmsg` slots of 64 KiB each).
 const RECV_BATCH: usize = 8;

@@ -690,30 +690,30 @@ impl Device {
                 };
                 // Our own senders write IPv4 ID 0; kernel rxe and NICs write a counter that a
                 // UDP socket cannot see, which is recovered by CRC linearity.
-                // Segment i of a GSO send carries ID i: try it before solving.
+                // Segment i of a GSO send carries ID i.
                 let gro_ident = match (hdrs, ip) {
                     (RxHeaders::UdpGro { index }, IcrcIp::V4 { .. }) => {
                         u16::try_from(index).ok().filter(|i| *i != 0)
                     }
                     _ => None,
                 };
-                pkt.icrc_ok(&ip)
-                    || gro_ident.is_some_and(|ident| match ip {
-                        IcrcIp::V4 {
-                            src,
-                            dst,
-                            src_port,
-                            dst_port,
-                            ..
-                        } => pkt.icrc_ok(&IcrcIp::V4 {
-                            src,
-                            dst,
-                            ident,
-                            src_port,
-                            dst_port,
-                        }),
-                        IcrcIp::V6 { .. } => false,
-                    })
+                // Segment i >= 1 of a GRO buffer is checked for its ID first: one CRC pass.
+                gro_ident.is_some_and(|ident| match ip {
+                    IcrcIp::V4 {
+                        src,
+                        dst,
+                        src_port,
+                        dst_port,
+                        ..
+                    } => pkt.icrc_ok(&IcrcIp::V4 {
+                        src,
+                        dst,
+                        ident,
+                        src_port,
+                        dst_port,
+                    }),
+                    IcrcIp::V6 { .. } => false,
+                }) || pkt.icrc_ok(&ip)
                     || (matches!(ip, IcrcIp::V4 { .. })
                         && solve_ipv4_ident(&ip, pkt.body, pkt.icrc).is_some())
             }

@@ -288,7 +288,15 @@ fn setup(a: &TargetArgs) -> Result<Target, BoxError> {
         .into());
     }
     let ip = crate::pingpong::device_ip(a.ip)?;
-    let dev = UdpDevice::open(&a.ib_dev, ip).map_err(|e| {
+    // One datagram per system call: the target's answers are checked byte for byte by
+    // peers that see no IP header and assume IPv4 ID 0 on every datagram (FACTS §0.2), which
+    // a UDP GSO send gives only its first segment (segment i carries ID i).
+    let opts = softroce::net::UdpOptions {
+        no_offload: true,
+        ..softroce::net::UdpOptions::process_default()
+    };
+    let cfg = softroce::verbs::DeviceConfig::new(&a.ib_dev, ip);
+    let dev = UdpDevice::open_with_options(cfg, &opts).map_err(|e| {
         format!(
             "cannot open device {} on {ip} (UDP port 4791): {e}",
             a.ib_dev
