@@ -451,15 +451,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         quiesce(&dev);
     }
     // Counters live with the QP: read them before anything is torn down.
-    let counters = dev.counters();
-    let tx_datagrams = dev
-        .link()
-        .tx_datagrams
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let rx_datagrams = dev
-        .link()
-        .rx_datagrams
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let counters = counters_line(&dev);
 
     let usec = (elapsed.as_secs_f64() * 1e6).max(1.0);
     let bytes = u64::from(msg_size) * u64::from(a.iters) * 2;
@@ -484,13 +476,24 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         "data: {rcnt} received messages of {msg_size} bytes checked, each equal to the first message of the session"
     );
     if a.counters {
-        let mut line = format!("counters: tx_datagrams={tx_datagrams} rx_datagrams={rx_datagrams}");
-        for (name, v) in counters.entries() {
-            line.push_str(&format!(" {name}={v}"));
-        }
-        println!("{line}");
+        println!("{counters}");
     }
     Ok(())
+}
+
+/// `--counters`: "counters: tx_datagrams=N rx_datagrams=N" (the link's datagrams) followed by
+/// every device counter as `name=value`, rxe's hw_counter names.
+pub fn counters_line(dev: &UdpDevice) -> String {
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let mut line = format!(
+        "counters: tx_datagrams={} rx_datagrams={}",
+        load(&dev.link().tx_datagrams),
+        load(&dev.link().rx_datagrams)
+    );
+    for (name, v) in dev.counters().entries() {
+        line.push_str(&format!(" {name}={v}"));
+    }
+    line
 }
 
 /// Waits until the device has received nothing for 200 ms (at most 3 s), so that counters

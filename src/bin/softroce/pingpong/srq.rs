@@ -24,7 +24,7 @@
 
 use super::{
     MSG_LEN, PingpongArgs, PingpongDest, RECV_WRID, SEND_WRID, check_same, chk_mark_pages,
-    chk_verify_pages, connect_qp, device_ip, fill_byte, quiesce,
+    chk_verify_pages, connect_qp, counters_line, device_ip, fill_byte, quiesce,
 };
 use crate::BoxError;
 use softroce::net::UdpDevice;
@@ -295,7 +295,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     if a.counters {
         quiesce(&dev);
     }
-    let counters = dev.counters();
+    let counters = counters_line(&dev);
     let usec = (elapsed.as_secs_f64() * 1e6).max(1.0);
     let bytes = u64::from(msg_size) * u64::from(a.iters) * 2;
     println!(
@@ -318,11 +318,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         "data: {rcnt} received messages of {msg_size} bytes on {num_qp} QPs and one SRQ checked, each equal to the first message of the session"
     );
     if a.counters {
-        let mut line = "counters:".to_string();
-        for (name, v) in counters.entries() {
-            line.push_str(&format!(" {name}={v}"));
-        }
-        println!("{line}");
+        println!("{counters}");
     }
     Ok(())
 }
