@@ -307,7 +307,9 @@ fn window_edges_and_wrap_around() {
     let lo = |_: &Rig| device::WIN_VA + 1024;
     let hi = |_: &Rig| device::WIN_VA + 2048;
     // Inside, touching both ends.
-    let a = ok(&|r| write(0x11, RC_PSN, lo(r), r.mw2.rkey(), 1024, &[7; 1024]));
+    let a = ok(&|r| write(0x11, RC_PSN, lo(r), r.mw2.rkey(), 256, &[7; 256]));
+    assert_eq!(a, [(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK))]);
+    let a = ok(&|r| write(0x11, RC_PSN, hi(r) - 256, r.mw2.rkey(), 256, &[7; 256]));
     assert_eq!(a, [(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK))]);
     let a = ok(&|r| read(0x11, RC_PSN, hi(r) - 8, r.mw2.rkey(), 8));
     assert_eq!(a.len(), 1);
@@ -589,4 +591,186 @@ fn device_seeds_are_current_and_reach_the_qps() {
     assert_eq!(wcs.len(), 1);
     assert_eq!((wcs[0].status, wcs[0].byte_len), (WcStatus::Success, 5));
     rig.teardown();
+}
+
+// ---------------------------------------------------------------------------------------------
+// SRQ
+// ---------------------------------------------------------------------------------------------
+
+fn send_only(qpn: u32, psn: u32, payload: &[u8]) -> Vec<u8> {
+    emit(
+        PacketRepr::new(bth(Opcode::RC_SEND_ONLY, qpn, psn)),
+        payload,
+        DEV_IP,
+    )
+}
+
+/// SENDs to two QPs sharing an SRQ of 8 WRs, 6 each: the first 8 take the WRs in order
+/// (FIFO across QPs), the rest are RNR NAKed (rxe `check_resource` on an empty SRQ ->
+/// RESPST_ERR_RNR); no WR is used twice, none is lost; once reposted, the retried SENDs land.
+#[test]
+fn sends_to_many_qps_on_one_srq_beyond_its_depth() {
+    let mut rig = Rig::new();
+    let mut psn = [RC_PSN; 2];
+    let mut acks = 0;
+    let mut rnrs = Vec::new();
+    for i in 0..12u32 {
+        let q = (i % 2) as usize;
+        rig.dev.handle_datagram(
+            peer(),
+            &send_only(0x11 + q as u32, psn[q], &i.to_be_bytes()),
+        );
+        for (op, p, syn) in answers(&rig) {
+            assert_eq!(op, Opcode::RC_ACKNOWLEDGE);
+            match syn {
+                Some(ACK) => {
+                    acks += 1;
+                    psn[q] += 1;
+                }
+                Some(s) if s & 0xe0 == 0x20 => rnrs.push((q, p)),
+                other => panic!("unexpected syndrome {other:?}"),
+            }
+        }
+    }
+    assert_eq!(acks, device::SRQ_WR);
+    assert_eq!(rnrs.len(), 4);
+    assert!(rig.srq.is_empty());
+    let wcs = polled(&rig);
+    assert_eq!(wcs.len(), device::SRQ_WR as usize);
+    let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0x1000..0x1008).collect::<Vec<u64>>());
+    assert!(
+        wcs.iter()
+            .all(|w| w.status == WcStatus::Success && w.byte_len == 4)
+    );
+    // The payload of SEND i sits in slot i.
+    let r = rig.rbuf.to_vec();
+    for i in 0..8u32 {
+        let s = i as usize * device::SLOT;
+        assert_eq!(&r[s..s + 4], &i.to_be_bytes());
+    }
+    // Repost and retry the RNR-NAKed SENDs (one per QP, the first refused PSN of each).
+    for _ in 0..device::SRQ_WR {
+        assert!(rig.post_srq_one());
+    }
+    for (qpn, p) in [(0x11, psn[0]), (0x12, psn[1])] {
+        rig.dev.handle_datagram(peer(), &send_only(qpn, p, b"late"));
+        assert_eq!(answers(&rig), [(Opcode::RC_ACKNOWLEDGE, p, Some(ACK))]);
+    }
+    assert_eq!(polled(&rig).len(), 2);
+    rig.check();
+    rig.teardown();
+}
+
+/// A SEND longer than the SRQ WR it took (256 bytes): FIRST fills it, MIDDLE overflows it.
+/// rxe RESPST_ERR_LENGTH: NAK invalid request (0x61) for the MIDDLE, the WR completes
+/// IBV_WC_LOC_LEN_ERR, the QP goes to ERROR, nothing is written past the SGE; the other QP
+/// on the SRQ is unaffected and gets the next WR.
+#[test]
+fn srq_send_longer_than_the_wr() {
+    let rig = Rig::new();
+    for (op, psn) in [
+        (Opcode::RC_SEND_FIRST, RC_PSN),
+        (Opcode::RC_SEND_MIDDLE, RC_PSN + 1),
+    ] {
+        rig.dev.handle_datagram(
+            peer(),
+            &emit(PacketRepr::new(bth(op, 0x11, psn)), &[1; 256], DEV_IP),
+        );
+    }
+    let a = answers(&rig);
+    let wcs = polled(&rig);
+    assert_eq!(
+        a,
+        [
+            (Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK)),
+            (Opcode::RC_ACKNOWLEDGE, RC_PSN + 1, Some(NAK_INV))
+        ]
+    );
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (0x1000, WcStatus::LocLenErr));
+    assert_eq!(rig.srq.len(), device::SRQ_WR as usize - 1);
+    rig.dev
+        .handle_datagram(peer(), &send_only(0x12, RC_PSN, b"ok"));
+    assert_eq!(answers(&rig), [(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK))]);
+    let wcs = polled(&rig);
+    assert_eq!((wcs.len(), wcs[0].wr_id), (1, 0x1001));
+    rig.check();
+    rig.teardown();
+}
+
+/// A QP moved to ERROR, or destroyed, while a multi-packet SEND holds an SRQ WR: ERROR
+/// flushes that WR (IBV_WC_WR_FLUSH_ERR, IBTA 10.8.3.1 / rxe `flush_recv_queue` of the WQE
+/// in progress); destruction takes it with the QP. Either way the SRQ keeps every WR it did
+/// not lend and the other QP on it goes on receiving.
+#[test]
+fn qp_error_or_destroy_while_it_holds_an_srq_wr() {
+    for destroy in [false, true] {
+        let mut rig = Rig::new();
+        rig.dev.handle_datagram(
+            peer(),
+            &emit(
+                PacketRepr::new(bth(Opcode::RC_SEND_FIRST, 0x11, RC_PSN)),
+                &[1; 256],
+                DEV_IP,
+            ),
+        );
+        assert!(polled(&rig).is_empty());
+        assert_eq!(rig.srq.len(), device::SRQ_WR as usize - 1);
+        if destroy {
+            // A stand-in so the rig stays whole: a fresh RC QP on the same SRQ.
+            let stand_in = rig
+                .pd
+                .create_qp(&softroce::verbs::QpInitAttr {
+                    qp_type: softroce::transport::QpType::Rc,
+                    send_cq: &rig.cq,
+                    recv_cq: &rig.cq,
+                    cap: softroce::transport::QpCap::default(),
+                    sq_sig_all: false,
+                    srq: Some(&rig.srq),
+                })
+                .unwrap();
+            let gone = std::mem::replace(&mut rig.rc_a, stand_in);
+            drop(gone);
+            assert!(polled(&rig).is_empty());
+        } else {
+            rig.rc_a
+                .modify(
+                    &softroce::verbs::QpAttr {
+                        qp_state: QpState::Err,
+                        ..Default::default()
+                    },
+                    softroce::verbs::QpAttrMask::STATE,
+                )
+                .unwrap();
+            let wcs = polled(&rig);
+            assert_eq!(wcs.len(), 1, "{wcs:?}");
+            assert_eq!(
+                (wcs[0].wr_id, wcs[0].status),
+                (0x1000, WcStatus::WrFlushErr)
+            );
+        }
+        assert_eq!(rig.srq.len(), device::SRQ_WR as usize - 1);
+        // The rest of the message, to the dead or destroyed QP: dropped, nothing taken.
+        rig.dev.handle_datagram(
+            peer(),
+            &emit(
+                PacketRepr::new(bth(Opcode::RC_SEND_LAST, 0x11, RC_PSN + 1)),
+                &[2; 8],
+                DEV_IP,
+            ),
+        );
+        assert_eq!(rig.srq.len(), device::SRQ_WR as usize - 1);
+        rig.dev
+            .handle_datagram(peer(), &send_only(0x12, RC_PSN, b"ok"));
+        assert_eq!(
+            answers(&rig).last(),
+            Some(&(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK)))
+        );
+        let wcs = polled(&rig);
+        assert_eq!(wcs.len(), 1);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (0x1001, WcStatus::Success));
+        rig.check();
+        rig.teardown();
+    }
 }

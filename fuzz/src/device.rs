@@ -8,7 +8,7 @@
 //! R_Keys and Q_Key:
 //!
 //! - RC QPs `rc_a` and `rc_b` (QPN 0x11, 0x12) connected to the peer 10.9.0.2 (its QPs 0x21,
-//!   0x22; first PSN 0x100 both ways), both taking receive WQEs from one SRQ of 8 WRs, each
+//!   0x22; first PSN 0x100 both ways; path MTU 256), both taking receive WQEs from one SRQ of 8 WRs, each
 //!   WR the first 256 bytes of a 512-byte slot of MR `rbuf`;
 //! - fast-register MR `win` (8 KiB at [`WIN_VA`], LOCAL_WRITE | MW_BIND, no remote rights of
 //!   its own) opened by a type 2 window bound to `rc_a` over `[1024, 2048)` (REMOTE_READ |
@@ -30,7 +30,9 @@
 //! SRQ WRs, then the SRQ, windows and MRs, works.
 
 use softroce::net::ManualClock;
-use softroce::transport::{AccessFlags, Instant, QpCap, QpType, RecvWr, SendFlags, WcStatus};
+use softroce::transport::{
+    AccessFlags, Instant, PathMtu, QpCap, QpType, RecvWr, SendFlags, WcStatus,
+};
 use softroce::verbs::{
     Cq, Device, DeviceConfig, Gid, Link, Mr, MwBind, MwType, Pd, Qp, QpInitAttr, RcConnect, Srq,
     SrqInitAttr, Transmit, Wc,
@@ -132,6 +134,7 @@ fn rc(pd: &Pd, cq: &Cq, srq: &Srq, dest: u32) -> Qp {
         .expect("create RC QP");
     let mut c = RcConnect::new(dest, Gid::from(PEER_IP), RC_PSN, RC_PSN);
     c.max_rd_atomic = 4;
+    c.path_mtu = PathMtu::Mtu256;
     qp.connect_rc(&c).expect("connect RC QP");
     qp
 }
