@@ -774,3 +774,431 @@ fn qp_error_or_destroy_while_it_holds_an_srq_wr() {
         rig.teardown();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Multicast and QP1
+// ---------------------------------------------------------------------------------------------
+
+fn group_dgram(repr: PacketRepr, payload: &[u8]) -> Vec<u8> {
+    emit(repr, payload, GROUP)
+}
+
+/// Datagrams to the multicast group: a good UD SEND reaches the attached UD QP once; an RC or
+/// UC opcode with DestQP 0xFFFFFF, a wrong Q_Key, a group nobody joined, and DestQP 0xFFFFFF
+/// arriving at the unicast address are dropped and counted (rxe `rxe_rcv_mcast_pkt`,
+/// `check_type_state`, `check_keys`); none is answered.
+#[test]
+fn multicast_attacks_are_dropped_and_counted() {
+    let rig = Rig::new();
+    let d0 = rig.dev.counters();
+    let ud_c0 = rig.ud.counters();
+    // Good.
+    rig.dev.handle_multicast_datagram(
+        peer(),
+        IpAddr::V4(GROUP),
+        &ud_send(Opcode::UD_SEND_ONLY, MULTICAST_QPN, UD_QKEY, b"good", GROUP),
+    );
+    let wcs = polled(&rig);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(
+        (wcs[0].status, wcs[0].byte_len),
+        (WcStatus::Success, 4 + 40)
+    );
+    // RC and UC opcodes to the group.
+    for op in [
+        Opcode::RC_SEND_ONLY,
+        Opcode::UC_SEND_ONLY,
+        Opcode::RC_RDMA_WRITE_ONLY,
+    ] {
+        let mut r = PacketRepr::new(bth(op, MULTICAST_QPN, 0));
+        if op == Opcode::RC_RDMA_WRITE_ONLY {
+            r.reth = Some(RethRepr {
+                va: device::WIN_VA + 1024,
+                rkey: rig.mw2.rkey(),
+                dma_len: 4,
+            });
+        }
+        rig.dev
+            .handle_multicast_datagram(peer(), IpAddr::V4(GROUP), &group_dgram(r, &[7; 4]));
+    }
+    // Bad Q_Key, and a Q_Key with the high bit set (never valid on the wire).
+    for qkey in [UD_QKEY ^ 1, 0x8000_0000 | UD_QKEY, GSI_QKEY] {
+        rig.dev.handle_multicast_datagram(
+            peer(),
+            IpAddr::V4(GROUP),
+            &ud_send(Opcode::UD_SEND_ONLY, MULTICAST_QPN, qkey, b"bad", GROUP),
+        );
+    }
+    // A group nobody joined.
+    let other = Ipv4Addr::new(239, 9, 0, 2);
+    rig.dev.handle_multicast_datagram(
+        peer(),
+        IpAddr::V4(other),
+        &ud_send(Opcode::UD_SEND_ONLY, MULTICAST_QPN, UD_QKEY, b"x", other),
+    );
+    // DestQP 0xFFFFFF to the unicast address.
+    rig.dev.handle_datagram(
+        peer(),
+        &ud_send(Opcode::UD_SEND_ONLY, MULTICAST_QPN, UD_QKEY, b"x", DEV_IP),
+    );
+    assert!(polled(&rig).is_empty());
+    assert!(answers(&rig).is_empty());
+    let d = rig.dev.counters();
+    let ud_c = rig.ud.counters();
+    let dropped = |c: &softroce::transport::Counters, c0: &softroce::transport::Counters, r| {
+        c.dropped(r) - c0.dropped(r)
+    };
+    assert_eq!(dropped(&ud_c, &ud_c0, DropReason::WrongQpType), 3);
+    assert_eq!(dropped(&ud_c, &ud_c0, DropReason::BadQkey), 3);
+    assert_eq!(dropped(&d, &d0, DropReason::UnknownQp), 2);
+    rig.check();
+    rig.teardown();
+}
+
+/// QP1 (GSI, UD): RC opcodes are `WrongQpType` drops; a UD SEND with a Q_Key other than
+/// 0x80010000 is a `BadQkey` drop (rxe `check_keys`: QP1 takes GSI_QKEY only); neither is
+/// answered nor completes anything on the GSI CQ.
+#[test]
+fn qp1_rejects_rc_opcodes_and_foreign_qkeys() {
+    let rig = Rig::new();
+    let gsi = rig.dev.gsi_qp();
+    let c0 = gsi.counters();
+    for op in [
+        Opcode::RC_SEND_ONLY,
+        Opcode::RC_RDMA_WRITE_ONLY,
+        Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+    ] {
+        let mut r = PacketRepr::new(bth(op, 1, 0));
+        if op == Opcode::RC_RDMA_WRITE_ONLY {
+            r.reth = Some(RethRepr {
+                va: 0,
+                rkey: 0,
+                dma_len: 4,
+            });
+        }
+        if op == Opcode::RC_SEND_ONLY_WITH_INVALIDATE {
+            r.ieth = Some(IethRepr {
+                rkey: rig.mw2.rkey(),
+            });
+        }
+        rig.dev.handle_datagram(peer(), &emit(r, &[1; 4], DEV_IP));
+    }
+    for qkey in [0, UD_QKEY, GSI_QKEY ^ 1] {
+        rig.dev.handle_datagram(
+            peer(),
+            &ud_send(Opcode::UD_SEND_ONLY, 1, qkey, &[0; 256], DEV_IP),
+        );
+    }
+    let c = gsi.counters();
+    assert_eq!(
+        c.dropped(DropReason::WrongQpType) - c0.dropped(DropReason::WrongQpType),
+        3
+    );
+    assert_eq!(
+        c.dropped(DropReason::BadQkey) - c0.dropped(DropReason::BadQkey),
+        3
+    );
+    assert!(answers(&rig).is_empty());
+    let mut wc = [Wc::default(); 4];
+    assert_eq!(rig.dev.gsi_cq().poll(&mut wc), 0);
+    rig.check();
+    drop(gsi);
+    rig.teardown();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad API calls
+// ---------------------------------------------------------------------------------------------
+
+use softroce::transport::{BindMw, RecvWr, RegMr, SendWr, Sge, WrOpcode};
+use softroce::verbs::{ErrorKind, MwType, SrqAttr, SrqAttrMask, SrqInitAttr};
+
+/// Posts `wr` on a fresh rig's `rc_a` and returns the status of its completion (the post
+/// itself must succeed: these errors are found when the WR executes, as in rxe).
+fn local_op_status(make: &dyn Fn(&Rig) -> SendWr) -> WcStatus {
+    let rig = Rig::new();
+    let mut wr = make(&rig);
+    wr.send_flags = SendFlags::SIGNALED;
+    rig.rc_a.post_send(&[wr]).expect("post accepted");
+    let wcs = polled(&rig);
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    rig.check();
+    rig.teardown();
+    wcs[0].status
+}
+
+/// REG_MR work requests with absurd lengths, addresses, keys and access: each completes
+/// IBV_WC_LOC_QP_OP_ERR (rxe `rxe_reg_fast_mr` / `rxe_check_reg_mr`) and leaves the MR
+/// unusable; none panics.
+#[test]
+fn reg_mr_with_absurd_arguments_fails_the_wr() {
+    let reg = |f: fn(&Rig, &mut RegMr)| {
+        move |r: &Rig| {
+            let mr = r.pd.alloc_mr(1).unwrap();
+            let mut wr = mr.reg_wr(7, 0x33, 0x1000, 4096, AccessFlags::LOCAL_WRITE);
+            let mut reg = wr.reg_mr.unwrap();
+            f(r, &mut reg);
+            wr.reg_mr = Some(reg);
+            std::mem::forget(mr); // the rig's teardown drops the PD's objects
+            wr
+        }
+    };
+    let cases: [(&str, fn(&Rig, &mut RegMr)); 7] = [
+        ("length past the pages", |_, m| m.length = 4097),
+        ("length u64::MAX", |_, m| m.length = u64::MAX),
+        ("iova + length wraps", |_, m| m.iova = u64::MAX - 100),
+        ("new key of another index", |_, m| m.key ^= 0x100),
+        ("an ordinary MR", |r, m| m.mr_key = r.rbuf.lkey()),
+        ("remote write without local write", |_, m| {
+            m.access = AccessFlags::REMOTE_WRITE
+        }),
+        ("an MR already registered", |r, m| {
+            m.mr_key = r.win.lkey();
+            m.key = (r.win.lkey() & !0xff) | 0x77;
+        }),
+    ];
+    for (name, f) in cases {
+        assert_eq!(
+            local_op_status(&reg(f)),
+            WcStatus::LocQpOpErr,
+            "REG_MR: {name}"
+        );
+    }
+}
+
+/// BIND_MW work requests with absurd ranges and rights: IBV_WC_MW_BIND_ERR (rxe
+/// `rxe_check_bind_mw`: C10-72..75); the window stays unbound.
+#[test]
+fn bind_mw_with_absurd_arguments_fails_the_wr() {
+    let bind = |f: fn(&Rig, &mut BindMw)| {
+        move |r: &Rig| {
+            let mw = r.pd.alloc_mw(MwType::Type2).unwrap();
+            let mut wr = mw.bind_wr(7, &r.win, device::WIN_VA, 64, AccessFlags::REMOTE_READ);
+            let mut b = wr.bind_mw.unwrap();
+            f(r, &mut b);
+            wr.bind_mw = Some(b);
+            std::mem::forget(mw);
+            wr
+        }
+    };
+    let cases: [(&str, fn(&Rig, &mut BindMw)); 8] = [
+        ("crossing the MR's end", |_, b| {
+            b.addr = device::WIN_VA + 8192 - 8;
+            b.length = 16
+        }),
+        ("before the MR", |_, b| b.addr = device::WIN_VA - 1),
+        ("addr + length wraps", |_, b| {
+            b.addr = u64::MAX - 8;
+            b.length = 64
+        }),
+        ("length u64::MAX", |_, b| b.length = u64::MAX),
+        ("zero length (type 2)", |_, b| b.length = 0),
+        ("local rights", |_, b| b.access = AccessFlags::LOCAL_WRITE),
+        ("MR without MW_BIND", |r, b| {
+            b.mr_lkey = r.rbuf.lkey();
+            b.addr = r.rbuf.sge(0, 0).addr
+        }),
+        ("the window already bound", |r, b| {
+            b.mw_rkey = r.mw2.rkey();
+            b.rkey = r.mw2.rkey() + 1
+        }),
+    ];
+    for (name, f) in cases {
+        assert_eq!(
+            local_op_status(&bind(f)),
+            WcStatus::MwBindErr,
+            "BIND_MW: {name}"
+        );
+    }
+}
+
+/// Inline data must be readable memory: an inline SGE outside every registered buffer is
+/// refused at post time with EINVAL (libibverbs would fault; softroce reads only MR buffers),
+/// as is a SEND_WITH_INV / LOCAL_INV / REG_MR on a UD QP (EOPNOTSUPP, rxe
+/// `rxe_wr_opcode_info`).
+#[test]
+fn inline_outside_any_mr_and_rc_only_opcodes_on_ud_are_refused_at_post() {
+    let rig = Rig::new();
+    let cap_ok = rig.rc_a.post_send(&[{
+        let mut wr = SendWr::new(
+            1,
+            WrOpcode::Send,
+            vec![Sge {
+                addr: 0x10,
+                length: 8,
+                lkey: 0,
+            }],
+        );
+        wr.send_flags = SendFlags::INLINE | SendFlags::SIGNALED;
+        wr
+    }]);
+    let e = cap_ok.expect_err("inline SGE outside memory");
+    assert!(matches!(e.kind(), ErrorKind::Inval), "{e}");
+    for op in [WrOpcode::SendWithInv, WrOpcode::LocalInv, WrOpcode::RegMr] {
+        let e = rig
+            .ud
+            .post_send(&[SendWr::new(2, op, Vec::new())])
+            .expect_err("RC-only opcode on UD");
+        assert!(matches!(e.kind(), ErrorKind::OpNotSupp), "{op:?}: {e}");
+    }
+    assert!(polled(&rig).is_empty());
+    assert!(answers(&rig).is_empty());
+    assert_eq!(rig.rc_a.state(), QpState::Rts);
+    rig.teardown();
+}
+
+/// An SGE built from an MR with an offset that overflows the address space is a bad SGE
+/// (found at post or when used), never a panic.
+#[test]
+fn sge_with_an_absurd_offset_does_not_panic() {
+    let rig = Rig::new();
+    let s = rig.rbuf.sge(usize::MAX, 16);
+    let r = rig
+        .rc_a
+        .post_send(&[SendWr::new(1, WrOpcode::Send, vec![s])]);
+    if r.is_ok() {
+        let wcs = polled(&rig);
+        assert_eq!(wcs.len(), 1);
+        assert_ne!(wcs[0].status, WcStatus::Success);
+    }
+    assert!(answers(&rig).is_empty());
+    rig.teardown();
+}
+
+/// SRQ misuse: more SGEs than `max_sge` (EINVAL), posting to a full SRQ (ENOMEM, checked
+/// first as in rxe `post_one_recv`), resizing
+/// below the WRs queued or to 0 or past the device limit (EINVAL, rxe `rxe_srq_chk_attr`),
+/// arming the limit above `max_wr` (EINVAL), creating with absurd sizes (EINVAL); a refused
+/// call changes nothing.
+#[test]
+fn srq_misuse_returns_typed_errors() {
+    let mut rig = Rig::new();
+    let sge = rig.rbuf.sge(0, 1);
+    // (On a full SRQ rxe `post_one_recv` reports ENOMEM first, so use an empty one.)
+    let spare = rig
+        .pd
+        .create_srq(&SrqInitAttr {
+            max_wr: 4,
+            max_sge: 2,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let e = spare
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: vec![sge; 3],
+        }])
+        .expect_err("max_sge + 1");
+    assert!(matches!(e.kind(), ErrorKind::Inval));
+    assert!(spare.is_empty());
+    drop(spare);
+    assert!(!rig.post_srq_one(), "full");
+    let e = rig
+        .srq
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: vec![sge],
+        }])
+        .expect_err("full");
+    assert!(matches!(e.kind(), ErrorKind::NoMem));
+    let before = rig.srq.query().unwrap();
+    for (max_wr, limit, mask) in [
+        (4, 0, SrqAttrMask::MAX_WR),
+        (0, 0, SrqAttrMask::MAX_WR),
+        (u32::MAX, 0, SrqAttrMask::MAX_WR),
+        (0, 9, SrqAttrMask::LIMIT),
+        (16, 17, SrqAttrMask::MAX_WR | SrqAttrMask::LIMIT),
+        (16, 0, SrqAttrMask(0x80)),
+    ] {
+        let attr = SrqAttr {
+            max_wr,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        let e = rig.srq.modify(&attr, mask).expect_err("bad modify_srq");
+        assert!(matches!(e.kind(), ErrorKind::Inval), "{max_wr} {limit}");
+        assert_eq!(rig.srq.query().unwrap(), before);
+    }
+    assert_eq!(rig.srq.len(), device::SRQ_WR as usize);
+    for (max_wr, max_sge, srq_limit) in [(0, 1, 0), (u32::MAX, 1, 0), (8, 1000, 0), (8, 1, 9)] {
+        let e = rig
+            .pd
+            .create_srq(&SrqInitAttr {
+                max_wr,
+                max_sge,
+                srq_limit,
+            })
+            .expect_err("bad create_srq");
+        assert!(matches!(e.kind(), ErrorKind::Inval));
+    }
+    rig.check();
+    rig.teardown();
+}
+
+/// Completion channel misuse: acknowledging more events than were delivered is EINVAL and
+/// changes nothing; arming a CQ without a channel is EINVAL.
+#[test]
+fn completion_channel_misuse_returns_typed_errors() {
+    let rig = Rig::new();
+    let ch = rig.dev.create_comp_channel().unwrap();
+    let cq = rig.dev.create_cq_with_channel(16, &ch).unwrap();
+    assert!(matches!(
+        ch.ack_cq_events(&cq, 1).unwrap_err().kind(),
+        ErrorKind::Inval
+    ));
+    assert!(matches!(
+        ch.ack_cq_events(&cq, u32::MAX).unwrap_err().kind(),
+        ErrorKind::Inval
+    ));
+    assert_eq!(cq.unacked_events(), 0);
+    assert!(matches!(
+        rig.cq.req_notify(false).unwrap_err().kind(),
+        ErrorKind::Inval
+    ));
+    // An armed CQ that is dropped before any completion: the channel reports nothing.
+    cq.req_notify(false).unwrap();
+    drop(cq);
+    assert!(ch.try_get_cq_event().is_none());
+    rig.teardown();
+}
+
+/// SQD with nothing outstanding: the drain is immediate (IBV_EVENT_SQ_DRAINED once), the QP
+/// still receives, and going back to RTS works.
+#[test]
+fn sqd_with_nothing_outstanding() {
+    let rig = Rig::new();
+    while rig.dev.try_get_async_event().is_some() {}
+    let sqd = softroce::verbs::QpAttr {
+        qp_state: QpState::Sqd,
+        ..Default::default()
+    };
+    rig.rc_a
+        .modify(
+            &sqd,
+            softroce::verbs::QpAttrMask::STATE | softroce::verbs::QpAttrMask::EN_SQD_ASYNC_NOTIFY,
+        )
+        .unwrap();
+    rig.dev.handle_timeouts();
+    let evs: Vec<_> = std::iter::from_fn(|| rig.dev.try_get_async_event()).collect();
+    let drained = evs
+        .iter()
+        .filter(|e| e.event_type == softroce::verbs::EventType::SqDrained)
+        .count();
+    assert_eq!(drained, 1, "{evs:?}");
+    assert_eq!(rig.rc_a.state(), QpState::Sqd);
+    rig.dev
+        .handle_datagram(peer(), &send_only(0x11, RC_PSN, b"in sqd"));
+    assert_eq!(answers(&rig), [(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK))]);
+    assert_eq!(polled(&rig).len(), 1);
+    rig.rc_a
+        .modify(
+            &softroce::verbs::QpAttr {
+                qp_state: QpState::Rts,
+                ..Default::default()
+            },
+            softroce::verbs::QpAttrMask::STATE,
+        )
+        .unwrap();
+    assert_eq!(rig.rc_a.state(), QpState::Rts);
+    rig.teardown();
+}

@@ -1016,7 +1016,9 @@ impl Mr {
     pub fn is_empty(&self) -> bool {
         self.length == 0
     }
-    /// An SGE covering `[offset, offset + length)` of this MR.
+    /// An SGE covering `[offset, offset + length)` of this MR. Never fails: an `offset`
+    /// outside the MR gives an SGE that the lkey range check refuses when it is used (the
+    /// address wraps modulo 2^64 rather than overflowing).
     pub fn sge(&self, offset: usize, length: u32) -> crate::transport::Sge {
         let st = self.dev.shared.state.lock();
         let (addr, lkey) = st
@@ -1024,7 +1026,7 @@ impl Mr {
             .get_slot(self.lkey)
             .map_or((self.addr, self.lkey), |m| (m.iova, m.lkey));
         crate::transport::Sge {
-            addr: addr + offset as u64,
+            addr: addr.wrapping_add(offset as u64),
             length,
             lkey,
         }
