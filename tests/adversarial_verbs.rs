@@ -913,6 +913,9 @@ fn qp1_rejects_rc_opcodes_and_foreign_qkeys() {
 use softroce::transport::{BindMw, RecvWr, RegMr, SendWr, Sge, WrOpcode};
 use softroce::verbs::{ErrorKind, MwType, SrqAttr, SrqAttrMask, SrqInitAttr};
 
+/// A change to one field of a work request's extension, given the rig.
+type Tweak<T> = fn(&Rig, &mut T);
+
 /// Posts `wr` on a fresh rig's `rc_a` and returns the status of its completion (the post
 /// itself must succeed: these errors are found when the WR executes, as in rxe).
 fn local_op_status(make: &dyn Fn(&Rig) -> SendWr) -> WcStatus {
@@ -943,7 +946,7 @@ fn reg_mr_with_absurd_arguments_fails_the_wr() {
             wr
         }
     };
-    let cases: [(&str, fn(&Rig, &mut RegMr)); 7] = [
+    let cases: [(&str, Tweak<RegMr>); 7] = [
         ("length past the pages", |_, m| m.length = 4097),
         ("length u64::MAX", |_, m| m.length = u64::MAX),
         ("iova + length wraps", |_, m| m.iova = u64::MAX - 100),
@@ -981,7 +984,7 @@ fn bind_mw_with_absurd_arguments_fails_the_wr() {
             wr
         }
     };
-    let cases: [(&str, fn(&Rig, &mut BindMw)); 8] = [
+    let cases: [(&str, Tweak<BindMw>); 8] = [
         ("crossing the MR's end", |_, b| {
             b.addr = device::WIN_VA + 8192 - 8;
             b.length = 16
