@@ -1205,3 +1205,48 @@ fn sqd_with_nothing_outstanding() {
     assert_eq!(rig.rc_a.state(), QpState::Rts);
     rig.teardown();
 }
+
+/// RDMA WRITE with immediate through the type 2 window to a QP whose SRQ is empty: RNR NAK
+/// and the window's bytes untouched (the receive WQE is checked before memory, rxe
+/// `check_resource`); after a repost the retried WRITE lands and completes
+/// IBV_WC_RECV_RDMA_WITH_IMM on the SRQ's WR.
+#[test]
+fn write_with_immediate_through_a_window_to_an_empty_srq() {
+    let mut rig = Rig::new();
+    // Drain the SRQ with 8 SENDs on rc_b.
+    for i in 0..device::SRQ_WR {
+        rig.dev
+            .handle_datagram(peer(), &send_only(0x12, RC_PSN + i, b"fill"));
+    }
+    assert_eq!(polled(&rig).len(), device::SRQ_WR as usize);
+    answers(&rig);
+    assert!(rig.srq.is_empty());
+    let imm = |rkey| {
+        let mut r = PacketRepr::new(bth(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, 0x11, RC_PSN));
+        r.reth = Some(RethRepr {
+            va: device::WIN_VA + 1024,
+            rkey,
+            dma_len: 4,
+        });
+        r.immdt = Some(softroce::wire::ImmDtRepr { imm_data: 0xfeed });
+        emit(r, &[1, 2, 3, 4], DEV_IP)
+    };
+    rig.dev.handle_datagram(peer(), &imm(rig.mw2.rkey()));
+    let a = answers(&rig);
+    assert_eq!(a.len(), 1);
+    assert!(a[0].2.is_some_and(|s| s & 0xe0 == 0x20), "RNR NAK: {a:?}");
+    assert!(rig.win.to_vec()[1024..1028].iter().all(|&b| b == FILL));
+    assert!(polled(&rig).is_empty());
+    assert!(rig.post_srq_one());
+    rig.dev.handle_datagram(peer(), &imm(rig.mw2.rkey()));
+    assert_eq!(answers(&rig), [(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK))]);
+    assert_eq!(&rig.win.to_vec()[1024..1028], &[1, 2, 3, 4]);
+    let wcs = polled(&rig);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(
+        (wcs[0].status, wcs[0].opcode, wcs[0].imm_data, wcs[0].wr_id),
+        (WcStatus::Success, WcOpcode::RecvRdmaWithImm, 0xfeed, 0x1000)
+    );
+    rig.check();
+    rig.teardown();
+}
