@@ -1250,3 +1250,39 @@ fn write_with_immediate_through_a_window_to_an_empty_srq() {
     rig.check();
     rig.teardown();
 }
+
+/// An RC packet for a connected QP (DestQP 0x11, not 0xFFFFFF) that arrives on the multicast
+/// group's socket: its destination IP is the group, not the QP's address, so rxe
+/// `check_addr` ("dst addr != qp source addr") drops it. Dropped and counted
+/// (`WrongSource`), never executed, never answered.
+#[test]
+fn rc_packet_to_a_connected_qp_via_the_group_address_is_dropped() {
+    let rig = Rig::new();
+    let c0 = rig.rc_a.counters();
+    rig.dev.handle_multicast_datagram(
+        peer(),
+        IpAddr::V4(GROUP),
+        &group_dgram(
+            PacketRepr::new(bth(Opcode::RC_SEND_ONLY, 0x11, RC_PSN)),
+            b"sneaky",
+        ),
+    );
+    let mut w = PacketRepr::new(bth(Opcode::RC_RDMA_WRITE_ONLY, 0x11, RC_PSN));
+    w.reth = Some(RethRepr {
+        va: device::WIN_VA + 1024,
+        rkey: rig.mw2.rkey(),
+        dma_len: 4,
+    });
+    rig.dev
+        .handle_multicast_datagram(peer(), IpAddr::V4(GROUP), &group_dgram(w, &[7; 4]));
+    assert!(answers(&rig).is_empty());
+    assert!(polled(&rig).is_empty());
+    assert_eq!(rig.srq.len(), device::SRQ_WR as usize);
+    let c = rig.rc_a.counters();
+    assert_eq!(
+        c.dropped(DropReason::WrongSource) - c0.dropped(DropReason::WrongSource),
+        2
+    );
+    rig.check();
+    rig.teardown();
+}

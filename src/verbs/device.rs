@@ -623,7 +623,10 @@ impl Device {
             st.counters.drop_packet(DropReason::IcrcMismatch);
             return;
         }
-        super::srq::handle_packet(&mut st, qpn, now, &pkt, src.ip(), &self.shared.events);
+        // A datagram that reached a multicast group's socket but names a QP: `dst` is the
+        // group, which a connected QP refuses (rxe `check_addr`).
+        let to = (dst != self.shared.cfg.ip).then_some(dst);
+        super::srq::handle_packet(&mut st, qpn, now, &pkt, src.ip(), to, &self.shared.events);
         self.pump(&mut st, qpn, now);
     }
 
