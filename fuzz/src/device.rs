@@ -26,7 +26,8 @@
 //!
 //! Checks (a panic is a finding): nothing panics; no byte that no key grants remote write
 //! access to ever changes (`win` outside the type 2 window, `ro`, and the unused halves of the
-//! receive slots); the SRQ never holds more WRs than its depth; tearing down QPs with lent
+//! receive slots); the SRQ never holds more WRs than its depth; every datagram the device
+//! sends parses; tearing down QPs with lent
 //! SRQ WRs, then the SRQ, windows and MRs, works.
 
 use softroce::net::ManualClock;
@@ -37,7 +38,7 @@ use softroce::verbs::{
     Cq, Device, DeviceConfig, Gid, Link, Mr, MwBind, MwType, Pd, Qp, QpInitAttr, RcConnect, Srq,
     SrqInitAttr, Transmit, Wc,
 };
-use softroce::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_of_datagram};
+use softroce::wire::{IcrcIp, ROCE_V2_UDP_PORT, RocePacket, icrc_of_datagram};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -342,6 +343,15 @@ impl Rig {
             );
         }
         assert!(self.srq.len() <= SRQ_WR as usize, "SRQ over its depth");
+        // Whatever the device answered is a well-formed RoCEv2 packet.
+        let sent = std::mem::take(&mut *self.link.sent.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in &sent {
+            assert!(
+                RocePacket::parse(&t.payload[..]).is_ok(),
+                "the device sent a malformed packet: {:02x?}",
+                t.payload
+            );
+        }
     }
 
     /// Tears down in the order most likely to strand a lent SRQ WR: QPs first.
