@@ -1286,3 +1286,40 @@ fn rc_packet_to_a_connected_qp_via_the_group_address_is_dropped() {
     rig.check();
     rig.teardown();
 }
+
+/// A retransmitted SEND_WITH_INVALIDATE (its ACK was lost) is a duplicate: re-ACKed with the
+/// same PSN, no second SRQ WR taken, no second completion, no invalidation error although
+/// the key is already invalid (IBTA C9-105; rxe `duplicate_request`). BIND_MW on a UD QP is
+/// refused at post (EOPNOTSUPP).
+#[test]
+fn duplicate_send_with_invalidate_is_reacked_only() {
+    let rig = Rig::new();
+    let mw2 = rig.mw2.rkey();
+    let pkt = send_inv(0x11, RC_PSN, mw2, b"once");
+    rig.dev.handle_datagram(peer(), &pkt);
+    assert_eq!(answers(&rig), [(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK))]);
+    let wcs = polled(&rig);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert!(
+        wcs[0]
+            .wc_flags
+            .contains(softroce::transport::WcFlags::WITH_INV)
+    );
+    for _ in 0..3 {
+        rig.dev.handle_datagram(peer(), &pkt);
+        assert_eq!(answers(&rig), [(Opcode::RC_ACKNOWLEDGE, RC_PSN, Some(ACK))]);
+    }
+    assert!(polled(&rig).is_empty());
+    assert_eq!(rig.srq.len(), device::SRQ_WR as usize - 1);
+    assert_eq!(rig.rc_a.state(), QpState::Rts);
+    let e = rig
+        .ud
+        .post_send(&[rig
+            .mw2
+            .bind_wr(1, &rig.win, device::WIN_VA, 8, AccessFlags::REMOTE_READ)])
+        .expect_err("BIND_MW on UD");
+    assert!(matches!(e.kind(), ErrorKind::OpNotSupp), "{e}");
+    rig.check();
+    rig.teardown();
+}
