@@ -1323,3 +1323,51 @@ fn duplicate_send_with_invalidate_is_reacked_only() {
     rig.check();
     rig.teardown();
 }
+
+/// Destroying an SRQ in use is EBUSY and changes nothing (rxe: the SRQ is referenced by its
+/// QPs); once its QPs are gone it is destroyed, a second destroy is ENOENT, and using it
+/// (post_recv, create_qp on it) is refused with a typed error.
+#[test]
+fn srq_destroy_while_in_use_and_use_after_destroy() {
+    let rig = Rig::new();
+    let Rig {
+        dev,
+        cq,
+        mut srq,
+        rc_a,
+        rc_b,
+        rbuf,
+        pd,
+        ..
+    } = rig;
+    let e = srq.destroy().expect_err("QPs use it");
+    assert!(matches!(e.kind(), ErrorKind::Busy), "{e}");
+    assert_eq!(srq.len(), device::SRQ_WR as usize);
+    drop(rc_a);
+    assert!(matches!(srq.destroy().unwrap_err().kind(), ErrorKind::Busy));
+    drop(rc_b);
+    srq.destroy().unwrap();
+    assert!(matches!(
+        srq.destroy().unwrap_err().kind(),
+        ErrorKind::NoEnt
+    ));
+    let post = srq.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: vec![rbuf.sge(0, 8)],
+    }]);
+    assert!(post.is_err());
+    assert!(srq.query().is_err());
+    let qp = pd.create_qp(&softroce::verbs::QpInitAttr {
+        qp_type: softroce::transport::QpType::Rc,
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: softroce::transport::QpCap::default(),
+        sq_sig_all: false,
+        srq: Some(&srq),
+    });
+    assert!(matches!(
+        qp.map(|_| ()).unwrap_err().kind(),
+        ErrorKind::Inval
+    ));
+    dev.handle_timeouts();
+}
