@@ -1371,3 +1371,61 @@ fn srq_destroy_while_in_use_and_use_after_destroy() {
     ));
     dev.handle_timeouts();
 }
+
+/// A UD QP that takes its receive WQEs from an SRQ and is attached to a multicast group gets
+/// the group's datagrams in the SRQ's WRs, like its unicast ones (rxe `rxe_rcv_mcast_pkt`
+/// hands each member the packet through the same receive path, `get_srq_wqe` included).
+/// Before the fix the SRQ member dropped every group datagram (`UdNoReceive`): multicast
+/// delivery bypassed the SRQ lending.
+#[test]
+fn multicast_to_a_ud_qp_on_an_srq() {
+    let rig = Rig::new();
+    let srq = rig
+        .pd
+        .create_srq(&SrqInitAttr {
+            max_wr: 4,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let ud2 = rig
+        .pd
+        .create_qp(&softroce::verbs::QpInitAttr {
+            qp_type: softroce::transport::QpType::Ud,
+            send_cq: &rig.cq,
+            recv_cq: &rig.cq,
+            cap: softroce::transport::QpCap::default(),
+            sq_sig_all: false,
+            srq: Some(&srq),
+        })
+        .unwrap();
+    ud2.ready_ud(UD_QKEY, 0).unwrap();
+    ud2.attach_mcast(&softroce::verbs::Gid::from(GROUP), 0)
+        .unwrap();
+    srq.post_recv(&[RecvWr {
+        wr_id: 0x77,
+        sg_list: vec![rig.ubuf.sge(3 * 4096, 4096)],
+    }])
+    .unwrap();
+    rig.dev.handle_multicast_datagram(
+        peer(),
+        IpAddr::V4(GROUP),
+        &ud_send(Opcode::UD_SEND_ONLY, MULTICAST_QPN, UD_QKEY, b"both", GROUP),
+    );
+    let wcs = polled(&rig);
+    assert_eq!(wcs.len(), 2, "{wcs:?}");
+    let w = wcs
+        .iter()
+        .find(|w| w.wr_id == 0x77)
+        .expect("the SRQ member's completion");
+    assert_eq!(w.qp_num, ud2.qp_num());
+    assert_eq!((w.status, w.byte_len), (WcStatus::Success, 40 + 4));
+    assert!(
+        wcs.iter()
+            .any(|w| w.wr_id == 0x100 && w.status == WcStatus::Success)
+    );
+    assert!(srq.is_empty());
+    drop(ud2);
+    drop(srq);
+    rig.teardown();
+}

@@ -650,10 +650,10 @@ impl Device {
             return;
         }
         for qpn in members {
-            let State { mrs, qps, .. } = &mut *st;
-            if let Some(slot) = qps.get_mut(&qpn) {
-                slot.engine.handle_packet_to(now, pkt, src.ip(), group, mrs);
-            }
+            // The same receive path as a unicast datagram: a member on an SRQ is lent the
+            // SRQ's head WR (rxe `rxe_rcv_mcast_pkt` -> `rxe_rcv_pkt` -> `get_srq_wqe`).
+            let ev = &self.shared.events;
+            super::srq::handle_packet(st, qpn, now, pkt, src.ip(), Some(group), ev);
             self.pump(st, qpn, now);
         }
     }
