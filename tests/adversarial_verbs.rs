@@ -798,12 +798,19 @@ fn multicast_attacks_are_dropped_and_counted() {
         IpAddr::V4(GROUP),
         &ud_send(Opcode::UD_SEND_ONLY, MULTICAST_QPN, UD_QKEY, b"good", GROUP),
     );
+    // Once to each member: `ud` in its own WR, `ud_srq` in the SRQ's head WR.
     let wcs = polled(&rig);
-    assert_eq!(wcs.len(), 1);
-    assert_eq!(
-        (wcs[0].status, wcs[0].byte_len),
-        (WcStatus::Success, 4 + 40)
-    );
+    assert_eq!(wcs.len(), 2, "{wcs:?}");
+    for (qp, wr_id) in [(&rig.ud, 0x100), (&rig.ud_srq, 0x1000)] {
+        let w = wcs
+            .iter()
+            .find(|w| w.qp_num == qp.qp_num())
+            .expect("one per member");
+        assert_eq!(
+            (w.status, w.byte_len, w.wr_id),
+            (WcStatus::Success, 4 + 40, wr_id)
+        );
+    }
     // RC and UC opcodes to the group.
     for op in [
         Opcode::RC_SEND_ONLY,
@@ -1336,6 +1343,7 @@ fn srq_destroy_while_in_use_and_use_after_destroy() {
         mut srq,
         rc_a,
         rc_b,
+        ud_srq,
         rbuf,
         pd,
         ..
@@ -1346,6 +1354,7 @@ fn srq_destroy_while_in_use_and_use_after_destroy() {
     drop(rc_a);
     assert!(matches!(srq.destroy().unwrap_err().kind(), ErrorKind::Busy));
     drop(rc_b);
+    drop(ud_srq);
     srq.destroy().unwrap();
     assert!(matches!(
         srq.destroy().unwrap_err().kind(),
@@ -1413,7 +1422,7 @@ fn multicast_to_a_ud_qp_on_an_srq() {
         &ud_send(Opcode::UD_SEND_ONLY, MULTICAST_QPN, UD_QKEY, b"both", GROUP),
     );
     let wcs = polled(&rig);
-    assert_eq!(wcs.len(), 2, "{wcs:?}");
+    assert_eq!(wcs.len(), 3, "{wcs:?}");
     let w = wcs
         .iter()
         .find(|w| w.wr_id == 0x77)

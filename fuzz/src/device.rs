@@ -14,8 +14,8 @@
 //!   its own) opened by a type 2 window bound to `rc_a` over `[1024, 2048)` (REMOTE_READ |
 //!   REMOTE_WRITE | REMOTE_ATOMIC) and a type 1 window over `[4096, 4608)` (REMOTE_READ only);
 //! - fast-register MR `ro` (4 KiB at [`RO_VA`], REMOTE_READ only);
-//! - UD QP `ud` (QPN 0x13, Q_Key 0x1111_1111) with 4 receive WRs in MR `ubuf`, attached to
-//!   the group 239.9.0.1.
+//! - UD QP `ud` (QPN 0x13, Q_Key 0x1111_1111) with 4 receive WRs in MR `ubuf`, and UD QP
+//!   `ud_srq` (QPN 0x14, same Q_Key) on the SRQ, both attached to the group 239.9.0.1.
 //!
 //! Input: records `[kind, len_hi, len_lo, bytes...]`. Kind % 4: 0 = a datagram to the device's
 //! address, 1 = a datagram to the group, 2 = advance the clock by `len` ms and run timers,
@@ -102,6 +102,8 @@ pub struct Rig {
     pub rc_b: Qp,
     /// UD QP attached to [`GROUP`].
     pub ud: Qp,
+    /// UD QP on the SRQ, also attached to [`GROUP`].
+    pub ud_srq: Qp,
     /// The MR the windows open.
     pub win: Mr,
     /// Remote-read-only MR.
@@ -177,6 +179,20 @@ impl Rig {
             .expect("create UD QP");
         ud.ready_ud(UD_QKEY, 0).expect("ready_ud");
         ud.attach_mcast(&Gid::from(GROUP), 0).expect("attach_mcast");
+        let ud_srq = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Ud,
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap: QpCap::default(),
+                sq_sig_all: false,
+                srq: Some(&srq),
+            })
+            .expect("create UD QP on the SRQ");
+        ud_srq.ready_ud(UD_QKEY, 0).expect("ready_ud");
+        ud_srq
+            .attach_mcast(&Gid::from(GROUP), 0)
+            .expect("attach_mcast");
 
         // `win` and `ro` are fast-register MRs registered at fixed addresses, so that the
         // R_Keys and addresses the fuzzer must hit do not depend on the heap.
@@ -239,6 +255,7 @@ impl Rig {
             rc_a,
             rc_b,
             ud,
+            ud_srq,
             win,
             ro,
             rbuf,
@@ -363,6 +380,7 @@ impl Rig {
             rc_a,
             rc_b,
             ud,
+            ud_srq,
             win,
             ro,
             rbuf,
@@ -374,6 +392,7 @@ impl Rig {
         } = self;
         drop(rc_a);
         drop(rc_b);
+        drop(ud_srq);
         let _ = srq.destroy();
         drop(srq);
         drop(ud);
