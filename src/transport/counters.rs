@@ -31,7 +31,8 @@ pub enum DropReason {
     WrongQpState,
     /// P_Key is not the default partition.
     BadPkey,
-    /// Source address does not match the QP's path.
+    /// Source address (or, for a datagram from a multicast group socket, destination
+    /// address) does not match the connected QP's path (rxe `check_addr`).
     WrongSource,
     /// Request PSN beyond the expected one after the NAK was sent (rxe drops silently).
     OutOfSequence,

@@ -990,7 +990,12 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::WrongQpState);
             return;
         }
-        if !self.qp_type.is_datagram() && self.path.is_none_or(|p| to_v6(p.remote) != to_v6(src)) {
+        // rxe `check_addr`: a connected QP takes packets only from its peer's address and
+        // only to its own (not, say, to a multicast group it cannot be attached to).
+        let wrong_addr = |p: &Path| {
+            to_v6(p.remote) != to_v6(src) || self.rx_dst.is_some_and(|d| to_v6(d) != to_v6(p.local))
+        };
+        if !self.qp_type.is_datagram() && self.path.is_none_or(|p| wrong_addr(&p)) {
             self.counters.drop_packet(DropReason::WrongSource);
             return;
         }

@@ -623,7 +623,10 @@ impl Device {
             st.counters.drop_packet(DropReason::IcrcMismatch);
             return;
         }
-        super::srq::handle_packet(&mut st, qpn, now, &pkt, src.ip(), &self.shared.events);
+        // A datagram that reached a multicast group's socket but names a QP: `dst` is the
+        // group, which a connected QP refuses (rxe `check_addr`).
+        let to = (dst != self.shared.cfg.ip).then_some(dst);
+        super::srq::handle_packet(&mut st, qpn, now, &pkt, src.ip(), to, &self.shared.events);
         self.pump(&mut st, qpn, now);
     }
 
@@ -647,10 +650,10 @@ impl Device {
             return;
         }
         for qpn in members {
-            let State { mrs, qps, .. } = &mut *st;
-            if let Some(slot) = qps.get_mut(&qpn) {
-                slot.engine.handle_packet_to(now, pkt, src.ip(), group, mrs);
-            }
+            // The same receive path as a unicast datagram: a member on an SRQ is lent the
+            // SRQ's head WR (rxe `rxe_rcv_mcast_pkt` -> `rxe_rcv_pkt` -> `get_srq_wqe`).
+            let ev = &self.shared.events;
+            super::srq::handle_packet(st, qpn, now, pkt, src.ip(), Some(group), ev);
             self.pump(st, qpn, now);
         }
     }
@@ -1016,7 +1019,9 @@ impl Mr {
     pub fn is_empty(&self) -> bool {
         self.length == 0
     }
-    /// An SGE covering `[offset, offset + length)` of this MR.
+    /// An SGE covering `[offset, offset + length)` of this MR. Never fails: an `offset`
+    /// outside the MR gives an SGE that the lkey range check refuses when it is used (the
+    /// address wraps modulo 2^64 rather than overflowing).
     pub fn sge(&self, offset: usize, length: u32) -> crate::transport::Sge {
         let st = self.dev.shared.state.lock();
         let (addr, lkey) = st
@@ -1024,7 +1029,7 @@ impl Mr {
             .get_slot(self.lkey)
             .map_or((self.addr, self.lkey), |m| (m.iova, m.lkey));
         crate::transport::Sge {
-            addr: addr + offset as u64,
+            addr: addr.wrapping_add(offset as u64),
             length,
             lkey,
         }

@@ -123,13 +123,15 @@ fn needs_recv(pkt: &RocePacket<'_>) -> bool {
 
 /// Runs QP `qpn`'s engine on `pkt`; for a QP attached to an SRQ, lends it the SRQ's head WR
 /// first and takes back what it did not consume, then raises `IBV_EVENT_SRQ_LIMIT_REACHED`
-/// when a WR was consumed and fewer than the armed limit are left.
+/// when a WR was consumed and fewer than the armed limit are left. `dst` is the destination
+/// address when it is not the device's own (a datagram to a multicast group's socket).
 pub(super) fn handle_packet(
     st: &mut State,
     qpn: u32,
     now: Instant,
     pkt: &RocePacket<'_>,
     src: IpAddr,
+    dst: Option<IpAddr>,
     events: &AsyncEvents,
 ) {
     let State { mrs, qps, srqs, .. } = st;
@@ -144,15 +146,19 @@ pub(super) fn handle_packet(
     } else {
         None
     };
+    let run = |engine: &mut crate::transport::QpEngine, mrs: &mut _| match dst {
+        Some(d) => engine.handle_packet_to(now, pkt, src, d, mrs),
+        None => engine.handle_packet(now, pkt, src, mrs),
+    };
     let Some((srq_num, e)) = entry else {
-        slot.engine.handle_packet(now, pkt, src, mrs);
+        run(&mut slot.engine, mrs);
         return;
     };
     let before = e.queue.len();
     if let Some(wr) = e.queue.lend() {
         slot.engine.lend_srq_recv(wr);
     }
-    slot.engine.handle_packet(now, pkt, src, mrs);
+    run(&mut slot.engine, mrs);
     let mut back = Vec::new();
     while let Some(wr) = slot.engine.reclaim_srq_recv() {
         back.push(wr);
