@@ -95,6 +95,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `decode` and `sim` open no UDP device, so the options would do nothing but write an
+    // empty capture (over the file to decode, if it is the same path).
+    if matches!(cli.command, Command::Decode { .. } | Command::Sim(_))
+        && (cli.pcap.is_some() || cli.exact_icrc)
+    {
+        eprintln!(
+            "softroce: --pcap and --exact-icrc apply to subcommands that open UDP devices, not decode or sim"
+        );
+        return ExitCode::from(2);
+    }
     // `--pcap` and `--exact-icrc` apply to every device this process opens.
     let capture = match net_options(cli.pcap.as_deref(), cli.exact_icrc) {
         Ok(c) => c,
