@@ -4,7 +4,8 @@
 //!   (127.0.0.1 and 127.0.0.2) in one process, over real UDP on loopback.
 //! - `softroce devinfo`: an `ibv_devinfo`-shaped description of a device.
 //! - `softroce decode [--json] FILE`: every frame of a pcap/pcapng explained, as text or JSON.
-//! - `softroce pingpong --rc`: rdma-core's `ibv_rc_pingpong`, interoperable with it.
+//! - `softroce pingpong --rc|--uc|--ud|--srq`: rdma-core's `ibv_{rc,uc,ud,srq}_pingpong`,
+//!   interoperable with them.
 //! - `softroce perf write_bw|read_bw|send_bw|atomic_bw|write_lat|read_lat|send_lat`:
 //!   perftest's `ib_*` tests, likewise; `softroce perf udp-baseline` and `--loopback` /
 //!   `--compare-tcp` put the numbers beside kernel UDP and TCP on loopback.
@@ -70,7 +71,8 @@ enum Command {
         #[arg(short = 'd', long = "ib-dev", default_value = "softroce0")]
         name: String,
     },
-    /// rdma-core's ibv_rc_pingpong on a softroce device (same options and TCP exchange).
+    /// rdma-core's ibv_rc/uc/ud/srq_pingpong on a softroce device (--rc, --uc, --ud or --srq;
+    /// same options and TCP exchange).
     Pingpong(pingpong::PingpongArgs),
     /// perftest's bandwidth and latency tests on a softroce device (same TCP exchange), and
     /// UDP/TCP baselines on loopback.
@@ -93,6 +95,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `decode` and `sim` open no UDP device, so the options would do nothing but write an
+    // empty capture (over the file to decode, if it is the same path).
+    if matches!(cli.command, Command::Decode { .. } | Command::Sim(_))
+        && (cli.pcap.is_some() || cli.exact_icrc)
+    {
+        eprintln!(
+            "softroce: --pcap and --exact-icrc apply to subcommands that open UDP devices, not decode or sim"
+        );
+        return ExitCode::from(2);
+    }
     // `--pcap` and `--exact-icrc` apply to every device this process opens.
     let capture = match net_options(cli.pcap.as_deref(), cli.exact_icrc) {
         Ok(c) => c,

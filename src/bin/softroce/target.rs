@@ -735,7 +735,7 @@ fn handle_line(t: &Target, text: &str) -> Result<Outcome, CmdError> {
         "help" => {
             a.only(&[])?;
             json!({"help": {"commands": [
-                "connect {dest_qpn, dest_gid, dest_psn?}",
+                "connect {dest_qpn, dest_gid, dest_psn?, timeout?, retry_cnt?, rnr_retry?}",
                 "post_recv {count?, length?}",
                 "post_send {opcode, index?, offset?, length?, remote_addr?, rkey?, wr_id?}",
                 "dump_mr {index, offset?, length?}",
