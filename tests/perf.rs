@@ -515,6 +515,95 @@ fn udp_baseline_prints_stream_and_pingpong_rows() {
     check_lat_row(&result_row(lat_part), "8192", "200", lat_part);
 }
 
+/// Whether this kernel takes a UDP GSO send on loopback (two segments between two sockets
+/// of this process), and gives it to a `UDP_GRO` receiver as one buffer.
+fn kernel_gso_and_gro(ip: &str) -> (bool, bool) {
+    use softroce::net::batch::{RecvBatch, enable_gro, send_gso};
+    use std::os::fd::AsRawFd;
+    let tx = std::net::UdpSocket::bind((ip, 0)).expect("bind");
+    let rx = std::net::UdpSocket::bind((ip, 0)).expect("bind");
+    rx.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    let gro = enable_gro(rx.as_raw_fd()).is_ok();
+    let to = rx.local_addr().expect("addr");
+    if send_gso(tx.as_raw_fd(), &to, &[7u8; 200], 100).is_err() {
+        return (false, false);
+    }
+    let mut b = RecvBatch::new(2);
+    b.recv(rx.as_raw_fd(), true).expect("the GSO send arrives");
+    let coalesced = b.received().any(|r| r.segments().count() == 2);
+    (true, gro && coalesced)
+}
+
+/// `udp-baseline --json` reports how its datagrams went through the kernel, batched as the
+/// data path batches: 8 KiB messages at MTU 4096 are 2 datagrams of 4112 bytes; the stream
+/// sends runs of 15 (65,507 / 4112, the most one GSO send carries), the ping-pong one send
+/// of 2 per message each way; UDP GSO when the kernel takes it (else `sendmmsg`), and the
+/// receiver gets a GSO send as one GRO buffer when the kernel coalesces.
+#[test]
+fn udp_baseline_batches_as_the_data_path() {
+    let (gso, gro) = kernel_gso_and_gro("127.0.84.1");
+    let o = finish(
+        spawn(&[
+            "perf",
+            "udp-baseline",
+            "--ip",
+            "127.0.84.1",
+            "--peer-ip",
+            "127.0.84.2",
+            "-s",
+            "8192",
+            "-m",
+            "4096",
+            "-n",
+            "200",
+            "--json",
+        ]),
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", text(&o));
+    let objs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let find = |t: &str| {
+        objs.iter()
+            .find(|v| v["test"] == t)
+            .unwrap_or_else(|| panic!("no {t} in {stdout}"))
+    };
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+
+    let s = find("udp-stream-batching");
+    assert_eq!(s["bytes"], 8192, "{s}");
+    assert_eq!(n(s, "datagrams_sent"), 400, "{s}");
+    assert_eq!(n(s, "datagrams_received"), 400, "{s}");
+    assert_eq!(n(s, "send_calls"), 400_u64.div_ceil(15), "{s}");
+    assert!(
+        s["datagrams_per_send"].as_f64().expect("per send") > 14.0,
+        "{s}"
+    );
+    assert_eq!(n(s, "gso_sends"), if gso { 27 } else { 0 }, "{s}");
+    if gro {
+        assert!(n(s, "gro_buffers") > 0, "{s}");
+        assert!(n(s, "recv_calls") < 400, "{s}");
+    }
+
+    let p = find("udp-pingpong-batching");
+    assert_eq!(n(p, "datagrams_sent"), 800, "{p}");
+    assert_eq!(n(p, "datagrams_received"), 800, "{p}");
+    assert_eq!(n(p, "send_calls"), 400, "{p}");
+    assert_eq!(n(p, "gso_sends"), if gso { 400 } else { 0 }, "{p}");
+    if gro {
+        assert_eq!(
+            n(p, "gro_buffers"),
+            400,
+            "each message arrives as one buffer: {p}"
+        );
+    }
+    eprintln!("kernel GSO {gso}, GRO {gro}: {s}\n{p}");
+}
+
 /// A hand-written perftest peer drives a read_lat and an atomic_bw server through their
 /// whole exchange (both servers only wait while the client works), with the step counts of
 /// perftest 4.5's captures.
