@@ -687,3 +687,35 @@ fn duration_mode_counts_what_fit_in_the_time() {
         assert!(r[2].parse::<f64>().expect("t_avg") > 0.0, "{out}");
     }
 }
+
+/// `--busy-poll`: the latency tests complete with every iteration when the polling thread
+/// receives from the socket itself (both devices in one process, so both sides busy-poll).
+#[test]
+fn busy_poll_latency_tests_complete() {
+    for test in ["send_lat", "write_lat", "read_lat"] {
+        let o = finish(
+            spawn(&[
+                "perf",
+                test,
+                "--loopback",
+                "--busy-poll",
+                "--ip",
+                "127.0.80.5",
+                "--peer-ip",
+                "127.0.80.6",
+                "-s",
+                "64",
+                "-n",
+                "200",
+            ]),
+            Duration::from_secs(60),
+        );
+        let out = text(&o);
+        assert!(o.status.success(), "{test}: {out}");
+        let row = result_row(&out);
+        assert_eq!(row[..2], ["64", "200"], "{test}: {out}");
+        // t_min <= t_typical <= t_max, all positive.
+        let t: Vec<f64> = row[2..5].iter().map(|x| x.parse().unwrap()).collect();
+        assert!(t[0] > 0.0 && t[0] <= t[2] && t[2] <= t[1], "{test}: {out}");
+    }
+}

@@ -639,6 +639,9 @@ impl Drop for UdpDevice {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // ACKs a busy poller held back and nobody sent yet: the peer's last message must not
+        // go unacknowledged because this side stopped polling and closed.
+        self.link.flush_deferred();
         if let Some(c) = &self.link.capture {
             let _ = c.flush();
         }

@@ -18,6 +18,7 @@ use super::oob::PerfDest;
 use super::report::LatResult;
 use super::session::Session;
 use crate::BoxError;
+use softroce::net::UdpDevice;
 use softroce::verbs::{Cq, SendWr, Wc, WrOpcode};
 use std::time::{Duration, Instant};
 
@@ -32,12 +33,15 @@ pub enum LatOp {
     Read,
 }
 
-/// Busy-polls `cq` for one completion, yielding the CPU between polls (perftest spins on
-/// `ibv_poll_cq`). Returns `None` when `deadline` passes first.
-fn poll_one(cq: &Cq, deadline: Instant) -> Option<Wc> {
+/// Busy-polls `cq` (a CQ of `dev`) for one completion, yielding the CPU between polls
+/// (perftest spins on `ibv_poll_cq`); with `--busy-poll` each poll also receives from the
+/// device's socket ([`UdpDevice::poll_cq`]). Returns `None` when `deadline` passes first.
+fn poll_one(dev: &UdpDevice, cq: &Cq, deadline: Instant) -> Option<Wc> {
     let mut spins = 0u32;
+    let mut one = [Wc::default()];
     loop {
-        if let Some(wc) = cq.poll_one() {
+        if dev.poll_cq(cq, &mut one) == 1 {
+            let [wc] = one;
             return Some(wc);
         }
         spins = spins.wrapping_add(1);
@@ -129,6 +133,8 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
                         if byte[0] == want {
                             break;
                         }
+                        // With --busy-poll this thread receives the peer's WRITE itself.
+                        s.dev.poll_cq(&s.send_cq, &mut []);
                         spins = spins.wrapping_add(1);
                         if spins.is_multiple_of(64) && Instant::now() > until {
                             if time_up() {
@@ -143,7 +149,7 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
                     }
                 }
                 _ => {
-                    let Some(wc) = poll_one(&s.recv_cq, until) else {
+                    let Some(wc) = poll_one(&s.dev, &s.recv_cq, until) else {
                         if time_up() {
                             break 'run;
                         }
@@ -178,7 +184,7 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
             s.qps[0]
                 .post_send(&[wr])
                 .map_err(|e| format!("Couldn't post send: {e}"))?;
-            let Some(wc) = poll_one(&s.send_cq, Instant::now() + STALL) else {
+            let Some(wc) = poll_one(&s.dev, &s.send_cq, Instant::now() + STALL) else {
                 return Err(format!("no send completion in {STALL:?} (iteration {scnt})").into());
             };
             check(&wc, if client { "client" } else { "server" })?;

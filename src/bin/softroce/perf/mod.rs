@@ -182,6 +182,12 @@ pub struct PerfArgs {
     /// loopback with the same message size, printed beside the result with the ratio.
     #[arg(long)]
     compare_tcp: bool,
+    /// Busy-poll: the thread polling the CQ (or, in write_lat, the buffer) also receives
+    /// from the device's socket itself instead of waiting for the device's receive thread
+    /// to hand datagrams over (a cross-core wakeup, tens of µs). For latency tests; costs a
+    /// core per side. See `softroce::net::UdpOptions::busy_poll`.
+    #[arg(long)]
+    busy_poll: bool,
     /// After the results, print the device's counters (rxe hw_counters names), read once the
     /// link has been quiet for 200 ms.
     #[arg(long)]
@@ -311,6 +317,13 @@ pub fn run(a: PerfArgs) -> Result<(), BoxError> {
         gbits: a.report_gbits,
     };
     let plan = Plan::from_args(&a)?;
+    if a.busy_poll {
+        // Every device this process opens from here on (one, or two with --loopback).
+        softroce::net::UdpOptions::set_process_default(softroce::net::UdpOptions {
+            busy_poll: true,
+            ..softroce::net::UdpOptions::process_default()
+        });
+    }
     if a.test == PerfTest::UdpBaseline {
         return baseline::udp_baseline(&plan_baseline(&a, &plan), out);
     }
