@@ -51,6 +51,9 @@ pub struct Plan {
     pub peer_ip: IpAddr,
     /// read_lat: a latency sample is a whole round trip.
     pub read: bool,
+    /// `--busy-poll`: the ping-pong's receivers spin on non-blocking receives, as softroce's
+    /// busy-polling threads do, instead of sleeping in the kernel.
+    pub busy_poll: bool,
 }
 
 /// The transport of a baseline.
@@ -348,6 +351,8 @@ struct Rx {
     sock: UdpSocket,
     batch: RecvBatch,
     stats: Batching,
+    /// Spin on non-blocking receives (for at most the socket's 2 s) instead of blocking.
+    spin: bool,
 }
 
 impl Rx {
@@ -358,6 +363,7 @@ impl Rx {
             sock,
             batch: RecvBatch::new(RECV_SLOTS),
             stats: Batching::default(),
+            spin: false,
         }
     }
 
@@ -365,7 +371,22 @@ impl Rx {
     /// calls `each(datagram bytes)` for every datagram of every buffer. Errors: the
     /// kernel's (`EAGAIN` on timeout).
     fn recv(&mut self, mut each: impl FnMut(&[u8])) -> std::io::Result<()> {
-        self.batch.recv(self.sock.as_raw_fd(), true)?;
+        if self.spin {
+            let until = Instant::now() + Duration::from_secs(2);
+            loop {
+                match self.batch.recv(self.sock.as_raw_fd(), false) {
+                    Ok(_) => break,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < until =>
+                    {
+                        std::hint::spin_loop();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        } else {
+            self.batch.recv(self.sock.as_raw_fd(), true)?;
+        }
         self.stats.recv_calls += 1;
         for r in self.batch.received() {
             let mut n = 0;
@@ -518,6 +539,7 @@ pub fn udp_pingpong(p: &Plan, size: u32, iters: u64) -> Result<(LatResult, Batch
     // GRO on before the first datagram comes (the kernel segments what it queued before).
     let mut tx = Tx::new(echo.try_clone()?, me_addr);
     let mut rx = Rx::new(echo);
+    rx.spin = p.busy_poll;
     let echoer = std::thread::spawn(move || -> Batching {
         let buf = vec![0xa5u8; GSO_MAX_BYTES];
         let mut got = 0;
@@ -553,6 +575,7 @@ pub fn udp_pingpong(p: &Plan, size: u32, iters: u64) -> Result<(LatResult, Batch
     let buf = vec![0xa5u8; GSO_MAX_BYTES];
     let mut tx = Tx::new(me.try_clone()?, echo_addr);
     let mut rx = Rx::new(me);
+    rx.spin = p.busy_poll;
     let mut posted_us = Vec::with_capacity(iters as usize);
     let start = Instant::now();
     let mut err = None;

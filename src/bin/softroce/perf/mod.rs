@@ -359,6 +359,7 @@ fn plan_baseline(a: &PerfArgs, plan: &Plan) -> baseline::Plan {
         ip: a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         peer_ip: a.peer_ip.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
         read: matches!(a.test, PerfTest::ReadLat),
+        busy_poll: a.busy_poll,
     }
 }
 
