@@ -514,6 +514,18 @@ impl Link for UdpLink {
         // PSN order; requests (the other direction's stream) need not wait for them.
         if ts.iter().any(is_response) {
             self.flush_deferred();
+        } else if ts.len() <= PIGGYBACK_MAX {
+            // A few requests (an application's reply to what a busy poll delivered) take the
+            // held ACKs along in the same system call: on one flow they form one GSO send
+            // (the shorter ACK last), so the peer gets both in one receive.
+            let mut held = self.deferred.lock();
+            if !held.is_empty() {
+                let mut all = Vec::with_capacity(ts.len() + held.len());
+                all.extend(ts.iter().cloned());
+                all.append(&mut held);
+                drop(held);
+                return self.send_now(&all);
+            }
         }
         self.send_now(ts)
     }
@@ -747,6 +759,10 @@ thread_local! {
     /// path).
     static DEFER_ACKS: Cell<bool> = const { Cell::new(false) };
 }
+
+/// At most this many requests in one batch take the held-back ACKs along (a latency-bound
+/// reply; a bulk batch is not copied for it).
+const PIGGYBACK_MAX: usize = 4;
 
 /// True for an RC response datagram (BTH opcode RDMA READ RESPONSE FIRST 0x0D through
 /// ATOMIC ACKNOWLEDGE 0x12, ACKNOWLEDGE 0x11 included): the responder's stream, whose
