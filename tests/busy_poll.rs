@@ -6,6 +6,8 @@
 
 mod support;
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use softroce::net::UdpOptions;
 use softroce::verbs::{PathMtu, RecvWr, SendWr, Wc, WcOpcode, WcStatus, WrOpcode};
 use std::net::{IpAddr, Ipv4Addr};
@@ -132,5 +134,15 @@ fn busy_polled_ping_pong_delivers_every_message_once() {
             "no retransmission: {:?}",
             c.entries()
         );
+        // Each reply took the ACK its poll held back along in one GSO send, so there are
+        // clearly fewer send system calls than datagrams (SENDs + ACKs).
+        let l = s.dev.link();
+        let (calls, dgrams) = (l.tx_syscalls.load(Relaxed), l.tx_datagrams.load(Relaxed));
+        if l.gso() {
+            assert!(
+                calls * 4 < dgrams * 3,
+                "{calls} send calls for {dgrams} datagrams"
+            );
+        }
     }
 }

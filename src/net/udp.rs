@@ -523,7 +523,8 @@ impl Link for UdpLink {
                 let mut all = Vec::with_capacity(ts.len() + held.len());
                 all.extend(ts.iter().cloned());
                 all.append(&mut held);
-                drop(held);
+                // Sent under the lock, as `flush_deferred` does, so no response of another
+                // thread overtakes these ACKs on the wire.
                 return self.send_now(&all);
             }
         }
