@@ -453,19 +453,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     // Counters live with the QP: read them before anything is torn down.
     let counters = counters_line(&dev);
 
-    let usec = (elapsed.as_secs_f64() * 1e6).max(1.0);
-    let bytes = u64::from(msg_size) * u64::from(a.iters) * 2;
-    println!(
-        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        a.iters,
-        usec / 1e6,
-        usec / f64::from(a.iters)
-    );
+    print_result_lines(msg_size, a.iters, elapsed);
     if let Some(rx) = last_rx {
         buf = rx;
     }
@@ -479,6 +467,24 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         println!("{counters}");
     }
     Ok(())
+}
+
+/// rdma-core pingpong's two result lines, for `iters` round trips of `msg_size`-byte
+/// messages in `elapsed`: "N bytes in S seconds = R Mbit/sec" (N = size × iters × 2) and
+/// "I iters in S seconds = U usec/iter".
+pub fn print_result_lines(msg_size: u32, iters: u32, elapsed: Duration) {
+    let usec = (elapsed.as_secs_f64() * 1e6).max(1.0);
+    let bytes = u64::from(msg_size) * u64::from(iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{iters} iters in {:.2} seconds = {:.2} usec/iter",
+        usec / 1e6,
+        usec / f64::from(iters)
+    );
 }
 
 /// `--counters`: "counters: tx_datagrams=N rx_datagrams=N" (the link's datagrams) followed by

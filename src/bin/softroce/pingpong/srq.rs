@@ -24,7 +24,7 @@
 
 use super::{
     MSG_LEN, PingpongArgs, PingpongDest, RECV_WRID, SEND_WRID, check_same, chk_mark_pages,
-    chk_verify_pages, connect_qp, counters_line, device_ip, fill_byte, quiesce,
+    chk_verify_pages, connect_qp, counters_line, device_ip, fill_byte, print_result_lines, quiesce,
 };
 use crate::BoxError;
 use softroce::net::UdpDevice;
@@ -296,19 +296,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         quiesce(&dev);
     }
     let counters = counters_line(&dev);
-    let usec = (elapsed.as_secs_f64() * 1e6).max(1.0);
-    let bytes = u64::from(msg_size) * u64::from(a.iters) * 2;
-    println!(
-        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        a.iters,
-        usec / 1e6,
-        usec / f64::from(a.iters)
-    );
+    print_result_lines(msg_size, a.iters, elapsed);
     if a.chk
         && let Some(last) = &reference
     {
