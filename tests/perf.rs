@@ -4,53 +4,12 @@
 //! addresses and a free TCP port, so the tests can run in parallel (inside `unshare -n`).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::net::TcpStream;
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_softroce");
+mod proc;
 
-/// A softroce process that is killed if the test fails before it ends.
-struct Proc(Option<Child>);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn spawn(args: &[&str]) -> Proc {
-    Proc(Some(
-        Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start softroce"),
-    ))
-}
-
-fn finish(mut p: Proc, limit: Duration) -> Output {
-    let mut c = p.0.take().expect("running");
-    let deadline = Instant::now() + limit;
-    while c.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let out = c.wait_with_output().expect("output");
-            panic!(
-                "softroce did not finish in {limit:?}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    c.wait_with_output().expect("output")
-}
+use proc::{Proc, counter, finish, free_port, read_until_line, spawn, text};
 
 /// Reads stdout until a complete line contains `needle`; returns what was read.
 fn wait_for_line(p: &mut Proc, needle: &str) -> String {
@@ -59,42 +18,7 @@ fn wait_for_line(p: &mut Proc, needle: &str) -> String {
 
 /// Reads stdout (or stderr) until a complete line contains `needle`; returns what was read.
 fn wait_for_line_on(p: &mut Proc, needle: &str, stderr: bool) -> String {
-    let c = p.0.as_mut().expect("running");
-    let out: &mut dyn Read = if stderr {
-        c.stderr.as_mut().expect("piped stderr")
-    } else {
-        c.stdout.as_mut().expect("piped stdout")
-    };
-    let mut seen = Vec::new();
-    let mut byte = [0u8; 1];
-    while !String::from_utf8_lossy(&seen)
-        .split_inclusive('\n')
-        .any(|l| l.contains(needle) && l.ends_with('\n'))
-    {
-        match out.read(&mut byte) {
-            Ok(1) => seen.push(byte[0]),
-            _ => panic!(
-                "stdout ended before {needle:?}: {}",
-                String::from_utf8_lossy(&seen)
-            ),
-        }
-    }
-    String::from_utf8_lossy(&seen).into_owned()
-}
-
-fn free_port(ip: &str) -> u16 {
-    TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free TCP port")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    read_until_line(p, stderr, needle, |l| l.contains(needle))
 }
 
 /// The rows under perftest's result header (bandwidth or latency).
@@ -115,17 +39,6 @@ fn result_row(out: &str) -> Vec<String> {
         .into_iter()
         .next()
         .unwrap_or_else(|| panic!("no result row in {out}"))
-}
-
-fn counter(out: &str, name: &str) -> u64 {
-    out.lines()
-        .find_map(|l| l.strip_prefix("counters: "))
-        .and_then(|l| {
-            l.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("counter {name} missing in {out}"))
 }
 
 /// Runs `softroce perf TEST` as server and client processes on 127.0.NET.1 / .2 with `extra`

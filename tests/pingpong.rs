@@ -5,107 +5,16 @@
 //! free TCP port, so the tests can run in parallel with each other and with the other suites.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::net::TcpStream;
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_softroce");
+mod proc;
 
-fn free_port(ip: &str) -> u16 {
-    TcpListener::bind((ip, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free TCP port")
-}
-
-/// A softroce process that is killed if the test fails before it ends.
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("running")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn spawn(args: &[&str]) -> Proc {
-    Proc(Some(
-        Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start softroce"),
-    ))
-}
-
-/// Waits for the process; kills it and fails the test after `limit`.
-fn finish(mut p: Proc, limit: Duration) -> Output {
-    let mut c = p.0.take().expect("running");
-    let deadline = Instant::now() + limit;
-    while c.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let out = c.wait_with_output().expect("output");
-            panic!(
-                "softroce did not finish in {limit:?}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    c.wait_with_output().expect("output")
-}
+use proc::{Proc, counter, finish, free_port, read_until_line, spawn, text};
 
 /// Reads the server's stdout until a line starts with `prefix`; returns what was read.
 fn wait_for_line(server: &mut Proc, prefix: &str) -> String {
-    let out = server.child().stdout.as_mut().expect("piped stdout");
-    let mut seen = Vec::new();
-    let mut byte = [0u8; 1];
-    // Complete lines only: the one we wait for must have arrived whole.
-    while !String::from_utf8_lossy(&seen)
-        .split_inclusive('\n')
-        .any(|l| l.starts_with(prefix) && l.ends_with('\n'))
-    {
-        match out.read(&mut byte) {
-            Ok(1) => seen.push(byte[0]),
-            _ => panic!(
-                "server stdout ended before {prefix:?}: {}",
-                String::from_utf8_lossy(&seen)
-            ),
-        }
-    }
-    String::from_utf8_lossy(&seen).into_owned()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// The value of `name=` in the `counters:` line.
-fn counter(stdout: &str, name: &str) -> u64 {
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("counters: "))
-        .expect("a counters line");
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("counter {name} missing: {line}"))
+    read_until_line(server, false, prefix, |l| l.starts_with(prefix))
 }
 
 /// `(qpn, psn)` from a "  local address: ..." or "  remote address: ..." line.
