@@ -1466,6 +1466,12 @@ fn completer_retry_err_counts_nak_driven_retries() {
     let mut r = requester(2, Cfg::default());
     r.feed(ack(PSN + 1, NAK_SEQ), &[]);
     assert_eq!(r.out().len(), 1, "go-back-N resent PSN+1");
+    if r.e.counters().retransmitted_pkts != 1 {
+        problems.push(format!(
+            "sequence NAK: retransmitted_pkts = {} for one packet sent again",
+            r.e.counters().retransmitted_pkts
+        ));
+    }
     if r.e.counters().completer_retry_err != 1 {
         problems.push(format!(
             "sequence NAK: completer_retry_err = {}",
@@ -1489,6 +1495,13 @@ fn completer_retry_err_counts_nak_driven_retries() {
         Some((Opcode::RC_RDMA_READ_REQUEST, PSN)),
         "implied NAK re-issued the READ"
     );
+    if r.e.counters().retransmitted_pkts != again.len() as u64 {
+        problems.push(format!(
+            "implied NAK: retransmitted_pkts = {} for {} packets sent again",
+            r.e.counters().retransmitted_pkts,
+            again.len()
+        ));
+    }
     if r.e.counters().completer_retry_err != 1 {
         problems.push(format!(
             "implied NAK: completer_retry_err = {}",

@@ -142,8 +142,11 @@ pub struct Counters {
     pub retry_exceeded_err: u64,
     /// Work requests failed with `IBV_WC_RNR_RETRY_EXC_ERR`.
     pub retry_rnr_exceeded_err: u64,
-    /// Retransmit timer expiries.
+    /// Retries started, by retransmit timeout or by NAK (rxe `RXE_CNT_COMP_RETRY`).
     pub completer_retry_err: u64,
+    /// Request packets sent again after a retry rewound the requester (go-back-N). Not an rxe
+    /// counter; listed after rxe's.
+    pub retransmitted_pkts: u64,
     /// Packets that could not be sent.
     pub send_err: u64,
     /// Times the link went down.
@@ -190,6 +193,7 @@ impl Counters {
         self.retry_exceeded_err += o.retry_exceeded_err;
         self.retry_rnr_exceeded_err += o.retry_rnr_exceeded_err;
         self.completer_retry_err += o.completer_retry_err;
+        self.retransmitted_pkts += o.retransmitted_pkts;
         self.send_err += o.send_err;
         self.link_downed += o.link_downed;
         self.rdma_sends += o.rdma_sends;
@@ -217,6 +221,7 @@ impl Counters {
             ("link_downed", self.link_downed),
             ("rdma_sends", self.rdma_sends),
             ("rdma_recvs", self.rdma_recvs),
+            ("retransmitted_pkts", self.retransmitted_pkts),
         ];
         for (r, n) in DropReason::ALL.iter().zip(self.drops.iter()) {
             v.push((r.name(), *n));

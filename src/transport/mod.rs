@@ -842,6 +842,7 @@ impl QpEngine {
             QpState::Rts if old == QpState::Rtr => {
                 self.req = requester::ReqState::default();
                 self.req.psn = self.attrs.sq_psn;
+                self.req.high_psn = self.attrs.sq_psn;
                 self.comp = completer::CompState::new(self.attrs.sq_psn, &self.attrs);
             }
             QpState::Err => self.flush(),

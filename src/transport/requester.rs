@@ -27,6 +27,8 @@ pub(super) struct ReqState {
     pub offset: u64,
     /// Packets sent since the last one with AckReq.
     pub noack_pkts: u32,
+    /// One past the highest PSN sent so far: a request packet below it is a retransmission.
+    pub high_psn: Psn,
 }
 
 impl QpEngine {
@@ -237,7 +239,13 @@ impl QpEngine {
         {
             w.read_req_psn = repr.bth.psn;
         }
+        if self.req.psn.diff(self.req.high_psn) < 0 {
+            self.counters.retransmitted_pkts += 1;
+        }
         self.req.psn = self.req.psn.add(advance_psns);
+        if self.req.psn.diff(self.req.high_psn) > 0 {
+            self.req.high_psn = self.req.psn;
+        }
         if repr.bth.ack_req {
             self.req.noack_pkts = 0;
         } else {
