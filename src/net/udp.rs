@@ -793,6 +793,8 @@ const RECV_BATCH: usize = 8;
 fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch) {
     let local = roce_addr(link.ip);
     link.rx_syscalls.fetch_add(1, Ordering::Relaxed);
+    // One lock hold for the whole receive; each QP answers once, at the end (ACKs coalesce).
+    let mut rx = device.rx_batch();
     for r in batch.received() {
         let Some(src) = r.src else { continue };
         let coalesced = r.segment_bytes.is_some_and(|g| g < r.data.len());
@@ -805,9 +807,9 @@ fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch) {
                 c.record_received_udp(src, local, seg);
             }
             if coalesced {
-                device.handle_gro_segment(src, seg, i);
+                rx.gro_segment(src, seg, i);
             } else {
-                device.handle_datagram(src, seg);
+                rx.datagram(src, seg);
             }
         }
     }

@@ -218,7 +218,7 @@ impl QpEngine {
             }
             WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::RegMr => return None,
         }
-        let mut buf = vec![0u8; repr.buffer_len()];
+        let mut buf = super::bufpool::take(repr.buffer_len());
         repr.emit_headers(&mut buf);
         let h = repr.header_len();
         let pay = repr.payload_len;
@@ -335,7 +335,7 @@ impl QpEngine {
                 });
             }
             repr.payload_len = w.length as usize;
-            let mut buf = vec![0u8; repr.buffer_len()];
+            let mut buf = super::bufpool::take(repr.buffer_len());
             repr.emit_headers(&mut buf);
             let h = repr.header_len();
             let n = repr.payload_len;

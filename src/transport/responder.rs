@@ -796,7 +796,7 @@ impl QpEngine {
                 r
             }
         };
-        let mut buf = vec![0u8; repr.buffer_len()];
+        let mut buf = super::bufpool::take(repr.buffer_len());
         repr.emit_headers(&mut buf);
         if let Some((rkey, va)) = read_src {
             let h = repr.header_len();

@@ -591,11 +591,42 @@ impl Device {
     fn handle_received(&self, src: SocketAddr, dst: IpAddr, data: &[u8], hdrs: RxHeaders<'_>) {
         let now = self.now();
         let mut st = self.shared.state.lock();
+        if let Some(qpn) = self.receive_locked(&mut st, now, src, dst, data, hdrs) {
+            self.pump(&mut st, qpn, now);
+        }
+    }
+
+    /// Starts a receive batch: the datagrams fed to the returned [`RxBatch`] are handled
+    /// under one hold of the device lock, and each QP they reached sends its answers once,
+    /// when the batch is dropped. An RC responder's ACKs for the batch then coalesce into
+    /// the newest one (ACKs are cumulative, IBTA Vol 1 §9.7.5.1.2; counted in
+    /// `ack_deferred`), and a requester sends what the batch's ACKs opened in one run. For a
+    /// driver that receives many datagrams per system call (`recvmmsg`, UDP GRO).
+    pub fn rx_batch(&self) -> RxBatch<'_> {
+        RxBatch {
+            now: self.now(),
+            st: self.shared.state.lock(),
+            dev: self,
+            touched: Vec::new(),
+        }
+    }
+
+    /// Checks and executes one received datagram under the device lock; returns the QP
+    /// that must now send its answers and completions ([`Device::pump`]), if any.
+    fn receive_locked(
+        &self,
+        st: &mut State,
+        now: Instant,
+        src: SocketAddr,
+        dst: IpAddr,
+        data: &[u8],
+        hdrs: RxHeaders<'_>,
+    ) -> Option<u32> {
         let pkt = match RocePacket::parse(data) {
             Ok(p) => p,
             Err(e) => {
                 st.counters.drop_packet(DropReason::from(e));
-                return;
+                return None;
             }
         };
         if pkt.info.kind == OpKind::Cnp {
@@ -607,27 +638,27 @@ impl Device {
             } else {
                 st.counters.drop_packet(DropReason::IcrcMismatch);
             }
-            return;
+            return None;
         }
         let qpn = pkt.repr.bth.dest_qpn;
         if qpn == MULTICAST_QPN && dst.is_multicast() {
-            self.deliver_multicast(&mut st, now, &pkt, src, dst, hdrs);
-            return;
+            self.deliver_multicast(st, now, &pkt, src, dst, hdrs);
+            return None;
         }
         if !st.qps.contains_key(&qpn) {
             st.counters.drop_packet(DropReason::UnknownQp);
-            return;
+            return None;
         }
         // IBTA A17 (RoCEv2): a packet whose ICRC fails is dropped silently; never NAKed.
         if !self.icrc_ok(&pkt, src, dst, hdrs) {
             st.counters.drop_packet(DropReason::IcrcMismatch);
-            return;
+            return None;
         }
         // A datagram that reached a multicast group's socket but names a QP: `dst` is the
         // group, which a connected QP refuses (rxe `check_addr`).
         let to = (dst != self.shared.cfg.ip).then_some(dst);
-        super::srq::handle_packet(&mut st, qpn, now, &pkt, src.ip(), to, &self.shared.events);
-        self.pump(&mut st, qpn, now);
+        super::srq::handle_packet(st, qpn, now, &pkt, src.ip(), to, &self.shared.events);
+        Some(qpn)
     }
 
     /// A multicast packet: to every QP attached to `group`, after one ICRC check.
@@ -789,7 +820,9 @@ impl Device {
             }
             if !batch.is_empty() {
                 counters.send_err += self.shared.link.send_batch(&batch) as u64;
-                batch.clear();
+                for t in batch.drain(..) {
+                    crate::transport::bufpool::give(t.payload);
+                }
             }
             *tx_batch = batch;
             if !slot.engine.run_local_ops(mrs) {
@@ -812,6 +845,65 @@ impl Device {
             };
             self.shared.events.push(t, super::EventElement::Qp(qpn));
         }
+    }
+}
+
+/// A batch of received datagrams handled under one hold of the device lock
+/// ([`Device::rx_batch`]). Dropping it sends every answer the batch caused, once per QP, and
+/// delivers the completions; the device's other users (posting threads, timers) wait until
+/// then.
+pub struct RxBatch<'a> {
+    dev: &'a Device,
+    st: parking_lot::MutexGuard<'a, State>,
+    now: Instant,
+    /// QPs reached, in first-reached order, each once.
+    touched: Vec<u32>,
+}
+
+impl RxBatch<'_> {
+    /// Feeds one UDP datagram, as [`Device::handle_datagram`] does, except that the QP's
+    /// answers wait for the end of the batch.
+    pub fn datagram(&mut self, src: SocketAddr, data: &[u8]) {
+        let ip = self.dev.shared.cfg.ip;
+        self.receive(src, ip, data, RxHeaders::Udp);
+    }
+
+    /// Feeds datagram number `index` of a UDP GRO buffer, as
+    /// [`Device::handle_gro_segment`] does, except that the answers wait for the batch's end.
+    pub fn gro_segment(&mut self, src: SocketAddr, data: &[u8], index: usize) {
+        let ip = self.dev.shared.cfg.ip;
+        self.receive(src, ip, data, RxHeaders::UdpGro { index });
+    }
+
+    fn receive(&mut self, src: SocketAddr, dst: IpAddr, data: &[u8], hdrs: RxHeaders<'_>) {
+        let RxBatch {
+            dev,
+            st,
+            now,
+            touched,
+            ..
+        } = self;
+        if let Some(qpn) = dev.receive_locked(st, *now, src, dst, data, hdrs)
+            && !touched.contains(&qpn)
+        {
+            touched.push(qpn);
+        }
+    }
+}
+
+impl Drop for RxBatch<'_> {
+    fn drop(&mut self) {
+        for qpn in core::mem::take(&mut self.touched) {
+            self.dev.pump(&mut self.st, qpn, self.now);
+        }
+    }
+}
+
+impl core::fmt::Debug for RxBatch<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RxBatch")
+            .field("touched", &self.touched)
+            .finish_non_exhaustive()
     }
 }
 

@@ -1,8 +1,9 @@
 //! The bandwidth tests' traffic: the client keeps up to `-t` WRITEs, READs, SENDs or atomics
 //! in flight per QP (`run_iter_bw` in perftest's `src/perftest_resources.c`); in send_bw the
 //! server receives them, re-posting each receive as it completes (`run_iter_bw_server`).
-//! Every send is signaled here (perftest signals every `-Q` CQ moderation's worth, which
-//! changes nothing on the wire).
+//! As perftest does, only every `-Q` (CQ moderation, default 100)th WR of a QP and its last
+//! are signaled: a completion stands for itself and every earlier WR of its QP (RC completes
+//! in order). That changes nothing on the wire.
 
 use super::oob::PerfDest;
 use super::report::BwResult;
@@ -38,7 +39,11 @@ pub enum BwOp {
     CmpSwap,
 }
 
-/// The client's side: `limit` messages of `size` bytes on every QP towards `peers`.
+/// Bits of a WR ID that hold the WR's sequence number on its QP (the QP index is above).
+const SEQ_BITS: u32 = 40;
+
+/// The client's side: `limit` messages of `size` bytes on every QP towards `peers`, at most
+/// `tx_depth` in flight per QP, every `cq_mod`th signaled (clamped to 1..=`tx_depth`).
 pub fn client(
     s: &Session,
     peers: &[PerfDest],
@@ -46,7 +51,9 @@ pub fn client(
     size: u32,
     limit: Limit,
     tx_depth: u32,
+    cq_mod: u32,
 ) -> Result<BwResult, BoxError> {
+    let cq_mod = u64::from(cq_mod.clamp(1, tx_depth.max(1)));
     let nq = s.qps.len();
     let (opcode, len) = match op {
         BwOp::Write => (WrOpcode::RdmaWrite, size),
@@ -73,8 +80,13 @@ pub fn client(
             while more(posted[i] + batch.len() as u64)
                 && posted[i] + (batch.len() as u64) - completed[i] < u64::from(tx_depth)
             {
-                let mut wr = SendWr::new(i as u64, opcode, vec![s.mr.sge(s.local_offset(i), len)]);
-                wr.send_flags = SendFlags::SIGNALED;
+                let seq = posted[i] + batch.len() as u64;
+                let wr_id = ((i as u64) << SEQ_BITS) | seq;
+                let mut wr = SendWr::new(wr_id, opcode, vec![s.mr.sge(s.local_offset(i), len)]);
+                let last = matches!(limit, Limit::Iters(n) if seq + 1 == n);
+                if (seq + 1).is_multiple_of(cq_mod) || last {
+                    wr.send_flags = SendFlags::SIGNALED;
+                }
                 if op != BwOp::Send {
                     wr.remote_addr = peers[i].vaddr;
                     wr.rkey = peers[i].rkey;
@@ -93,7 +105,13 @@ pub fn client(
                     .map_err(|e| format!("Couldn't post send: {e}"))?;
             }
         }
-        let outstanding: u64 = posted.iter().zip(&completed).map(|(p, c)| p - c).sum();
+        // Only signaled WRs complete visibly: in duration mode the unsignaled tail after the
+        // last signaled one is left to finish on its own.
+        let owed = |i: usize| match limit {
+            Limit::Iters(_) => posted[i] - completed[i],
+            Limit::Duration(_) => (posted[i] / cq_mod * cq_mod).saturating_sub(completed[i]),
+        };
+        let outstanding: u64 = (0..nq).map(owed).sum();
         if outstanding == 0 && !posted.iter().any(|p| more(*p)) {
             break;
         }
@@ -109,14 +127,19 @@ pub fn client(
         let now = start.elapsed().as_secs_f64();
         for wc in &wcs[..n] {
             check(wc, "client")?;
-            let i = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
-            if let Some(c) = completed.get_mut(i) {
+            let i = usize::try_from(wc.wr_id >> SEQ_BITS).unwrap_or(usize::MAX);
+            let through = (wc.wr_id & ((1 << SEQ_BITS) - 1)) + 1;
+            let (Some(c), Some(q)) = (completed.get_mut(i), in_flight.get_mut(i)) else {
+                continue;
+            };
+            // This completion stands for every WR of the QP up to its own.
+            while *c < through {
                 *c += 1;
+                if let Some(t) = q.pop_front() {
+                    best = best.min(now - t);
+                }
+                done_s.push(now);
             }
-            if let Some(t) = in_flight.get_mut(i).and_then(|q| q.pop_front()) {
-                best = best.min(now - t);
-            }
-            done_s.push(now);
         }
     }
     // perftest's #iterations counts the messages of all QPs.

@@ -149,6 +149,10 @@ pub struct PerfArgs {
     /// Messages in flight per QP (perftest: 128 for bandwidth, 1 for latency).
     #[arg(short = 't', long = "tx-depth")]
     tx_depth: Option<u32>,
+    /// Bandwidth tests: signal (and so complete visibly) every Nth WR of a QP and its last
+    /// (perftest's CQ moderation; at most -t).
+    #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
+    cq_mod: u32,
     /// Receives posted per QP in the SEND tests (perftest: 512, at most -n).
     #[arg(short = 'r', long = "rx-depth")]
     rx_depth: Option<u32>,
@@ -210,6 +214,7 @@ struct Plan {
     sizes: Vec<u32>,
     limit: Limit,
     tx_depth: u32,
+    cq_mod: u32,
     rx_depth: u32,
     qps: usize,
     mtu: PathMtu,
@@ -270,6 +275,9 @@ impl Plan {
         if tx_depth == 0 {
             return Err("-t must be at least 1".into());
         }
+        if a.cq_mod == 0 {
+            return Err("-Q must be at least 1".into());
+        }
         let rx_cap = u32::try_from(iters).unwrap_or(u32::MAX);
         let rx_depth = a.rx_depth.unwrap_or(512).min(rx_cap).max(1);
         let _ = a.cpu_freq;
@@ -278,6 +286,7 @@ impl Plan {
             sizes,
             limit,
             tx_depth,
+            cq_mod: a.cq_mod.min(tx_depth),
             rx_depth,
             qps: a.qps as usize,
             mtu,
@@ -520,7 +529,8 @@ fn run_side(
             let mut last = None;
             if client {
                 for &size in &plan.sizes {
-                    let r = bw::client(&s, &peers, op, size, plan.limit, plan.tx_depth)?;
+                    let r =
+                        bw::client(&s, &peers, op, size, plan.limit, plan.tx_depth, plan.cq_mod)?;
                     out.bw_row(tname, &r);
                     rows.push(Row::Bw(r));
                     last = Some(r);
@@ -573,7 +583,15 @@ fn run_side(
                 }
                 oob.sync(&me0)?;
                 let r = if client {
-                    bw::client(&s, &peers, BwOp::Send, size, plan.limit, plan.tx_depth)?
+                    bw::client(
+                        &s,
+                        &peers,
+                        BwOp::Send,
+                        size,
+                        plan.limit,
+                        plan.tx_depth,
+                        plan.cq_mod,
+                    )?
                 } else {
                     bw::server(&s, size, plan.limit, plan.rx_depth, &initial)?
                 };
@@ -668,6 +686,9 @@ fn print_info(plan: &Plan, client: bool, pre: &oob::Prelude, out: Out, s: &Sessi
     out.line(" Connection type : RC\t\tUsing SRQ      : OFF");
     if client {
         out.line(format!(" TX depth        : {}", plan.tx_depth));
+        if !plan.test.is_lat() {
+            out.line(format!(" CQ Moderation   : {}", plan.cq_mod));
+        }
     } else if plan.uses_recvs() {
         out.line(format!(" RX depth        : {}", plan.rx_depth));
     }
