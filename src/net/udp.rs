@@ -243,6 +243,12 @@ impl UdpLink {
         self.raw.is_some()
     }
 
+    /// True when threads that poll a CQ receive from the socket themselves
+    /// ([`UdpOptions::busy_poll`]).
+    pub fn busy_poll(&self) -> bool {
+        self.busy_poll
+    }
+
     /// The capture this link writes to, if any.
     pub fn capture(&self) -> Option<&Arc<Capture>> {
         self.capture.as_ref()
@@ -621,21 +627,27 @@ impl UdpDevice {
     /// thread, without blocking.
     pub fn poll_cq(&self, cq: &Cq, out: &mut [Wc]) -> usize {
         let link = &*self.link;
-        if link.busy_poll {
-            link.polls.fetch_add(1, Ordering::Relaxed);
-            // ACKs held back by the previous poll: the application has had its turn.
-            link.flush_deferred();
-            // Whoever holds the receive buffers (the driver thread, for at most one
-            // BUSY_DRIVER_RECV, before it sees the polls) delivers; we just poll then.
-            if let Some(mut rx) = link.rx.try_lock()
-                && rx.recv(link.recv.as_raw_fd(), false).is_ok()
-            {
-                DEFER_ACKS.with(|d| d.set(true));
-                deliver(&self.device, link, &rx);
-                DEFER_ACKS.with(|d| d.set(false));
-            }
+        if !link.busy_poll {
+            return cq.poll(out);
         }
-        cq.poll(out)
+        link.polls.fetch_add(1, Ordering::Relaxed);
+        // Whoever holds the receive buffers (the driver thread, for at most one
+        // BUSY_DRIVER_RECV, before it sees the polls) delivers; we just poll then.
+        if let Some(mut rx) = link.rx.try_lock()
+            && rx.recv(link.recv.as_raw_fd(), false).is_ok()
+        {
+            DEFER_ACKS.with(|d| d.set(true));
+            deliver(&self.device, link, &rx);
+            DEFER_ACKS.with(|d| d.set(false));
+        }
+        let n = cq.poll(out);
+        // The ACKs held back wait while the application takes completions (it may answer
+        // them with a request that carries the ACKs along, see `send_batch`); a poll that
+        // finds nothing means it waits for the peer, so they go now.
+        if n == 0 || self.link.deferred.lock().len() >= DEFER_MAX_HELD {
+            link.flush_deferred();
+        }
+        n
     }
 }
 
@@ -760,6 +772,9 @@ thread_local! {
     /// path).
     static DEFER_ACKS: Cell<bool> = const { Cell::new(false) };
 }
+
+/// A busy poll that returns completions sends the held-back ACKs anyway once this many wait.
+const DEFER_MAX_HELD: usize = 32;
 
 /// At most this many requests in one batch take the held-back ACKs along (a latency-bound
 /// reply; a bulk batch is not copied for it).

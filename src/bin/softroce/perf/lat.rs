@@ -33,8 +33,18 @@ pub enum LatOp {
     Read,
 }
 
-/// Busy-polls `cq` (a CQ of `dev`) for one completion, yielding the CPU between polls
-/// (perftest spins on `ibv_poll_cq`); with `--busy-poll` each poll also receives from the
+/// Between two polls: with `--busy-poll` a spin hint (the poller owns a core, as the spinning
+/// UDP baseline does); otherwise the CPU is yielded to the device's receive thread.
+fn pause(dev: &UdpDevice) {
+    if dev.link().busy_poll() {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Busy-polls `cq` (a CQ of `dev`) for one completion (perftest spins on `ibv_poll_cq`),
+/// pausing between polls ([`pause`]); with `--busy-poll` each poll also receives from the
 /// device's socket ([`UdpDevice::poll_cq`]). Returns `None` when `deadline` passes first.
 fn poll_one(dev: &UdpDevice, cq: &Cq, deadline: Instant) -> Option<Wc> {
     let mut spins = 0u32;
@@ -48,7 +58,7 @@ fn poll_one(dev: &UdpDevice, cq: &Cq, deadline: Instant) -> Option<Wc> {
         if spins.is_multiple_of(64) && Instant::now() > deadline {
             return None;
         }
-        std::thread::yield_now();
+        pause(dev);
     }
 }
 
@@ -145,7 +155,7 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
                             )
                             .into());
                         }
-                        std::thread::yield_now();
+                        pause(&s.dev);
                     }
                 }
                 _ => {
