@@ -69,18 +69,22 @@ impl QpEngine {
         if !uc && self.req.psn.diff(self.comp.psn) >= MAX_UNACKED_PSNS as i32 {
             return None;
         }
-        if self.req.offset == 0 {
+        let rd_atomic = wqe.wr.opcode.is_rd_atomic();
+        let fence = wqe.wr.send_flags.contains(SendFlags::FENCE);
+        if self.req.offset == 0 && (rd_atomic || fence) {
+            // Counted only for the WQEs it limits (a scan of the queue per packet would make
+            // a deep queue of WRITEs quadratic).
             let outstanding = self
                 .sq
                 .iter()
                 .take(idx)
                 .filter(|w| w.wr.opcode.is_rd_atomic())
                 .count();
-            if wqe.wr.opcode.is_rd_atomic() && outstanding >= max_rd {
+            if rd_atomic && outstanding >= max_rd {
                 return None;
             }
             // IBV_SEND_FENCE: wait until earlier READ/atomics have completed.
-            if wqe.wr.send_flags.contains(SendFlags::FENCE) && outstanding > 0 {
+            if fence && outstanding > 0 {
                 return None;
             }
         }
