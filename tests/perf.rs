@@ -396,6 +396,75 @@ fn loopback_prints_ratios_to_udp_and_tcp_baselines() {
     }
 }
 
+/// `--trials 3`: three rounds of (test, UDP baseline, TCP baseline), then per baseline the
+/// median ratio with its range over the rounds; the median lies in the range and equals one
+/// of the three per-round ratios (an odd count has a middle value).
+#[test]
+fn trials_print_the_median_ratio_and_its_range() {
+    let o = finish(
+        spawn(&[
+            "perf",
+            "write_bw",
+            "--loopback",
+            "--compare-tcp",
+            "--trials",
+            "3",
+            "--ip",
+            "127.0.80.3",
+            "--peer-ip",
+            "127.0.80.4",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+            "--json",
+        ]),
+        Duration::from_secs(120),
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", text(&o));
+    let objs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    for base in ["udp-stream", "tcp-stream"] {
+        let per_trial: Vec<f64> = objs
+            .iter()
+            .filter(|v| v["baseline"] == base && v.get("ratio").is_some())
+            .map(|v| v["ratio"].as_f64().expect("ratio"))
+            .collect();
+        assert_eq!(per_trial.len(), 3, "{base}: {stdout}");
+        let summary: Vec<&serde_json::Value> = objs
+            .iter()
+            .filter(|v| v["baseline"] == base && v.get("ratio_median").is_some())
+            .collect();
+        assert_eq!(summary.len(), 1, "{base}: {stdout}");
+        let s = summary[0];
+        assert_eq!(s["trials"], 3);
+        let (med, lo, hi) = (
+            s["ratio_median"].as_f64().unwrap(),
+            s["ratio_min"].as_f64().unwrap(),
+            s["ratio_max"].as_f64().unwrap(),
+        );
+        assert!(lo <= med && med <= hi && lo > 0.0, "{s}");
+        assert!(
+            per_trial.iter().any(|r| (r - med).abs() < 1e-9),
+            "{s} vs {per_trial:?}"
+        );
+    }
+    // Without --loopback there is no second side in this process to alternate with.
+    let o = finish(
+        spawn(&["perf", "write_bw", "--trials", "2", "--ip", "127.0.80.3"]),
+        Duration::from_secs(30),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--trials needs --loopback"),
+        "{}",
+        text(&o)
+    );
+}
+
 #[test]
 fn udp_baseline_prints_stream_and_pingpong_rows() {
     let o = finish(

@@ -106,7 +106,11 @@ pub struct UdpOptions {
     /// socket itself (non-blocking) and runs the engine in the calling thread, instead of
     /// waiting for the driver thread to be woken by the kernel (a cross-core wakeup costs
     /// ≈ 50 µs on small VMs). The driver thread still serves timers, and receives whenever
-    /// no thread has polled for a while. Off by default: then `poll_cq` only polls the CQ.
+    /// no thread has polled for a while. ACKs that a poll's datagrams cause are held back
+    /// while the application has something new (a datagram this poll received, or a
+    /// completion it returned): a request the application posts next carries them in the
+    /// same send; a poll that finds nothing sends them (so does the driver thread, within
+    /// ≈ 0.5 ms, if polling stops). Off by default: then `poll_cq` only polls the CQ.
     pub busy_poll: bool,
     /// Turn off every batching offload (UDP GSO on send, UDP GRO on receive, `sendmmsg` /
     /// `recvmmsg`): one system call per datagram, as on a kernel without them. The offloads
@@ -633,18 +637,21 @@ impl UdpDevice {
         link.polls.fetch_add(1, Ordering::Relaxed);
         // Whoever holds the receive buffers (the driver thread, for at most one
         // BUSY_DRIVER_RECV, before it sees the polls) delivers; we just poll then.
+        let mut delivered = false;
         if let Some(mut rx) = link.rx.try_lock()
             && rx.recv(link.recv.as_raw_fd(), false).is_ok()
         {
             DEFER_ACKS.with(|d| d.set(true));
             deliver(&self.device, link, &rx, false);
             DEFER_ACKS.with(|d| d.set(false));
+            delivered = true;
         }
         let n = cq.poll(out);
-        // The ACKs held back wait while the application takes completions (it may answer
-        // them with a request that carries the ACKs along, see `send_batch`); a poll that
-        // finds nothing means it waits for the peer, so they go now.
-        if n == 0 || self.link.deferred.lock().len() >= DEFER_MAX_HELD {
+        // The ACKs held back wait while the application has something new to act on (what
+        // this poll delivered or returned: it may answer with a request that carries the
+        // ACKs along, see `send_batch`). A poll that neither received nor returned anything
+        // means it waits for the peer, so they go now.
+        if (!delivered && n == 0) || self.link.deferred.lock().len() >= DEFER_MAX_HELD {
             link.flush_deferred();
         }
         n

@@ -66,7 +66,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn name(self, lat: bool) -> &'static str {
+    pub fn name(self, lat: bool) -> &'static str {
         match (self, lat) {
             (Kind::Udp, false) => "udp-stream",
             (Kind::Udp, true) => "udp-pingpong",
@@ -117,9 +117,36 @@ pub fn udp_baseline(p: &Plan, out: Out) -> Result<(), BoxError> {
 
 /// Runs the baseline of `kind` for each softroce row and prints both with the ratio
 /// softroce / baseline (bandwidth: average MB/s; latency: typical us).
-pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<(), BoxError> {
+/// One printed comparison: what was compared, its unit, softroce's figure, the baseline's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compared {
+    /// Row label, e.g. "BW average 65536 B".
+    pub what: String,
+    /// "MB/sec" or "usec".
+    pub unit: &'static str,
+    /// softroce's figure.
+    pub ours: f64,
+    /// The baseline's figure.
+    pub theirs: f64,
+}
+
+impl Compared {
+    /// softroce / baseline (0 when the baseline measured nothing).
+    pub fn ratio(&self) -> f64 {
+        if self.theirs > 0.0 {
+            self.ours / self.theirs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Measures the `kind` baseline for each of `rows` (same sizes and iterations), prints each
+/// beside softroce's figure with the ratio, and returns the comparisons.
+pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compared>, BoxError> {
+    let mut done = Vec::new();
     if rows.is_empty() {
-        return Ok(());
+        return Ok(done);
     }
     let name = kind.name(p.lat);
     out.line(format!(
@@ -134,13 +161,14 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<(), BoxEr
                     Kind::Udp => udp_stream(p, size, iters)?.0,
                     Kind::Tcp => tcp_stream(p, size, iters)?,
                 };
-                out.compare(
-                    &format!("BW average {} B", r.size),
-                    "MB/sec",
-                    r.bw_avg,
-                    name,
-                    b.bw_avg,
-                );
+                let c = Compared {
+                    what: format!("BW average {} B", r.size),
+                    unit: "MB/sec",
+                    ours: r.bw_avg,
+                    theirs: b.bw_avg,
+                };
+                out.compare(&c.what, c.unit, c.ours, name, c.theirs);
+                done.push(c);
             }
             Row::Lat(r) => {
                 let (size, iters) = match r {
@@ -153,17 +181,57 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<(), BoxEr
                     Kind::Udp => udp_pingpong(p, size, iters)?.0,
                     Kind::Tcp => tcp_pingpong(p, size, iters)?,
                 };
-                out.compare(
-                    &format!("t_typical {size} B"),
-                    "usec",
-                    r.typical(),
-                    name,
-                    b.typical(),
-                );
+                let c = Compared {
+                    what: format!("t_typical {size} B"),
+                    unit: "usec",
+                    ours: r.typical(),
+                    theirs: b.typical(),
+                };
+                out.compare(&c.what, c.unit, c.ours, name, c.theirs);
+                done.push(c);
             }
         }
     }
-    Ok(())
+    Ok(done)
+}
+
+/// Prints, per compared row, the median ratio over interleaved trials with its range and
+/// the medians of both figures (`--trials`): on a shared, noisy machine one trial's ratio
+/// can be off by 2x either way.
+pub fn summarize(trials: &[Vec<Compared>], name: &str, out: Out) {
+    let Some(first) = trials.first() else { return };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        match n {
+            0 => 0.0,
+            _ if n % 2 == 1 => v[n / 2],
+            _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    out.line(format!(
+        " softroce vs {name}: median of {} interleaved trials (ratio range in brackets):",
+        trials.len()
+    ));
+    for (i, row) in first.iter().enumerate() {
+        let col: Vec<&Compared> = trials.iter().filter_map(|t| t.get(i)).collect();
+        let ratios: Vec<f64> = col.iter().map(|c| c.ratio()).collect();
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let ours = median(col.iter().map(|c| c.ours).collect());
+        let theirs = median(col.iter().map(|c| c.theirs).collect());
+        let ratio = median(ratios);
+        out.summary(
+            &row.what,
+            row.unit,
+            ours,
+            name,
+            theirs,
+            ratio,
+            (lo, hi),
+            col.len(),
+        );
+    }
 }
 
 fn udp_socket(ip: IpAddr) -> Result<UdpSocket, BoxError> {

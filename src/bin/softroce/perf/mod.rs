@@ -192,6 +192,11 @@ pub struct PerfArgs {
     /// core per side. See `softroce::net::UdpOptions::busy_poll`.
     #[arg(long)]
     busy_poll: bool,
+    /// With --loopback: run the test and its baselines this many times, alternating, and
+    /// end with the median of each ratio and its range (these machines are shared and
+    /// noisy: one trial's ratio can be off by 2x).
+    #[arg(long, default_value_t = 1)]
+    trials: u32,
     /// After the results, print the device's counters (rxe hw_counters names), read once the
     /// link has been quiet for 200 ms.
     #[arg(long)]
@@ -336,6 +341,15 @@ pub fn run(a: PerfArgs) -> Result<(), BoxError> {
     if a.test == PerfTest::UdpBaseline {
         return baseline::udp_baseline(&plan_baseline(&a, &plan), out);
     }
+    if a.trials == 0 {
+        return Err("--trials must be at least 1".into());
+    }
+    if a.trials > 1 {
+        if !a.loopback {
+            return Err("--trials needs --loopback (both sides in this process)".into());
+        }
+        return trials(&a, &plan, out);
+    }
     let rows = if a.loopback {
         loopback(&a, &plan, out)?
     } else {
@@ -352,6 +366,27 @@ pub fn run(a: PerfArgs) -> Result<(), BoxError> {
     }
     if a.compare_tcp {
         baseline::compare(&b, &rows, baseline::Kind::Tcp, out)?;
+    }
+    Ok(())
+}
+
+/// `--trials N --loopback`: N rounds of (softroce test, UDP baseline, TCP baseline with
+/// --compare-tcp), each round printed as a single run prints it, then the medians.
+fn trials(a: &PerfArgs, plan: &Plan, out: Out) -> Result<(), BoxError> {
+    let b = plan_baseline(a, plan);
+    let (mut udp, mut tcp) = (Vec::new(), Vec::new());
+    for t in 0..a.trials {
+        out.line(format!(" ---- trial {} of {}", t + 1, a.trials));
+        let rows = loopback(a, plan, out)?;
+        udp.push(baseline::compare(&b, &rows, baseline::Kind::Udp, out)?);
+        if a.compare_tcp {
+            tcp.push(baseline::compare(&b, &rows, baseline::Kind::Tcp, out)?);
+        }
+    }
+    out.line(report::LINE);
+    baseline::summarize(&udp, baseline::Kind::Udp.name(plan.test.is_lat()), out);
+    if a.compare_tcp {
+        baseline::summarize(&tcp, baseline::Kind::Tcp.name(plan.test.is_lat()), out);
     }
     Ok(())
 }

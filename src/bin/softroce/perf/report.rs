@@ -141,6 +141,39 @@ impl Out {
         }
     }
 
+    /// A `--trials` summary row: medians of both figures and of the ratio, with the
+    /// ratio's range over `n` trials.
+    #[allow(clippy::too_many_arguments)]
+    pub fn summary(
+        &self,
+        what: &str,
+        unit: &str,
+        ours: f64,
+        baseline_name: &str,
+        theirs: f64,
+        ratio: f64,
+        (lo, hi): (f64, f64),
+        n: usize,
+    ) {
+        if self.json {
+            self.json_line(json!({
+                "compare": what,
+                "unit": unit,
+                "trials": n,
+                "softroce_median": ours,
+                "baseline": baseline_name,
+                "baseline_median": theirs,
+                "ratio_median": ratio,
+                "ratio_min": lo,
+                "ratio_max": hi,
+            }));
+        } else {
+            self.line(format!(
+                " {what:<28} softroce {ours:>12.2} {unit:<8} {baseline_name:<14} {theirs:>12.2} {unit:<8} ratio {ratio:.3} [{lo:.3}-{hi:.3}]"
+            ));
+        }
+    }
+
     fn bw(&self, mb_per_sec: f64) -> f64 {
         if self.gbits {
             mb_per_sec * f64::from(1u32 << 20) * 8.0 / 1e9
