@@ -315,6 +315,18 @@ fn all_sizes_run_every_power_of_two() {
     assert_eq!(result_rows(&ss).len(), 23, "{ss}");
 }
 
+/// The JSON objects a successful `--json` run printed on stdout, one per line, with the
+/// stdout text for messages.
+fn json_objects(o: &std::process::Output) -> (String, Vec<serde_json::Value>) {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", text(o));
+    let objs = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    (stdout, objs)
+}
+
 /// The ratio lines printed after a --loopback run: (baseline name, ratio).
 fn ratios(out: &str) -> Vec<(String, f64)> {
     out.lines()
@@ -380,12 +392,7 @@ fn loopback_prints_ratios_to_udp_and_tcp_baselines() {
         ]),
         Duration::from_secs(60),
     );
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{}", text(&o));
-    let objs: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
-        .collect();
+    let (stdout, objs) = json_objects(&o);
     assert_eq!(objs.len(), 3, "a latency row and two comparisons: {stdout}");
     assert_eq!(objs[0]["test"], "write_lat");
     assert_eq!(objs[1]["baseline"], "udp-pingpong");
@@ -421,12 +428,7 @@ fn trials_print_the_median_ratio_and_its_range() {
         ]),
         Duration::from_secs(120),
     );
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{}", text(&o));
-    let objs: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
-        .collect();
+    let (stdout, objs) = json_objects(&o);
     for base in ["udp-stream", "tcp-stream"] {
         let per_trial: Vec<f64> = objs
             .iter()
@@ -543,12 +545,7 @@ fn udp_baseline_batches_as_the_data_path() {
         ]),
         Duration::from_secs(60),
     );
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{}", text(&o));
-    let objs: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
-        .collect();
+    let (stdout, objs) = json_objects(&o);
     let find = |t: &str| {
         objs.iter()
             .find(|v| v["test"] == t)
