@@ -63,6 +63,22 @@ pub fn send_gso_gather(
     parts: &[&[u8]],
     segment_bytes: u16,
 ) -> io::Result<()> {
+    send_gathered(fd, dst, parts, Some(segment_bytes))
+}
+
+/// Sends one datagram gathered from `parts` (at most [`GSO_MAX_IOV`]) with one `sendmsg`,
+/// no copy here. Errors: the kernel's; `EINVAL` for too many parts.
+pub fn send_parts(fd: RawFd, dst: &SocketAddr, parts: &[&[u8]]) -> io::Result<()> {
+    send_gathered(fd, dst, parts, None)
+}
+
+/// `sendmsg` of `parts` to `dst`, with a UDP_SEGMENT cmsg when `segment_bytes` is given.
+fn send_gathered(
+    fd: RawFd,
+    dst: &SocketAddr,
+    parts: &[&[u8]],
+    segment_bytes: Option<u16>,
+) -> io::Result<()> {
     if parts.len() > GSO_MAX_IOV {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -87,13 +103,15 @@ pub fn send_gso_gather(
         msg.msg_namelen = addr.len();
         msg.msg_iov = iovs.as_mut_ptr();
         msg.msg_iovlen = parts.len();
-        msg.msg_control = cbuf.0.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
-        let c = libc::CMSG_FIRSTHDR(&raw const msg);
-        (*c).cmsg_level = libc::SOL_UDP;
-        (*c).cmsg_type = libc::UDP_SEGMENT;
-        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment_bytes);
+        if let Some(seg) = segment_bytes {
+            msg.msg_control = cbuf.0.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
+            let c = libc::CMSG_FIRSTHDR(&raw const msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+        }
         libc::sendmsg(fd, &raw const msg, 0)
     };
     if rc < 0 {
@@ -103,9 +121,9 @@ pub fn send_gso_gather(
     }
 }
 
-/// Most parts [`send_gso_gather`] takes: two per segment (a datagram without its ICRC, then
-/// the ICRC) for [`GSO_MAX_SEGMENTS`] segments.
-pub const GSO_MAX_IOV: usize = 2 * GSO_MAX_SEGMENTS;
+/// Most parts [`send_gso_gather`] takes: four per segment (headers, payload in the MR, pad,
+/// ICRC) for [`GSO_MAX_SEGMENTS`] segments.
+pub const GSO_MAX_IOV: usize = 4 * GSO_MAX_SEGMENTS;
 
 /// Sends each of `datagrams` to `dst` with one `sendmmsg` call (up to 64 at a time; loops
 /// for more). Returns how many were sent; stops at the first error, which it returns if

@@ -335,8 +335,17 @@ impl UdpLink {
                     errors += failed;
                 }
                 Err(n) => {
-                    // GSO unavailable (or a lone datagram): one sendmmsg for the rest.
-                    let parts: Vec<&[u8]> = run[k..k + n].iter().map(|t| &t.payload[..]).collect();
+                    // GSO unavailable (or a lone datagram): one sendmmsg for the rest, with
+                    // gathered datagrams copied whole (this fallback takes one buffer each).
+                    let whole: Vec<std::borrow::Cow<'_, [u8]>> = run[k..k + n]
+                        .iter()
+                        .map(|t| match t.tail {
+                            // SAFETY: inside the pump, under the device lock (`gathers`).
+                            Some(_) => std::borrow::Cow::Owned(unsafe { t.to_vec() }),
+                            None => std::borrow::Cow::Borrowed(&t.payload[..]),
+                        })
+                        .collect();
+                    let parts: Vec<&[u8]> = whole.iter().map(|w| &w[..]).collect();
                     let sent = send_mmsg(fd, &dst, &parts).unwrap_or(0);
                     self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
                     self.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
@@ -365,14 +374,14 @@ impl UdpLink {
         dst: &SocketAddr,
         ts: &[Transmit],
     ) -> Result<(usize, usize), usize> {
-        let seg = ts.first().map_or(0, |t| t.payload.len());
+        let seg = ts.first().map_or(0, Transmit::len);
         if seg == 0 || seg > usize::from(u16::MAX) {
             return Err(1);
         }
         let mut n = 1;
         let mut total = seg;
         while let Some(t) = ts.get(n) {
-            let l = t.payload.len();
+            let l = t.len();
             if n >= GSO_MAX_SEGMENTS || l > seg || l == 0 || total + l > GSO_MAX_BYTES {
                 break;
             }
@@ -389,30 +398,37 @@ impl UdpLink {
             (IpAddr::V4(src), IpAddr::V4(d)) => Some((src, d)),
             _ => None,
         };
-        // Gather the datagrams in place; for IPv4 segment i >= 1 swap in the ICRC for ID i.
+        // Gather the datagrams in place (a gathered one's payload straight from its MR); for
+        // IPv4 segment i >= 1 swap in the ICRC for ID i.
         let mut icrcs = [[0u8; 4]; GSO_MAX_SEGMENTS];
-        if let Some((src, d)) = v4 {
-            for (i, t) in ts[..n].iter().enumerate().skip(1) {
-                let body_bytes = t.payload.len().saturating_sub(4);
+        for (i, t) in ts[..n].iter().enumerate() {
+            // SAFETY: inside the engine's pump, under the device lock that keeps a gathered
+            // datagram's MR registered (`Link::gathers`).
+            icrcs[i] = unsafe { body_and_icrc(t) }.1;
+            if let Some((src, d)) = v4
+                && i >= 1
+            {
+                let body_bytes = t.len().saturating_sub(4);
                 let delta = self.ident_delta(src, d, ts[0].src_port, i as u16, body_bytes);
-                let old = t.payload.get(body_bytes..).unwrap_or_default();
-                for (k, (o, x)) in old.iter().zip(delta).enumerate() {
-                    icrcs[i][k] = o ^ x;
+                for (o, x) in icrcs[i].iter_mut().zip(delta) {
+                    *o ^= x;
                 }
             }
         }
         let mut parts: [&[u8]; GSO_MAX_IOV] = [&[]; GSO_MAX_IOV];
         let mut np = 0;
         for (i, t) in ts[..n].iter().enumerate() {
-            if v4.is_some() && i >= 1 {
-                let body_bytes = t.payload.len().saturating_sub(4);
-                parts[np] = t.payload.get(..body_bytes).unwrap_or_default();
-                parts[np + 1] = &icrcs[i];
-                np += 2;
-            } else {
-                parts[np] = &t.payload;
+            // SAFETY: as above.
+            for p in unsafe { body_and_icrc(t) }
+                .0
+                .into_iter()
+                .filter(|p| !p.is_empty())
+            {
+                parts[np] = p;
                 np += 1;
             }
+            parts[np] = &icrcs[i];
+            np += 1;
         }
         self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         match send_gso_gather(fd, dst, &parts[..np], seg as u16) {
@@ -486,14 +502,29 @@ impl UdpLink {
 }
 
 impl Link for UdpLink {
+    fn gathers(&self) -> bool {
+        // A capture records each datagram whole; without one, payloads go out from the MR.
+        self.capture.is_none()
+    }
+
     fn send(&self, t: &Transmit) -> io::Result<()> {
         let s = self.socket_for(t.src_port)?;
         let dst = roce_addr(t.dst);
-        let send = || s.send_to(&t.payload, dst).map(|_| ());
+        // SAFETY: `send` runs inside the engine's pump, under the device lock that keeps a
+        // gathered datagram's MR registered (`Link::gathers`).
+        let parts = unsafe { t.parts() };
+        let send = || {
+            if t.tail.is_some() {
+                super::batch::send_parts(s.as_raw_fd(), &dst, &parts)
+            } else {
+                s.send_to(&t.payload, dst).map(|_| ())
+            }
+        };
         match &self.capture {
             Some(c) => {
                 let src = SocketAddr::new(self.ip, t.src_port);
-                c.send_and_record(src, dst, &t.payload, self.hop_limit, send)?;
+                let whole = parts.concat();
+                c.send_and_record(src, dst, &whole, self.hop_limit, send)?;
             }
             None => send()?,
         }
@@ -514,7 +545,7 @@ impl Link for UdpLink {
     }
 
     fn send_batch(&self, ts: &[Transmit]) -> usize {
-        if DEFER_ACKS.with(Cell::get) && ts.iter().all(|t| t.payload.len() <= DEFER_MAX_BYTES) {
+        if DEFER_ACKS.with(Cell::get) && ts.iter().all(|t| t.len() <= DEFER_MAX_BYTES) {
             // ACKs only: they wait for the end of the receive batch (driver thread) or the
             // next poll (busy polling, so the application's reply goes first).
             self.deferred.lock().extend(ts.iter().cloned());
@@ -869,6 +900,25 @@ fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch, per_buffer: bool)
             drop(rx.take());
             link.flush_deferred();
         }
+    }
+}
+
+/// A datagram as (its bytes before the ICRC, in up to three slices; its ICRC).
+///
+/// # Safety
+/// As [`Transmit::parts`]: under the device lock that built a gathered `t`.
+unsafe fn body_and_icrc(t: &Transmit) -> ([&[u8]; 3], [u8; 4]) {
+    // SAFETY: forwarded to the caller.
+    let [head, data, pad, tail_icrc] = unsafe { t.parts() };
+    let mut icrc = [0u8; 4];
+    if t.tail.is_some() {
+        icrc.copy_from_slice(tail_icrc);
+        ([head, data, pad], icrc)
+    } else {
+        let b = head.len().saturating_sub(4);
+        let (body, last) = head.split_at(b);
+        icrc[..last.len()].copy_from_slice(last);
+        ([body, &[], &[]], icrc)
     }
 }
 

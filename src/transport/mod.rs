@@ -37,6 +37,7 @@ pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 
 use crate::wire::{IcrcIp, Psn, ROCE_V2_UDP_PORT, RocePacket, Transport};
 use core::net::IpAddr;
+use core::ptr::NonNull;
 use std::collections::VecDeque;
 
 /// Queue pair transport type. Source: `enum ibv_qp_type`.
@@ -532,14 +533,106 @@ pub struct Completion {
 }
 
 /// A datagram to send: UDP payload (BTH … ICRC) from `src_port` to `dst`:4791.
+///
+/// Normally `payload` holds the whole datagram. A requester whose link gathers
+/// ([`QpEngine::set_gather`], from `Link::gathers`) may instead leave a packet's payload in
+/// the registered memory it comes from: then `payload` holds the headers only and `tail`
+/// the rest (payload bytes in the MR, pad, ICRC), to be sent with `sendmsg` iovecs, with no
+/// copy (issue 7). Such a datagram is only valid while the device lock under which it was
+/// built is held, that is within the `Link::send_batch` call that receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
     /// Destination IP.
     pub dst: IpAddr,
     /// UDP source port (the QP's).
     pub src_port: u16,
-    /// UDP payload.
+    /// UDP payload, or its headers when `tail` is set.
     pub payload: Vec<u8>,
+    /// The rest of the datagram, left in registered memory.
+    pub tail: Option<PayloadRef>,
+}
+
+/// The part of a gathered [`Transmit`] after its headers: `len` payload bytes at `ptr` in a
+/// registered MR, `pad` zero bytes, then the ICRC (computed over all of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRef {
+    ptr: NonNull<u8>,
+    len: usize,
+    pad: u8,
+    icrc: [u8; 4],
+}
+
+// SAFETY: a `PayloadRef` is only dereferenced (`Transmit::parts`) by the link that receives
+// it in `send_batch`, in the thread that built it, under the device lock that keeps the MR
+// registered; moving the value between threads moves no access with it.
+unsafe impl Send for PayloadRef {}
+// SAFETY: as for `Send`: shared references give no access to the memory.
+unsafe impl Sync for PayloadRef {}
+
+/// Zero bytes for the pad of a gathered datagram (at most 3).
+pub(super) static PAD_ZEROS: [u8; 3] = [0; 3];
+
+impl Transmit {
+    /// A datagram held whole in `payload`.
+    pub fn new(dst: IpAddr, src_port: u16, payload: Vec<u8>) -> Transmit {
+        Transmit {
+            dst,
+            src_port,
+            payload,
+            tail: None,
+        }
+    }
+
+    /// The datagram's length in bytes (headers, payload, pad and ICRC).
+    pub fn len(&self) -> usize {
+        self.payload.len()
+            + self
+                .tail
+                .map_or(0, |t| t.len + usize::from(t.pad) + t.icrc.len())
+    }
+
+    /// True for an empty datagram (never built by the engine).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The ICRC bytes of a gathered datagram (`None` when `payload` holds it all).
+    pub fn tail_icrc(&self) -> Option<[u8; 4]> {
+        self.tail.map(|t| t.icrc)
+    }
+
+    /// The datagram as four consecutive slices: `[payload, MR bytes, pad, ICRC]` for a
+    /// gathered one, `[payload, [], [], []]` otherwise (no allocation).
+    ///
+    /// # Safety
+    /// For a gathered datagram, only while the device lock under which the engine built it
+    /// is still held (inside the `Link::send_batch` or `Link::send` call that received it):
+    /// the MR may be deregistered after that.
+    pub unsafe fn parts(&self) -> [&[u8]; 4] {
+        match &self.tail {
+            None => [&self.payload[..], &[], &[], &[]],
+            Some(t) => {
+                // SAFETY: the caller holds the lock that keeps the MR's `len` bytes at `ptr`
+                // registered (the engine checked the range against the MR when it built us).
+                let data = unsafe { std::slice::from_raw_parts(t.ptr.as_ptr(), t.len) };
+                [
+                    &self.payload[..],
+                    data,
+                    &PAD_ZEROS[..usize::from(t.pad)],
+                    &t.icrc[..],
+                ]
+            }
+        }
+    }
+
+    /// The whole datagram in one buffer (a copy for a gathered one).
+    ///
+    /// # Safety
+    /// As [`Transmit::parts`].
+    pub unsafe fn to_vec(&self) -> Vec<u8> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.parts() }.concat()
+    }
 }
 
 /// The addressing of a connected QP, fixed at RTR.
@@ -729,6 +822,8 @@ pub struct QpEngine {
     rx_dst: Option<IpAddr>,
     /// SRQ attachment and asynchronous events (srq.rs).
     srq: srq::SrqExt,
+    /// Request payloads may stay in the MR ([`Transmit::tail`]).
+    gather: bool,
 }
 
 impl QpEngine {
@@ -751,6 +846,7 @@ impl QpEngine {
             timers: TimerTable::default(),
             completions: VecDeque::new(),
             counters: Counters::default(),
+            gather: false,
             last_src: IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
             rx_dst: None,
             srq: srq::SrqExt::default(),
@@ -790,6 +886,12 @@ impl QpEngine {
     /// Sets the path (verbs `modify_qp` with an address vector).
     pub fn set_path(&mut self, p: Path) {
         self.path = Some(p);
+    }
+    /// Lets RC and UC request packets leave their payload in the MR it comes from when it
+    /// lies in one SGE ([`Transmit::tail`]), for a link that sends every datagram before
+    /// `send_batch` returns. Off by default.
+    pub fn set_gather(&mut self, on: bool) {
+        self.gather = on;
     }
     /// Capacities.
     pub fn cap(&self) -> QpCap {

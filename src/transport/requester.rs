@@ -7,13 +7,13 @@
 
 use super::local_ops::wqe_payload;
 use super::{
-    MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Path, QpEngine, QpState, QpType, SendFlags, Timer, Transmit,
-    WcStatus, WrOpcode, ack_timeout, psns_for,
+    MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, PAD_ZEROS, Path, PayloadRef, QpEngine, QpState, QpType,
+    SendFlags, Timer, Transmit, WcStatus, WrOpcode, ack_timeout, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Psn,
-    RethRepr,
+    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, ICRC_LEN, IethRepr, ImmDtRepr, Opcode,
+    PacketRepr, Psn, RethRepr, icrc_of_body_parts,
 };
 
 /// Requester cursor: which WQE and byte offset the next packet comes from, and its PSN.
@@ -222,21 +222,50 @@ impl QpEngine {
             }
             WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::RegMr => return None,
         }
-        let mut buf = super::bufpool::take(repr.buffer_len());
-        repr.emit_headers(&mut buf);
         let h = repr.header_len();
         let pay = repr.payload_len;
-        if pay > 0
-            && let Err(_e) = wqe_payload(wqe, mem, self.pd, payload_off, &mut buf[h..h + pay])
-        {
-            // A local SGE that fails its key/range check: IBV_WC_LOC_PROT_ERR, QP to ERR.
-            if let Some(w) = self.sq.remove(idx) {
-                self.complete_send(&w, WcStatus::LocProtErr, 0);
+        // With a gathering link, a payload that lies in one SGE stays in the MR: only the
+        // headers are built here and the ICRC is computed over the MR bytes in place. An SGE
+        // that fails its checks takes the copying path below, which reports it.
+        let in_mr = if self.gather && pay > 0 && wqe.inline_data.is_none() {
+            mem.payload_ref(&wr.sg_list, self.pd, payload_off, pay)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let (buf, tail) = if let Some(ptr) = in_mr {
+            let mut buf = super::bufpool::take(h);
+            repr.emit_headers(&mut buf);
+            let pad = repr.buffer_len() - h - pay - ICRC_LEN;
+            // SAFETY: `payload_ref` checked these `pay` bytes against a registered MR of this
+            // table, which `mem` borrows for the whole call: they stay valid and unmoved.
+            let data = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), pay) };
+            let icrc = icrc_of_body_parts(&path.icrc_ip(), &[&buf, data, &PAD_ZEROS[..pad]]);
+            let tail = PayloadRef {
+                ptr,
+                len: pay,
+                pad: pad as u8,
+                icrc,
+            };
+            (buf, Some(tail))
+        } else {
+            let mut buf = super::bufpool::take(repr.buffer_len());
+            repr.emit_headers(&mut buf);
+            if pay > 0
+                && let Err(_e) = wqe_payload(wqe, mem, self.pd, payload_off, &mut buf[h..h + pay])
+            {
+                // A local SGE that fails its key/range check: IBV_WC_LOC_PROT_ERR, QP to ERR.
+                super::bufpool::give(buf);
+                if let Some(w) = self.sq.remove(idx) {
+                    self.complete_send(&w, WcStatus::LocProtErr, 0);
+                }
+                self.enter_error();
+                return None;
             }
-            self.enter_error();
-            return None;
-        }
-        repr.finish(&mut buf, &path.icrc_ip());
+            repr.finish(&mut buf, &path.icrc_ip());
+            (buf, None)
+        };
         // Advance the cursor.
         if repr.bth.opcode == Opcode::RC_RDMA_READ_REQUEST
             && let Some(w) = self.sq.get_mut(idx)
@@ -279,6 +308,7 @@ impl QpEngine {
             dst: path.remote,
             src_port: path.src_port,
             payload: buf,
+            tail,
         })
     }
 
@@ -358,11 +388,7 @@ impl QpEngine {
             self.req.psn = self.req.psn.add(1);
             let w = self.sq.pop_front()?;
             self.complete_send(&w, WcStatus::Success, 0);
-            return Some(Transmit {
-                dst: dest.remote_ip,
-                src_port: path.src_port,
-                payload: buf,
-            });
+            return Some(Transmit::new(dest.remote_ip, path.src_port, buf));
         }
     }
 

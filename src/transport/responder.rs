@@ -730,11 +730,7 @@ impl QpEngine {
             RespItem::Ready(payload) => {
                 let payload = std::mem::take(payload);
                 self.resp.out.pop_front();
-                return Some(Transmit {
-                    dst: path.remote,
-                    src_port: path.src_port,
-                    payload,
-                });
+                return Some(Transmit::new(path.remote, path.src_port, payload));
             }
             RespItem::Ack { psn, syndrome, msn } => {
                 bth.psn = *psn;
@@ -820,10 +816,6 @@ impl QpEngine {
             }
         }
         repr.finish(&mut buf, &path.icrc_ip());
-        Some(Transmit {
-            dst: path.remote,
-            src_port: path.src_port,
-            payload: buf,
-        })
+        Some(Transmit::new(path.remote, path.src_port, buf))
     }
 }

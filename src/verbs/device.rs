@@ -1023,6 +1023,7 @@ impl Pd {
             qpn + 1
         };
         let mut engine = QpEngine::new(qpn, init.qp_type, self.handle, c, init.sq_sig_all);
+        engine.set_gather(self.dev.shared.link.gathers());
         if let Some(srq) = init.srq {
             if !srq.same_device(&self.dev) {
                 return Err(Error::new(

@@ -188,6 +188,14 @@ pub trait Link: Send + Sync {
         ts.iter().filter(|t| self.send(t).is_err()).count()
     }
 
+    /// True if this link sends (or copies) every datagram before `send` / `send_batch`
+    /// returns, so that the engine may hand it datagrams whose payload still lies in an MR
+    /// ([`crate::transport::Transmit::tail`], valid only during the call). A link that
+    /// keeps datagrams for later (a simulator's queue) must leave this false, the default.
+    fn gathers(&self) -> bool {
+        false
+    }
+
     /// Prepares to send from UDP source port `want` and returns the port actually used (a
     /// link that cannot bind `want` picks another; the ICRC is computed over the result).
     fn source_port(&self, want: u16) -> u16 {

@@ -59,6 +59,55 @@ pub fn icrc_compute(ip_header: &[u8], udp_header: &[u8], roce_body: &[u8]) -> [u
     let mut ip = [0u8; 40];
     let n = ip_header.len().min(40);
     ip[..n].copy_from_slice(&ip_header[..n]);
+    mask_ip_udp(&mut ip[..n], n);
+    h.update(&ip[..n]);
+    let mut udp = [0u8; 8];
+    let u = udp_header.len().min(8);
+    udp[..u].copy_from_slice(&udp_header[..u]);
+    udp[6] = 0xff;
+    udp[7] = 0xff;
+    h.update(&udp[..u]);
+    hash_body(&mut h, &[roce_body]);
+    h.finalize().to_le_bytes()
+}
+
+/// Hashes the concatenation of `parts` as a RoCE body: byte 4 (BTH resv8a, the byte before
+/// the DestQP) counts as 0xFF, as the ICRC masks it (IBTA A17.8.3; FACTS.md).
+fn hash_body(h: &mut crc32fast::Hasher, parts: &[&[u8]]) {
+    let mut at = 0usize;
+    for p in parts {
+        if (at..at + p.len()).contains(&4) {
+            let k = 4 - at;
+            h.update(&p[..k]);
+            h.update(&[0xff]);
+            h.update(&p[k + 1..]);
+        } else {
+            h.update(p);
+        }
+        at += p.len();
+    }
+}
+
+/// As [`icrc_of_body`], for a body given as consecutive `parts` (headers in one buffer, the
+/// payload in registered memory, the pad), hashed in place.
+/// Returns the four ICRC bytes. Panics: never.
+pub fn icrc_of_body_parts(ip: &IcrcIp, parts: &[&[u8]]) -> [u8; 4] {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let (hdrs, ip_len) = ip.headers(len + 4);
+    let mut h = crc32fast::Hasher::new();
+    h.update(&LRH_ONES);
+    let mut masked = [0u8; 48];
+    masked[..ip_len + 8].copy_from_slice(&hdrs[..ip_len + 8]);
+    mask_ip_udp(&mut masked[..ip_len], ip_len);
+    masked[ip_len + 6] = 0xff;
+    masked[ip_len + 7] = 0xff;
+    h.update(&masked[..ip_len + 8]);
+    hash_body(&mut h, parts);
+    h.finalize().to_le_bytes()
+}
+
+/// The ICRC's masking of an IPv4 (20-byte) or IPv6 (40-byte) header, in place.
+fn mask_ip_udp(ip: &mut [u8], n: usize) {
     if n >= 20 && ip[0] >> 4 == 4 {
         ip[1] = 0xff; // TOS
         ip[8] = 0xff; // TTL
@@ -71,21 +120,6 @@ pub fn icrc_compute(ip_header: &[u8], udp_header: &[u8], roce_body: &[u8]) -> [u
         ip[3] = 0xff;
         ip[7] = 0xff; // hop limit
     }
-    h.update(&ip[..n]);
-    let mut udp = [0u8; 8];
-    let u = udp_header.len().min(8);
-    udp[..u].copy_from_slice(&udp_header[..u]);
-    udp[6] = 0xff;
-    udp[7] = 0xff;
-    h.update(&udp[..u]);
-    if roce_body.len() > 4 {
-        h.update(&roce_body[..4]);
-        h.update(&[0xff]);
-        h.update(&roce_body[5..]);
-    } else {
-        h.update(roce_body);
-    }
-    h.finalize().to_le_bytes()
 }
 
 impl IcrcIp {
@@ -221,6 +255,27 @@ pub fn solve_ipv4_ident(ip: &IcrcIp, body: &[u8], received: [u8; 4]) -> Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn body_in_parts_hashes_as_the_whole_body() {
+        let ip = IcrcIp::V4 {
+            src: std::net::Ipv4Addr::new(10, 0, 0, 1),
+            dst: std::net::Ipv4Addr::new(10, 0, 0, 2),
+            ident: 7,
+            src_port: 0xc001,
+            dst_port: 4791,
+        };
+        let body: Vec<u8> = (0..300u32).map(|i| (i * 37 % 251) as u8).collect();
+        let whole = icrc_of_body(&ip, &body);
+        // Every split point pair, including splits around the masked byte 4.
+        for a in [0, 1, 3, 4, 5, 12, 28, 299, 300] {
+            for b in [a, a + 1, 150, 300] {
+                let (a, b) = (a.min(300), b.clamp(a.min(300), 300));
+                let parts = [&body[..a], &body[a..b], &body[b..]];
+                assert_eq!(icrc_of_body_parts(&ip, &parts), whole, "split {a}/{b}");
+            }
+        }
+    }
 
     #[test]
     fn ipv4_ident_is_recovered_by_linearity() {
