@@ -1169,7 +1169,7 @@ impl QpEngine {
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, mem: &MemoryTable) -> Option<Transmit> {
         let path = self.path?;
-        if let Some(t) = self.responder_transmit(&path, mem) {
+        if let Some(t) = self.responder_transmit(&path, mem, self.gather) {
             self.counters.sent_pkts += 1;
             return Some(t);
         }

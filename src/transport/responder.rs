@@ -7,15 +7,16 @@
 
 use super::error::Disposition;
 use super::{
-    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpType, RecvWqe,
-    RespError, Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
+    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, PAD_ZEROS, Path, PayloadRef, QpAction, QpEngine,
+    QpType, RecvWqe, RespError, Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, DEFAULT_PKEY, OpKind, Opcode, PacketRepr,
-    Position, Psn, RocePacket,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, DEFAULT_PKEY, ICRC_LEN, OpKind, Opcode,
+    PacketRepr, Position, Psn, RocePacket, icrc_of_body_parts,
 };
 use core::net::IpAddr;
+use core::ptr::NonNull;
 use std::collections::VecDeque;
 
 /// Saved atomic results kept for duplicate replay.
@@ -646,7 +647,7 @@ impl QpEngine {
         }
         let Some(path) = self.path else { return };
         let mut ready = VecDeque::new();
-        while let Some(t) = self.responder_transmit(&path, mem) {
+        while let Some(t) = self.responder_transmit(&path, mem, false) {
             ready.push_back(RespItem::Ready(t.payload));
         }
         self.resp.out = ready;
@@ -705,10 +706,12 @@ impl QpEngine {
     }
 
     /// The next responder packet (ACK/NAK, one READ response, ATOMIC ACKNOWLEDGE), if any.
+    /// With `gather`, a READ response leaves its payload in the MR ([`Transmit::tail`]).
     pub(super) fn responder_transmit(
         &mut self,
         path: &Path,
         mem: &MemoryTable,
+        gather: bool,
     ) -> Option<Transmit> {
         let pmtu = self.pmtu();
         let item = self.resp.out.front_mut()?;
@@ -792,28 +795,56 @@ impl QpEngine {
                 r
             }
         };
+        // A READ response's payload: checked against the R_Key now (the MR may have gone
+        // away since the request was executed).
+        let h = repr.header_len();
+        let n = repr.payload_len;
+        let src = match read_src {
+            Some((rkey, va)) if n > 0 => {
+                match mem.remote_bytes(rkey, self.pd, self.qpn, va, n, AccessFlags::REMOTE_READ) {
+                    Ok(b) => Some(b),
+                    Err(_) => {
+                        // The MR went away between the request and this response.
+                        self.resp
+                            .out
+                            .retain(|i| !matches!(i, RespItem::Read { rkey: k, .. } if *k == rkey));
+                        let msn = self.resp.msn;
+                        self.resp.out.push_front(RespItem::Ack {
+                            psn: repr.bth.psn,
+                            syndrome: AethSyndrome::Nak(crate::wire::NakCode::RemoteAccessErr),
+                            msn,
+                        });
+                        return self.responder_transmit(path, mem, gather);
+                    }
+                }
+            }
+            _ => None,
+        };
+        if let Some(data) = src.filter(|_| gather) {
+            // Headers here, payload straight from the MR, ICRC over both in place.
+            let mut buf = super::bufpool::take(h);
+            repr.emit_headers(&mut buf);
+            let pad = repr.buffer_len() - h - n - ICRC_LEN;
+            let icrc = icrc_of_body_parts(&path.icrc_ip(), &[&buf, data, &PAD_ZEROS[..pad]]);
+            let tail = NonNull::new(data.as_ptr().cast_mut()).map(|ptr| PayloadRef {
+                ptr,
+                len: n,
+                pad: pad as u8,
+                icrc,
+            });
+            if tail.is_some() {
+                return Some(Transmit {
+                    dst: path.remote,
+                    src_port: path.src_port,
+                    payload: buf,
+                    tail,
+                });
+            }
+        }
         let mut buf = super::bufpool::take(repr.buffer_len());
         repr.emit_headers(&mut buf);
-        if let Some((rkey, va)) = read_src {
-            let h = repr.header_len();
-            let n = repr.payload_len;
-            if n > 0
-                && mem
-                    .read_remote(rkey, self.pd, self.qpn, va, &mut buf[h..h + n])
-                    .is_err()
-            {
-                // The MR went away between the request and this response.
-                self.resp
-                    .out
-                    .retain(|i| !matches!(i, RespItem::Read { rkey: k, .. } if *k == rkey));
-                let msn = self.resp.msn;
-                self.resp.out.push_front(RespItem::Ack {
-                    psn: repr.bth.psn,
-                    syndrome: AethSyndrome::Nak(crate::wire::NakCode::RemoteAccessErr),
-                    msn,
-                });
-                return self.responder_transmit(path, mem);
-            }
+        if let Some(data) = src {
+            buf[h..h + n].copy_from_slice(data);
         }
         repr.finish(&mut buf, &path.icrc_ip());
         Some(Transmit::new(path.remote, path.src_port, buf))
