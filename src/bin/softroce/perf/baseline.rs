@@ -505,6 +505,8 @@ pub fn udp_stream(p: &Plan, size: u32, iters: u64) -> Result<(BwResult, Batching
     let total = per_msg * iters;
     // GRO on before the first datagram comes (the kernel segments what it queued before).
     let mut rx = Rx::new(rx);
+    // With --busy-poll the receiver spins, as softroce's polling thread then does.
+    rx.spin = p.busy_poll;
     let sender = std::thread::spawn(move || -> std::io::Result<(Instant, Batching)> {
         let buf = vec![0x5au8; GSO_MAX_BYTES];
         let mut credit = [0u8; 8];

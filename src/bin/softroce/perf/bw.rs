@@ -115,7 +115,7 @@ pub fn client(
         if outstanding == 0 && !posted.iter().any(|p| more(*p)) {
             break;
         }
-        let n = s.send_cq.wait(&mut wcs, STALL);
+        let n = wait_cq(s, &s.send_cq, &mut wcs, STALL);
         if n == 0 {
             return Err(format!(
                 "no completion in {STALL:?} ({} of {} done)",
@@ -156,6 +156,28 @@ pub fn client(
         r.bw_peak = 0.0;
     }
     Ok(r)
+}
+
+/// Waits up to `timeout` for completions on `cq` (one of `s`'s CQs): with `--busy-poll`
+/// by polling the device ([`softroce::net::UdpDevice::poll_cq`], which receives in this
+/// thread), otherwise by sleeping on the CQ. Returns how many it moved into `out`.
+fn wait_cq(s: &Session, cq: &softroce::verbs::Cq, out: &mut [Wc], timeout: Duration) -> usize {
+    if !s.dev.link().busy_poll() {
+        return cq.wait(out, timeout);
+    }
+    let end = Instant::now() + timeout;
+    let mut spins = 0u32;
+    loop {
+        let n = s.dev.poll_cq(cq, out);
+        if n > 0 {
+            return n;
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) && Instant::now() >= end {
+            return 0;
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// Posts up to `count` receives of `size` bytes on QP `i` (perftest's `ctx_set_recv_wqes`).
@@ -206,7 +228,7 @@ pub fn server(
             Limit::Duration(_) => Duration::from_millis(50),
             Limit::Iters(_) => STALL,
         };
-        let n = s.recv_cq.wait(&mut wcs, wait);
+        let n = wait_cq(s, &s.recv_cq, &mut wcs, wait);
         if n == 0 {
             match limit {
                 Limit::Duration(d) if start.elapsed() >= d => break,

@@ -188,8 +188,9 @@ pub struct PerfArgs {
     compare_tcp: bool,
     /// Busy-poll: the thread polling the CQ (or, in write_lat, the buffer) also receives
     /// from the device's socket itself instead of waiting for the device's receive thread
-    /// to hand datagrams over (a cross-core wakeup, tens of µs). For latency tests; costs a
-    /// core per side. See `softroce::net::UdpOptions::busy_poll`.
+    /// to hand datagrams over (a cross-core wakeup, tens of µs), and the UDP baselines'
+    /// receivers spin too. For latency, and for bandwidth on few cores; costs a core per
+    /// polling side. See `softroce::net::UdpOptions::busy_poll`.
     #[arg(long)]
     busy_poll: bool,
     /// With --loopback: run the test and its baselines this many times, alternating, and
