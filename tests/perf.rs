@@ -403,6 +403,37 @@ fn loopback_prints_ratios_to_udp_and_tcp_baselines() {
     }
 }
 
+/// `--busy-poll` in the bandwidth tests: the client's polling thread receives the ACKs
+/// itself; every message still completes and the row and ratio are printed.
+#[test]
+fn bandwidth_tests_run_busy_polling() {
+    for test in ["write_bw", "read_bw", "send_bw"] {
+        let o = finish(
+            spawn(&[
+                "perf",
+                test,
+                "--loopback",
+                "--busy-poll",
+                "--ip",
+                "127.0.80.9",
+                "--peer-ip",
+                "127.0.80.10",
+                "-s",
+                "65536",
+                "-m",
+                "4096",
+                "-n",
+                "200",
+            ]),
+            Duration::from_secs(60),
+        );
+        let out = text(&o);
+        assert!(o.status.success(), "{test}: {out}");
+        assert_eq!(result_row(&out)[..2], ["65536", "200"], "{test}: {out}");
+        assert_eq!(ratios(&out).len(), 1, "{test}: {out}");
+    }
+}
+
 /// `--trials 3`: three rounds of (test, UDP baseline, TCP baseline), then per baseline the
 /// median ratio with its range over the rounds; the median lies in the range and equals one
 /// of the three per-round ratios (an odd count has a middle value).
