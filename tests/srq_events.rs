@@ -966,3 +966,44 @@ fn sqd_drains_through_a_retransmission() {
     );
     assert_eq!(SrqPair::drain(&p.cb).len(), 2);
 }
+
+/// A CQ that overruns loses the completion, counts it, and raises `IBV_EVENT_CQ_ERR` naming
+/// the CQ, once per lost completion (rxe `rxe_cq_post`). Three receives flushed by ERR into a
+/// two-entry CQ: two completions kept in order, one lost, one event.
+#[test]
+fn a_cq_overrun_raises_cq_err_naming_the_cq() {
+    let mut sim = Sim::new(1, SimFaults::NONE);
+    let b = sim.add_device("simB", B);
+    assert!(events(&b).is_empty());
+    let pd = b.alloc_pd().unwrap();
+    let cq = b.create_cq(2).unwrap();
+    let other = b.create_cq(2).unwrap();
+    assert_ne!(cq.cq_num(), other.cq_num());
+    let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let q = qp(&pd, QpType::Ud, &cq, None);
+    q.ready_ud(1, 0).unwrap();
+    q.post_recv(&[
+        recv_wr(1, &mr, 0, 64),
+        recv_wr(2, &mr, 64, 64),
+        recv_wr(3, &mr, 128, 64),
+    ])
+    .unwrap();
+    to_state(&q, QpState::Err);
+    let mut wc = [Wc::default(); 4];
+    let n = cq.poll(&mut wc);
+    assert_eq!(
+        wc[..n]
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(cq.overflows(), 1);
+    assert_eq!(
+        events(&b),
+        [AsyncEvent {
+            event_type: EventType::CqErr,
+            element: EventElement::Cq(cq.cq_num())
+        }]
+    );
+}

@@ -210,6 +210,8 @@ fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
 }
 
 pub(super) struct CqShared {
+    /// Process-unique CQ number, named by `IBV_EVENT_CQ_ERR`.
+    handle: u32,
     ring: Mutex<VecDeque<Wc>>,
     ready: Condvar,
     cqe: usize,
@@ -834,7 +836,14 @@ impl Device {
                 CqSel::Send => &slot.send_cq,
                 CqSel::Recv => &slot.recv_cq,
             };
-            target.push(wc, solicited);
+            if !target.push(wc, solicited) {
+                // CQ overrun: the completion is lost; rxe `rxe_cq_post` raises
+                // IB_EVENT_CQ_ERR on the CQ each time.
+                self.shared.events.push(
+                    super::EventType::CqErr,
+                    super::EventElement::Cq(target.handle),
+                );
+            }
         }
         while let Some(ev) = slot.engine.poll_event() {
             use super::EventType as E;
@@ -912,7 +921,9 @@ impl core::fmt::Debug for RxBatch<'_> {
 
 impl CqShared {
     fn new(cqe: u32) -> CqShared {
+        static NEXT_HANDLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         CqShared {
+            handle: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
             ring: Mutex::new(VecDeque::with_capacity(cqe.min(4096) as usize)),
             ready: Condvar::new(),
             cqe: cqe as usize,
@@ -921,18 +932,20 @@ impl CqShared {
         }
     }
 
-    fn push(self: &Arc<Self>, wc: Wc, solicited: bool) {
+    /// Adds `wc`; false when the CQ is full (the entry is dropped and counted, and the
+    /// caller raises `IBV_EVENT_CQ_ERR`, as rxe `rxe_cq_post` does).
+    fn push(self: &Arc<Self>, wc: Wc, solicited: bool) -> bool {
         let mut ring = self.ring.lock();
         if ring.len() >= self.cqe {
-            // CQ overrun: rxe raises IB_EVENT_CQ_ERR; we count and drop the entry.
             self.overflows.fetch_add(1, Ordering::Relaxed);
-            return;
+            return false;
         }
         let error = wc.status != WcStatus::Success;
         ring.push_back(wc);
         drop(ring);
         self.ready.notify_all();
         self.notify.completed(self, solicited, error);
+        true
     }
 }
 
@@ -1248,7 +1261,13 @@ impl Cq {
         n
     }
 
-    /// Completions dropped because the CQ was full.
+    /// The CQ's number, unique in the process: what an `IBV_EVENT_CQ_ERR` event names
+    /// ([`super::EventElement::Cq`]).
+    pub fn cq_num(&self) -> u32 {
+        self.shared.handle
+    }
+
+    /// Completions dropped because the CQ was full; each raised `IBV_EVENT_CQ_ERR`.
     pub fn overflows(&self) -> u64 {
         self.shared.overflows.load(Ordering::Relaxed)
     }

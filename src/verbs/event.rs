@@ -96,6 +96,8 @@ pub enum EventElement {
     Srq(u32),
     /// A port, by number (1).
     Port(u8),
+    /// A CQ, by [`super::Cq::cq_num`].
+    Cq(u32),
 }
 
 /// One asynchronous event (`struct ibv_async_event`).
