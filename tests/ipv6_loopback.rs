@@ -11,8 +11,10 @@
 //! refused on an IPv6 device. When tshark is installed, the outer test also has it decode the
 //! capture and checks that it finds no malformed packet.
 
+mod netns;
 mod support;
 
+use netns::Netns;
 use socket2::{Domain, Protocol, Socket, Type};
 use softroce::net::pcap::ip_packet;
 use softroce::net::{Capture, UdpOptions};
@@ -34,75 +36,22 @@ const CHILD_ENV: &str = "SOFTROCE_IPV6_NETNS_PCAP";
 const A: Ipv6Addr = Ipv6Addr::LOCALHOST;
 const B: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x5f, 0, 0, 0, 0, 0, 2);
 
-/// Runs `ip ARGS`; Err(reason) when it cannot.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Deletes the namespace when the test ends, also on panic.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.0]);
-    }
-}
-
 #[test]
 fn ipv6_end_to_end_in_a_test_netns() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return; // the re-run executes only `in_netns`
     }
-    let name = format!("softroce-v6-{}", std::process::id());
-    if let Err(why) = ip(&["netns", "add", &name]) {
-        eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
-        return;
-    }
-    let ns = Netns(name);
-    ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
-    ip(&[
-        "-n",
-        &ns.0,
-        "addr",
-        "add",
-        "fd00:5f::2/128",
-        "dev",
-        "lo",
-        "nodad",
-    ])
-    .unwrap();
-    let pcap = std::env::temp_dir().join(format!("softroce-ipv6-{}.pcap", std::process::id()));
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns.0])
-        .arg(&exe)
-        .args(["--exact", "in_netns", "--ignored", "--test-threads=1"])
-        .env(CHILD_ENV, &pcap)
-        .output()
+    let ns = match Netns::create("v6") {
+        Ok(ns) => ns,
+        Err(why) => {
+            eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
+            return;
+        }
+    };
+    ns.ip(&["addr", "add", "fd00:5f::2/128", "dev", "lo", "nodad"])
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("--- run inside netns {} ---\n{stdout}{stderr}", ns.0);
-    assert!(
-        out.status.success(),
-        "the checks inside the namespace failed"
-    );
-    assert!(
-        stdout.contains("test in_netns ... ok") && stdout.contains("1 passed"),
-        "the checks did not run inside the namespace"
-    );
+    let pcap = std::env::temp_dir().join(format!("softroce-ipv6-{}.pcap", std::process::id()));
+    ns.run_ignored_test("in_netns", CHILD_ENV, pcap.as_os_str());
     check_with_tshark(&pcap);
     let _ = std::fs::remove_file(&pcap);
 }

@@ -10,6 +10,9 @@
 //! fd00:24::1 and fd00:24::3 (v0) and fd00:24::2 (v1), and re-runs itself inside; a device on
 //! each side receives the group ff0e::24:1 exactly once. Without root it says why it skipped.
 
+mod netns;
+
+use netns::Netns;
 use socket2::{Domain, Protocol, Socket, Type};
 use softroce::net::{UdpDevice, UdpOptions};
 use softroce::transport::DropReason;
@@ -19,7 +22,6 @@ use softroce::verbs::{
 };
 use softroce::wire::RocePacket;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const X: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 21);
@@ -224,102 +226,29 @@ const Y6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x24, 0, 0, 0, 0, 0, 2);
 const S6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x24, 0, 0, 0, 0, 0, 3);
 const GROUP6: Ipv6Addr = Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0, 0x24, 1);
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Deletes the namespace when the test ends, also on panic.
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.0]);
-    }
-}
-
 #[test]
 fn ipv6_group_across_a_veth_pair_in_a_test_netns() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let name = format!("softroce-mc6-{}", std::process::id());
-    if let Err(why) = ip(&["netns", "add", &name]) {
-        eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
-        return;
-    }
-    let ns = Netns(name);
-    let n = ns.0.as_str();
+    let ns = match Netns::create("mc6") {
+        Ok(ns) => ns,
+        Err(why) => {
+            eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
+            return;
+        }
+    };
     for args in [
-        &["-n", n, "link", "set", "lo", "up"][..],
-        &[
-            "-n", n, "link", "add", "v0", "type", "veth", "peer", "name", "v1",
-        ],
-        &[
-            "-n",
-            n,
-            "addr",
-            "add",
-            "fd00:24::1/64",
-            "dev",
-            "v0",
-            "nodad",
-        ],
-        &[
-            "-n",
-            n,
-            "addr",
-            "add",
-            "fd00:24::3/64",
-            "dev",
-            "v0",
-            "nodad",
-        ],
-        &[
-            "-n",
-            n,
-            "addr",
-            "add",
-            "fd00:24::2/64",
-            "dev",
-            "v1",
-            "nodad",
-        ],
-        &["-n", n, "link", "set", "v0", "up"],
-        &["-n", n, "link", "set", "v1", "up"],
+        &["link", "add", "v0", "type", "veth", "peer", "name", "v1"][..],
+        &["addr", "add", "fd00:24::1/64", "dev", "v0", "nodad"],
+        &["addr", "add", "fd00:24::3/64", "dev", "v0", "nodad"],
+        &["addr", "add", "fd00:24::2/64", "dev", "v1", "nodad"],
+        &["link", "set", "v0", "up"],
+        &["link", "set", "v1", "up"],
     ] {
-        ip(args).unwrap();
+        ns.ip(args).unwrap();
     }
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new("ip")
-        .args(["netns", "exec", n])
-        .arg(&exe)
-        .args(["--exact", "ipv6_in_netns", "--ignored", "--test-threads=1"])
-        .env(CHILD_ENV, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("--- run inside netns {n} ---\n{stdout}{stderr}");
-    assert!(
-        out.status.success(),
-        "the checks inside the namespace failed"
-    );
-    assert!(
-        stdout.contains("test ipv6_in_netns ... ok"),
-        "the checks did not run inside the namespace"
-    );
+    ns.run_ignored_test("ipv6_in_netns", CHILD_ENV, std::ffi::OsStr::new("1"));
 }
 
 fn open6(ip: Ipv6Addr) -> UdpDevice {
