@@ -5,14 +5,16 @@
 //! datagram to QP1 with no receive posted is dropped and counted (UdNoReceive); the GSI rows
 //! of the modify_qp table apply to QP1, and dropping its handle destroys nothing.
 
+mod support;
+
 use softroce::net::{UdpDevice, UdpOptions};
 use softroce::transport::DropReason;
 use softroce::verbs::{
     AccessFlags, DeviceConfig, GSI_QKEY, Mr, Pd, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, RecvWr, SendWr, UdDest, Wc, WcFlags, WcStatus, WrOpcode,
+    QpType, RecvWr, SendWr, UdDest, WcFlags, WcStatus, WrOpcode,
 };
 use std::net::{IpAddr, Ipv4Addr};
-use std::time::{Duration, Instant};
+use support::{eventually, wait_one};
 
 const A: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 1);
 const B: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 2);
@@ -24,25 +26,6 @@ fn open(ip: Ipv4Addr) -> UdpDevice {
         &UdpOptions::default(),
     )
     .expect("open device (run inside `unshare -n` with lo up)")
-}
-
-fn wait_wc(cq: &softroce::verbs::Cq) -> Wc {
-    let mut wc = [Wc::default()];
-    assert_eq!(
-        cq.wait(&mut wc, Duration::from_secs(10)),
-        1,
-        "no completion"
-    );
-    wc[0]
-}
-
-/// Waits (bounded) until `f` holds.
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
 }
 
 fn mr(pd: &Pd, len: usize) -> Mr {
@@ -77,9 +60,9 @@ fn qp1_receives_mads_with_the_gsi_qkey_only() {
         remote_qkey: 0x1234,
     });
     qa.post_send(&[wr]).unwrap();
-    let s = wait_wc(&a.gsi_cq());
+    let s = wait_one(&a.gsi_cq());
     assert_eq!((s.wr_id, s.status, s.qp_num), (21, WcStatus::Success, 1));
-    let r = wait_wc(&b.gsi_cq());
+    let r = wait_one(&b.gsi_cq());
     assert_eq!((r.wr_id, r.status), (11, WcStatus::Success));
     assert_eq!((r.byte_len, r.src_qp, r.qp_num), ((40 + MAD) as u32, 1, 1));
     assert!(r.wc_flags.contains(WcFlags::GRH));
@@ -100,7 +83,7 @@ fn qp1_receives_mads_with_the_gsi_qkey_only() {
         remote_qkey: GSI_QKEY,
     });
     qa.post_send(&[wr]).unwrap();
-    assert_eq!(wait_wc(&a.gsi_cq()).status, WcStatus::Success);
+    assert_eq!(wait_one(&a.gsi_cq()).status, WcStatus::Success);
     eventually("ud_no_receive on QP1", || {
         qb.counters().dropped(DropReason::UdNoReceive) == before + 1
     });
@@ -146,14 +129,14 @@ fn qp1_receives_mads_with_the_gsi_qkey_only() {
         )
         .unwrap();
         ud.post_send(&[wr]).unwrap();
-        assert_eq!(wait_wc(&cq).status, WcStatus::Success);
+        assert_eq!(wait_one(&cq).status, WcStatus::Success);
         if qkey != GSI_QKEY {
             eventually("bad_qkey on QP1", || {
                 qb.counters().dropped(DropReason::BadQkey) == bad_before + 1
             });
         }
     }
-    let r = wait_wc(&b.gsi_cq());
+    let r = wait_one(&b.gsi_cq());
     assert_eq!(
         (r.wr_id, r.status, r.src_qp),
         (12, WcStatus::Success, ud.qp_num())

@@ -11,6 +11,7 @@
 //! each side receives the group ff0e::24:1 exactly once. Without root it says why it skipped.
 
 mod netns;
+mod support;
 
 use netns::Netns;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -18,11 +19,12 @@ use softroce::net::{UdpDevice, UdpOptions};
 use softroce::transport::DropReason;
 use softroce::verbs::{
     AccessFlags, AhAttr, Cq, Device, DeviceConfig, Gid, MULTICAST_QPN, Mr, Pd, Qp, QpCap,
-    QpInitAttr, QpType, RcConnect, RecvWr, SendWr, Wc, WcStatus, WrOpcode,
+    QpInitAttr, QpType, RcConnect, RecvWr, SendWr, WcStatus, WrOpcode,
 };
 use softroce::wire::RocePacket;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use support::{eventually, wait_one};
 
 const X: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 21);
 const Y: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 22);
@@ -65,24 +67,6 @@ fn ud(dev: &Device, pd: &Pd, qkey: u32) -> Ud {
     }])
     .unwrap();
     Ud { qp, cq, buf }
-}
-
-fn wait_wc(cq: &Cq) -> Wc {
-    let mut wc = [Wc::default()];
-    assert_eq!(
-        cq.wait(&mut wc, Duration::from_secs(10)),
-        1,
-        "no completion"
-    );
-    wc[0]
-}
-
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
 }
 
 fn payload() -> Vec<u8> {
@@ -132,7 +116,7 @@ fn one_send_reaches_every_attached_qp_with_the_qkey() {
     let mut wr = SendWr::new(1, WrOpcode::Send, vec![sbuf.sge(0, LEN as u32)]);
     wr.ud = Some(ah.dest(MULTICAST_QPN, QKEY));
     sender.qp.post_send(&[wr]).unwrap();
-    assert_eq!(wait_wc(&sender.cq).status, WcStatus::Success);
+    assert_eq!(wait_one(&sender.cq).status, WcStatus::Success);
 
     let mut raw = [0u8; 2048];
     let (n, from) = watch.recv_from(&mut raw).unwrap();
@@ -144,7 +128,7 @@ fn one_send_reaches_every_attached_qp_with_the_qkey() {
     assert_eq!(pkt.payload, &payload()[..]);
 
     for q in [&x1, &x2, &y1] {
-        let wc = wait_wc(&q.cq);
+        let wc = wait_one(&q.cq);
         assert_eq!(wc.status, WcStatus::Success);
         assert_eq!(wc.wr_id, u64::from(q.qp.qp_num()));
         assert_eq!(
@@ -287,9 +271,9 @@ fn ipv6_in_netns() {
     let mut wr = SendWr::new(1, WrOpcode::Send, vec![sbuf.sge(0, LEN as u32)]);
     wr.ud = Some(ah.dest(MULTICAST_QPN, QKEY));
     sender.qp.post_send(&[wr]).unwrap();
-    assert_eq!(wait_wc(&sender.cq).status, WcStatus::Success);
+    assert_eq!(wait_one(&sender.cq).status, WcStatus::Success);
     for q in [&x1, &y1] {
-        let wc = wait_wc(&q.cq);
+        let wc = wait_one(&q.cq);
         assert_eq!(
             (wc.status, wc.src_qp),
             (WcStatus::Success, sender.qp.qp_num())
@@ -312,7 +296,7 @@ fn ipv6_in_netns() {
     }
     sender.qp.post_send(&[wr]).unwrap();
     for q in [&x1, &y1] {
-        let wc = wait_wc(&q.cq);
+        let wc = wait_one(&q.cq);
         assert_eq!((wc.wr_id, wc.byte_len), (77, 41));
     }
     for q in [&x1, &y1] {

@@ -68,6 +68,18 @@ pub fn wait_one(cq: &Cq) -> Wc {
     wc[0]
 }
 
+/// Waits (up to 10 s, yielding) until `f` holds; panics naming `what` otherwise.
+pub fn eventually(what: &str, f: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// An MR of `len` bytes with every access right.
 pub fn mr(s: &Side, len: usize) -> Mr {
     let all = AccessFlags::LOCAL_WRITE
