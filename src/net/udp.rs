@@ -400,11 +400,12 @@ impl UdpLink {
         };
         // Gather the datagrams in place (a gathered one's payload straight from its MR); for
         // IPv4 segment i >= 1 swap in the ICRC for ID i.
+        let mut bodies: [[&[u8]; 3]; GSO_MAX_SEGMENTS] = [[&[]; 3]; GSO_MAX_SEGMENTS];
         let mut icrcs = [[0u8; 4]; GSO_MAX_SEGMENTS];
         for (i, t) in ts[..n].iter().enumerate() {
             // SAFETY: inside the engine's pump, under the device lock that keeps a gathered
             // datagram's MR registered (`Link::gathers`).
-            icrcs[i] = unsafe { body_and_icrc(t) }.1;
+            (bodies[i], icrcs[i]) = unsafe { body_and_icrc(t) };
             if let Some((src, d)) = v4
                 && i >= 1
             {
@@ -417,17 +418,12 @@ impl UdpLink {
         }
         let mut parts: [&[u8]; GSO_MAX_IOV] = [&[]; GSO_MAX_IOV];
         let mut np = 0;
-        for (i, t) in ts[..n].iter().enumerate() {
-            // SAFETY: as above.
-            for p in unsafe { body_and_icrc(t) }
-                .0
-                .into_iter()
-                .filter(|p| !p.is_empty())
-            {
+        for (body, icrc) in bodies.iter().zip(&icrcs).take(n) {
+            for p in body.iter().filter(|p| !p.is_empty()) {
                 parts[np] = p;
                 np += 1;
             }
-            parts[np] = &icrcs[i];
+            parts[np] = icrc;
             np += 1;
         }
         self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
@@ -886,9 +882,9 @@ const RECV_BATCH: usize = 8;
 fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch, per_buffer: bool) {
     let local = roce_addr(link.ip);
     link.rx_syscalls.fetch_add(1, Ordering::Relaxed);
-    // One lock hold per batch (or per buffer); each QP answers once, at its end, so ACKs
-    // coalesce into the newest.
-    let mut rx = Some(device.rx_batch());
+    // One lock hold per batch (or per buffer), taken at its first datagram; each QP answers
+    // once, at its end, so ACKs coalesce into the newest.
+    let mut rx = None;
     for r in batch.received() {
         let Some(src) = r.src else { continue };
         let coalesced = r.segment_bytes.is_some_and(|g| g < r.data.len());

@@ -603,18 +603,17 @@ impl MrTable {
         }
     }
 
-    /// Where the `len` bytes starting `offset` bytes into the list `sges` lie, when they lie
-    /// in one SGE: a pointer into that MR's buffer, checked as [`MrTable::gather`] checks
-    /// (lkey, PD, range). `Ok(None)` when they span SGEs (the caller copies them then).
-    /// The pointer stays valid while this table is not changed (the MR stays registered).
+    /// The `len` bytes starting `offset` bytes into the list `sges`, when they lie in one
+    /// SGE: that MR's bytes, checked as [`MrTable::gather`] checks (lkey, PD, range).
+    /// `Ok(None)` when they span SGEs (the caller copies them then).
     /// Errors: as [`MrTable::gather`].
-    pub fn payload_ref(
+    pub fn payload_slice(
         &self,
         sges: &[Sge],
         pd: u32,
         offset: u64,
         len: usize,
-    ) -> Result<Option<core::ptr::NonNull<u8>>, MemError> {
+    ) -> Result<Option<&[u8]>, MemError> {
         let mut skip = offset;
         for s in sges {
             let sl = u64::from(s.length);
@@ -627,8 +626,11 @@ impl MrTable {
             }
             let va = s.addr.checked_add(skip).ok_or(MemError::Range)?;
             let (mr, off) = self.check(s.lkey, pd, va, len as u64, AccessFlags::empty())?;
-            let bytes = mr.bytes().get(off..off + len).ok_or(MemError::Range)?;
-            return Ok(core::ptr::NonNull::new(bytes.as_ptr().cast_mut()));
+            return mr
+                .bytes()
+                .get(off..off + len)
+                .map(Some)
+                .ok_or(MemError::Range);
         }
         Err(MemError::Length)
     }

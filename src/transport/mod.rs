@@ -35,7 +35,9 @@ pub use mw::{BindMw, MAX_MW, MwEntry, MwState, MwType, RegMr, inc_rkey, is_mw_ke
 pub use srq::{QpEvent, SrqQueue};
 pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 
-use crate::wire::{IcrcIp, Psn, ROCE_V2_UDP_PORT, RocePacket, Transport};
+use crate::wire::{
+    ICRC_LEN, IcrcIp, PacketRepr, Psn, ROCE_V2_UDP_PORT, RocePacket, Transport, icrc_of_body_parts,
+};
 use core::net::IpAddr;
 use core::ptr::NonNull;
 use std::collections::VecDeque;
@@ -570,7 +572,30 @@ unsafe impl Send for PayloadRef {}
 unsafe impl Sync for PayloadRef {}
 
 /// Zero bytes for the pad of a gathered datagram (at most 3).
-pub(super) static PAD_ZEROS: [u8; 3] = [0; 3];
+static PAD_ZEROS: [u8; 3] = [0; 3];
+
+/// A datagram whose headers are built into a cached buffer and whose payload `data` stays
+/// where it is, in a registered MR ([`Transmit::tail`]), with the ICRC computed over headers,
+/// payload and pad in place, for the flow `path`. Valid only under the device lock, as
+/// [`Transmit::parts`] says.
+fn gathered(repr: &PacketRepr, data: &[u8], path: &Path) -> Transmit {
+    let h = repr.header_len();
+    let mut buf = bufpool::take(h);
+    repr.emit_headers(&mut buf);
+    let pad = repr.buffer_len() - h - data.len() - ICRC_LEN;
+    let icrc = icrc_of_body_parts(&path.icrc_ip(), &[&buf, data, &PAD_ZEROS[..pad]]);
+    Transmit {
+        dst: path.remote,
+        src_port: path.src_port,
+        payload: buf,
+        tail: Some(PayloadRef {
+            ptr: NonNull::from(data).cast(),
+            len: data.len(),
+            pad: pad as u8,
+            icrc,
+        }),
+    }
+}
 
 impl Transmit {
     /// A datagram held whole in `payload`.

@@ -7,13 +7,13 @@
 
 use super::local_ops::wqe_payload;
 use super::{
-    MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, PAD_ZEROS, Path, PayloadRef, QpEngine, QpState, QpType,
-    SendFlags, Timer, Transmit, WcStatus, WrOpcode, ack_timeout, psns_for,
+    MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Path, QpEngine, QpState, QpType, SendFlags, Timer, Transmit,
+    WcStatus, WrOpcode, ack_timeout, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, ICRC_LEN, IethRepr, ImmDtRepr, Opcode,
-    PacketRepr, Psn, RethRepr, icrc_of_body_parts,
+    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Psn,
+    RethRepr,
 };
 
 /// Requester cursor: which WQE and byte offset the next packet comes from, and its PSN.
@@ -228,27 +228,14 @@ impl QpEngine {
         // headers are built here and the ICRC is computed over the MR bytes in place. An SGE
         // that fails its checks takes the copying path below, which reports it.
         let in_mr = if self.gather && pay > 0 && wqe.inline_data.is_none() {
-            mem.payload_ref(&wr.sg_list, self.pd, payload_off, pay)
+            mem.payload_slice(&wr.sg_list, self.pd, payload_off, pay)
                 .ok()
                 .flatten()
         } else {
             None
         };
-        let (buf, tail) = if let Some(ptr) = in_mr {
-            let mut buf = super::bufpool::take(h);
-            repr.emit_headers(&mut buf);
-            let pad = repr.buffer_len() - h - pay - ICRC_LEN;
-            // SAFETY: `payload_ref` checked these `pay` bytes against a registered MR of this
-            // table, which `mem` borrows for the whole call: they stay valid and unmoved.
-            let data = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), pay) };
-            let icrc = icrc_of_body_parts(&path.icrc_ip(), &[&buf, data, &PAD_ZEROS[..pad]]);
-            let tail = PayloadRef {
-                ptr,
-                len: pay,
-                pad: pad as u8,
-                icrc,
-            };
-            (buf, Some(tail))
+        let t = if let Some(data) = in_mr {
+            super::gathered(&repr, data, path)
         } else {
             let mut buf = super::bufpool::take(repr.buffer_len());
             repr.emit_headers(&mut buf);
@@ -264,7 +251,7 @@ impl QpEngine {
                 return None;
             }
             repr.finish(&mut buf, &path.icrc_ip());
-            (buf, None)
+            Transmit::new(path.remote, path.src_port, buf)
         };
         // Advance the cursor.
         if repr.bth.opcode == Opcode::RC_RDMA_READ_REQUEST
@@ -304,12 +291,7 @@ impl QpEngine {
         {
             self.timers.set(Timer::Retransmit, now + d);
         }
-        Some(Transmit {
-            dst: path.remote,
-            src_port: path.src_port,
-            payload: buf,
-            tail,
-        })
+        Some(t)
     }
 
     /// UD: one SEND ONLY (+IMM) per WQE to the WR's address handle, with a DETH; complete

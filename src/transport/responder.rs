@@ -7,16 +7,15 @@
 
 use super::error::Disposition;
 use super::{
-    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, PAD_ZEROS, Path, PayloadRef, QpAction, QpEngine,
-    QpType, RecvWqe, RespError, Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
+    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpType, RecvWqe,
+    RespError, Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, DEFAULT_PKEY, ICRC_LEN, OpKind, Opcode,
-    PacketRepr, Position, Psn, RocePacket, icrc_of_body_parts,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, DEFAULT_PKEY, OpKind, Opcode, PacketRepr,
+    Position, Psn, RocePacket,
 };
 use core::net::IpAddr;
-use core::ptr::NonNull;
 use std::collections::VecDeque;
 
 /// Saved atomic results kept for duplicate replay.
@@ -822,24 +821,7 @@ impl QpEngine {
         };
         if let Some(data) = src.filter(|_| gather) {
             // Headers here, payload straight from the MR, ICRC over both in place.
-            let mut buf = super::bufpool::take(h);
-            repr.emit_headers(&mut buf);
-            let pad = repr.buffer_len() - h - n - ICRC_LEN;
-            let icrc = icrc_of_body_parts(&path.icrc_ip(), &[&buf, data, &PAD_ZEROS[..pad]]);
-            let tail = NonNull::new(data.as_ptr().cast_mut()).map(|ptr| PayloadRef {
-                ptr,
-                len: n,
-                pad: pad as u8,
-                icrc,
-            });
-            if tail.is_some() {
-                return Some(Transmit {
-                    dst: path.remote,
-                    src_port: path.src_port,
-                    payload: buf,
-                    tail,
-                });
-            }
+            return Some(super::gathered(&repr, data, path));
         }
         let mut buf = super::bufpool::take(repr.buffer_len());
         repr.emit_headers(&mut buf);

@@ -590,12 +590,9 @@ impl Device {
         }
     }
 
+    /// One datagram: a batch of one ([`Device::rx_batch`]), so the QP answers at once.
     fn handle_received(&self, src: SocketAddr, dst: IpAddr, data: &[u8], hdrs: RxHeaders<'_>) {
-        let now = self.now();
-        let mut st = self.shared.state.lock();
-        if let Some(qpn) = self.receive_locked(&mut st, now, src, dst, data, hdrs) {
-            self.pump(&mut st, qpn, now);
-        }
+        self.rx_batch().receive(src, dst, data, hdrs);
     }
 
     /// Starts a receive batch: the datagrams fed to the returned [`RxBatch`] are handled
