@@ -124,6 +124,12 @@ fn srq_pair(n: usize, qp_type: QpType, srq_attr: SrqInitAttr, rnr_retry: u8) -> 
 }
 
 impl SrqPair {
+    /// Posts `n` receives of `len` bytes at offset 0 of the destination MR (wr_id 0..n) on
+    /// the SRQ.
+    fn post_srq_recvs(&self, n: u64, len: u32) {
+        let wrs: Vec<RecvWr> = (0..n).map(|i| recv_wr(i, &self.dst, 0, len)).collect();
+        self.srq.post_recv(&wrs).unwrap();
+    }
     fn settle(&mut self) {
         self.sim.run_until(Duration::from_millis(50), || false);
     }
@@ -292,8 +298,7 @@ fn create_post_modify_query_and_destroy_check_their_arguments() {
 #[test]
 fn the_limit_event_fires_once_when_fewer_than_the_limit_are_left() {
     let mut p = srq_pair(2, QpType::Rc, attr(8, 1, 0), 7);
-    let wrs: Vec<RecvWr> = (0..6).map(|i| recv_wr(i, &p.dst, 0, 64)).collect();
-    p.srq.post_recv(&wrs).unwrap();
+    p.post_srq_recvs(6, 64);
     p.srq
         .modify(
             &SrqAttr {
@@ -370,8 +375,7 @@ fn rnr_retry_exhausted_on_an_empty_srq_is_qp_fatal_on_the_requester() {
 #[test]
 fn modify_to_err_raises_last_wqe_reached_and_leaves_the_srq_wrs_alone() {
     let mut p = srq_pair(2, QpType::Rc, attr(8, 1, 0), 7);
-    let wrs: Vec<RecvWr> = (0..3).map(|i| recv_wr(i, &p.dst, 0, 64)).collect();
-    p.srq.post_recv(&wrs).unwrap();
+    p.post_srq_recvs(3, 64);
     p.qb[0]
         .modify(
             &QpAttr {
@@ -821,13 +825,7 @@ fn a_cq_event_of_a_dropped_cq_is_skipped() {
 fn uc_and_ud_qps_drain_in_sqd_and_resume_in_rts() {
     for t in [QpType::Uc, QpType::Ud] {
         let mut p = srq_pair(1, t, attr(8, 1, 0), 7);
-        p.srq
-            .post_recv(
-                &(0..4)
-                    .map(|i| recv_wr(i, &p.dst, 0, 4096))
-                    .collect::<Vec<_>>(),
-            )
-            .unwrap();
+        p.post_srq_recvs(4, 4096);
         let ah = p
             ._pds
             .0
@@ -900,13 +898,7 @@ fn drop_first(
 #[test]
 fn a_retransmitted_send_whose_ack_was_lost_takes_no_second_srq_wr() {
     let mut p = srq_pair(1, QpType::Rc, attr(4, 1, 0), 7);
-    p.srq
-        .post_recv(
-            &(0..3)
-                .map(|i| recv_wr(i, &p.dst, 0, 64))
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
+    p.post_srq_recvs(3, 64);
     use softroce::wire::Opcode;
     let dropped = drop_first(&mut p.sim, |pkt| {
         pkt.repr.bth.opcode == Opcode::RC_ACKNOWLEDGE
@@ -927,13 +919,7 @@ fn a_retransmitted_send_whose_ack_was_lost_takes_no_second_srq_wr() {
 #[test]
 fn sqd_drains_through_a_retransmission() {
     let mut p = srq_pair(1, QpType::Rc, attr(8, 1, 0), 7);
-    p.srq
-        .post_recv(
-            &(0..4)
-                .map(|i| recv_wr(i, &p.dst, 0, 8192))
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
+    p.post_srq_recvs(4, 8192);
     use softroce::wire::Opcode;
     // Lose the middle packet of the first 3-packet SEND: the responder NAKs the gap (or the
     // timer fires) and the requester goes back while the QP is in SQD.
