@@ -83,10 +83,20 @@ fn send_gathered(
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let addr = sockaddr_of(dst);
-    let mut iovs = [libc::iovec {
+    const EMPTY: libc::iovec = libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
-    }; GSO_MAX_IOV];
+    };
+    // A few parts (a latency-bound send) on the stack; an array for all GSO_MAX_IOV would be
+    // 4 KiB to zero per call.
+    let mut few = [EMPTY; 16];
+    let mut many = Vec::new();
+    let iovs: &mut [libc::iovec] = if parts.len() <= few.len() {
+        &mut few[..parts.len()]
+    } else {
+        many.resize(parts.len(), EMPTY);
+        &mut many
+    };
     for (iov, p) in iovs.iter_mut().zip(parts) {
         *iov = libc::iovec {
             iov_base: p.as_ptr() as *mut libc::c_void,
