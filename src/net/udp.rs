@@ -12,6 +12,7 @@
 //! receive-side ICRC mode (a raw socket beside the UDP one, `net::raw`) and a pcap capture
 //! ([`Capture`]).
 
+use std::borrow::Borrow;
 use super::SystemClock;
 use super::batch::{
     GSO_MAX_BYTES, GSO_MAX_SEGMENTS, RecvBatch, enable_gro, send_gso_gather, send_mmsg,
@@ -265,20 +266,25 @@ impl UdpLink {
 
     /// Sends `ts` now: runs of one (source port, destination) batched, unless offloads are
     /// off. Returns how many failed.
-    fn send_now(&self, ts: &[Transmit]) -> usize {
+    fn send_now<T: Borrow<Transmit>>(&self, ts: &[T]) -> usize {
         if ts.is_empty() {
             return 0;
         }
         if !self.offload || ts.len() < 2 {
-            return ts.iter().filter(|t| self.send(t).is_err()).count();
+            return ts
+                .iter()
+                .filter(|t| self.send((*t).borrow()).is_err())
+                .count();
         }
         // Runs of one (source port, destination): one socket, one GSO flow.
         let mut errors = 0;
         let mut i = 0;
         while let Some(t) = ts.get(i) {
+            let t = t.borrow();
             let len = ts[i..]
                 .iter()
-                .take_while(|u| u.src_port == t.src_port && u.dst == t.dst)
+                .map(Borrow::borrow)
+                .take_while(|u: &&Transmit| u.src_port == t.src_port && u.dst == t.dst)
                 .count();
             errors += self.send_run(&ts[i..i + len]);
             i += len;
@@ -311,8 +317,10 @@ impl UdpLink {
     /// Sends a run of datagrams that share source port and destination: UDP GSO
     /// super-datagrams of equal-sized segments where possible, else one `sendmmsg`.
     /// Returns how many datagrams could not be sent.
-    fn send_run(&self, run: &[Transmit]) -> usize {
-        let Some(first) = run.first() else { return 0 };
+    fn send_run<T: Borrow<Transmit>>(&self, run: &[T]) -> usize {
+        let Some(first) = run.first().map(Borrow::borrow) else {
+            return 0;
+        };
         if run.len() == 1 {
             return usize::from(self.send(first).is_err());
         }
@@ -339,7 +347,8 @@ impl UdpLink {
                     // gathered datagrams copied whole (this fallback takes one buffer each).
                     let whole: Vec<std::borrow::Cow<'_, [u8]>> = run[k..k + n]
                         .iter()
-                        .map(|t| match t.tail {
+                        .map(Borrow::borrow)
+                        .map(|t: &Transmit| match t.tail {
                             // SAFETY: inside the pump, under the device lock (`gathers`).
                             Some(_) => std::borrow::Cow::Owned(unsafe { t.to_vec() }),
                             None => std::borrow::Cow::Borrowed(&t.payload[..]),
@@ -368,19 +377,22 @@ impl UdpLink {
     /// the ICRC of segments after the first is corrected here for that ID (the engine
     /// computed it for ID 0, what a lone datagram carries; [`UdpLink::ident_delta`]). The
     /// datagrams are gathered from the engine's buffers, not copied.
-    fn send_gso_chunk(
+    fn send_gso_chunk<T: Borrow<Transmit>>(
         &self,
         fd: RawFd,
         dst: &SocketAddr,
-        ts: &[Transmit],
+        ts: &[T],
     ) -> Result<(usize, usize), usize> {
-        let seg = ts.first().map_or(0, Transmit::len);
+        let Some(first) = ts.first().map(Borrow::borrow) else {
+            return Err(1);
+        };
+        let seg = first.len();
         if seg == 0 || seg > usize::from(u16::MAX) {
             return Err(1);
         }
         let mut n = 1;
         let mut total = seg;
-        while let Some(t) = ts.get(n) {
+        while let Some(t) = ts.get(n).map(Borrow::borrow) {
             let l = t.len();
             if n >= GSO_MAX_SEGMENTS || l > seg || l == 0 || total + l > GSO_MAX_BYTES {
                 break;
@@ -401,7 +413,7 @@ impl UdpLink {
         // Gather the datagrams in place (a gathered one's payload straight from its MR); for
         // IPv4 segment i >= 1 swap in the ICRC for ID i.
         let mut icrcs = [[0u8; 4]; GSO_MAX_SEGMENTS];
-        for (i, t) in ts[..n].iter().enumerate() {
+        for (i, t) in ts[..n].iter().map(Borrow::borrow).enumerate() {
             // SAFETY: inside the engine's pump, under the device lock that keeps a gathered
             // datagram's MR registered (`Link::gathers`).
             icrcs[i] = unsafe { body_and_icrc(t) }.1;
@@ -409,7 +421,7 @@ impl UdpLink {
                 && i >= 1
             {
                 let body_bytes = t.len().saturating_sub(4);
-                let delta = self.ident_delta(src, d, ts[0].src_port, i as u16, body_bytes);
+                let delta = self.ident_delta(src, d, first.src_port, i as u16, body_bytes);
                 for (o, x) in icrcs[i].iter_mut().zip(delta) {
                     *o ^= x;
                 }
@@ -419,7 +431,7 @@ impl UdpLink {
         // 7 KiB to zero on every send, more than the rest of this function for a
         // latency-bound send of a request and an ACK.
         let mut parts: Vec<&[u8]> = Vec::with_capacity(4 * n);
-        for (t, icrc) in ts[..n].iter().zip(&icrcs) {
+        for (t, icrc) in ts[..n].iter().map(Borrow::borrow).zip(&icrcs) {
             // SAFETY: as above.
             let (body, _) = unsafe { body_and_icrc(t) };
             parts.extend(body.into_iter().filter(|p| !p.is_empty()));
@@ -556,12 +568,13 @@ impl Link for UdpLink {
             // (the shorter ACK last), so the peer gets both in one receive.
             let mut held = self.deferred.lock();
             if !held.is_empty() {
-                let mut all = Vec::with_capacity(ts.len() + held.len());
-                all.extend(ts.iter().cloned());
-                all.append(&mut held);
+                let all: Vec<&Transmit> = ts.iter().chain(held.iter()).collect();
                 // Sent under the lock, as `flush_deferred` does, so no response of another
                 // thread overtakes these ACKs on the wire.
-                return self.send_now(&all);
+                let failed = self.send_now(&all);
+                drop(all);
+                held.clear();
+                return failed;
             }
         }
         self.send_now(ts)
