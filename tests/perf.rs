@@ -712,3 +712,49 @@ fn busy_poll_tests_complete() {
         }
     }
 }
+
+/// `--cpus 0`: both ends of the test and of its baselines run on CPU 0, and the comparison
+/// says so; a CPU the process may not use is refused before anything starts.
+#[test]
+fn cpus_pins_both_ends_and_is_stated_with_the_ratios() {
+    let o = finish(
+        spawn(&[
+            "perf",
+            "write_bw",
+            "--loopback",
+            "--compare-tcp",
+            "--cpus",
+            "0",
+            "--ip",
+            "127.0.80.5",
+            "--peer-ip",
+            "127.0.80.6",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+        ]),
+        Duration::from_secs(60),
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains(" CPUs            : both ends on CPU 0"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches("on loopback, both ends on CPU 0 (ratio")
+            .count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(ratios(&out).len(), 2, "{out}");
+
+    let o = finish(
+        spawn(&["perf", "write_bw", "--loopback", "--cpus", "0,1000"]),
+        Duration::from_secs(20),
+    );
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("may not run on CPU 1000"), "{out}");
+}

@@ -12,7 +12,6 @@
 //! receive-side ICRC mode (a raw socket beside the UDP one, `net::raw`) and a pcap capture
 //! ([`Capture`]).
 
-use std::borrow::Borrow;
 use super::SystemClock;
 use super::batch::{
     GSO_MAX_BYTES, GSO_MAX_SEGMENTS, RecvBatch, enable_gro, send_gso_gather, send_mmsg,
@@ -25,6 +24,7 @@ use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
+use std::borrow::Borrow;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;

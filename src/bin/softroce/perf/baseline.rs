@@ -17,6 +17,7 @@
 //! a whole round trip).
 
 use super::Row;
+use super::cpu::{End, Placement};
 use super::report::{BwResult, LatResult, Out};
 use crate::BoxError;
 use rustix::net::sockopt;
@@ -54,6 +55,8 @@ pub struct Plan {
     /// `--busy-poll`: the ping-pong's receivers spin on non-blocking receives, as softroce's
     /// busy-polling threads do, instead of sleeping in the kernel.
     pub busy_poll: bool,
+    /// `--cpus`: each baseline's ends run where the test's ends ran.
+    pub cpus: Option<Placement>,
 }
 
 /// The transport of a baseline.
@@ -80,9 +83,10 @@ impl Kind {
 /// rows.
 pub fn udp_baseline(p: &Plan, out: Out) -> Result<(), BoxError> {
     out.line(format!(
-        " UDP baseline on loopback ({} -> {}), MTU {} B: {}-byte datagrams carry each message",
+        " UDP baseline on loopback ({} -> {}, {}), MTU {} B: {}-byte datagrams carry each message",
         p.ip,
         p.peer_ip,
+        Placement::describe(p.cpus),
         p.mtu_bytes,
         p.sizes
             .iter()
@@ -150,7 +154,8 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compa
     }
     let name = kind.name(p.lat);
     out.line(format!(
-        " softroce vs {name} on loopback (ratio = softroce / {name}):"
+        " softroce vs {name} on loopback, {} (ratio = softroce / {name}):",
+        Placement::describe(p.cpus)
     ));
     for row in rows {
         match row {
@@ -198,7 +203,7 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compa
 /// Prints, per compared row, the median ratio over interleaved trials with its range and
 /// the medians of both figures (`--trials`): on a shared, noisy machine one trial's ratio
 /// can be off by 2x either way.
-pub fn summarize(trials: &[Vec<Compared>], name: &str, out: Out) {
+pub fn summarize(p: &Plan, trials: &[Vec<Compared>], name: &str, out: Out) {
     let Some(first) = trials.first() else { return };
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -210,8 +215,9 @@ pub fn summarize(trials: &[Vec<Compared>], name: &str, out: Out) {
         }
     };
     out.line(format!(
-        " softroce vs {name}: median of {} interleaved trials (ratio range in brackets):",
-        trials.len()
+        " softroce vs {name}: median of {} interleaved trials, {} (ratio range in brackets):",
+        trials.len(),
+        Placement::describe(p.cpus)
     ));
     for (i, row) in first.iter().enumerate() {
         let col: Vec<&Compared> = trials.iter().filter_map(|t| t.get(i)).collect();
@@ -507,7 +513,10 @@ pub fn udp_stream(p: &Plan, size: u32, iters: u64) -> Result<(BwResult, Batching
     let mut rx = Rx::new(rx);
     // With --busy-poll the receiver spins, as softroce's polling thread then does.
     rx.spin = p.busy_poll;
+    let cpus = p.cpus;
+    Placement::pin_opt(cpus, End::Server)?;
     let sender = std::thread::spawn(move || -> std::io::Result<(Instant, Batching)> {
+        Placement::pin_opt(cpus, End::Client).map_err(std::io::Error::other)?;
         let buf = vec![0x5au8; GSO_MAX_BYTES];
         let mut credit = [0u8; 8];
         let credits = tx.try_clone()?;
@@ -610,7 +619,13 @@ pub fn udp_pingpong(p: &Plan, size: u32, iters: u64) -> Result<(LatResult, Batch
     let mut tx = Tx::new(echo.try_clone()?, me_addr);
     let mut rx = Rx::new(echo);
     rx.spin = p.busy_poll;
+    let cpus = p.cpus;
+    Placement::pin_opt(cpus, End::Client)?;
     let echoer = std::thread::spawn(move || -> Batching {
+        // The CPUs were checked when the options were read (`Placement::check`).
+        if let Err(e) = Placement::pin_opt(cpus, End::Server) {
+            eprintln!(" (udp-pingpong: {e})");
+        }
         let buf = vec![0xa5u8; GSO_MAX_BYTES];
         let mut got = 0;
         let mut stop = false;
@@ -691,9 +706,12 @@ fn tcp_pair(p: &Plan) -> Result<(TcpStream, TcpStream), BoxError> {
 /// A TCP stream of `iters` messages of `size` bytes.
 pub fn tcp_stream(p: &Plan, size: u32, iters: u64) -> Result<BwResult, BoxError> {
     let (mut a, mut b) = tcp_pair(p)?;
+    let cpus = p.cpus;
+    Placement::pin_opt(cpus, End::Server)?;
     let start = Instant::now();
     let len = size as usize;
     let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        Placement::pin_opt(cpus, End::Client).map_err(std::io::Error::other)?;
         let buf = vec![0x5au8; len];
         for _ in 0..iters {
             a.write_all(&buf)?;
@@ -723,7 +741,10 @@ pub fn tcp_stream(p: &Plan, size: u32, iters: u64) -> Result<BwResult, BoxError>
 pub fn tcp_pingpong(p: &Plan, size: u32, iters: u64) -> Result<LatResult, BoxError> {
     let (mut a, mut b) = tcp_pair(p)?;
     let len = size as usize;
+    let cpus = p.cpus;
+    Placement::pin_opt(cpus, End::Client)?;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        Placement::pin_opt(cpus, End::Server).map_err(std::io::Error::other)?;
         let mut buf = vec![0u8; len];
         for _ in 0..iters {
             b.read_exact(&mut buf)?;

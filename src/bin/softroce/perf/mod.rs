@@ -31,6 +31,7 @@
 
 pub mod baseline;
 pub mod bw;
+pub mod cpu;
 pub mod lat;
 pub mod oob;
 pub mod report;
@@ -40,6 +41,7 @@ use crate::BoxError;
 use crate::pingpong::{DEFAULT_TCP_PORT, device_ip, quiesce};
 use bw::{BwOp, Limit};
 use clap::{Args, ValueEnum};
+use cpu::{End, Placement};
 use lat::LatOp;
 use oob::Oob;
 use report::{BwResult, LatResult, Out};
@@ -198,6 +200,12 @@ pub struct PerfArgs {
     /// noisy: one trial's ratio can be off by 2x).
     #[arg(long, default_value_t = 1)]
     trials: u32,
+    /// Pin the client side (requester, its device's driver thread, each baseline's sender
+    /// or pinger) to CPU A and the server side to CPU B; `A` alone puts both on one CPU.
+    /// Two processes each take their own side's CPU. Without it the scheduler places the
+    /// threads, differently from run to run, which on two cores moves a result up to 2×.
+    #[arg(long, value_name = "A[,B]")]
+    cpus: Option<Placement>,
     /// After the results, print the device's counters (rxe hw_counters names), read once the
     /// link has been quiet for 200 ms.
     #[arg(long)]
@@ -227,6 +235,7 @@ struct Plan {
     gid_index: u8,
     atomic: AtomicType,
     counters: bool,
+    cpus: Option<Placement>,
 }
 
 impl Plan {
@@ -299,6 +308,7 @@ impl Plan {
             gid_index: a.gid_index,
             atomic: a.atomic_type,
             counters: a.counters,
+            cpus: a.cpus,
         })
     }
 
@@ -332,6 +342,9 @@ pub fn run(a: PerfArgs) -> Result<(), BoxError> {
         gbits: a.report_gbits,
     };
     let plan = Plan::from_args(&a)?;
+    if let Some(p) = a.cpus {
+        p.check()?;
+    }
     if a.busy_poll {
         // Every device this process opens from here on (one, or two with --loopback).
         softroce::net::UdpOptions::set_process_default(softroce::net::UdpOptions {
@@ -385,9 +398,9 @@ fn trials(a: &PerfArgs, plan: &Plan, out: Out) -> Result<(), BoxError> {
         }
     }
     out.line(report::LINE);
-    baseline::summarize(&udp, baseline::Kind::Udp.name(plan.test.is_lat()), out);
+    baseline::summarize(&b, &udp, baseline::Kind::Udp.name(plan.test.is_lat()), out);
     if a.compare_tcp {
-        baseline::summarize(&tcp, baseline::Kind::Tcp.name(plan.test.is_lat()), out);
+        baseline::summarize(&b, &tcp, baseline::Kind::Tcp.name(plan.test.is_lat()), out);
     }
     Ok(())
 }
@@ -405,6 +418,7 @@ fn plan_baseline(a: &PerfArgs, plan: &Plan) -> baseline::Plan {
         peer_ip: a.peer_ip.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))),
         read: matches!(a.test, PerfTest::ReadLat),
         busy_poll: a.busy_poll,
+        cpus: a.cpus,
     }
 }
 
@@ -495,6 +509,8 @@ fn run_side(
 ) -> Result<Vec<Row>, BoxError> {
     let test = plan.test;
     let client = matches!(role, Role::Client(..));
+    // Before the device opens: its driver thread inherits this thread's CPU.
+    Placement::pin_opt(plan.cpus, if client { End::Client } else { End::Server })?;
     let s = Session::open(
         dev_name,
         ip,
@@ -733,6 +749,12 @@ fn print_info(plan: &Plan, client: bool, pre: &oob::Prelude, out: Out, s: &Sessi
     out.line(format!(" GID index       : {}", plan.gid_index));
     if plan.rd_atomic() {
         out.line(format!(" Outstand reads  : {}", s.me[0].out_reads));
+    }
+    if plan.cpus.is_some() {
+        out.line(format!(
+            " CPUs            : {}",
+            Placement::describe(plan.cpus)
+        ));
     }
     out.line(format!(
         " Data ex. method : Ethernet (peer exchange version {})",
