@@ -282,3 +282,46 @@ fn payloads_gathered_from_the_mr_or_copied_across_sges_arrive_intact() {
         assert_clean(&a, &b);
     }
 }
+
+/// A 64 KiB WRITE at path MTU 4096 is two GSO sends: its FIRST packet carries the RETH and
+/// is 16 bytes longer than the MIDDLE ones, and GSO segments are equal but the last. Both,
+/// and those of the next messages the window allows, leave in one `sendmmsg`: eight
+/// 64 KiB WRITEs posted together take fewer system calls than GSO sends, and arrive intact.
+#[test]
+fn the_gso_sends_of_a_window_share_one_system_call() {
+    let (a, b) = pair(8, &UdpOptions::default(), &UdpOptions::default());
+    if !a.dev.link().gso() {
+        eprintln!("kernel without UDP GSO: nothing to batch");
+        return;
+    }
+    const MSG: usize = 64 << 10;
+    let src = mr(&a, 8 * MSG);
+    let dst = mr(&b, 8 * MSG);
+    let data = pattern(8 * MSG, 11);
+    src.write(0, &data).unwrap();
+    let wrs: Vec<SendWr> = (0..8u64)
+        .map(|i| {
+            let at = i as usize * MSG;
+            let mut w = SendWr::new(i, WrOpcode::RdmaWrite, vec![src.sge(at, MSG as u32)]);
+            w.remote_addr = dst.addr() + at as u64;
+            w.rkey = dst.rkey();
+            w
+        })
+        .collect();
+    a.qp.post_send(&wrs).unwrap();
+    for i in 0..8 {
+        let wc = wait_one(&a.cq);
+        assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, i));
+    }
+    assert!(dst.to_vec() == data, "WRITE data differs");
+    assert_clean(&a, &b);
+    let ca = counts(a.dev.link());
+    assert_eq!(ca.tx, 8 * 16, "16 packets per message");
+    assert!(ca.gso >= 16, "a: {} GSO sends for 8 messages", ca.gso);
+    assert!(
+        ca.tx_calls < ca.gso,
+        "a: {} system calls for {} GSO sends",
+        ca.tx_calls,
+        ca.gso
+    );
+}

@@ -14,7 +14,8 @@
 
 use super::SystemClock;
 use super::batch::{
-    GSO_MAX_BYTES, GSO_MAX_SEGMENTS, RecvBatch, enable_gro, send_gso_gather, send_mmsg,
+    GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GatheredMsg, RecvBatch, enable_gro, send_gathered_batch,
+    send_gso_gather, send_mmsg,
 };
 use super::pcap::{Capture, roce_addr};
 use super::raw::{RawRx, drop_everything};
@@ -315,8 +316,9 @@ impl UdpLink {
     }
 
     /// Sends a run of datagrams that share source port and destination: UDP GSO
-    /// super-datagrams of equal-sized segments where possible, else one `sendmmsg`.
-    /// Returns how many datagrams could not be sent.
+    /// super-datagrams of equal-sized segments where possible, up to [`SENDMMSG_MSGS`] of
+    /// them (and lone datagrams between them) per `sendmmsg`; without GSO, one plain
+    /// `sendmmsg`. Returns how many datagrams could not be sent.
     fn send_run<T: Borrow<Transmit>>(&self, run: &[T]) -> usize {
         let Some(first) = run.first().map(Borrow::borrow) else {
             return 0;
@@ -332,63 +334,45 @@ impl UdpLink {
         let mut errors = 0;
         let mut k = 0;
         while k < run.len() {
-            let n = if self.gso() {
-                self.send_gso_chunk(fd, &dst, &run[k..])
-            } else {
-                Err(run.len() - k)
-            };
-            match n {
-                Ok((n, failed)) => {
-                    k += n;
-                    errors += failed;
-                }
-                Err(n) => {
-                    // GSO unavailable (or a lone datagram): one sendmmsg for the rest, with
-                    // gathered datagrams copied whole (this fallback takes one buffer each).
-                    let whole: Vec<std::borrow::Cow<'_, [u8]>> = run[k..k + n]
-                        .iter()
-                        .map(Borrow::borrow)
-                        .map(|t: &Transmit| match t.tail {
-                            // SAFETY: inside the pump, under the device lock (`gathers`).
-                            Some(_) => std::borrow::Cow::Owned(unsafe { t.to_vec() }),
-                            None => std::borrow::Cow::Borrowed(&t.payload[..]),
-                        })
-                        .collect();
-                    let parts: Vec<&[u8]> = whole.iter().map(|w| &w[..]).collect();
-                    let sent = send_mmsg(fd, &dst, &parts).unwrap_or(0);
-                    self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
-                    self.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
-                    errors += n - sent;
-                    k += n;
-                }
+            // Err: the kernel refused GSO (now off), and the rest goes the plain way.
+            if self.gso()
+                && let Ok((n, failed)) = self.send_gso_batch(fd, &dst, &run[k..])
+            {
+                k += n;
+                errors += failed;
+                continue;
             }
+            // GSO unavailable: one sendmmsg for the rest, with gathered datagrams copied
+            // whole (this fallback takes one buffer each).
+            let n = run.len() - k;
+            let whole: Vec<std::borrow::Cow<'_, [u8]>> = run[k..]
+                .iter()
+                .map(Borrow::borrow)
+                .map(|t: &Transmit| match t.tail {
+                    // SAFETY: inside the pump, under the device lock (`gathers`).
+                    Some(_) => std::borrow::Cow::Owned(unsafe { t.to_vec() }),
+                    None => std::borrow::Cow::Borrowed(&t.payload[..]),
+                })
+                .collect();
+            let parts: Vec<&[u8]> = whole.iter().map(|w| &w[..]).collect();
+            let sent = send_mmsg(fd, &dst, &parts).unwrap_or(0);
+            self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+            self.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
+            errors += n - sent;
+            k += n;
         }
         errors
     }
 
-    /// Sends the longest prefix of `ts` (all to `dst` from `fd`) that makes one GSO send:
-    /// segments of the first one's size, the last possibly shorter, at most
-    /// [`GSO_MAX_SEGMENTS`] and [`GSO_MAX_BYTES`]. Returns `Ok((datagrams consumed, of
-    /// which failed))`, or `Err(count)` for a prefix the caller must send another way (a
-    /// single datagram, or GSO refused).
-    ///
-    /// Every segment stays a whole RoCE packet with its own ICRC. For IPv4 the kernel gives
-    /// segment `i` the IP Identification `i` (`batch::send_gso`), which the ICRC covers, so
-    /// the ICRC of segments after the first is corrected here for that ID (the engine
-    /// computed it for ID 0, what a lone datagram carries; [`UdpLink::ident_delta`]). The
-    /// datagrams are gathered from the engine's buffers, not copied.
-    fn send_gso_chunk<T: Borrow<Transmit>>(
-        &self,
-        fd: RawFd,
-        dst: &SocketAddr,
-        ts: &[T],
-    ) -> Result<(usize, usize), usize> {
-        let Some(first) = ts.first().map(Borrow::borrow) else {
-            return Err(1);
+    /// How many datagrams from the start of `ts` make one GSO send: segments of the first
+    /// one's size, the last possibly shorter, at most [`GSO_MAX_SEGMENTS`] and
+    /// [`GSO_MAX_BYTES`]. 1 (a lone datagram) when the second cannot follow the first.
+    fn gso_prefix<T: Borrow<Transmit>>(ts: &[T]) -> usize {
+        let Some(seg) = ts.first().map(|t| t.borrow().len()) else {
+            return 0;
         };
-        let seg = first.len();
         if seg == 0 || seg > usize::from(u16::MAX) {
-            return Err(1);
+            return 1;
         }
         let mut n = 1;
         let mut total = seg;
@@ -403,54 +387,111 @@ impl UdpLink {
                 break;
             }
         }
-        if n == 1 {
-            return Err(1);
+        n
+    }
+
+    /// Sends a prefix of `ts` (all to `dst` from `fd`) as up to [`SENDMMSG_MSGS`] GSO
+    /// super-datagrams (or lone datagrams) in one system call: `sendmsg` for one, `sendmmsg`
+    /// for more. Returns `Ok((datagrams consumed, of which failed))`, or `Err(())` when the
+    /// kernel refused GSO (GSO is then off for this link and nothing was sent).
+    ///
+    /// Every segment stays a whole RoCE packet with its own ICRC. For IPv4 the kernel gives
+    /// segment `i` of a GSO send the IP Identification `i` (`batch::send_gso`), which the
+    /// ICRC covers, so the ICRC of segments after the first is corrected here for that ID
+    /// (the engine computed it for ID 0, what a lone datagram carries;
+    /// [`UdpLink::ident_delta`]). The datagrams are gathered from the engine's buffers, not
+    /// copied.
+    fn send_gso_batch<T: Borrow<Transmit>>(
+        &self,
+        fd: RawFd,
+        dst: &SocketAddr,
+        ts: &[T],
+    ) -> Result<(usize, usize), ()> {
+        // The messages: (first datagram, datagrams, segment size if GSO).
+        let mut plan: Vec<(usize, usize, Option<u16>)> = Vec::new();
+        let mut j = 0;
+        while j < ts.len() && plan.len() < SENDMMSG_MSGS {
+            let n = Self::gso_prefix(&ts[j..]);
+            // In range: `gso_prefix` took the first length only if it fits a u16.
+            let seg = (n > 1).then(|| ts[j].borrow().len() as u16);
+            plan.push((j, n, seg));
+            j += n;
         }
         let v4 = match (self.ip, dst.ip()) {
             (IpAddr::V4(src), IpAddr::V4(d)) => Some((src, d)),
             _ => None,
         };
-        // Gather the datagrams in place (a gathered one's payload straight from its MR); for
-        // IPv4 segment i >= 1 swap in the ICRC for ID i.
-        let mut icrcs = [[0u8; 4]; GSO_MAX_SEGMENTS];
-        for (i, t) in ts[..n].iter().map(Borrow::borrow).enumerate() {
-            // SAFETY: inside the engine's pump, under the device lock that keeps a gathered
-            // datagram's MR registered (`Link::gathers`).
-            icrcs[i] = unsafe { body_and_icrc(t) }.1;
-            if let Some((src, d)) = v4
-                && i >= 1
-            {
-                let body_bytes = t.len().saturating_sub(4);
-                let delta = self.ident_delta(src, d, first.src_port, i as u16, body_bytes);
-                for (o, x) in icrcs[i].iter_mut().zip(delta) {
-                    *o ^= x;
+        // Each datagram's ICRC; for IPv4, segment i >= 1 of a GSO send gets the ICRC for
+        // ID i.
+        let mut icrcs: Vec<[u8; 4]> = Vec::with_capacity(j);
+        for &(start, n, _) in &plan {
+            for (i, t) in ts[start..start + n].iter().map(Borrow::borrow).enumerate() {
+                // SAFETY: inside the engine's pump, under the device lock that keeps a
+                // gathered datagram's MR registered (`Link::gathers`).
+                let mut icrc = unsafe { body_and_icrc(t) }.1;
+                if let Some((src, d)) = v4
+                    && i >= 1
+                {
+                    let body_bytes = t.len().saturating_sub(4);
+                    let delta = self.ident_delta(src, d, t.src_port, i as u16, body_bytes);
+                    for (o, x) in icrc.iter_mut().zip(delta) {
+                        *o ^= x;
+                    }
                 }
+                icrcs.push(icrc);
             }
         }
-        // One allocation sized for these segments: a stack array sized for 64 of them was
-        // 7 KiB to zero on every send, more than the rest of this function for a
-        // latency-bound send of a request and an ACK.
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(4 * n);
-        for (t, icrc) in ts[..n].iter().map(Borrow::borrow).zip(&icrcs) {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(4 * j);
+        let mut msgs: Vec<GatheredMsg> = Vec::with_capacity(plan.len());
+        for (t, icrc) in ts[..j].iter().map(Borrow::borrow).zip(&icrcs) {
             // SAFETY: as above.
             let (body, _) = unsafe { body_and_icrc(t) };
             parts.extend(body.into_iter().filter(|p| !p.is_empty()));
             parts.push(icrc);
         }
+        // Part ranges per message: each datagram contributed its non-empty parts + 1.
+        let mut at = 0;
+        for &(start, n, seg) in &plan {
+            let count: usize = ts[start..start + n]
+                .iter()
+                .map(|t| {
+                    // SAFETY: as above.
+                    let (body, _) = unsafe { body_and_icrc(t.borrow()) };
+                    body.iter().filter(|p| !p.is_empty()).count() + 1
+                })
+                .sum();
+            msgs.push(GatheredMsg {
+                first: at,
+                count,
+                segment_bytes: seg,
+            });
+            at += count;
+        }
         self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
-        match send_gso_gather(fd, dst, &parts, seg as u16) {
-            Ok(()) => {
-                self.tx_gso_sends.fetch_add(1, Ordering::Relaxed);
-                self.tx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
-                Ok((n, 0))
+        let sent = match msgs.as_slice() {
+            [one] => match one.segment_bytes {
+                Some(seg) => send_gso_gather(fd, dst, &parts, seg),
+                None => super::batch::send_parts(fd, dst, &parts),
             }
-            Err(e) if gso_refused(&e) => {
+            .map(|()| 1),
+            _ => send_gathered_batch(fd, dst, &parts, &msgs),
+        };
+        match sent {
+            Ok(m) => {
+                let datagrams: usize = plan[..m].iter().map(|p| p.1).sum();
+                let gso = plan[..m].iter().filter(|p| p.2.is_some()).count();
+                self.tx_gso_sends.fetch_add(gso as u64, Ordering::Relaxed);
+                self.tx_datagrams
+                    .fetch_add(datagrams as u64, Ordering::Relaxed);
+                Ok((datagrams, 0))
+            }
+            Err(e) if plan[0].2.is_some() && gso_refused(&e) => {
                 self.gso.store(false, Ordering::Relaxed);
-                Err(n)
+                Err(())
             }
-            // Another error (e.g. no buffer space): the datagrams are lost, as a plain send
-            // error would lose them; the transport retransmits.
-            Err(_) => Ok((n, n)),
+            // Another error (e.g. no buffer space) on the first message: its datagrams are
+            // lost, as a plain send error would lose them; the transport retransmits.
+            Err(_) => Ok((plan[0].1, plan[0].1)),
         }
     }
 
@@ -884,6 +925,11 @@ type IdentDeltaKey = (std::net::Ipv4Addr, u16, u16, usize);
 
 /// Most cached IPv4 GSO ICRC corrections (then the cache starts over).
 const IDENT_DELTA_CACHE: usize = 4096;
+
+/// Most GSO sends (or lone datagrams) one `sendmmsg` carries: enough for a window's worth
+/// of 64 KiB messages (two sends each), few enough that one call does not hold the device
+/// lock long.
+const SENDMMSG_MSGS: usize = 16;
 
 /// Datagrams one receive call may return (`recvmmsg` slots of 64 KiB each).
 const RECV_BATCH: usize = 8;
