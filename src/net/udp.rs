@@ -176,7 +176,7 @@ pub struct UdpLink {
     gro: bool,
     /// Cached ICRC corrections for IPv4 GSO segments ([`UdpLink::ident_delta`]), by
     /// (destination, source port, IP ID, body length).
-    ident_deltas: Mutex<HashMap<IdentDeltaKey, [u8; 4]>>,
+    ident_deltas: Mutex<HashMap<IdentDeltaKey, Arc<IdentDeltas>>>,
     /// The receive buffers of the plain UDP socket. Whoever holds the lock receives and
     /// handles what it got before letting go, so datagrams reach the device in order.
     rx: Mutex<RecvBatch>,
@@ -424,6 +424,8 @@ impl UdpLink {
         // Each datagram's ICRC; for IPv4, segment i >= 1 of a GSO send gets the ICRC for
         // ID i.
         let mut icrcs: Vec<[u8; 4]> = Vec::with_capacity(j);
+        // The correction table of the last body length seen (a run has one or two).
+        let mut table: Option<(usize, Arc<IdentDeltas>)> = None;
         for &(start, n, _) in &plan {
             for (i, t) in ts[start..start + n].iter().map(Borrow::borrow).enumerate() {
                 // SAFETY: inside the engine's pump, under the device lock that keeps a
@@ -433,8 +435,16 @@ impl UdpLink {
                     && i >= 1
                 {
                     let body_bytes = t.len().saturating_sub(4);
-                    let delta = self.ident_delta(src, d, t.src_port, i as u16, body_bytes);
-                    for (o, x) in icrc.iter_mut().zip(delta) {
+                    let deltas = match &table {
+                        Some((len, tab)) if *len == body_bytes => tab.clone(),
+                        _ => {
+                            let tab = self.ident_deltas(src, d, t.src_port, body_bytes);
+                            table = Some((body_bytes, tab.clone()));
+                            tab
+                        }
+                    };
+                    // In range: a GSO send has at most GSO_MAX_SEGMENTS segments.
+                    for (o, x) in icrc.iter_mut().zip(deltas[i]) {
                         *o ^= x;
                     }
                 }
@@ -497,22 +507,26 @@ impl UdpLink {
 
     /// What to XOR into the ICRC of an IPv4 datagram with a `body_bytes`-byte body (all but
     /// the ICRC), computed for IP ID 0 on the flow from this link's address and `src_port`
-    /// to `dst`:4791, to make it the ICRC for ID `ident`. The ICRC is affine in the bits it
-    /// covers, so for bodies of one length `icrc(id, body) = icrc(0, body) ⊕ icrc(id, 0…) ⊕
-    /// icrc(0, 0…)`; the last two depend only on the flow, the ID and the length, and are
-    /// cached (a bulk flow uses a handful of lengths and IDs 1..64).
-    fn ident_delta(
+    /// to `dst`:4791, to make it the ICRC for ID `i`: entry `i` of the returned table, for
+    /// the IDs 0..64 of a GSO send's segments (entry 0 is zero).
+    ///
+    /// The ICRC is affine in the bits it covers, so `icrc(id, body) = icrc(0, body) ⊕ L(id)`
+    /// with `L` linear in the 16 ID bits and depending only on the flow and the length:
+    /// `L` of the six bits an ID below 64 uses costs six CRC passes over a zero body, and
+    /// every entry is an XOR of those. One table per (flow, length) is cached: a bulk flow
+    /// uses a handful of lengths, and a GSO send looks its table up once per length instead
+    /// of once per segment.
+    fn ident_deltas(
         &self,
         src: std::net::Ipv4Addr,
         dst: std::net::Ipv4Addr,
         src_port: u16,
-        ident: u16,
         body_bytes: usize,
-    ) -> [u8; 4] {
-        let key = (dst, src_port, ident, body_bytes);
+    ) -> Arc<IdentDeltas> {
+        let key = (dst, src_port, body_bytes);
         let mut cache = self.ident_deltas.lock();
         if let Some(d) = cache.get(&key) {
-            return *d;
+            return d.clone();
         }
         let zeros = vec![0u8; body_bytes];
         let flow = |ident| IcrcIp::V4 {
@@ -522,16 +536,25 @@ impl UdpLink {
             src_port,
             dst_port: ROCE_V2_UDP_PORT,
         };
-        let (a, b) = (
-            icrc_of_body(&flow(ident), &zeros),
-            icrc_of_body(&flow(0), &zeros),
-        );
-        let d = [a[0] ^ b[0], a[1] ^ b[1], a[2] ^ b[2], a[3] ^ b[3]];
+        let base = u32::from_le_bytes(icrc_of_body(&flow(0), &zeros));
+        let bits: Vec<u32> = (0..GSO_MAX_SEGMENTS.trailing_zeros())
+            .map(|b| u32::from_le_bytes(icrc_of_body(&flow(1 << b), &zeros)) ^ base)
+            .collect();
+        let mut table = [[0u8; 4]; GSO_MAX_SEGMENTS];
+        for (i, d) in table.iter_mut().enumerate() {
+            let l = bits
+                .iter()
+                .enumerate()
+                .filter(|(b, _)| i >> b & 1 == 1)
+                .fold(0, |acc, (_, v)| acc ^ v);
+            *d = l.to_le_bytes();
+        }
+        let table = Arc::new(table);
         if cache.len() >= IDENT_DELTA_CACHE {
             cache.clear();
         }
-        cache.insert(key, d);
-        d
+        cache.insert(key, table.clone());
+        table
     }
 
     fn socket_for(&self, port: u16) -> io::Result<Arc<UdpSocket>> {
@@ -920,11 +943,14 @@ fn is_response(t: &Transmit) -> bool {
 /// more) and may be held back by a busy poll.
 const DEFER_MAX_BYTES: usize = 28;
 
-/// (destination, UDP source port, IPv4 ID, body bytes) of a cached ICRC correction.
-type IdentDeltaKey = (std::net::Ipv4Addr, u16, u16, usize);
+/// (destination, UDP source port, body bytes) of a cached table of ICRC corrections.
+type IdentDeltaKey = (std::net::Ipv4Addr, u16, usize);
 
-/// Most cached IPv4 GSO ICRC corrections (then the cache starts over).
-const IDENT_DELTA_CACHE: usize = 4096;
+/// The ICRC corrections for IPv4 IDs 0..64 ([`UdpLink::ident_deltas`]).
+type IdentDeltas = [[u8; 4]; GSO_MAX_SEGMENTS];
+
+/// Most cached tables of IPv4 GSO ICRC corrections (then the cache starts over).
+const IDENT_DELTA_CACHE: usize = 1024;
 
 /// Most GSO sends (or lone datagrams) one `sendmmsg` carries: enough for a window's worth
 /// of 64 KiB messages (two sends each), few enough that one call does not hold the device
@@ -1074,4 +1100,38 @@ fn ipv4_header_checksum(h: &[u8]) -> u16 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entry `i` of a correction table turns the ICRC computed for IPv4 ID 0 into the one
+    /// for ID `i`, for any body of the table's length; tables are per flow and length.
+    #[test]
+    fn ident_deltas_turn_the_icrc_for_id_0_into_the_icrc_for_id_i() {
+        let ip = std::net::Ipv4Addr::new(127, 0, 23, 1);
+        let link = UdpLink::bind(IpAddr::V4(ip)).expect("bind");
+        let dst = std::net::Ipv4Addr::new(127, 0, 23, 2);
+        for (len, port) in [(20usize, 0xc000u16), (4108, 0xc001), (77, 0xc000)] {
+            let body: Vec<u8> = (0..len as u32).map(|i| (i * 29 % 253) as u8).collect();
+            let flow = |ident| IcrcIp::V4 {
+                src: ip,
+                dst,
+                ident,
+                src_port: port,
+                dst_port: ROCE_V2_UDP_PORT,
+            };
+            let table = link.ident_deltas(ip, dst, port, len);
+            let at0 = icrc_of_body(&flow(0), &body);
+            for (i, d) in table.iter().enumerate() {
+                let mut got = at0;
+                for (g, x) in got.iter_mut().zip(d) {
+                    *g ^= x;
+                }
+                assert_eq!(got, icrc_of_body(&flow(i as u16), &body), "{len} B, ID {i}");
+            }
+            assert!(Arc::ptr_eq(&table, &link.ident_deltas(ip, dst, port, len)));
+        }
+    }
 }
