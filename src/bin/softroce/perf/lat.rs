@@ -118,6 +118,7 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
         LatOp::Send | LatOp::Read => client,
     };
     let mut byte = [0u8; 1];
+    let mut replenish = false;
     let unfinished = |scnt: u64, rcnt: u64| {
         if op == LatOp::Read {
             scnt < iters
@@ -171,8 +172,15 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
                     check(&wc, if client { "client" } else { "server" })?;
                     recvs -= 1;
                     if rcnt + recvs < iters && recvs < rx_depth {
-                        post_recvs(s, 0, size, 1)?;
-                        recvs += 1;
+                        if recvs == 0 {
+                            post_recvs(s, 0, size, 1)?;
+                            recvs += 1;
+                        } else {
+                            // Re-posted after this side's SEND is out (below), off the round
+                            // trip: the peer's next SEND comes only after that SEND, and a
+                            // receive is still posted for it meanwhile.
+                            replenish = true;
+                        }
                     }
                 }
             }
@@ -194,6 +202,10 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
             s.qps[0]
                 .post_send(&[wr])
                 .map_err(|e| format!("Couldn't post send: {e}"))?;
+            if core::mem::take(&mut replenish) {
+                post_recvs(s, 0, size, 1)?;
+                recvs += 1;
+            }
             let Some(wc) = poll_one(&s.dev, &s.send_cq, Instant::now() + STALL) else {
                 return Err(format!("no send completion in {STALL:?} (iteration {scnt})").into());
             };
