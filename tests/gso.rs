@@ -101,6 +101,25 @@ fn assert_clean(a: &Side, b: &Side) {
     }
 }
 
+/// `count` WRITEs of `len` bytes each, WR i from offset i·len of `src` to the same offset
+/// of `dst`, with wr_id i.
+fn writes(
+    src: &softroce::verbs::Mr,
+    dst: &softroce::verbs::Mr,
+    count: u64,
+    len: usize,
+) -> Vec<SendWr> {
+    (0..count)
+        .map(|i| {
+            let at = i as usize * len;
+            let mut w = SendWr::new(i, WrOpcode::RdmaWrite, vec![src.sge(at, len as u32)]);
+            w.remote_addr = dst.addr() + at as u64;
+            w.rkey = dst.rkey();
+            w
+        })
+        .collect()
+}
+
 #[test]
 fn gso_send_and_gro_receive_keep_every_packet_whole() {
     let (a, b) = pair(0, &UdpOptions::default(), &UdpOptions::default());
@@ -195,15 +214,7 @@ fn acks_of_one_receive_batch_coalesce() {
     let dst = mr(&b, 64 * 64);
     let data = pattern(64 * 64, 9);
     src.write(0, &data).unwrap();
-    let wrs: Vec<SendWr> = (0..64u64)
-        .map(|i| {
-            let mut w = SendWr::new(i, WrOpcode::RdmaWrite, vec![src.sge(64 * i as usize, 64)]);
-            w.remote_addr = dst.addr() + 64 * i;
-            w.rkey = dst.rkey();
-            w
-        })
-        .collect();
-    a.qp.post_send(&wrs).unwrap();
+    a.qp.post_send(&writes(&src, &dst, 64, 64)).unwrap();
     for i in 0..64 {
         let wc = wait_one(&a.cq);
         assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, i));
@@ -299,16 +310,7 @@ fn the_gso_sends_of_a_window_share_one_system_call() {
     let dst = mr(&b, 8 * MSG);
     let data = pattern(8 * MSG, 11);
     src.write(0, &data).unwrap();
-    let wrs: Vec<SendWr> = (0..8u64)
-        .map(|i| {
-            let at = i as usize * MSG;
-            let mut w = SendWr::new(i, WrOpcode::RdmaWrite, vec![src.sge(at, MSG as u32)]);
-            w.remote_addr = dst.addr() + at as u64;
-            w.rkey = dst.rkey();
-            w
-        })
-        .collect();
-    a.qp.post_send(&wrs).unwrap();
+    a.qp.post_send(&writes(&src, &dst, 8, MSG)).unwrap();
     for i in 0..8 {
         let wc = wait_one(&a.cq);
         assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, i));
