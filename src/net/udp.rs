@@ -407,26 +407,38 @@ impl UdpLink {
         dst: &SocketAddr,
         ts: &[T],
     ) -> Result<(usize, usize), ()> {
-        // The messages: (first datagram, datagrams, segment size if GSO).
-        let mut plan: Vec<(usize, usize, Option<u16>)> = Vec::new();
+        // The messages: (first datagram, datagrams, segment size if GSO). Fixed-size lists
+        // on the stack where a latency-bound send (a request and the ACKs it carries) fits:
+        // each heap list cost a malloc and a free per send.
+        let mut plan = [(0usize, 0usize, None::<u16>); SENDMMSG_MSGS];
+        let mut planned = 0;
         let mut j = 0;
-        while j < ts.len() && plan.len() < SENDMMSG_MSGS {
+        while j < ts.len() && planned < SENDMMSG_MSGS {
             let n = Self::gso_prefix(&ts[j..]);
             // In range: `gso_prefix` took the first length only if it fits a u16.
             let seg = (n > 1).then(|| ts[j].borrow().len() as u16);
-            plan.push((j, n, seg));
+            plan[planned] = (j, n, seg);
+            planned += 1;
             j += n;
         }
+        let plan = &plan[..planned];
         let v4 = match (self.ip, dst.ip()) {
             (IpAddr::V4(src), IpAddr::V4(d)) => Some((src, d)),
             _ => None,
         };
         // Each datagram's ICRC; for IPv4, segment i >= 1 of a GSO send gets the ICRC for
         // ID i.
-        let mut icrcs: Vec<[u8; 4]> = Vec::with_capacity(j);
+        let mut icrc_stack = [[0u8; 4]; GSO_MAX_SEGMENTS];
+        let mut icrc_heap = Vec::new();
+        let icrcs: &mut [[u8; 4]] = if j <= icrc_stack.len() {
+            &mut icrc_stack[..j]
+        } else {
+            icrc_heap.resize(j, [0u8; 4]);
+            &mut icrc_heap
+        };
         // The correction table of the last body length seen (a run has one or two).
         let mut table: Option<(usize, Arc<IdentDeltas>)> = None;
-        for &(start, n, _) in &plan {
+        for &(start, n, _) in plan {
             for (i, t) in ts[start..start + n].iter().map(Borrow::borrow).enumerate() {
                 // SAFETY: inside the engine's pump, under the device lock that keeps a
                 // gathered datagram's MR registered (`Link::gathers`).
@@ -448,43 +460,55 @@ impl UdpLink {
                         *o ^= x;
                     }
                 }
-                icrcs.push(icrc);
+                icrcs[start + i] = icrc;
             }
         }
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(4 * j);
-        let mut msgs: Vec<GatheredMsg> = Vec::with_capacity(plan.len());
-        for (t, icrc) in ts[..j].iter().map(Borrow::borrow).zip(&icrcs) {
-            // SAFETY: as above.
-            let (body, _) = unsafe { body_and_icrc(t) };
-            parts.extend(body.into_iter().filter(|p| !p.is_empty()));
-            parts.push(icrc);
-        }
-        // Part ranges per message: each datagram contributed its non-empty parts + 1.
-        let mut at = 0;
-        for &(start, n, seg) in &plan {
-            let count: usize = ts[start..start + n]
+        // Every datagram's parts (up to three, then its ICRC), and each message's range.
+        let mut part_stack: [&[u8]; 16] = [&[]; 16];
+        let mut part_heap: Vec<&[u8]> = Vec::new();
+        let parts: &mut [&[u8]] = if 4 * j <= part_stack.len() {
+            &mut part_stack[..]
+        } else {
+            part_heap.resize(4 * j, &[]);
+            &mut part_heap
+        };
+        let mut msgs = [GatheredMsg {
+            first: 0,
+            count: 0,
+            segment_bytes: None,
+        }; SENDMMSG_MSGS];
+        let mut np = 0;
+        for (m, &(start, n, seg)) in msgs.iter_mut().zip(plan) {
+            let first = np;
+            for (t, icrc) in ts[start..start + n]
                 .iter()
-                .map(|t| {
-                    // SAFETY: as above.
-                    let (body, _) = unsafe { body_and_icrc(t.borrow()) };
-                    body.iter().filter(|p| !p.is_empty()).count() + 1
-                })
-                .sum();
-            msgs.push(GatheredMsg {
-                first: at,
-                count,
+                .map(Borrow::borrow)
+                .zip(&icrcs[start..start + n])
+            {
+                // SAFETY: as above.
+                let (body, _) = unsafe { body_and_icrc(t) };
+                for p in body.into_iter().filter(|p| !p.is_empty()) {
+                    parts[np] = p;
+                    np += 1;
+                }
+                parts[np] = icrc;
+                np += 1;
+            }
+            *m = GatheredMsg {
+                first,
+                count: np - first,
                 segment_bytes: seg,
-            });
-            at += count;
+            };
         }
+        let (parts, msgs) = (&parts[..np], &msgs[..planned]);
         self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
-        let sent = match msgs.as_slice() {
+        let sent = match msgs {
             [one] => match one.segment_bytes {
-                Some(seg) => send_gso_gather(fd, dst, &parts, seg),
-                None => super::batch::send_parts(fd, dst, &parts),
+                Some(seg) => send_gso_gather(fd, dst, parts, seg),
+                None => super::batch::send_parts(fd, dst, parts),
             }
             .map(|()| 1),
-            _ => send_gathered_batch(fd, dst, &parts, &msgs),
+            _ => send_gathered_batch(fd, dst, parts, msgs),
         };
         match sent {
             Ok(m) => {
