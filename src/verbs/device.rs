@@ -1831,7 +1831,10 @@ mod tests {
         });
         let n = cq.wait(&mut all, Duration::from_secs(10));
         assert!(pusher.join().unwrap_or(false));
-        assert!(n >= 1 && all[0].wr_id == 20, "woken with the first completion");
+        assert!(
+            n >= 1 && all[0].wr_id == 20,
+            "woken with the first completion"
+        );
         let rest = cq.poll(&mut all[n..]);
         assert_eq!(n + rest, 2);
     }
