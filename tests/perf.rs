@@ -344,24 +344,33 @@ fn ratios(out: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// Runs `softroce perf TEST --loopback` with the server device on `pair.0` and the client
+/// on `pair.1`, plus `extra` options, to completion within `secs` seconds.
+fn loopback(test: &str, pair: (&str, &str), extra: &[&str], secs: u64) -> std::process::Output {
+    let args = [
+        &[
+            "perf",
+            test,
+            "--loopback",
+            "--ip",
+            pair.0,
+            "--peer-ip",
+            pair.1,
+        ][..],
+        extra,
+    ]
+    .concat();
+    finish(spawn(&args), Duration::from_secs(secs))
+}
+
 #[test]
 fn loopback_prints_ratios_to_udp_and_tcp_baselines() {
-    let o = finish(
-        spawn(&[
-            "perf",
-            "write_bw",
-            "--loopback",
-            "--compare-tcp",
-            "--ip",
-            "127.0.80.1",
-            "--peer-ip",
-            "127.0.80.2",
-            "-s",
-            "4096",
-            "-n",
-            "100",
-        ]),
-        Duration::from_secs(60),
+    const PAIR: (&str, &str) = ("127.0.80.1", "127.0.80.2");
+    let o = loopback(
+        "write_bw",
+        PAIR,
+        &["--compare-tcp", "-s", "4096", "-n", "100"],
+        60,
     );
     let out = text(&o);
     assert!(o.status.success(), "{out}");
@@ -374,23 +383,11 @@ fn loopback_prints_ratios_to_udp_and_tcp_baselines() {
     );
     assert!(r.iter().all(|(_, x)| *x > 0.0), "{out}");
 
-    let o = finish(
-        spawn(&[
-            "perf",
-            "write_lat",
-            "--loopback",
-            "--compare-tcp",
-            "--ip",
-            "127.0.80.1",
-            "--peer-ip",
-            "127.0.80.2",
-            "-s",
-            "64",
-            "-n",
-            "50",
-            "--json",
-        ]),
-        Duration::from_secs(60),
+    let o = loopback(
+        "write_lat",
+        PAIR,
+        &["--compare-tcp", "-s", "64", "-n", "50", "--json"],
+        60,
     );
     let (stdout, objs) = json_objects(&o);
     assert_eq!(objs.len(), 3, "a latency row and two comparisons: {stdout}");
@@ -408,25 +405,20 @@ fn loopback_prints_ratios_to_udp_and_tcp_baselines() {
 /// of the three per-round ratios (an odd count has a middle value).
 #[test]
 fn trials_print_the_median_ratio_and_its_range() {
-    let o = finish(
-        spawn(&[
-            "perf",
-            "write_bw",
-            "--loopback",
+    let o = loopback(
+        "write_bw",
+        ("127.0.80.3", "127.0.80.4"),
+        &[
             "--compare-tcp",
             "--trials",
             "3",
-            "--ip",
-            "127.0.80.3",
-            "--peer-ip",
-            "127.0.80.4",
             "-s",
             "4096",
             "-n",
             "100",
             "--json",
-        ]),
-        Duration::from_secs(120),
+        ],
+        120,
     );
     let (stdout, objs) = json_objects(&o);
     for base in ["udp-stream", "tcp-stream"] {
@@ -681,24 +673,11 @@ fn busy_poll_tests_complete() {
         ("read_bw", "65536"),
         ("send_bw", "65536"),
     ] {
-        let o = finish(
-            spawn(&[
-                "perf",
-                test,
-                "--loopback",
-                "--busy-poll",
-                "--ip",
-                "127.0.80.5",
-                "--peer-ip",
-                "127.0.80.6",
-                "-m",
-                "4096",
-                "-s",
-                size,
-                "-n",
-                "200",
-            ]),
-            Duration::from_secs(60),
+        let o = loopback(
+            test,
+            ("127.0.80.5", "127.0.80.6"),
+            &["--busy-poll", "-m", "4096", "-s", size, "-n", "200"],
+            60,
         );
         let out = text(&o);
         assert!(o.status.success(), "{test}: {out}");
@@ -717,24 +696,11 @@ fn busy_poll_tests_complete() {
 /// says so; a CPU the process may not use is refused before anything starts.
 #[test]
 fn cpus_pins_both_ends_and_is_stated_with_the_ratios() {
-    let o = finish(
-        spawn(&[
-            "perf",
-            "write_bw",
-            "--loopback",
-            "--compare-tcp",
-            "--cpus",
-            "0",
-            "--ip",
-            "127.0.86.1",
-            "--peer-ip",
-            "127.0.86.2",
-            "-s",
-            "4096",
-            "-n",
-            "100",
-        ]),
-        Duration::from_secs(60),
+    let o = loopback(
+        "write_bw",
+        ("127.0.86.1", "127.0.86.2"),
+        &["--compare-tcp", "--cpus", "0", "-s", "4096", "-n", "100"],
+        60,
     );
     let out = text(&o);
     assert!(o.status.success(), "{out}");
