@@ -32,6 +32,36 @@ fn address(stdout: &str, which: &str) -> (String, String) {
     (field("QPN "), field("PSN "))
 }
 
+/// Starts the server with `common` options on `sip`, waits for its first local address
+/// line, runs the client on `cip` against it, and returns both outputs (client, server)
+/// once both succeeded.
+fn server_then_client(common: &[&str], sip: &str, cip: &str) -> (String, String) {
+    let mut server = spawn(&[common, &["--ip", sip]].concat());
+    let head = wait_for_line(&mut server, "  local address:");
+    let client = spawn(&[common, &["--ip", cip, sip]].concat());
+    let c = finish(client, Duration::from_secs(60));
+    let s = finish(server, Duration::from_secs(60));
+    let (cs, ss) = (text(&c), format!("{head}{}", text(&s)));
+    assert!(c.status.success(), "client failed:\n{cs}\nserver:\n{ss}");
+    assert!(s.status.success(), "server failed:\n{ss}\nclient:\n{cs}");
+    (cs, ss)
+}
+
+/// The two result lines of `ibv_*_pingpong`: `B bytes in S seconds = R Mbit/sec` and
+/// `N iters in S seconds = T usec/iter`.
+fn assert_result_lines(out: &str, bytes: u64, iters: u32) {
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&format!("{bytes} bytes in ")) && l.ends_with(" Mbit/sec")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&format!("{iters} iters in ")) && l.ends_with(" usec/iter")),
+        "{out}"
+    );
+}
+
 fn run_pair(net: u8, transport: &str, size: u32, iters: u32, mtu: u32) {
     let (sip, cip) = (format!("127.0.{net}.1"), format!("127.0.{net}.2"));
     let port = free_port(&sip).to_string();
@@ -52,28 +82,12 @@ fn run_pair(net: u8, transport: &str, size: u32, iters: u32, mtu: u32) {
         "-c",
         "--counters",
     ];
-    let mut server = spawn(&[&common[..], &["--ip", &sip]].concat());
-    let head = wait_for_line(&mut server, "  local address:");
-    let client = spawn(&[&common[..], &["--ip", &cip, &sip]].concat());
-    let c = finish(client, Duration::from_secs(60));
-    let s = finish(server, Duration::from_secs(60));
-    let (cs, ss) = (text(&c), format!("{head}{}", text(&s)));
-    assert!(c.status.success(), "client failed:\n{cs}\nserver:\n{ss}");
-    assert!(s.status.success(), "server failed:\n{ss}\nclient:\n{cs}");
+    let (cs, ss) = server_then_client(&common, &sip, &cip);
 
     let bytes = u64::from(size) * u64::from(iters) * 2;
     for out in [&cs, &ss] {
         // rc_pingpong's two result lines.
-        assert!(
-            out.lines()
-                .any(|l| l.starts_with(&format!("{bytes} bytes in ")) && l.ends_with(" Mbit/sec")),
-            "{out}"
-        );
-        assert!(
-            out.lines()
-                .any(|l| l.starts_with(&format!("{iters} iters in ")) && l.ends_with(" usec/iter")),
-            "{out}"
-        );
+        assert_result_lines(out, bytes, iters);
         assert!(
             out.contains(&format!(
                 "data: {iters} received messages of {size} bytes checked"
@@ -229,27 +243,11 @@ fn run_srq_pair(net: u8, qps: u32, size: u32, iters: u32, extra: &[&str]) {
         extra,
     ]
     .concat();
-    let mut server = spawn(&[&common[..], &["--ip", &sip]].concat());
-    let head = wait_for_line(&mut server, "  local address:");
-    let client = spawn(&[&common[..], &["--ip", &cip, &sip]].concat());
-    let c = finish(client, Duration::from_secs(60));
-    let s = finish(server, Duration::from_secs(60));
-    let (cs, ss) = (text(&c), format!("{head}{}", text(&s)));
-    assert!(c.status.success(), "client failed:\n{cs}\nserver:\n{ss}");
-    assert!(s.status.success(), "server failed:\n{ss}\nclient:\n{cs}");
+    let (cs, ss) = server_then_client(&common, &sip, &cip);
     let bytes = u64::from(size) * u64::from(iters) * 2;
     for out in [&cs, &ss] {
         // srq_pingpong's two result lines.
-        assert!(
-            out.lines()
-                .any(|l| l.starts_with(&format!("{bytes} bytes in ")) && l.ends_with(" Mbit/sec")),
-            "{out}"
-        );
-        assert!(
-            out.lines()
-                .any(|l| l.starts_with(&format!("{iters} iters in ")) && l.ends_with(" usec/iter")),
-            "{out}"
-        );
+        assert_result_lines(out, bytes, iters);
         // srq_pingpong counts SENDs over all QPs and may post up to one more per QP.
         let line = out
             .lines()
