@@ -696,28 +696,37 @@ fn busy_poll_tests_complete() {
 /// says so; a CPU the process may not use is refused before anything starts.
 #[test]
 fn cpus_pins_both_ends_and_is_stated_with_the_ratios() {
+    // A CPU this process may use (0 unless a restricting taskset says otherwise).
+    let allowed = rustix::thread::sched_getaffinity(None).expect("affinity");
+    let cpu = (0..rustix::thread::CpuSet::MAX_CPU)
+        .find(|c| allowed.is_set(*c))
+        .expect("an allowed CPU")
+        .to_string();
     let o = loopback(
         "write_bw",
         ("127.0.86.1", "127.0.86.2"),
-        &["--compare-tcp", "--cpus", "0", "-s", "4096", "-n", "100"],
+        &["--compare-tcp", "--cpus", &cpu, "-s", "4096", "-n", "100"],
         60,
     );
     let out = text(&o);
     assert!(o.status.success(), "{out}");
-    assert!(
-        out.contains(" CPUs            : both ends on CPU 0"),
-        "{out}"
-    );
+    let both = format!("both ends on CPU {cpu}");
+    assert!(out.contains(&format!(" CPUs            : {both}")), "{out}");
     assert_eq!(
-        out.matches("on loopback, both ends on CPU 0 (ratio")
-            .count(),
+        out.matches(&format!("on loopback, {both} (ratio")).count(),
         2,
         "{out}"
     );
     assert_eq!(ratios(&out).len(), 2, "{out}");
 
     let o = finish(
-        spawn(&["perf", "write_bw", "--loopback", "--cpus", "0,1000"]),
+        spawn(&[
+            "perf",
+            "write_bw",
+            "--loopback",
+            "--cpus",
+            &format!("{cpu},1000"),
+        ]),
         Duration::from_secs(20),
     );
     let out = text(&o);

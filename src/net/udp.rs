@@ -401,7 +401,7 @@ impl UdpLink {
     /// segment `i` of a GSO send the IP Identification `i` (`batch::send_gso`), which the
     /// ICRC covers, so the ICRC of segments after the first is corrected here for that ID
     /// (the engine computed it for ID 0, what a lone datagram carries;
-    /// [`UdpLink::ident_delta`]). The datagrams are gathered from the engine's buffers, not
+    /// [`UdpLink::ident_deltas`]). The datagrams are gathered from the engine's buffers, not
     /// copied.
     fn send_gso_batch<T: Borrow<Transmit>>(
         &self,
@@ -513,7 +513,10 @@ impl UdpLink {
             _ => send_gathered_batch(fd, dst, parts, msgs),
         };
         match sent {
-            Ok(m) => {
+            // (A kernel that took none without an error is treated as an error below, so
+            // the caller always moves on.)
+            Ok(m) if m > 0 => {
+                let m = m.min(plan.len());
                 let datagrams: usize = plan[..m].iter().map(|p| p.1).sum();
                 let gso = plan[..m].iter().filter(|p| p.2.is_some()).count();
                 self.tx_gso_sends.fetch_add(gso as u64, Ordering::Relaxed);
@@ -527,7 +530,7 @@ impl UdpLink {
             }
             // Another error (e.g. no buffer space) on the first message: its datagrams are
             // lost, as a plain send error would lose them; the transport retransmits.
-            Err(_) => Ok((plan[0].1, plan[0].1)),
+            Ok(_) | Err(_) => Ok((plan[0].1, plan[0].1)),
         }
     }
 

@@ -129,10 +129,17 @@ mod tests {
 
     #[test]
     fn pins_this_thread() {
-        let p: Placement = "0".parse().unwrap_or_else(|e| panic!("{e}"));
+        // The last CPU this process may use (not necessarily 0 under a restricting taskset).
+        let allowed = sched_getaffinity(None).unwrap_or_else(|e| panic!("{e}"));
+        let cpu = (0..CpuSet::MAX_CPU)
+            .rev()
+            .find(|c| allowed.is_set(*c))
+            .unwrap_or_else(|| panic!("no CPU allowed"));
+        let p: Placement = cpu.to_string().parse().unwrap_or_else(|e| panic!("{e}"));
+        p.check().unwrap_or_else(|e| panic!("{e}"));
         std::thread::spawn(move || {
             p.pin(End::Client).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(rustix::thread::sched_getcpu(), 0);
+            assert_eq!(rustix::thread::sched_getcpu(), cpu);
         })
         .join()
         .unwrap_or_else(|_| panic!("pinned thread panicked"));
