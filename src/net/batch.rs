@@ -38,6 +38,34 @@ fn sockaddr_of(a: &SocketAddr) -> socket2::SockAddr {
     socket2::SockAddr::from(*a)
 }
 
+/// An iovec over `p`, for a send (the kernel only reads it).
+fn iovec_of(p: &[u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: p.as_ptr() as *mut libc::c_void,
+        iov_len: p.len(),
+    }
+}
+
+/// Points `msg`'s control data at `cbuf` and writes into it the `UDP_SEGMENT` cmsg that
+/// makes the kernel cut the message every `segment_bytes` bytes.
+///
+/// # Safety
+/// `cbuf` must stay alive and unmoved for as long as `msg` is used.
+unsafe fn set_udp_segment(msg: &mut libc::msghdr, cbuf: &mut CmsgBuf, segment_bytes: u16) {
+    msg.msg_control = cbuf.0.as_mut_ptr().cast();
+    // SAFETY: `msg_control` is `cbuf` (32 bytes, at least `CMSG_SPACE(2)`), so CMSG_FIRSTHDR
+    // is non-null and the cmsg and its data lie in it; CMSG_SPACE/CMSG_LEN only compute
+    // lengths.
+    unsafe {
+        msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
+        let c = libc::CMSG_FIRSTHDR(msg);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment_bytes);
+    }
+}
+
 /// Sends `buf` to `dst` as UDP GSO: the kernel cuts it into datagrams of `segment_bytes`
 /// (the last may be shorter). `buf.len()` ≤ [`GSO_MAX_BYTES`] and at most
 /// [`GSO_MAX_SEGMENTS`] segments (the caller's invariant; the kernel answers `EINVAL`).
@@ -98,15 +126,12 @@ fn send_gathered(
         &mut many
     };
     for (iov, p) in iovs.iter_mut().zip(parts) {
-        *iov = libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        };
+        *iov = iovec_of(p);
     }
     let mut cbuf = CmsgBuf([0; 32]);
-    // SAFETY: as in `send_gso`: `msg` points at `addr`, the first `parts.len()` entries of
-    // `iovs` (over the borrowed `parts`) and `cbuf`, all alive for the call; the kernel only
-    // reads them. The cmsg is written inside `cbuf`, which is at least `CMSG_SPACE(2)`.
+    // SAFETY: `msg` points at `addr`, the first `parts.len()` entries of `iovs` (over the
+    // borrowed `parts`) and `cbuf`, all alive and unmoved for the call; the kernel only
+    // reads them.
     let rc = unsafe {
         let mut msg: libc::msghdr = zeroed();
         msg.msg_name = addr.as_ptr() as *mut libc::c_void;
@@ -114,13 +139,7 @@ fn send_gathered(
         msg.msg_iov = iovs.as_mut_ptr();
         msg.msg_iovlen = parts.len();
         if let Some(seg) = segment_bytes {
-            msg.msg_control = cbuf.0.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
-            let c = libc::CMSG_FIRSTHDR(&raw const msg);
-            (*c).cmsg_level = libc::SOL_UDP;
-            (*c).cmsg_type = libc::UDP_SEGMENT;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+            set_udp_segment(&mut msg, &mut cbuf, seg);
         }
         libc::sendmsg(fd, &raw const msg, 0)
     };
@@ -166,13 +185,7 @@ pub fn send_gathered_batch(
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let addr = sockaddr_of(dst);
-    let iovs: Vec<libc::iovec> = parts
-        .iter()
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
+    let iovs: Vec<libc::iovec> = parts.iter().map(|p| iovec_of(p)).collect();
     let mut cmsgs: Vec<CmsgBuf> = msgs.iter().map(|_| CmsgBuf([0; 32])).collect();
     // SAFETY: an all-zero `mmsghdr` is a valid value (null pointers, zero lengths).
     let mut hdrs: Vec<libc::mmsghdr> = msgs.iter().map(|_| unsafe { zeroed() }).collect();
@@ -184,18 +197,9 @@ pub fn send_gathered_batch(
         msg.msg_iov = iovs[m.first..].as_ptr().cast_mut();
         msg.msg_iovlen = m.count;
         if let Some(seg) = m.segment_bytes {
-            msg.msg_control = c.0.as_mut_ptr().cast();
-            // SAFETY: `msg_control` is this message's own `CmsgBuf` (32 bytes, at least
-            // `CMSG_SPACE(2)`), so CMSG_FIRSTHDR is non-null and the cmsg and its data lie in
-            // it; CMSG_SPACE only computes a length.
-            unsafe {
-                msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
-                let cm = libc::CMSG_FIRSTHDR(msg);
-                (*cm).cmsg_level = libc::SOL_UDP;
-                (*cm).cmsg_type = libc::UDP_SEGMENT;
-                (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-                std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), seg);
-            }
+            // SAFETY: `c` is this message's own entry of `cmsgs`, alive and unmoved until
+            // the call below returns.
+            unsafe { set_udp_segment(msg, c, seg) };
         }
     }
     // SAFETY: every header points at `addr`, at its own run of `iovs` (over the borrowed
@@ -229,10 +233,7 @@ pub fn send_mmsg(fd: RawFd, dst: &SocketAddr, datagrams: &[&[u8]]) -> io::Result
         // SAFETY: an all-zero `mmsghdr` is a valid value (null pointers, zero lengths).
         let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
         for (i, d) in chunk.iter().enumerate() {
-            iovs[i] = libc::iovec {
-                iov_base: d.as_ptr() as *mut libc::c_void,
-                iov_len: d.len(),
-            };
+            iovs[i] = iovec_of(d);
             msgs[i].msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
             msgs[i].msg_hdr.msg_namelen = addr.len();
             msgs[i].msg_hdr.msg_iov = &raw mut iovs[i];
