@@ -306,6 +306,12 @@ impl UdpLink {
         }
     }
 
+    /// True when a busy poller holds [`DEFER_MAX_HELD`] ACKs or more: they go now even if the
+    /// application has something new to answer.
+    fn holds_too_many_acks(&self) -> bool {
+        self.deferred.lock().len() >= DEFER_MAX_HELD
+    }
+
     /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out
     /// with one `sendmmsg` each. For tests of that fallback.
     pub fn disable_gso(&self) {
@@ -774,7 +780,7 @@ impl UdpDevice {
         if !out.is_empty() {
             let n = cq.poll(out);
             if n > 0 {
-                if self.link.deferred.lock().len() >= DEFER_MAX_HELD {
+                if link.holds_too_many_acks() {
                     link.flush_deferred();
                 }
                 return n;
@@ -796,7 +802,7 @@ impl UdpDevice {
         // this poll delivered or returned: it may answer with a request that carries the
         // ACKs along, see `send_batch`). A poll that neither received nor returned anything
         // means it waits for the peer, so they go now.
-        if (!delivered && n == 0) || self.link.deferred.lock().len() >= DEFER_MAX_HELD {
+        if (!delivered && n == 0) || link.holds_too_many_acks() {
             link.flush_deferred();
         }
         n

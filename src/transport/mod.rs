@@ -621,11 +621,6 @@ impl Transmit {
         self.len() == 0
     }
 
-    /// The ICRC bytes of a gathered datagram (`None` when `payload` holds it all).
-    pub fn tail_icrc(&self) -> Option<[u8; 4]> {
-        self.tail.map(|t| t.icrc)
-    }
-
     /// The datagram as four consecutive slices: `[payload, MR bytes, pad, ICRC]` for a
     /// gathered one, `[payload, [], [], []]` otherwise (no allocation).
     ///

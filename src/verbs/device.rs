@@ -952,6 +952,12 @@ impl CqShared {
         self.notify.completed(self, solicited, error);
         true
     }
+
+    /// Uncounts `wc`, just taken off the queue (frees its slot), and returns it.
+    fn taken(&self, wc: Wc) -> Wc {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        wc
+    }
 }
 
 /// A protection domain.
@@ -1234,9 +1240,11 @@ impl Cq {
 
     /// One completion, if any.
     pub fn poll_one(&self) -> Option<Wc> {
-        let wc = self.shared.ring_rx.try_recv().ok()?;
-        self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-        Some(wc)
+        self.shared
+            .ring_rx
+            .try_recv()
+            .ok()
+            .map(|wc| self.shared.taken(wc))
     }
 
     /// Waits up to `timeout` for at least one completion, then polls like [`Cq::poll`].
@@ -1254,10 +1262,7 @@ impl Cq {
             return 0;
         };
         match self.shared.ring_rx.recv_deadline(deadline) {
-            Ok(wc) => {
-                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-                *first = wc;
-            }
+            Ok(wc) => *first = self.shared.taken(wc),
             Err(_) => return 0,
         }
         1 + self.poll(&mut out[1..])
