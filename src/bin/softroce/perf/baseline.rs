@@ -158,7 +158,7 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compa
         Placement::describe(p.cpus)
     ));
     for row in rows {
-        match row {
+        let c = match row {
             Row::Bw(r) => {
                 let size = u32::try_from(r.size).unwrap_or(u32::MAX);
                 let iters = r.iters.clamp(1, MAX_ITERS);
@@ -166,14 +166,12 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compa
                     Kind::Udp => udp_stream(p, size, iters)?.0,
                     Kind::Tcp => tcp_stream(p, size, iters)?,
                 };
-                let c = Compared {
+                Compared {
                     what: format!("BW average {} B", r.size),
                     unit: "MB/sec",
                     ours: r.bw_avg,
                     theirs: b.bw_avg,
-                };
-                out.compare(&c.what, c.unit, c.ours, name, c.theirs);
-                done.push(c);
+                }
             }
             Row::Lat(r) => {
                 let (size, iters) = match r {
@@ -186,16 +184,16 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compa
                     Kind::Udp => udp_pingpong(p, size, iters)?.0,
                     Kind::Tcp => tcp_pingpong(p, size, iters)?,
                 };
-                let c = Compared {
+                Compared {
                     what: format!("t_typical {size} B"),
                     unit: "usec",
                     ours: r.typical(),
                     theirs: b.typical(),
-                };
-                out.compare(&c.what, c.unit, c.ours, name, c.theirs);
-                done.push(c);
+                }
             }
-        }
+        };
+        out.compare(&c.what, c.unit, c.ours, name, c.theirs, c.ratio());
+        done.push(c);
     }
     Ok(done)
 }

@@ -9,7 +9,8 @@ use super::oob::PerfDest;
 use super::report::BwResult;
 use super::session::Session;
 use crate::BoxError;
-use softroce::verbs::{RecvWr, SendFlags, SendWr, Wc, WcStatus, WrOpcode};
+use softroce::net::UdpDevice;
+use softroce::verbs::{Cq, RecvWr, SendFlags, SendWr, Wc, WcStatus, WrOpcode};
 use std::time::{Duration, Instant};
 
 /// Longest either side waits for any completion before it gives up.
@@ -159,24 +160,41 @@ pub fn client(
 }
 
 /// Waits up to `timeout` for completions on `cq` (one of `s`'s CQs): with `--busy-poll`
-/// by polling the device ([`softroce::net::UdpDevice::poll_cq`], which receives in this
-/// thread), otherwise by sleeping on the CQ. Returns how many it moved into `out`.
-fn wait_cq(s: &Session, cq: &softroce::verbs::Cq, out: &mut [Wc], timeout: Duration) -> usize {
+/// by polling the device ([`poll_until`]), otherwise by sleeping on the CQ. Returns how
+/// many it moved into `out`.
+fn wait_cq(s: &Session, cq: &Cq, out: &mut [Wc], timeout: Duration) -> usize {
     if !s.dev.link().busy_poll() {
         return cq.wait(out, timeout);
     }
-    let end = Instant::now() + timeout;
+    poll_until(&s.dev, cq, out, Instant::now() + timeout)
+}
+
+/// Between two polls: with `--busy-poll` a spin hint (the poller owns a core, as the spinning
+/// UDP baseline does); otherwise the CPU is yielded to the device's receive thread.
+pub fn pause(dev: &UdpDevice) {
+    if dev.link().busy_poll() {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
+/// Polls `cq` (a CQ of `dev`) until it returns completions into `out` (perftest spins on
+/// `ibv_poll_cq`), pausing between polls ([`pause`]); with `--busy-poll` each poll also
+/// receives from the device's socket ([`UdpDevice::poll_cq`]). Returns how many, or 0 once
+/// `deadline` has passed.
+pub fn poll_until(dev: &UdpDevice, cq: &Cq, out: &mut [Wc], deadline: Instant) -> usize {
     let mut spins = 0u32;
     loop {
-        let n = s.dev.poll_cq(cq, out);
+        let n = dev.poll_cq(cq, out);
         if n > 0 {
             return n;
         }
         spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(64) && Instant::now() >= end {
+        if spins.is_multiple_of(64) && Instant::now() > deadline {
             return 0;
         }
-        std::hint::spin_loop();
+        pause(dev);
     }
 }
 

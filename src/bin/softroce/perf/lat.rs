@@ -13,7 +13,7 @@
 //! completion awaited before the next step, as perftest's latency tests do with their CQ
 //! moderation of 1.
 
-use super::bw::{Limit, STALL, check, post_recvs};
+use super::bw::{Limit, STALL, check, pause, poll_until, post_recvs};
 use super::oob::PerfDest;
 use super::report::LatResult;
 use super::session::Session;
@@ -33,33 +33,11 @@ pub enum LatOp {
     Read,
 }
 
-/// Between two polls: with `--busy-poll` a spin hint (the poller owns a core, as the spinning
-/// UDP baseline does); otherwise the CPU is yielded to the device's receive thread.
-fn pause(dev: &UdpDevice) {
-    if dev.link().busy_poll() {
-        std::hint::spin_loop();
-    } else {
-        std::thread::yield_now();
-    }
-}
-
-/// Busy-polls `cq` (a CQ of `dev`) for one completion (perftest spins on `ibv_poll_cq`),
-/// pausing between polls ([`pause`]); with `--busy-poll` each poll also receives from the
-/// device's socket ([`UdpDevice::poll_cq`]). Returns `None` when `deadline` passes first.
+/// Polls `cq` (a CQ of `dev`) for one completion ([`poll_until`]); `None` when `deadline`
+/// passes first.
 fn poll_one(dev: &UdpDevice, cq: &Cq, deadline: Instant) -> Option<Wc> {
-    let mut spins = 0u32;
     let mut one = [Wc::default()];
-    loop {
-        if dev.poll_cq(cq, &mut one) == 1 {
-            let [wc] = one;
-            return Some(wc);
-        }
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(64) && Instant::now() > deadline {
-            return None;
-        }
-        pause(dev);
-    }
+    (poll_until(dev, cq, &mut one, deadline) == 1).then_some(one[0])
 }
 
 /// One latency run's settings.

@@ -122,9 +122,16 @@ impl Out {
         }
     }
 
-    /// A softroce result beside its baseline: both values and softroce / baseline.
-    pub fn compare(&self, what: &str, unit: &str, ours: f64, baseline_name: &str, theirs: f64) {
-        let ratio = if theirs > 0.0 { ours / theirs } else { 0.0 };
+    /// A softroce result beside its baseline: both values and `ratio` (softroce / baseline).
+    pub fn compare(
+        &self,
+        what: &str,
+        unit: &str,
+        ours: f64,
+        baseline_name: &str,
+        theirs: f64,
+        ratio: f64,
+    ) {
         if self.json {
             self.json_line(json!({
                 "compare": what,
@@ -135,9 +142,7 @@ impl Out {
                 "ratio": ratio,
             }));
         } else {
-            self.line(format!(
-                " {what:<28} softroce {ours:>12.2} {unit:<8} {baseline_name:<14} {theirs:>12.2} {unit:<8} ratio {ratio:.3}"
-            ));
+            self.line(compare_text(what, unit, ours, baseline_name, theirs, ratio));
         }
     }
 
@@ -168,9 +173,8 @@ impl Out {
                 "ratio_max": hi,
             }));
         } else {
-            self.line(format!(
-                " {what:<28} softroce {ours:>12.2} {unit:<8} {baseline_name:<14} {theirs:>12.2} {unit:<8} ratio {ratio:.3} [{lo:.3}-{hi:.3}]"
-            ));
+            let row = compare_text(what, unit, ours, baseline_name, theirs, ratio);
+            self.line(format!("{row} [{lo:.3}-{hi:.3}]"));
         }
     }
 
@@ -181,6 +185,20 @@ impl Out {
             mb_per_sec
         }
     }
+}
+
+/// The text of a comparison row ([`Out::compare`], [`Out::summary`]).
+fn compare_text(
+    what: &str,
+    unit: &str,
+    ours: f64,
+    baseline_name: &str,
+    theirs: f64,
+    ratio: f64,
+) -> String {
+    format!(
+        " {what:<28} softroce {ours:>12.2} {unit:<8} {baseline_name:<14} {theirs:>12.2} {unit:<8} ratio {ratio:.3}"
+    )
 }
 
 /// One bandwidth row (MB/s, MB = 2^20 bytes).
