@@ -54,7 +54,7 @@ const LRH_ONES: [u8; 8] = [0xff; 8];
 /// Returns the four ICRC bytes in wire order. Panics: never (a `roce_body` shorter than a BTH
 /// is hashed as it is).
 pub fn icrc_compute(ip_header: &[u8], udp_header: &[u8], roce_body: &[u8]) -> [u8; 4] {
-    icrc_over(ip_header, udp_header, &[roce_body])
+    icrc_over(ip_header, udp_header, &[roce_body], roce_body.len())
 }
 
 /// Body bytes copied beside the pseudo-header so that the ICRC of a small packet (an ACK,
@@ -65,8 +65,9 @@ const INLINE_BODY: usize = 192;
 
 /// The ICRC: CRC-32 over 8 bytes of 0xFF (the LRH RoCEv2 lacks), the masked IP and UDP
 /// headers, then the body given as consecutive `parts`, with body byte 4 (BTH resv8a) read as
-/// 0xFF (IBTA A17.8.3; FACTS.md). At most 40 IP and 8 UDP header bytes are used.
-fn icrc_over(ip_header: &[u8], udp_header: &[u8], parts: &[&[u8]]) -> [u8; 4] {
+/// 0xFF (IBTA A17.8.3; FACTS.md). `body_len` is the parts' total length (the callers know
+/// it already). At most 40 IP and 8 UDP header bytes are used.
+fn icrc_over(ip_header: &[u8], udp_header: &[u8], parts: &[&[u8]], body_len: usize) -> [u8; 4] {
     let mut scratch = [0u8; 8 + 48 + INLINE_BODY];
     scratch[..8].copy_from_slice(&LRH_ONES);
     let n = ip_header.len().min(40);
@@ -84,8 +85,7 @@ fn icrc_over(ip_header: &[u8], udp_header: &[u8], parts: &[&[u8]]) -> [u8; 4] {
     // masked byte 4 among them), so that the headers stay one short table-driven pass and the
     // bulk one vectorized pass. The rest (a part's tail and the parts after it) is hashed in
     // place, where no masked byte remains.
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let inline = if total <= INLINE_BODY { total } else { 5 };
+    let inline = if body_len <= INLINE_BODY { body_len } else { 5 };
     let end = len + inline;
     let mut rest: (&[u8], &[&[u8]]) = (&[], &[]);
     for (i, p) in parts.iter().enumerate() {
@@ -118,7 +118,7 @@ fn icrc_over(ip_header: &[u8], udp_header: &[u8], parts: &[&[u8]]) -> [u8; 4] {
 pub fn icrc_of_body_parts(ip: &IcrcIp, parts: &[&[u8]]) -> [u8; 4] {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let (hdrs, ip_len) = ip.headers(len + 4);
-    icrc_over(&hdrs[..ip_len], &hdrs[ip_len..ip_len + 8], parts)
+    icrc_over(&hdrs[..ip_len], &hdrs[ip_len..ip_len + 8], parts, len)
 }
 
 /// The ICRC's masking of an IPv4 (20-byte) or IPv6 (40-byte) header, in place.
@@ -196,7 +196,12 @@ pub fn icrc_of_datagram(ip: &IcrcIp, datagram: &[u8]) -> [u8; 4] {
 /// Returns the four expected ICRC bytes. Panics: never.
 pub fn icrc_of_body(ip: &IcrcIp, body: &[u8]) -> [u8; 4] {
     let (hdrs, ip_len) = ip.headers(body.len() + 4);
-    icrc_over(&hdrs[..ip_len], &hdrs[ip_len..ip_len + 8], &[body])
+    icrc_over(
+        &hdrs[..ip_len],
+        &hdrs[ip_len..ip_len + 8],
+        &[body],
+        body.len(),
+    )
 }
 
 /// For an IPv4 packet received on a plain UDP socket, which does not show the IP
