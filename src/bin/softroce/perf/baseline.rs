@@ -18,7 +18,7 @@
 
 use super::Row;
 use super::cpu::{End, Placement};
-use super::report::{BwResult, LatResult, Out};
+use super::report::{BwResult, Compared, LatResult, Out};
 use crate::BoxError;
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -121,30 +121,6 @@ pub fn udp_baseline(p: &Plan, out: Out) -> Result<(), BoxError> {
 
 /// Runs the baseline of `kind` for each softroce row and prints both with the ratio
 /// softroce / baseline (bandwidth: average MB/s; latency: typical us).
-/// One printed comparison: what was compared, its unit, softroce's figure, the baseline's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Compared {
-    /// Row label, e.g. "BW average 65536 B".
-    pub what: String,
-    /// "MB/sec" or "usec".
-    pub unit: &'static str,
-    /// softroce's figure.
-    pub ours: f64,
-    /// The baseline's figure.
-    pub theirs: f64,
-}
-
-impl Compared {
-    /// softroce / baseline (0 when the baseline measured nothing).
-    pub fn ratio(&self) -> f64 {
-        if self.theirs > 0.0 {
-            self.ours / self.theirs
-        } else {
-            0.0
-        }
-    }
-}
-
 /// Measures the `kind` baseline for each of `rows` (same sizes and iterations), prints each
 /// beside softroce's figure with the ratio, and returns the comparisons.
 pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compared>, BoxError> {
@@ -192,7 +168,7 @@ pub fn compare(p: &Plan, rows: &[Row], kind: Kind, out: Out) -> Result<Vec<Compa
                 }
             }
         };
-        out.compare(&c.what, c.unit, c.ours, name, c.theirs, c.ratio());
+        out.compare(&c, name);
         done.push(c);
     }
     Ok(done)
@@ -222,19 +198,13 @@ pub fn summarize(p: &Plan, trials: &[Vec<Compared>], name: &str, out: Out) {
         let ratios: Vec<f64> = col.iter().map(|c| c.ratio()).collect();
         let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let ours = median(col.iter().map(|c| c.ours).collect());
-        let theirs = median(col.iter().map(|c| c.theirs).collect());
-        let ratio = median(ratios);
-        out.summary(
-            &row.what,
-            row.unit,
-            ours,
-            name,
-            theirs,
-            ratio,
-            (lo, hi),
-            col.len(),
-        );
+        let medians = Compared {
+            what: row.what.clone(),
+            unit: row.unit,
+            ours: median(col.iter().map(|c| c.ours).collect()),
+            theirs: median(col.iter().map(|c| c.theirs).collect()),
+        };
+        out.summary(&medians, name, median(ratios), (lo, hi), col.len());
     }
 }
 

@@ -122,58 +122,47 @@ impl Out {
         }
     }
 
-    /// A softroce result beside its baseline: both values and `ratio` (softroce / baseline).
-    pub fn compare(
-        &self,
-        what: &str,
-        unit: &str,
-        ours: f64,
-        baseline_name: &str,
-        theirs: f64,
-        ratio: f64,
-    ) {
+    /// A softroce result beside its baseline (`c`), with softroce / baseline.
+    pub fn compare(&self, c: &Compared, baseline_name: &str) {
+        let ratio = c.ratio();
         if self.json {
             self.json_line(json!({
-                "compare": what,
-                "unit": unit,
-                "softroce": ours,
+                "compare": c.what,
+                "unit": c.unit,
+                "softroce": c.ours,
                 "baseline": baseline_name,
-                "baseline_value": theirs,
+                "baseline_value": c.theirs,
                 "ratio": ratio,
             }));
         } else {
-            self.line(compare_text(what, unit, ours, baseline_name, theirs, ratio));
+            self.line(compare_text(c, baseline_name, ratio));
         }
     }
 
-    /// A `--trials` summary row: medians of both figures and of the ratio, with the
-    /// ratio's range over `n` trials.
-    #[allow(clippy::too_many_arguments)]
+    /// A `--trials` summary row: the medians of both figures (`medians`) and of the ratio
+    /// (`ratio`, not the ratio of the medians), with the ratio's range over `n` trials.
     pub fn summary(
         &self,
-        what: &str,
-        unit: &str,
-        ours: f64,
+        medians: &Compared,
         baseline_name: &str,
-        theirs: f64,
         ratio: f64,
         (lo, hi): (f64, f64),
         n: usize,
     ) {
         if self.json {
             self.json_line(json!({
-                "compare": what,
-                "unit": unit,
+                "compare": medians.what,
+                "unit": medians.unit,
                 "trials": n,
-                "softroce_median": ours,
+                "softroce_median": medians.ours,
                 "baseline": baseline_name,
-                "baseline_median": theirs,
+                "baseline_median": medians.theirs,
                 "ratio_median": ratio,
                 "ratio_min": lo,
                 "ratio_max": hi,
             }));
         } else {
-            let row = compare_text(what, unit, ours, baseline_name, theirs, ratio);
+            let row = compare_text(medians, baseline_name, ratio);
             self.line(format!("{row} [{lo:.3}-{hi:.3}]"));
         }
     }
@@ -187,15 +176,38 @@ impl Out {
     }
 }
 
+/// One printed comparison: what was compared, its unit, softroce's figure, the baseline's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compared {
+    /// Row label, e.g. "BW average 65536 B".
+    pub what: String,
+    /// "MB/sec" or "usec".
+    pub unit: &'static str,
+    /// softroce's figure.
+    pub ours: f64,
+    /// The baseline's figure.
+    pub theirs: f64,
+}
+
+impl Compared {
+    /// softroce / baseline (0 when the baseline measured nothing).
+    pub fn ratio(&self) -> f64 {
+        if self.theirs > 0.0 {
+            self.ours / self.theirs
+        } else {
+            0.0
+        }
+    }
+}
+
 /// The text of a comparison row ([`Out::compare`], [`Out::summary`]).
-fn compare_text(
-    what: &str,
-    unit: &str,
-    ours: f64,
-    baseline_name: &str,
-    theirs: f64,
-    ratio: f64,
-) -> String {
+fn compare_text(c: &Compared, baseline_name: &str, ratio: f64) -> String {
+    let Compared {
+        what,
+        unit,
+        ours,
+        theirs,
+    } = c;
     format!(
         " {what:<28} softroce {ours:>12.2} {unit:<8} {baseline_name:<14} {theirs:>12.2} {unit:<8} ratio {ratio:.3}"
     )
