@@ -14,7 +14,8 @@
 //! - perftest `ib_write_bw` and `ib_read_bw` (guest) against `softroce perf write_bw` /
 //!   `read_bw` (host), 16 KiB × 200, path MTU 1024: perftest's TCP exchange, the data phase and
 //!   the results exchange (each side prints the client's numbers); likewise `ib_send_bw`,
-//!   `ib_atomic_bw`, and `ib_write_lat`, `ib_read_lat`, `ib_send_lat` (64 B × 200);
+//!   `ib_atomic_bw`, and `ib_write_lat`, `ib_read_lat`, `ib_send_lat` (64 B × 200), and
+//!   `ib_write_lat -a` (every size from 2 B to 8 MiB, 5 each);
 //! - RDMA WRITE between softroce's `examples/rdma_write_{server,client}` and a pyverbs peer in
 //!   the guest (`tests/interop/guest/pyverbs_peer.py`), with the right rkey and with a wrong one
 //!   (NAK remote access error, AETH syndrome 0x62, `IBV_WC_REM_ACCESS_ERR`, nothing written);
@@ -1372,17 +1373,36 @@ fn perf_shape(test: &str) -> (Option<u32>, u32) {
     }
 }
 
+/// Iterations per size of the `-a` (all sizes) runs: 23 sizes up to 8 MiB against rxe in a
+/// TCG guest take about 35 s per role at 5.
+const ALL_SIZES_ITERS: u32 = 5;
+
+/// The message sizes of perftest's `-a`: 2 B to 8 MiB, doubling (`perftest_parameters.c`).
+fn all_sizes() -> Vec<u32> {
+    (1..=23).map(|k| 1u32 << k).collect()
+}
+
 /// perftest `ib_<test>` against `softroce perf <test>`: exit statuses, both sides' result
 /// rows, and rxe's counters against softroce's.
 fn perftest(rig: &Rig, log: &mut String, role: Role, test: &str) -> Res<String> {
+    perftest_sizes(rig, log, role, test, false)
+}
+
+/// As [`perftest`]; with `all`, both sides run perftest's `-a` and must print a row for each
+/// of the 23 sizes (softroce's perf `-a` once failed against rxe from 128 KiB up).
+fn perftest_sizes(rig: &Rig, log: &mut String, role: Role, test: &str, all: bool) -> Res<String> {
     let (size, iters) = perf_shape(test);
+    let iters = if all { ALL_SIZES_ITERS } else { iters };
     let lat = test.ends_with("_lat");
     let mut args: Vec<String> = ["perf", test, "--ip", &rig.host_ip]
         .iter()
         .map(|s| s.to_string())
         .collect();
     let mut tool = format!("ib_{test} -d $DEV -x $GIDX -F");
-    if let Some(size) = size {
+    if all {
+        args.push("-a".to_string());
+        tool.push_str(" -a");
+    } else if let Some(size) = size {
         args.extend(["-s".to_string(), size.to_string()]);
         let _ = write!(tool, " -s {size}");
     }
@@ -1395,6 +1415,7 @@ fn perftest(rig: &Rig, log: &mut String, role: Role, test: &str) -> Res<String> 
     let ready = "Waiting for client to connect";
     probe_implemented(rig, &args, ready, test)?;
     let size = size.unwrap_or(8);
+    let sizes = if all { all_sizes() } else { vec![size] };
     let before = rig.rxe_counters()?;
     if role == Role::SoftroceClient {
         args.push(rig.guest_ip.clone());
@@ -1420,20 +1441,30 @@ fn perftest(rig: &Rig, log: &mut String, role: Role, test: &str) -> Res<String> 
     // Bandwidth rows: bytes, iterations, peak, average (MB/s), message rate; latency rows:
     // bytes, iterations, t_min, t_max, t_typical, t_avg, t_stdev, 99%, 99.9% (µs).
     let (value_col, value_name) = if lat { (5, "t_avg") } else { (3, "BW average") };
-    let row_of = |out: &str| -> Res<Vec<String>> {
-        let row = result_row(out, value_name)?;
+    // One row per size, in order.
+    let rows_of = |out: &str| -> Res<Vec<Vec<String>>> {
+        let rows = result_rows(out, value_name)?;
         ensure!(
-            row.len() > value_col && row[0] == size.to_string() && row[1] == iters.to_string(),
-            "result row {row:?}: expected {size} bytes × {iters}"
+            rows.len() >= sizes.len(),
+            "{} result rows, expected {}",
+            rows.len(),
+            sizes.len()
         );
-        ensure!(
-            row[value_col].parse::<f64>().is_ok_and(|v| v > 0.0),
-            "result row {row:?}: no {value_name}"
-        );
-        Ok(row)
+        let rows = rows[..sizes.len()].to_vec();
+        for (row, size) in rows.iter().zip(&sizes) {
+            ensure!(
+                row.len() > value_col && row[0] == size.to_string() && row[1] == iters.to_string(),
+                "result row {row:?}: expected {size} bytes × {iters}"
+            );
+            ensure!(
+                row[value_col].parse::<f64>().is_ok_and(|v| v > 0.0),
+                "result row {row:?}: no {value_name}"
+            );
+        }
+        Ok(rows)
     };
-    let theirs = row_of(&p.guest_out).map_err(|e| format!("ib_{test}: {e}"));
-    let ours = row_of(&p.host.stdout).map_err(|e| format!("softroce perf: {e}"));
+    let theirs = rows_of(&p.guest_out).map_err(|e| format!("ib_{test}: {e}"));
+    let ours = rows_of(&p.host.stdout).map_err(|e| format!("softroce perf: {e}"));
     // The client prints its measurements. perftest's servers of the one-sided bandwidth tests
     // print the client's numbers, received in the results exchange; ib_read_lat's server
     // prints no row; the other servers print their own measurements.
@@ -1453,7 +1484,13 @@ fn perftest(rig: &Rig, log: &mut String, role: Role, test: &str) -> Res<String> 
             server.clone()?;
         }
     }
-    let (theirs, ours) = (theirs.unwrap_or_default(), ours.unwrap_or_default());
+    // The row reported: the one size, or the largest of `-a`.
+    let last = |rows: Vec<Vec<String>>| rows.last().cloned().unwrap_or_default();
+    let (theirs, ours) = (
+        last(theirs.unwrap_or_default()),
+        last(ours.unwrap_or_default()),
+    );
+    let client_row = last(client_row);
     let sr = p
         .host
         .stdout
@@ -1496,28 +1533,34 @@ fn perftest(rig: &Rig, log: &mut String, role: Role, test: &str) -> Res<String> 
             ours.get(3).map_or("-", String::as_str)
         )
     };
+    let shape = if all {
+        format!(
+            "{iters} × each of {} sizes 2 B–8 MiB, at 8 MiB",
+            sizes.len()
+        )
+    } else {
+        format!("{iters} × {size} B")
+    };
     Ok(format!(
-        "{iters} × {size} B, {measured}; softroce sent {} packets, rxe accepted {}",
+        "{shape}: {measured}; softroce sent {} packets, rxe accepted {}",
         g(&sr, "sent_pkts"),
         g(&rxe, "rcvd_pkts")
     ))
 }
 
-/// perftest's result row: the line after the header that starts with `#bytes` and names
-/// `column`, split at white space.
-fn result_row(out: &str, column: &str) -> Res<Vec<String>> {
+/// perftest's result rows: the lines after the header that starts with `#bytes` and names
+/// `column`, up to the table's closing rule, each split at white space.
+fn result_rows(out: &str, column: &str) -> Res<Vec<Vec<String>>> {
     let mut lines = out.lines();
     lines
         .find(|l| l.trim_start().starts_with("#bytes") && l.contains(column))
         .ok_or("no result table")?;
-    let row: Vec<String> = lines
-        .next()
-        .ok_or("no result row")?
-        .split_whitespace()
-        .map(str::to_string)
+    let rows: Vec<Vec<String>> = lines
+        .take_while(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
         .collect();
-    ensure!(row.len() >= 2, "result row {row:?}");
-    Ok(row)
+    ensure!(!rows.is_empty(), "no result row");
+    Ok(rows)
 }
 
 /// `ibv_rc_pingpong` between two rxe devices in the guest, 4096 B: rxe's own retry behaviour.
@@ -1759,6 +1802,12 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             "ib_write_lat -s 64 -n 200 -m 1024 vs softroce perf write_lat; both print a latency \
              row",
             |r, l, role| perftest(r, l, role, "write_lat"),
+        ),
+        (
+            "perftest ib_write_lat -a",
+            "ib_write_lat -a -n 5 -m 1024 vs softroce perf write_lat -a: every size from 2 B to \
+             8 MiB (8,192 packets a message at the top), both print all 23 rows",
+            |r, l, role| perftest_sizes(r, l, role, "write_lat", true),
         ),
         (
             "perftest ib_read_lat",
