@@ -29,19 +29,11 @@ const IP: IcrcIp = IcrcIp::V4 {
 };
 
 fn write_first(payload_len: usize) -> PacketRepr {
-    let mut r = PacketRepr::new(BthRepr {
-        opcode: Opcode::RC_RDMA_WRITE_FIRST,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn: 0x12,
-        ack_req: false,
-        psn: Psn::new(0x00ff_fff0),
-    });
+    let mut r = PacketRepr::new(BthRepr::new(
+        Opcode::RC_RDMA_WRITE_FIRST,
+        0x12,
+        Psn::new(0x00ff_fff0),
+    ));
     r.reth = Some(RethRepr {
         va: 0x7f00_0000_1000,
         rkey: 0x1234,

@@ -16,9 +16,8 @@ use softroce::verbs::{
     Cq, Device, DeviceConfig, Gid, Link, Mr, Pd, Qp, QpInitAttr, RcConnect, Transmit,
 };
 use softroce::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, ExtHeaders, IcrcIp,
-    IethRepr, ImmDtRepr, OPCODE_TABLE, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT, RethRepr,
-    RocePacket,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, IcrcIp, IethRepr,
+    ImmDtRepr, OPCODE_TABLE, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT, RethRepr, RocePacket,
 };
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -169,17 +168,8 @@ fn flow_icrc(src: Ipv4Addr) -> IcrcIp {
 
 fn bth(op: Opcode, psn: u32) -> BthRepr {
     BthRepr {
-        opcode: op,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qpn: QPN,
         ack_req: true,
-        psn: Psn::new(psn),
+        ..BthRepr::new(op, QPN, Psn::new(psn))
     }
 }
 

@@ -44,8 +44,8 @@ use device::{DEV_IP, FILL, GROUP, PEER_IP, PEER_PORT, RC_PSN, UD_QKEY};
 use softroce::transport::{AccessFlags, DropReason, QpState, SendFlags, WcOpcode, WcStatus};
 use softroce::verbs::{GSI_QKEY, MULTICAST_QPN, MwBind, Wc};
 use softroce::wire::{
-    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, IcrcIp, IethRepr, Opcode, PacketRepr, Psn,
-    ROCE_V2_UDP_PORT, RethRepr, RocePacket,
+    AtomicEthRepr, BthRepr, DethRepr, IcrcIp, IethRepr, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT,
+    RethRepr, RocePacket,
 };
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -55,17 +55,8 @@ const NAK_ACC: u8 = 0x62;
 
 fn bth(op: Opcode, qpn: u32, psn: u32) -> BthRepr {
     BthRepr {
-        opcode: op,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qpn: qpn,
         ack_req: true,
-        psn: Psn::new(psn),
+        ..BthRepr::new(op, qpn, Psn::new(psn))
     }
 }
 

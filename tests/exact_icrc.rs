@@ -146,17 +146,8 @@ fn exact_mode_runs_every_rc_operation_and_captures_received_headers() {
 /// A CNP from 127.3.2.9 to `dst`, its ICRC computed over IPv4 ID `icrc_ident`.
 fn cnp(dst: Ipv4Addr, icrc_ident: u16) -> Vec<u8> {
     let mut repr = PacketRepr::new(BthRepr {
-        opcode: Opcode::CNP,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
         becn: true,
-        dest_qpn: 0x11,
-        ack_req: false,
-        psn: Psn::new(0),
+        ..BthRepr::new(Opcode::CNP, 0x11, Psn::new(0))
     });
     repr.payload_len = 16;
     let ip = IcrcIp::V4 {

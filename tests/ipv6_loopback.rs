@@ -99,17 +99,8 @@ fn check_with_tshark(pcap: &PathBuf) {
 /// checksum 0 (rxe's IPv6 framing), for a raw IPv6 socket to send.
 fn zero_checksum_cnp(corrupt: bool) -> Vec<u8> {
     let mut repr = PacketRepr::new(BthRepr {
-        opcode: Opcode::CNP,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
         becn: true,
-        dest_qpn: 0x11,
-        ack_req: false,
-        psn: Psn::new(0),
+        ..BthRepr::new(Opcode::CNP, 0x11, Psn::new(0))
     });
     repr.payload_len = 16;
     let flow = IcrcIp::V6 {

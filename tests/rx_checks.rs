@@ -59,17 +59,8 @@ const PEER_PORT: u16 = 0xc123;
 /// A packet from the peer to `dest_qpn` on the device, its ICRC computed with IPv4 ID `ident`.
 fn packet(opcode: Opcode, dest_qpn: u32, payload: &[u8], ident: u16) -> Vec<u8> {
     let mut repr = PacketRepr::new(BthRepr {
-        opcode,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn,
         ack_req: true,
-        psn: Psn::new(0x100),
+        ..BthRepr::new(opcode, dest_qpn, Psn::new(0x100))
     });
     repr.payload_len = payload.len();
     let ip = IcrcIp::V4 {

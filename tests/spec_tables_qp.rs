@@ -420,19 +420,7 @@ fn sqd_finishes_the_started_message_and_starts_no_new_one() {
     e.handle_timeout(later);
     assert_eq!(psns(&mut e, &mem, later), [0, 1, 2, 3]);
     // The ACK of PSN 3 completes WR 1; WR 2 still waits.
-    let mut ack = PacketRepr::new(BthRepr {
-        opcode: Opcode::RC_ACKNOWLEDGE,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn: 0x11,
-        ack_req: false,
-        psn: Psn::new(3),
-    });
+    let mut ack = PacketRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, 0x11, Psn::new(3)));
     ack.aeth = Some(AethRepr {
         syndrome: 0x1f,
         msn: 1,

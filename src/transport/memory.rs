@@ -578,29 +578,12 @@ impl MrTable {
         offset: u64,
         out: &mut [u8],
     ) -> Result<(), MemError> {
-        let mut skip = offset;
-        let mut done = 0usize;
-        for s in sges {
-            if done == out.len() {
-                break;
-            }
-            let len = u64::from(s.length);
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            let n = ((len - skip) as usize).min(out.len() - done);
-            let va = s.addr.checked_add(skip).ok_or(MemError::Range)?;
-            let (mr, off) = self.check(s.lkey, pd, va, n as u64, AccessFlags::empty())?;
-            out[done..done + n].copy_from_slice(&mr.bytes()[off..off + n]);
-            done += n;
-            skip = 0;
-        }
-        if done == out.len() {
+        walk_sges(sges, offset, out.len(), |lkey, va, r| {
+            let n = r.len();
+            let (mr, off) = self.check(lkey, pd, va, n as u64, AccessFlags::empty())?;
+            out[r].copy_from_slice(&mr.bytes()[off..off + n]);
             Ok(())
-        } else {
-            Err(MemError::Length)
-        }
+        })
     }
 
     /// The `len` bytes starting `offset` bytes into the list `sges`, when they lie in one
@@ -644,30 +627,51 @@ impl MrTable {
         offset: u64,
         data: &[u8],
     ) -> Result<(), MemError> {
-        let mut skip = offset;
-        let mut done = 0usize;
-        for s in sges {
-            if done == data.len() {
-                break;
-            }
-            let len = u64::from(s.length);
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            let n = ((len - skip) as usize).min(data.len() - done);
-            let va = s.addr.checked_add(skip).ok_or(MemError::Range)?;
-            let (_, off) = self.check(s.lkey, pd, va, n as u64, AccessFlags::LOCAL_WRITE)?;
-            let mr = self.get_mut(s.lkey).ok_or(MemError::BadKey)?;
-            mr.bytes_mut()[off..off + n].copy_from_slice(&data[done..done + n]);
-            done += n;
-            skip = 0;
-        }
-        if done == data.len() {
+        walk_sges(sges, offset, data.len(), |lkey, va, r| {
+            let n = r.len();
+            let (_, off) = self.check(lkey, pd, va, n as u64, AccessFlags::LOCAL_WRITE)?;
+            let mr = self.get_mut(lkey).ok_or(MemError::BadKey)?;
+            mr.bytes_mut()[off..off + n].copy_from_slice(&data[r]);
             Ok(())
-        } else {
-            Err(MemError::Length)
+        })
+    }
+}
+
+/// Lays the `len` bytes that start `offset` bytes into the list `sges` over its SGEs, in
+/// order, and calls `each(lkey, va, range)` for each piece: bytes `range` of the `len` lie
+/// at virtual address `va` of the MR that `lkey` names (unchecked: `each` checks). SGEs
+/// before `offset` and zero-length ones are skipped. Errors: `each`'s (the walk stops
+/// there); [`MemError::Range`] when an address passes 2^64; [`MemError::Length`] when the
+/// list ends before `offset + len` bytes.
+fn walk_sges(
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    mut each: impl FnMut(u32, u64, core::ops::Range<usize>) -> Result<(), MemError>,
+) -> Result<(), MemError> {
+    let mut skip = offset;
+    let mut done = 0usize;
+    for s in sges {
+        if done == len {
+            break;
         }
+        let sl = u64::from(s.length);
+        if skip >= sl {
+            skip -= sl;
+            continue;
+        }
+        let n = usize::try_from(sl - skip)
+            .unwrap_or(usize::MAX)
+            .min(len - done);
+        let va = s.addr.checked_add(skip).ok_or(MemError::Range)?;
+        each(s.lkey, va, done..done + n)?;
+        done += n;
+        skip = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(MemError::Length)
     }
 }
 

@@ -12,8 +12,7 @@ use super::{
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, DEFAULT_PKEY, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Psn,
-    RethRepr,
+    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Psn, RethRepr,
 };
 
 /// Requester cursor: which WQE and byte offset the next packet comes from, and its PSN.
@@ -102,19 +101,7 @@ impl QpEngine {
         }
         let wqe = self.sq.get(idx)?;
         let wr = &wqe.wr;
-        let mut bth = BthRepr {
-            opcode: Opcode::RC_SEND_ONLY,
-            se: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn: self.attrs.dest_qp_num,
-            ack_req: false,
-            psn: self.req.psn,
-        };
+        let mut bth = BthRepr::new(Opcode::RC_SEND_ONLY, self.attrs.dest_qp_num, self.req.psn);
         let mut advance_psns = 1;
         let mut done_wqe = true;
         let mut payload_off = 0u64;
@@ -313,23 +300,16 @@ impl QpEngine {
                 continue;
             }
             let imm = w.wr.opcode == WrOpcode::SendWithImm;
+            let opcode = if imm {
+                Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+            } else {
+                Opcode::UD_SEND_ONLY
+            };
             let bth = BthRepr {
-                opcode: if imm {
-                    Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
-                } else {
-                    Opcode::UD_SEND_ONLY
-                },
                 se: w.wr.send_flags.contains(SendFlags::SOLICITED),
-                mig_req: false,
-                pad_count: 0,
-                tver: 0,
-                pkey: DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qpn: dest.remote_qpn,
                 // rxe sets AckReq on GSI (QP1) packets only (FACTS §2.12).
                 ack_req: self.qpn == 1,
-                psn: self.req.psn,
+                ..BthRepr::new(opcode, dest.remote_qpn, self.req.psn)
             };
             let mut repr = PacketRepr::new(bth);
             // A WR Q_Key with bit 31 set means "use the QP's own Q_Key"; QP1 always sends

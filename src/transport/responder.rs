@@ -12,8 +12,8 @@ use super::{
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, DEFAULT_PKEY, OpKind, Opcode, PacketRepr,
-    Position, Psn, RocePacket,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, OpKind, Opcode, PacketRepr, Position, Psn,
+    RocePacket,
 };
 use core::net::IpAddr;
 use std::collections::VecDeque;
@@ -714,19 +714,7 @@ impl QpEngine {
     ) -> Option<Transmit> {
         let pmtu = self.pmtu();
         let item = self.resp.out.front_mut()?;
-        let mut bth = BthRepr {
-            opcode: Opcode::RC_ACKNOWLEDGE,
-            se: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qpn: self.attrs.dest_qp_num,
-            ack_req: false,
-            psn: Psn::new(0),
-        };
+        let mut bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, self.attrs.dest_qp_num, Psn::new(0));
         let mut read_src = None;
         let repr = match item {
             RespItem::Ready(payload) => {

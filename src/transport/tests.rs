@@ -3,8 +3,7 @@
 
 use super::*;
 use crate::wire::{
-    AethRepr, AethSyndrome, AtomicEthRepr, BthRepr, DEFAULT_PKEY, NakCode, Opcode, PacketRepr,
-    RethRepr,
+    AethRepr, AethSyndrome, AtomicEthRepr, BthRepr, NakCode, Opcode, PacketRepr, RethRepr,
 };
 use core::net::Ipv4Addr;
 
@@ -45,17 +44,8 @@ fn rc_qp_rts() -> (QpEngine, MemoryTable, u32, u64) {
 
 fn bth(opcode: Opcode, psn: u32) -> BthRepr {
     BthRepr {
-        opcode,
-        se: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: DEFAULT_PKEY,
-        fecn: false,
-        becn: false,
-        dest_qpn: 0x11,
         ack_req: true,
-        psn: Psn::new(psn),
+        ..BthRepr::new(opcode, 0x11, Psn::new(psn))
     }
 }
 

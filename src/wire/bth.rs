@@ -164,6 +164,26 @@ pub struct BthRepr {
 }
 
 impl BthRepr {
+    /// A BTH with every flag as rxe sends a plain packet: SE, MigReq, FECN, BECN and AckReq
+    /// clear, pad count 0, TVer 0, P_Key 0xFFFF ([`DEFAULT_PKEY`](super::DEFAULT_PKEY)).
+    /// Callers set the flags a packet needs on the result. Source: rxe `init_req_packet`,
+    /// `prepare_ack_packet` (FACTS §2.3).
+    pub const fn new(opcode: Opcode, dest_qpn: u32, psn: Psn) -> BthRepr {
+        BthRepr {
+            opcode,
+            se: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: super::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Parses a checked view. Errors: [`Error::BadTver`] when TVer ≠ 0 (rxe `hdr_check`).
     pub fn parse<T: AsRef<[u8]>>(bth: &Bth<T>) -> Result<BthRepr> {
         if bth.tver() != 0 {
