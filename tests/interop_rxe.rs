@@ -610,12 +610,15 @@ fn pingpong(
     // ibv_srq_pingpong ends as soon as its own counts reach -n and destroys its 16 QPs while
     // the peer's last packets may still be on the way (as between two rxe devices, whose
     // control run shows retransmit timeouts too): rxe drops those uncounted. What softroce
-    // sends then is end-of-run traffic of three kinds, each counted by softroce: request
-    // packets sent again after a retry (`retransmitted_pkts`), ACKs answering a duplicate
-    // request (`duplicate_request`), and ACKs of the up to one extra message per QP that
-    // rxe sent beyond -n (`rdma_recvs` - N). So with an SRQ every SEND softroce sent must
-    // have been executed by rxe (its `rdma_recvs` equals softroce's `rdma_sends`), and rxe
-    // may count fewer packets than softroce sent by at most that end-of-run traffic.
+    // sends then is end-of-run traffic of four kinds, each counted by softroce: the packets
+    // of SENDs it posted that never completed (`sends: posted=` minus `rdma_sends`; seen
+    // once: 8 SENDs of 4 packets, after a stall of the guest had made all 16 QPs time out),
+    // request packets sent again after a retry (`retransmitted_pkts`), ACKs answering a
+    // duplicate request (`duplicate_request`), and ACKs of the up to one extra message per
+    // QP that rxe sent beyond -n (`rdma_recvs` - N). So with an SRQ every SEND that
+    // completed at softroce must have been executed by rxe (its `rdma_recvs` equals
+    // softroce's `rdma_sends`), and rxe may count fewer packets than softroce sent by at
+    // most that end-of-run traffic.
     let per_msg = u64::from(size.div_ceil(1024).max(1));
     let teardown = if qp == "srq" {
         ensure!(
@@ -624,7 +627,20 @@ fn pingpong(
             g(&rxe, "rdma_recvs"),
             g(&sr, "rdma_sends")
         );
-        g(&sr, "retransmitted_pkts")
+        let posted = p
+            .host
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("sends: posted="))
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or("softroce printed no 'sends: posted=N' line")?;
+        ensure!(
+            posted >= g(&sr, "rdma_sends") && posted <= u64::from(iters + extra),
+            "softroce posted {posted} SENDs, completed {}",
+            g(&sr, "rdma_sends")
+        );
+        (posted - g(&sr, "rdma_sends")) * per_msg
+            + g(&sr, "retransmitted_pkts")
             + g(&sr, "duplicate_request")
             + g(&sr, "rdma_recvs")
                 .saturating_sub(u64::from(iters))

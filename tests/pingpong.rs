@@ -270,6 +270,17 @@ fn run_srq_pair(net: u8, qps: u32, size: u32, iters: u32, extra: &[&str]) {
         // The peer may post a few more SENDs after this side has stopped counting; they
         // still land in the SRQ.
         assert!(counter(out, "rdma_recvs") >= u64::from(received), "{out}");
+        // "sends: posted=N": every SEND completed was posted, and at most one per QP more
+        // than -n were.
+        let posted: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("sends: posted="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no sends line: {out}"));
+        assert!(
+            (counter(out, "rdma_sends")..u64::from(iters + qps)).contains(&posted),
+            "{posted} SENDs posted for {iters} iters: {out}"
+        );
         assert_eq!(
             out.lines()
                 .filter(|l| l.starts_with("  local address:"))

@@ -151,7 +151,8 @@ pub struct PingpongArgs {
     #[arg(long)]
     ip: Option<IpAddr>,
     /// After the results, print the device's counters (rxe hw_counters names), read once the
-    /// link has been quiet for 200 ms.
+    /// link has been quiet for 200 ms; with --srq also "sends: posted=N" (SENDs posted, of
+    /// which `rdma_sends` completed).
     #[arg(long)]
     counters: bool,
 }

@@ -201,13 +201,18 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     };
     drop(peer);
 
+    // SENDs posted, for `--counters`: the last ones may still be unacknowledged when the loop
+    // ends (and never complete if the peer has destroyed its QPs by then).
+    let posted = std::cell::Cell::new(0u64);
     let send = |qp: &Qp| -> Result<(), BoxError> {
         qp.post_send(&[SendWr::new(
             SEND_WRID,
             WrOpcode::Send,
             vec![mr.sge(0, msg_size)],
         )])
-        .map_err(|e| format!("Couldn't post send: {e}").into())
+        .map_err(|e| format!("Couldn't post send: {e}"))?;
+        posted.set(posted.get() + 1);
+        Ok(())
     };
     let mut pending = vec![RECV_WRID; num_qp];
     if a.host.is_some() {
@@ -307,6 +312,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     );
     if a.counters {
         println!("{counters}");
+        println!("sends: posted={}", posted.get());
     }
     Ok(())
 }
