@@ -94,6 +94,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A reader that goes away (`softroce perf … | head -1`) ends the process quietly, as it
+    // ends a C tool: the Rust runtime ignores SIGPIPE, so `println!` would panic on EPIPE
+    // instead. Sockets are unaffected: std sends on TCP with MSG_NOSIGNAL, and UDP raises no
+    // SIGPIPE.
+    // SAFETY: the first thing `main` does, before any other thread exists; SIG_DFL installs
+    // no handler, so no Rust code runs in signal context.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     // `decode` and `sim` open no UDP device, so the options would do nothing but write an
     // empty capture (over the file to decode, if it is the same path).
@@ -175,14 +184,43 @@ fn finish_capture(
 }
 
 fn demo(server_ip: IpAddr, client_ip: IpAddr) -> Result<(), BoxError> {
-    let listener = TcpListener::bind(SocketAddr::new(server_ip, 0))?;
+    if server_ip == client_ip {
+        return Err(format!(
+            "--server-ip and --client-ip are both {server_ip}: each device owns UDP port 4791 \
+             on its address, so the two need different addresses"
+        )
+        .into());
+    }
+    let listener = TcpListener::bind(SocketAddr::new(server_ip, 0)).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+            "; that address is not on this host"
+        } else {
+            ""
+        };
+        format!("server: listening on {server_ip}: {e}{hint}")
+    })?;
     let tcp_addr = listener.local_addr()?;
     let print = |line: &str| println!("{line}");
     let server = std::thread::spawn(move || rdma_write_server::serve(server_ip, listener, &print));
-    // If the client fails (say its address is taken) the server would wait for it forever:
-    // report the client's error and leave (the server thread ends with the process).
-    let c =
-        rdma_write_client::run(client_ip, tcp_addr, &print).map_err(|e| format!("client: {e}"))?;
+    let c = match rdma_write_client::run(client_ip, tcp_addr, &print) {
+        Ok(c) => c,
+        Err(e) => {
+            // A server that failed first (its address taken, say) closed its listener, and
+            // the client's connection was refused: the server's error is the cause. A server
+            // still waiting for the client would wait forever: it is left behind and ends
+            // with the process.
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+            while !server.is_finished() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            if server.is_finished()
+                && let Ok(Err(se)) = server.join()
+            {
+                return Err(format!("server: {se}").into());
+            }
+            return Err(format!("client: {e}").into());
+        }
+    };
     let s = server
         .join()
         .map_err(|_| "server thread panicked")?

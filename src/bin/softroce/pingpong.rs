@@ -278,12 +278,8 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     // UD: each receive starts with the 40-byte GRH.
     let grh = if ud { GRH_BYTES } else { 0 };
 
-    let dev = UdpDevice::open(&a.ib_dev, ip).map_err(|e| {
-        format!(
-            "cannot open device {} on {ip} (UDP port 4791): {e}",
-            a.ib_dev
-        )
-    })?;
+    let dev = // The error names the device, its address and port, and a hint.
+    UdpDevice::open(&a.ib_dev, ip)?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(a.rx_depth + 1)?;
     if ud {

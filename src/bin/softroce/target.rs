@@ -147,7 +147,7 @@ fn parse_access(list: &str) -> Result<AccessFlags, String> {
             .find(|(_, n)| *n == low)
             .ok_or_else(|| {
                 format!(
-                    "unknown access flag {name:?} (use local_write, remote_write, remote_read, remote_atomic)"
+                    "unknown access flag {name:?} (use none, local_write, remote_write, remote_read, remote_atomic)"
                 )
             })?;
         f |= *bit;
@@ -296,12 +296,8 @@ fn setup(a: &TargetArgs) -> Result<Target, BoxError> {
         ..softroce::net::UdpOptions::process_default()
     };
     let cfg = softroce::verbs::DeviceConfig::new(&a.ib_dev, ip);
-    let dev = UdpDevice::open_with_options(cfg, &opts).map_err(|e| {
-        format!(
-            "cannot open device {} on {ip} (UDP port 4791): {e}",
-            a.ib_dev
-        )
-    })?;
+    let dev = // The error names the device, its address and port, and a hint.
+    UdpDevice::open_with_options(cfg, &opts)?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(a.recv_depth + 64)?;
     let qp = pd.create_qp(&QpInitAttr {

@@ -196,8 +196,8 @@ pub struct PerfArgs {
     #[arg(long)]
     busy_poll: bool,
     /// With --loopback: run the test and its baselines this many times, alternating, and
-    /// end with the median of each ratio and its range (these machines are shared and
-    /// noisy: one trial's ratio can be off by 2x).
+    /// end with the median of each ratio and its range (on a busy machine one trial's ratio
+    /// can be off by 2x).
     #[arg(long, default_value_t = 1)]
     trials: u32,
     /// Pin the client side (requester, its device's driver thread, each baseline's sender
@@ -259,7 +259,8 @@ impl Plan {
             return Err(format!("message size {size} is not between 1 and 8388608").into());
         }
         if lat && iters < 5 && a.duration.is_none() {
-            return Err(" Iteration num should be between 5 and 100000000".into());
+            // perftest's wording (without its leading space).
+            return Err("Iteration num should be between 5 and 100000000".into());
         }
         if iters == 0 {
             return Err("-n must be at least 1".into());
@@ -358,6 +359,9 @@ pub fn run(a: PerfArgs) -> Result<(), BoxError> {
     if a.trials == 0 {
         return Err("--trials must be at least 1".into());
     }
+    if a.loopback && a.host.is_some() {
+        return Err("--loopback runs both sides in this process: give no HOST".into());
+    }
     if a.trials > 1 {
         if !a.loopback {
             return Err("--trials needs --loopback (both sides in this process)".into());
@@ -372,7 +376,7 @@ pub fn run(a: PerfArgs) -> Result<(), BoxError> {
             Some(h) => Role::Client(h.clone(), a.port),
             None => Role::Server(listen(ip, a.port)?),
         };
-        run_side(&plan, &a.ib_dev, ip, role, out)?
+        run_side(&plan, &a.ib_dev, ip, role, out, None)?
     };
     let b = plan_baseline(&a, &plan);
     if a.loopback {
@@ -437,22 +441,53 @@ fn listen(ip: IpAddr, port: u16) -> Result<TcpListener, BoxError> {
 fn loopback(a: &PerfArgs, plan: &Plan, out: Out) -> Result<Vec<Row>, BoxError> {
     let sip = a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let cip = a.peer_ip.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
-    let listener = TcpListener::bind(SocketAddr::new(sip, 0))
-        .map_err(|e| format!("Couldn't listen on {sip}: {e}"))?;
+    let listener = TcpListener::bind(SocketAddr::new(sip, 0)).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+            "; that address is not on this host"
+        } else {
+            ""
+        };
+        format!("Couldn't listen on {sip}: {e}{hint}")
+    })?;
     let port = listener.local_addr()?.port();
     let splan = plan.clone();
     let sdev = format!("{}-server", a.ib_dev);
     let quiet = Out { quiet: true, ..out };
+    // The client starts once the server's device is open: a server that cannot open its
+    // device (its address taken, say) is the cause of what the client would see (a refused
+    // connection), so its error is the one reported.
+    let (opened_tx, opened_rx) = std::sync::mpsc::sync_channel(1);
     let server = std::thread::spawn(move || {
-        run_side(&splan, &sdev, sip, Role::Server(listener), quiet).map_err(|e| e.to_string())
+        run_side(
+            &splan,
+            &sdev,
+            sip,
+            Role::Server(listener),
+            quiet,
+            Some(opened_tx),
+        )
+        .map_err(|e| e.to_string())
     });
+    if !matches!(opened_rx.recv(), Ok(true)) {
+        let s = server.join().map_err(|_| "server thread panicked")?;
+        return Err(format!("server: {}", s.err().unwrap_or_default()).into());
+    }
     let c = run_side(
         plan,
         &a.ib_dev,
         cip,
         Role::Client(sip.to_string(), port),
         out,
+        None,
     );
+    if c.is_err() {
+        // The server may still wait in accept() for this client: a connection that closes at
+        // once ends its wait (its handshake then fails, and the client's error is reported).
+        let _ = std::net::TcpStream::connect_timeout(
+            &SocketAddr::new(sip, port),
+            std::time::Duration::from_secs(2),
+        );
+    }
     let s = server.join().map_err(|_| "server thread panicked")?;
     let rows = c.map_err(|e| format!("client: {e}"))?;
     s.map_err(|e| format!("server: {e}"))?;
@@ -499,13 +534,15 @@ fn flow(test: PerfTest) -> Flow {
 }
 
 /// One side of a test, from the TCP connection to the closing handshake. Returns the rows
-/// this side printed (for the server of write_bw/read_bw/atomic_bw: the client's).
+/// this side printed (for the server of write_bw/read_bw/atomic_bw: the client's). `opened`
+/// is told whether the side's device opened, before the side waits for its peer.
 fn run_side(
     plan: &Plan,
     dev_name: &str,
     ip: IpAddr,
     role: Role,
     out: Out,
+    opened: Option<std::sync::mpsc::SyncSender<bool>>,
 ) -> Result<Vec<Row>, BoxError> {
     let test = plan.test;
     let client = matches!(role, Role::Client(..));
@@ -523,7 +560,11 @@ fn run_side(
             remote_access: !plan.uses_recvs(),
             gid_index: plan.gid_index,
         },
-    )?;
+    );
+    if let Some(tx) = opened {
+        let _ = tx.send(s.is_ok());
+    }
+    let s = s?;
     let mut oob = match role {
         Role::Client(host, port) => Oob::new(connect(&host, port)?, true),
         Role::Server(listener) => {

@@ -61,8 +61,8 @@ impl Session {
     /// Opens `dev_name` on `ip` and creates everything. Errors: the device cannot be opened
     /// (address taken, UDP 4791 bound), or a verbs call fails.
     pub fn open(dev_name: &str, ip: IpAddr, spec: &SessionSpec) -> Result<Session, BoxError> {
-        let dev = UdpDevice::open(dev_name, ip)
-            .map_err(|e| format!("cannot open device {dev_name} on {ip} (UDP port 4791): {e}"))?;
+        // The error names the device, its address and port, and a hint.
+        let dev = UdpDevice::open(dev_name, ip)?;
         let attr = dev.query_device();
         let pd = dev.alloc_pd()?;
         let qps_u32 = u32::try_from(spec.qps).map_err(|_| "too many QPs")?;
