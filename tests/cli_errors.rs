@@ -40,6 +40,18 @@ fn hold(ip: &str) -> UdpSocket {
     UdpSocket::bind((ip, 4791)).expect("binds a free loopback address")
 }
 
+/// Runs softroce with `args` while another socket holds `held`:4791, and checks that it
+/// fails naming `side` ("server" or "client") and the taken address.
+fn fails_naming_the_taken_side(held: &str, side: &str, args: &[&str]) {
+    let _held = hold(held);
+    let (ok, err) = softroce(args);
+    assert!(!ok, "{args:?}");
+    assert!(
+        err.contains(&format!("{side}: opening device")) && err.contains("Address already in use"),
+        "{args:?}: {err}"
+    );
+}
+
 #[test]
 fn a_reader_that_goes_away_ends_the_process_quietly() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_softroce"))
@@ -67,32 +79,11 @@ fn a_reader_that_goes_away_ends_the_process_quietly() {
 
 #[test]
 fn demo_names_the_side_whose_address_is_taken() {
-    let _held = hold("127.0.87.5");
-    let (ok, err) = softroce(&[
-        "demo",
-        "--server-ip",
-        "127.0.87.5",
-        "--client-ip",
-        "127.0.87.6",
-    ]);
-    assert!(!ok);
-    assert!(
-        err.contains("server: opening device") && err.contains("Address already in use"),
-        "{err}"
-    );
-    let _held = hold("127.0.87.8");
-    let (ok, err) = softroce(&[
-        "demo",
-        "--server-ip",
-        "127.0.87.7",
-        "--client-ip",
-        "127.0.87.8",
-    ]);
-    assert!(!ok);
-    assert!(
-        err.contains("client: opening device") && err.contains("Address already in use"),
-        "{err}"
-    );
+    let demo = |server: &'static str, client: &'static str| {
+        ["demo", "--server-ip", server, "--client-ip", client]
+    };
+    fails_naming_the_taken_side("127.0.87.5", "server", &demo("127.0.87.5", "127.0.87.6"));
+    fails_naming_the_taken_side("127.0.87.8", "client", &demo("127.0.87.7", "127.0.87.8"));
 }
 
 #[test]
@@ -114,40 +105,29 @@ fn demo_refuses_one_address_for_both_and_one_not_on_this_host() {
 
 #[test]
 fn perf_loopback_names_the_side_whose_address_is_taken() {
+    let perf = |test: &'static str, server: &'static str, client: &'static str| {
+        [
+            "perf",
+            test,
+            "--loopback",
+            "--ip",
+            server,
+            "--peer-ip",
+            client,
+            "-n",
+            "5",
+        ]
+    };
     // The client's address taken: the server, already waiting for it, must not hang the run.
-    let _held = hold("127.0.87.2");
-    let (ok, err) = softroce(&[
-        "perf",
-        "write_bw",
-        "--loopback",
-        "--ip",
-        "127.0.87.1",
-        "--peer-ip",
+    fails_naming_the_taken_side(
         "127.0.87.2",
-        "-n",
-        "5",
-    ]);
-    assert!(!ok);
-    assert!(
-        err.contains("client: opening device") && err.contains("Address already in use"),
-        "{err}"
+        "client",
+        &perf("write_bw", "127.0.87.1", "127.0.87.2"),
     );
     // The server's address taken: its error, not the client's refused connection.
-    let _held = hold("127.0.87.3");
-    let (ok, err) = softroce(&[
-        "perf",
-        "write_lat",
-        "--loopback",
-        "--ip",
+    fails_naming_the_taken_side(
         "127.0.87.3",
-        "--peer-ip",
-        "127.0.87.4",
-        "-n",
-        "5",
-    ]);
-    assert!(!ok);
-    assert!(
-        err.contains("server: opening device") && err.contains("Address already in use"),
-        "{err}"
+        "server",
+        &perf("write_lat", "127.0.87.3", "127.0.87.4"),
     );
 }

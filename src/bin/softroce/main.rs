@@ -183,6 +183,20 @@ fn finish_capture(
     Ok(())
 }
 
+/// A TCP listener on `ip`, on a port the kernel picks (the out-of-band exchange of the
+/// two-device subcommands, `demo` and `perf --loopback`). Errors: "Couldn't listen on IP:
+/// <the kernel's error>", with a hint when the address is not on this host.
+pub fn listen_on(ip: IpAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+            "; that address is not on this host"
+        } else {
+            ""
+        };
+        format!("Couldn't listen on {ip}: {e}{hint}")
+    })
+}
+
 fn demo(server_ip: IpAddr, client_ip: IpAddr) -> Result<(), BoxError> {
     if server_ip == client_ip {
         return Err(format!(
@@ -191,14 +205,7 @@ fn demo(server_ip: IpAddr, client_ip: IpAddr) -> Result<(), BoxError> {
         )
         .into());
     }
-    let listener = TcpListener::bind(SocketAddr::new(server_ip, 0)).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
-            "; that address is not on this host"
-        } else {
-            ""
-        };
-        format!("server: listening on {server_ip}: {e}{hint}")
-    })?;
+    let listener = listen_on(server_ip).map_err(|e| format!("server: {e}"))?;
     let tcp_addr = listener.local_addr()?;
     let print = |line: &str| println!("{line}");
     let server = std::thread::spawn(move || rdma_write_server::serve(server_ip, listener, &print));

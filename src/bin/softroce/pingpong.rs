@@ -278,8 +278,8 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     // UD: each receive starts with the 40-byte GRH.
     let grh = if ud { GRH_BYTES } else { 0 };
 
-    let dev = // The error names the device, its address and port, and a hint.
-    UdpDevice::open(&a.ib_dev, ip)?;
+    // The error names the device, its address and port, and a hint.
+    let dev = UdpDevice::open(&a.ib_dev, ip)?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(a.rx_depth + 1)?;
     if ud {

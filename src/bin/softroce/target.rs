@@ -296,8 +296,8 @@ fn setup(a: &TargetArgs) -> Result<Target, BoxError> {
         ..softroce::net::UdpOptions::process_default()
     };
     let cfg = softroce::verbs::DeviceConfig::new(&a.ib_dev, ip);
-    let dev = // The error names the device, its address and port, and a hint.
-    UdpDevice::open_with_options(cfg, &opts)?;
+    // The error names the device, its address and port, and a hint.
+    let dev = UdpDevice::open_with_options(cfg, &opts)?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(a.recv_depth + 64)?;
     let qp = pd.create_qp(&QpInitAttr {

@@ -441,14 +441,7 @@ fn listen(ip: IpAddr, port: u16) -> Result<TcpListener, BoxError> {
 fn loopback(a: &PerfArgs, plan: &Plan, out: Out) -> Result<Vec<Row>, BoxError> {
     let sip = a.ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let cip = a.peer_ip.unwrap_or(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
-    let listener = TcpListener::bind(SocketAddr::new(sip, 0)).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
-            "; that address is not on this host"
-        } else {
-            ""
-        };
-        format!("Couldn't listen on {sip}: {e}{hint}")
-    })?;
+    let listener = crate::listen_on(sip)?;
     let port = listener.local_addr()?.port();
     let splan = plan.clone();
     let sdev = format!("{}-server", a.ib_dev);

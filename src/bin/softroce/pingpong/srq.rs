@@ -67,8 +67,8 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let msg_size = a.size.unwrap_or(4096).max(1);
     let size = msg_size as usize;
     let ip = device_ip(a.ip)?;
-    let dev = // The error names the device, its address and port, and a hint.
-    UdpDevice::open(&a.ib_dev, ip)?;
+    // The error names the device, its address and port, and a hint.
+    let dev = UdpDevice::open(&a.ib_dev, ip)?;
     let channel = if a.events {
         Some(dev.create_comp_channel()?)
     } else {
