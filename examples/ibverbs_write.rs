@@ -1,5 +1,5 @@
 //! An RDMA WRITE written the way code for the `ibverbs` crate is, ported to softroce by
-//! importing `softroce::ibverbs` instead: list the devices, open two, build an RC queue pair
+//! importing `softroce_ibverbs` instead: list the devices, open two, build an RC queue pair
 //! on each, swap endpoints and the remote buffer out of band (as JSON text, which could go
 //! over any channel), handshake, WRITE, poll.
 //!
@@ -7,8 +7,9 @@
 //! are the first two addresses in `$SOFTROCE_IP` (default 127.0.0.1 and 127.0.0.2; all of
 //! 127.0.0.0/8 is loopback, and each address can be one device in one process at a time).
 
-use softroce::ibverbs::{
-    self, AccessFlags, DeviceList, QpType, QueuePairEndpoint, RemoteMemorySlice, Wc, WcStatus,
+use softroce_ibverbs::{
+    self as ibverbs, AccessFlags, DeviceList, QpType, QueuePairEndpoint, RemoteMemorySlice, Wc,
+    WcStatus,
 };
 use std::time::Duration;
 

@@ -3,13 +3,13 @@
 //! without a GID and of an out-of-range attribute, errno through `std::io::Error`, and the
 //! serde form of endpoints and remote slices.
 
-use softroce::ibverbs::{
+use softroce_ibverbs::{
     AccessFlags, DeviceList, Gid, QpType, QueuePairEndpoint, RecvWr, RemoteMemorySlice, Wc,
     WcFlags, WcOpcode, WcStatus,
 };
 use std::time::Duration;
 
-fn wait(cq: &softroce::ibverbs::CompletionQueue) -> Wc {
+fn wait(cq: &softroce_ibverbs::CompletionQueue) -> Wc {
     let mut wc = [Wc::default()];
     let got = cq.wait(&mut wc, Duration::from_secs(10)).unwrap();
     assert_eq!(got.len(), 1, "no completion");

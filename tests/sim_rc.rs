@@ -1,5 +1,5 @@
 //! Deterministic simulation: random RC workloads on a seeded lossy link, checked against the
-//! reference model (src/net/sim/workload.rs). A failure prints `SOFTROCE_SEED=<n>`; set that
+//! reference model (crates/softroce/src/net/sim/workload.rs). A failure prints `SOFTROCE_SEED=<n>`; set that
 //! variable to replay exactly that seed. `SOFTROCE_SIM_SEEDS=<n>` runs more seeds (soak).
 
 use softroce::net::sim::SimFaults;

@@ -1,4 +1,4 @@
-//! The tables in `spec/` against the tables in `src/wire/`, row by row.
+//! The tables in `spec/` against the tables in `crates/softroce/src/wire/`, row by row.
 //!
 //! - `spec/opcodes.toml` vs `OPCODE_TABLE`: every field of every row, no row missing on either
 //!   side, header order and lengths vs `ExtHeaders::ORDER`, every other code point unknown.
@@ -295,7 +295,7 @@ struct NakFile {
     class: Vec<ClassRow>,
     nak: Vec<NakRow>,
     reserved_nak: ReservedNak,
-    /// Checked variant by variant by src/transport/tests.rs, not here.
+    /// Checked variant by variant by crates/softroce/src/transport/tests.rs, not here.
     #[allow(dead_code)]
     responder_error: Vec<toml::Value>,
 }

@@ -396,7 +396,7 @@ struct RespRow {
 }
 
 fn nak_file() -> NakFile {
-    let text = include_str!("../../spec/nak_codes.toml");
+    let text = include_str!("../../../../spec/nak_codes.toml");
     toml::from_str(text).expect("spec/nak_codes.toml parses")
 }
 
@@ -524,7 +524,7 @@ fn wc_status_order_names_and_texts_match_the_spec() {
         name: String,
         text: String,
     }
-    let f: File = toml::from_str(include_str!("../../spec/wc_status.toml")).unwrap();
+    let f: File = toml::from_str(include_str!("../../../../spec/wc_status.toml")).unwrap();
     assert_eq!(f.status.len(), ALL_STATUSES.len());
     for (row, s) in f.status.iter().zip(ALL_STATUSES) {
         assert_eq!((row.value, row.name.as_str()), (s as usize, s.ibv_name()));

@@ -17,11 +17,11 @@ use std::process::ExitCode;
 
 // The demo runs exactly the code of the two examples.
 #[allow(dead_code)]
-#[path = "../../../examples/rdma_write_server.rs"]
+#[path = "../examples/rdma_write_server.rs"]
 mod rdma_write_server;
 
 #[allow(dead_code)]
-#[path = "../../../examples/rdma_write_client.rs"]
+#[path = "../examples/rdma_write_client.rs"]
 mod rdma_write_client;
 
 mod decode;

@@ -8,12 +8,11 @@
 //! - [`verbs`]: devices, PDs, MRs, CQs and QPs with libibverbs names and errno-style errors.
 //! - [`net`]: the only place with sockets, threads and the real clock: one UDP socket per
 //!   device on port 4791, and a driver thread that feeds received datagrams to the engines.
-//! - [`ibverbs`]: an API shaped like the `ibverbs` crate (device list, context, PD, CQ,
-//!   queue pair builder, endpoint handshake) over `verbs` and `net`, for porting code.
+//! - The `ibverbs`-shaped Rust API is the `softroce-ibverbs` crate, a frontend over `verbs` and
+//!   `net`; the `softroce` command is the `softroce-cli` package at the repository root.
 
 #![warn(missing_docs)]
 
-pub mod ibverbs;
 pub mod net;
 pub mod transport;
 pub mod verbs;

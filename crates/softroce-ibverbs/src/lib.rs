@@ -3,7 +3,7 @@
 //! Code written against the `ibverbs` crate (device list → context → PD, CQ → queue pair
 //! builder → prepared QP → out-of-band endpoint exchange → handshake → post / poll) ports to
 //! softroce by changing the import, with the differences listed below. Everything here is a
-//! thin layer over [`crate::verbs`] (objects, checks, errors) and [`crate::net::UdpDevice`]
+//! thin layer over [`softroce::verbs`] (objects, checks, errors) and [`softroce::net::UdpDevice`]
 //! (the UDP socket and driver thread of a device); it adds no protocol code.
 //!
 //! Layer: above `verbs` and `net`; opens sockets (in [`Device::open`]) and starts one driver
@@ -37,7 +37,7 @@
 //! # Example: connect two devices on loopback and do an RDMA WRITE
 //!
 //! ```
-//! use softroce::ibverbs::{self, AccessFlags, QpType, Wc, WcStatus};
+//! use softroce_ibverbs::{self as ibverbs, AccessFlags, QpType, Wc, WcStatus};
 //! use std::time::Duration;
 //!
 //! # fn main() -> Result<(), ibverbs::Error> {
@@ -77,14 +77,14 @@
 //! # }
 //! ```
 
-use crate::net::UdpDevice;
-use crate::verbs::{self, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState};
+use softroce::net::UdpDevice;
+use softroce::verbs::{self, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState};
 use std::net::IpAddr;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::verbs::{
+pub use softroce::verbs::{
     AccessFlags, Gid, PathMtu, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, Wc, WcFlags,
     WcOpcode, WcStatus, WrOpcode,
 };
@@ -194,7 +194,7 @@ pub const SOFTROCE_IP: &str = "SOFTROCE_IP";
 ///
 /// ```
 /// // With SOFTROCE_IP unset this is one device on 127.0.0.1.
-/// let list = softroce::ibverbs::devices().unwrap();
+/// let list = softroce_ibverbs::devices().unwrap();
 /// assert!(!list.is_empty());
 /// assert!(list[0].name().starts_with("softroce"));
 /// ```
@@ -210,10 +210,10 @@ impl DeviceList {
     /// commas or white space. Errors: as [`devices`].
     ///
     /// ```
-    /// let l = softroce::ibverbs::DeviceList::parse("127.0.24.1, 127.0.24.2 ::1").unwrap();
+    /// let l = softroce_ibverbs::DeviceList::parse("127.0.24.1, 127.0.24.2 ::1").unwrap();
     /// assert_eq!(l.len(), 3);
     /// assert_eq!((l[2].name(), l[2].ip().to_string().as_str()), ("softroce2", "::1"));
-    /// assert_eq!(softroce::ibverbs::DeviceList::parse("10.0.0.300").unwrap_err().errno(), 22);
+    /// assert_eq!(softroce_ibverbs::DeviceList::parse("10.0.0.300").unwrap_err().errno(), 22);
     /// ```
     pub fn parse(text: &str) -> Result<DeviceList> {
         let mut ips = Vec::new();
@@ -287,12 +287,12 @@ impl Device {
     }
 
     /// `ibv_open_device`: binds the device's UDP port 4791 and starts its driver thread,
-    /// with the process's default [`crate::net::UdpOptions`].
+    /// with the process's default [`softroce::net::UdpOptions`].
     ///
     /// Errors: [`Error::Io`] with the bind error (`EADDRINUSE`, `EADDRNOTAVAIL`).
     ///
     /// ```
-    /// use softroce::ibverbs::DeviceList;
+    /// use softroce_ibverbs::DeviceList;
     /// let list = DeviceList::with_ip(&["127.0.24.103".parse().unwrap()]);
     /// let ctx = list[0].open().unwrap();
     /// assert_eq!(ctx.gid(1).unwrap().to_string(), "::ffff:127.0.24.103");
@@ -715,23 +715,31 @@ pub struct QueuePairEndpoint {
     pub lid: u16,
     /// The GID the QP sends from; `None` is refused by [`PreparedQueuePair::handshake`]
     /// (RoCE addresses by GID).
+    #[serde(with = "gid_text")]
     pub gid: Option<Gid>,
 }
 
-impl serde::Serialize for Gid {
-    /// As its `inet_ntop` text, e.g. `"::ffff:127.0.24.1"`.
-    fn serialize<S: serde::Serializer>(&self, s: S) -> core::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
+/// `serde` for [`QueuePairEndpoint::gid`]: a GID as its `inet_ntop` text, e.g.
+/// `"::ffff:127.0.24.1"` (any IPv6 address text is read back), `null` for none.
+mod gid_text {
+    use super::Gid;
+    use serde::{Deserialize, Deserializer, Serializer};
 
-impl<'de> serde::Deserialize<'de> for Gid {
-    /// From the text [`Gid`]'s `Serialize` writes (any IPv6 address text).
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> core::result::Result<Gid, D::Error> {
-        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        text.parse::<std::net::Ipv6Addr>()
-            .map(|a| Gid(a.octets()))
-            .map_err(serde::de::Error::custom)
+    pub fn serialize<S: Serializer>(gid: &Option<Gid>, s: S) -> Result<S::Ok, S::Error> {
+        match gid {
+            Some(g) => s.collect_str(g),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Gid>, D::Error> {
+        let text = <Option<std::borrow::Cow<'de, str>>>::deserialize(d)?;
+        text.map(|t| {
+            t.parse::<std::net::Ipv6Addr>()
+                .map(|a| Gid(a.octets()))
+                .map_err(serde::de::Error::custom)
+        })
+        .transpose()
     }
 }
 
@@ -756,7 +764,7 @@ impl PreparedQueuePair {
     ///
     /// Errors: `EINVAL` for a remote endpoint without a GID or of another IP family, a GID
     /// index other than 1, or attribute values out of range (each named, see
-    /// [`crate::verbs::check_modify`]).
+    /// [`softroce::verbs::check_modify`]).
     pub fn handshake(self, remote: QueuePairEndpoint) -> Result<QueuePair> {
         let b = &self.b;
         let qp = &self.qp;
@@ -844,7 +852,7 @@ impl QueuePair {
     /// the QP type cannot carry.
     ///
     /// ```
-    /// use softroce::ibverbs::{DeviceList, QpType, RecvWr, SendFlags, SendWr, Wc, WcOpcode, WrOpcode};
+    /// use softroce_ibverbs::{DeviceList, QpType, RecvWr, SendFlags, SendWr, Wc, WcOpcode, WrOpcode};
     /// use std::time::Duration;
     /// // A UD QP sends to itself on 127.0.24.104.
     /// let ctx = DeviceList::with_ip(&["127.0.24.104".parse().unwrap()])[0].open().unwrap();
@@ -856,7 +864,7 @@ impl QueuePair {
     /// qp.post_receive(&[RecvWr { wr_id: 1, sg_list: vec![rbuf.slice(0..48).sge()] }]).unwrap();
     /// let mut send = SendWr::new(2, WrOpcode::Send, vec![buf.slice(0..8).sge()]);
     /// send.send_flags = SendFlags::empty(); // unsignaled: only the receive completes
-    /// send.ud = Some(softroce::ibverbs::UdDest {
+    /// send.ud = Some(softroce_ibverbs::UdDest {
     ///     remote_ip: ctx.verbs().ip(),
     ///     remote_qpn: me.num,
     ///     remote_qkey: 0x1111_1111,
