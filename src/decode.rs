@@ -12,18 +12,21 @@
 //! `atomic_ack_eth`, `immdt`, `ieth`, with the field names of `softroce::wire`), `payload_len`,
 //! the ICRC as its four wire bytes read big-endian (as Wireshark shows it), `icrc_ok`, and for
 //! a frame the wire layer rejects, `error` and the `drop_reason` a device would count.
-//! JSON is written by hand: the values are numbers, booleans and short ASCII strings.
+//! The JSON is serde_json's, from the structs at the end of this file.
+//!
+//! A capture cut short (Ctrl-C on the program writing it) is decoded up to its last whole
+//! frame; then the summary is printed and decode fails with "truncated after frame N".
 
 use super::BoxError;
+use serde::Serialize;
+use softroce::net::{CaptureReader, CapturedFrame};
 use softroce::transport::DropReason;
-use softroce::wire::ip_udp::{LinkType, UdpDatagram, parse_frame};
+use softroce::wire::ip_udp::{UdpDatagram, parse_frame};
 use softroce::wire::{
-    AethSyndrome, Bth, BthRepr, ICRC_LEN, NakCode, Opcode, PacketRepr, ROCE_V2_UDP_PORT,
-    RocePacket, icrc_compute,
+    AethSyndrome, Bth, BthRepr, ICRC_LEN, ROCE_V2_UDP_PORT, RocePacket, icrc_compute,
 };
 use std::fmt::Write as _;
-use std::fs::File;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::net::IpAddr;
 use std::path::Path;
 
@@ -31,47 +34,47 @@ use std::path::Path;
 const BTH_LEN: usize = 12;
 
 /// One captured frame.
-struct Frame {
-    /// 1-based position in the file.
-    number: u64,
-    /// The captured bytes.
-    data: Vec<u8>,
-    /// Length on the wire (more than `data.len()` when the snap length cut the frame).
-    orig_len: u32,
-    /// Link type, or the unsupported pcap link type number.
-    link: Result<LinkType, u32>,
-}
+type Frame = CapturedFrame;
 
 /// Decodes `path` to stdout.
 pub fn run(path: &Path, json: bool) -> Result<(), BoxError> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let mut stats = Stats::default();
-    let r = for_each_frame(path, |f| {
+    let frames = CaptureReader::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut read_error = None;
+    for f in frames {
+        let f = match f {
+            Ok(f) => f,
+            Err(e) => {
+                read_error = Some(e);
+                break;
+            }
+        };
         let d = decode(&f);
         stats.add(&d);
         let line = if json { d.json() } else { d.human() };
-        writeln!(out, "{line}")
-    });
-    let r = r.and_then(|()| out.flush().map_err(Into::into));
-    match r {
-        // `softroce decode … | head` closes the pipe early: not an error.
-        Err(e)
-            if e.downcast_ref::<io::Error>().map(io::Error::kind)
-                == Some(io::ErrorKind::BrokenPipe) =>
-        {
-            Ok(())
+        match writeln!(out, "{line}") {
+            Ok(()) => {}
+            // `softroce decode … | head` closes the pipe early: not an error.
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e),
-        Ok(()) => {
-            if !json {
-                eprintln!(
-                    "{} frames: {} RoCEv2, ICRC ok {}, ICRC bad {}, not decodable {}",
-                    stats.frames, stats.roce, stats.icrc_ok, stats.icrc_bad, stats.errors
-                );
-            }
-            Ok(())
-        }
+    }
+    match out.flush() {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    if !json || read_error.is_some() {
+        eprintln!(
+            "{} frames: {} RoCEv2, ICRC ok {}, ICRC bad {}, not decodable {}",
+            stats.frames, stats.roce, stats.icrc_ok, stats.icrc_bad, stats.errors
+        );
+    }
+    match read_error {
+        Some(e) => Err(format!("{}: {e}", path.display()).into()),
+        None => Ok(()),
     }
 }
 
@@ -98,72 +101,6 @@ impl Stats {
         if d.error.is_some() {
             self.errors += 1;
         }
-    }
-}
-
-/// Calls `f` on every frame of the pcap or pcapng file at `path`, in order.
-fn for_each_frame(path: &Path, mut f: impl FnMut(Frame) -> io::Result<()>) -> Result<(), BoxError> {
-    let mut file =
-        BufReader::new(File::open(path).map_err(|e| format!("{}: {e}", path.display()))?);
-    let mut magic = [0u8; 4];
-    file.read_exact(&mut magic)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let file = io::Cursor::new(magic).chain(file);
-    let mut number = 0;
-    if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
-        use pcap_file::pcapng::{Block, PcapNgReader};
-        let mut r = PcapNgReader::new(file).map_err(|e| format!("{}: {e}", path.display()))?;
-        while let Some(block) = r.next_block() {
-            let (data, orig_len, iface) = match block? {
-                Block::EnhancedPacket(p) => (p.data.into_owned(), p.original_len, p.interface_id),
-                Block::SimplePacket(p) => {
-                    let n = u32::try_from(p.data.len()).unwrap_or(u32::MAX);
-                    (p.data.into_owned(), p.original_len.max(n), 0)
-                }
-                Block::Packet(p) => (
-                    p.data.into_owned(),
-                    p.original_len,
-                    u32::from(p.interface_id),
-                ),
-                _ => continue,
-            };
-            let link = r
-                .interfaces()
-                .get(iface as usize)
-                .map_or(Err(u32::MAX), |i| link_type(i.linktype));
-            number += 1;
-            f(Frame {
-                number,
-                data,
-                orig_len,
-                link,
-            })?;
-        }
-    } else {
-        use pcap_file::pcap::PcapReader;
-        let mut r = PcapReader::new(file).map_err(|e| format!("{}: {e}", path.display()))?;
-        let link = link_type(r.header().datalink);
-        while let Some(pkt) = r.next_packet() {
-            let pkt = pkt?;
-            number += 1;
-            f(Frame {
-                number,
-                orig_len: pkt.orig_len,
-                data: pkt.data.into_owned(),
-                link,
-            })?;
-        }
-    }
-    Ok(())
-}
-
-fn link_type(d: pcap_file::DataLink) -> Result<LinkType, u32> {
-    use pcap_file::DataLink as D;
-    match d {
-        D::ETHERNET => Ok(LinkType::Ethernet),
-        D::RAW | D::IPV4 | D::IPV6 | D::Unknown(12 | 14) => Ok(LinkType::RawIp),
-        D::LINUX_SLL => Ok(LinkType::LinuxSll),
-        other => Err(u32::from(other)),
     }
 }
 
@@ -259,183 +196,71 @@ fn ip_ident(ip_header: &[u8]) -> Option<u16> {
     }
 }
 
-fn opcode_name(op: Opcode) -> String {
-    op.to_string()
-}
-
-fn aeth_meaning(syndrome: u8) -> String {
-    match AethSyndrome::from_byte(syndrome) {
-        AethSyndrome::Ack { credit } => format!("ACK credit={credit}"),
-        AethSyndrome::RnrNak { timer } => format!("RNR NAK timer={timer}"),
-        AethSyndrome::Nak(code) => match code {
-            NakCode::PsnSeqErr => "NAK PSN sequence error".to_string(),
-            NakCode::InvalidRequest => "NAK invalid request".to_string(),
-            NakCode::RemoteAccessErr => "NAK remote access error".to_string(),
-            NakCode::RemoteOpErr => "NAK remote operational error".to_string(),
-            NakCode::InvalidRdRequest => "NAK invalid RD request".to_string(),
-            NakCode::Reserved(c) => format!("NAK reserved code {c}"),
-        },
-        AethSyndrome::Reserved(b) => format!("reserved syndrome {b:#04x}"),
-    }
-}
-
-/// A JSON object written field by field.
-struct Obj(String);
-
-impl Obj {
-    fn new() -> Obj {
-        Obj(String::from("{"))
-    }
-    fn key(&mut self, k: &str) {
-        if self.0.len() > 1 {
-            self.0.push(',');
-        }
-        let _ = write!(self.0, "\"{k}\":");
-    }
-    fn num(&mut self, k: &str, v: impl Into<u64>) -> &mut Obj {
-        self.key(k);
-        let _ = write!(self.0, "{}", v.into());
-        self
-    }
-    fn boolean(&mut self, k: &str, v: bool) -> &mut Obj {
-        self.key(k);
-        self.0.push_str(if v { "true" } else { "false" });
-        self
-    }
-    fn opt_bool(&mut self, k: &str, v: Option<bool>) -> &mut Obj {
-        match v {
-            Some(b) => self.boolean(k, b),
-            None => {
-                self.key(k);
-                self.0.push_str("null");
-                self
-            }
-        }
-    }
-    fn str(&mut self, k: &str, v: &str) -> &mut Obj {
-        self.key(k);
-        self.0.push('"');
-        for c in v.chars() {
-            match c {
-                '"' => self.0.push_str("\\\""),
-                '\\' => self.0.push_str("\\\\"),
-                c if u32::from(c) < 0x20 => {
-                    let _ = write!(self.0, "\\u{:04x}", u32::from(c));
-                }
-                c => self.0.push(c),
-            }
-        }
-        self.0.push('"');
-        self
-    }
-    fn obj(&mut self, k: &str, v: Obj) -> &mut Obj {
-        self.key(k);
-        self.0.push_str(&v.finish());
-        self
-    }
-    fn finish(mut self) -> String {
-        self.0.push('}');
-        self.0
-    }
-}
-
-fn bth_json(b: &BthRepr) -> Obj {
-    let mut o = Obj::new();
-    o.num("opcode", b.opcode.0)
-        .boolean("se", b.se)
-        .boolean("mig_req", b.mig_req)
-        .num("pad_count", b.pad_count)
-        .num("tver", b.tver)
-        .num("pkey", b.pkey)
-        .boolean("fecn", b.fecn)
-        .boolean("becn", b.becn)
-        .num("dest_qpn", b.dest_qpn)
-        .boolean("ack_req", b.ack_req)
-        .num("psn", b.psn.value());
-    o
-}
-
-fn headers_json(o: &mut Obj, r: &PacketRepr) {
-    if let Some(h) = r.deth {
-        let mut x = Obj::new();
-        x.num("qkey", h.qkey).num("src_qpn", h.src_qpn);
-        o.obj("deth", x);
-    }
-    if let Some(v) = r.feth {
-        let mut x = Obj::new();
-        x.num("value", v);
-        o.obj("feth", x);
-    }
-    if let Some(h) = r.reth {
-        let mut x = Obj::new();
-        x.num("va", h.va)
-            .num("rkey", h.rkey)
-            .num("dma_len", h.dma_len);
-        o.obj("reth", x);
-    }
-    if let Some(h) = r.atomic_eth {
-        let mut x = Obj::new();
-        x.num("va", h.va)
-            .num("rkey", h.rkey)
-            .num("swap_add", h.swap_add)
-            .num("compare", h.compare);
-        o.obj("atomic_eth", x);
-    }
-    if let Some(h) = r.aeth {
-        let mut x = Obj::new();
-        x.num("syndrome", h.syndrome).num("msn", h.msn);
-        o.obj("aeth", x);
-    }
-    if let Some(h) = r.atomic_ack_eth {
-        let mut x = Obj::new();
-        x.num("orig_remote_data", h.orig_remote_data);
-        o.obj("atomic_ack_eth", x);
-    }
-    if let Some(h) = r.immdt {
-        let mut x = Obj::new();
-        x.num("imm_data", h.imm_data);
-        o.obj("immdt", x);
-    }
-    if let Some(h) = r.ieth {
-        let mut x = Obj::new();
-        x.num("rkey", h.rkey);
-        o.obj("ieth", x);
-    }
-}
-
 impl Decoded<'_> {
     fn json(&self) -> String {
-        let mut o = Obj::new();
-        o.num("frame", self.number);
-        if let Some(dg) = &self.datagram {
-            o.str("src", &dg.src.to_string())
-                .str("dst", &dg.dst.to_string())
-                .num("src_port", dg.src_port)
-                .num("dst_port", dg.dst_port);
-            if let Some(id) = ip_ident(dg.ip_header) {
-                o.num("ip_id", id);
-            }
-        }
-        if let Some(b) = &self.bth {
-            o.num("opcode", b.opcode.0)
-                .str("opcode_name", &opcode_name(b.opcode))
-                .obj("bth", bth_json(b));
-        }
-        if let Some(p) = &self.pkt {
-            headers_json(&mut o, &p.repr);
-            o.num("payload_len", p.repr.payload_len as u64);
-        }
-        if let Some(icrc) = self.icrc {
-            o.str("icrc", &format!("{:#010x}", u32::from_be_bytes(icrc)));
-        }
-        o.opt_bool("icrc_ok", self.icrc_ok);
-        if let Some(e) = &self.error {
-            o.str("error", e);
-        }
-        if let Some(r) = self.drop_reason {
-            o.str("drop_reason", r.name());
-        }
-        o.finish()
+        let dg = self.datagram.as_ref();
+        let repr = self.pkt.as_ref().map(|p| &p.repr);
+        let line = FrameJson {
+            frame: self.number,
+            src: dg.map(|d| d.src.to_string()),
+            dst: dg.map(|d| d.dst.to_string()),
+            src_port: dg.map(|d| d.src_port),
+            dst_port: dg.map(|d| d.dst_port),
+            ip_id: dg.and_then(|d| ip_ident(d.ip_header)),
+            opcode: self.bth.map(|b| b.opcode.0),
+            opcode_name: self.bth.map(|b| b.opcode.to_string()),
+            bth: self.bth.map(|b| BthJson {
+                opcode: b.opcode.0,
+                se: b.se,
+                mig_req: b.mig_req,
+                pad_count: b.pad_count,
+                tver: b.tver,
+                pkey: b.pkey,
+                fecn: b.fecn,
+                becn: b.becn,
+                dest_qpn: b.dest_qpn,
+                ack_req: b.ack_req,
+                psn: b.psn.value(),
+            }),
+            deth: repr.and_then(|r| r.deth).map(|h| DethJson {
+                qkey: h.qkey,
+                src_qpn: h.src_qpn,
+            }),
+            feth: repr.and_then(|r| r.feth).map(|value| FethJson { value }),
+            reth: repr.and_then(|r| r.reth).map(|h| RethJson {
+                va: h.va,
+                rkey: h.rkey,
+                dma_len: h.dma_len,
+            }),
+            atomic_eth: repr.and_then(|r| r.atomic_eth).map(|h| AtomicEthJson {
+                va: h.va,
+                rkey: h.rkey,
+                swap_add: h.swap_add,
+                compare: h.compare,
+            }),
+            aeth: repr.and_then(|r| r.aeth).map(|h| AethJson {
+                syndrome: h.syndrome,
+                msn: h.msn,
+            }),
+            atomic_ack_eth: repr
+                .and_then(|r| r.atomic_ack_eth)
+                .map(|h| AtomicAckEthJson {
+                    orig_remote_data: h.orig_remote_data,
+                }),
+            immdt: repr.and_then(|r| r.immdt).map(|h| ImmDtJson {
+                imm_data: h.imm_data,
+            }),
+            ieth: repr.and_then(|r| r.ieth).map(|h| IethJson { rkey: h.rkey }),
+            payload_len: repr.map(|r| r.payload_len as u64),
+            icrc: self
+                .icrc
+                .map(|i| format!("{:#010x}", u32::from_be_bytes(i))),
+            icrc_ok: self.icrc_ok,
+            error: self.error.as_deref(),
+            drop_reason: self.drop_reason.map(|r| r.name()),
+        };
+        // Serialising plain structs of numbers, strings and booleans cannot fail.
+        serde_json::to_string(&line).unwrap_or_default()
     }
 
     fn human(&self) -> String {
@@ -459,7 +284,7 @@ impl Decoded<'_> {
             let _ = write!(
                 s,
                 " {} qp={:#x} psn={}",
-                opcode_name(b.opcode),
+                b.opcode,
                 b.dest_qpn,
                 b.psn.value()
             );
@@ -501,7 +326,12 @@ impl Decoded<'_> {
                 );
             }
             if let Some(h) = r.aeth {
-                let _ = write!(s, " AETH {} msn={}", aeth_meaning(h.syndrome), h.msn);
+                let _ = write!(
+                    s,
+                    " AETH {} msn={}",
+                    AethSyndrome::from_byte(h.syndrome),
+                    h.msn
+                );
             }
             if let Some(h) = r.atomic_ack_eth {
                 let _ = write!(s, " AtomicAckETH orig={:#x}", h.orig_remote_data);
@@ -526,9 +356,121 @@ impl Decoded<'_> {
     }
 }
 
+/// One frame of `decode --json`. Keys appear in this order; `None` keys are left out,
+/// except `icrc_ok`, which is `null` when there was nothing to check.
+#[derive(Serialize)]
+struct FrameJson<'a> {
+    frame: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    src: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dst: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    src_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dst_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ip_id: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    opcode: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    opcode_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bth: Option<BthJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deth: Option<DethJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    feth: Option<FethJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reth: Option<RethJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    atomic_eth: Option<AtomicEthJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aeth: Option<AethJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    atomic_ack_eth: Option<AtomicAckEthJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    immdt: Option<ImmDtJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ieth: Option<IethJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_len: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    icrc: Option<String>,
+    icrc_ok: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drop_reason: Option<&'static str>,
+}
+
+/// The BTH's fields, named as in `softroce::wire::BthRepr`.
+#[derive(Serialize)]
+struct BthJson {
+    opcode: u8,
+    se: bool,
+    mig_req: bool,
+    pad_count: u8,
+    tver: u8,
+    pkey: u16,
+    fecn: bool,
+    becn: bool,
+    dest_qpn: u32,
+    ack_req: bool,
+    psn: u32,
+}
+
+#[derive(Serialize)]
+struct DethJson {
+    qkey: u32,
+    src_qpn: u32,
+}
+
+#[derive(Serialize)]
+struct FethJson {
+    value: u32,
+}
+
+#[derive(Serialize)]
+struct RethJson {
+    va: u64,
+    rkey: u32,
+    dma_len: u32,
+}
+
+#[derive(Serialize)]
+struct AtomicEthJson {
+    va: u64,
+    rkey: u32,
+    swap_add: u64,
+    compare: u64,
+}
+
+#[derive(Serialize)]
+struct AethJson {
+    syndrome: u8,
+    msn: u32,
+}
+
+#[derive(Serialize)]
+struct AtomicAckEthJson {
+    orig_remote_data: u64,
+}
+
+#[derive(Serialize)]
+struct ImmDtJson {
+    imm_data: u32,
+}
+
+#[derive(Serialize)]
+struct IethJson {
+    rkey: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use softroce::wire::ip_udp::LinkType;
 
     /// The ConnectX-4 Lx CNP of secdev/scapy test/contrib/roce.uts (see crates/softroce/src/wire/ip_udp.rs).
     const CX4_CNP_FRAME: [u8; 74] = [

@@ -427,22 +427,6 @@ fn report_state(t: &Target) {
     }
 }
 
-/// `IBV_WC_*` name of a completion opcode (`enum ibv_wc_opcode`).
-fn wc_opcode_name(op: WcOpcode) -> &'static str {
-    match op {
-        WcOpcode::Send => "IBV_WC_SEND",
-        WcOpcode::RdmaWrite => "IBV_WC_RDMA_WRITE",
-        WcOpcode::RdmaRead => "IBV_WC_RDMA_READ",
-        WcOpcode::CompSwap => "IBV_WC_COMP_SWAP",
-        WcOpcode::FetchAdd => "IBV_WC_FETCH_ADD",
-        WcOpcode::BindMw => "IBV_WC_BIND_MW",
-        WcOpcode::LocalInv => "IBV_WC_LOCAL_INV",
-        WcOpcode::RegMr => "IB_WC_REG_MR",
-        WcOpcode::Recv => "IBV_WC_RECV",
-        WcOpcode::RecvRdmaWithImm => "IBV_WC_RECV_RDMA_WITH_IMM",
-    }
-}
-
 /// Handles one completion: frees (and, if asked, re-posts) its receive slot and returns its
 /// `wc` line. A successful SEND's bytes are in `data` (hex).
 fn on_wc(t: &Target, wc: &Wc) -> Value {
@@ -450,7 +434,7 @@ fn on_wc(t: &Target, wc: &Wc) -> Value {
         "wr_id": wc.wr_id,
         "status": wc.status.ibv_name(),
         "status_text": wc.status.to_string(),
-        "opcode": wc_opcode_name(wc.opcode),
+        "opcode": wc.opcode.ibv_name(),
         "byte_len": wc.byte_len,
         "imm_data": wc.imm_data,
         "with_imm": wc.wc_flags.contains(WcFlags::WITH_IMM),

@@ -46,17 +46,16 @@ fn decode(path: &Path, json: bool) -> Vec<String> {
 
 /// The frames of a pcap with its link type.
 fn frames(path: &Path) -> (LinkType, Vec<Vec<u8>>) {
-    let mut r = pcap_file::pcap::PcapReader::new(std::fs::File::open(path).unwrap()).unwrap();
-    let link = match r.header().datalink {
-        pcap_file::DataLink::ETHERNET => LinkType::Ethernet,
-        pcap_file::DataLink::RAW => LinkType::RawIp,
-        other => panic!("{other:?}"),
-    };
-    let mut out = Vec::new();
-    while let Some(p) = r.next_packet() {
-        out.push(p.unwrap().data.into_owned());
-    }
-    (link, out)
+    let mut link = None;
+    let out = softroce::net::CaptureReader::open(path)
+        .unwrap()
+        .map(|p| {
+            let p = p.unwrap();
+            link = Some(p.link.unwrap());
+            p.data
+        })
+        .collect();
+    (link.unwrap_or(LinkType::Ethernet), out)
 }
 
 fn u(v: &Value) -> u64 {
@@ -244,4 +243,59 @@ fn pcapng_decodes_like_pcap() {
     }
     assert_eq!(decode(&ng, true), decode(&src, true));
     let _ = std::fs::remove_file(&ng);
+}
+
+/// What a newcomer met (issue 17, items 2 and 5): a capture cut short by Ctrl-C printed its
+/// frames, then "Error reading bytes" with no file name; an empty file printed "failed to
+/// fill whole buffer". Now a cut capture decodes up to its last whole frame, prints the
+/// summary and fails naming the file and the frame; an empty file is called what it is.
+#[test]
+fn a_cut_capture_decodes_up_to_the_cut_and_names_it() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/captures/13-write-bw.pcap");
+    let whole = std::fs::read(&src).unwrap();
+    let total = frames(&src).1.len();
+    let dir = std::env::temp_dir();
+    let cut = dir.join(format!("softroce-{}-cut.pcap", std::process::id()));
+    // Cut 5 bytes into the last record's data.
+    let last_len = frames(&src).1.last().unwrap().len();
+    std::fs::write(&cut, &whole[..whole.len() - last_len + 5]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .arg("decode")
+        .arg(&cut)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stdout.lines().count(), total - 1, "{stdout}");
+    assert!(
+        stderr.contains(&format!("{} frames: ", total - 1)),
+        "the summary of what was read: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{}: truncated after frame {}",
+            cut.display(),
+            total - 1
+        )),
+        "{stderr}"
+    );
+    let empty = dir.join(format!("softroce-{}-empty.pcap", std::process::id()));
+    std::fs::write(&empty, b"").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .arg("decode")
+        .arg(&empty)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "{}: empty file: not a pcap or pcapng capture",
+            empty.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&cut);
+    let _ = std::fs::remove_file(&empty);
 }

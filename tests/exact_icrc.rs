@@ -43,13 +43,14 @@ fn capture() -> (Arc<Capture>, Mem) {
 /// Every record of a raw-IP pcap held in memory.
 fn records(mem: &Mem) -> Vec<Vec<u8>> {
     let bytes = mem.0.lock().clone();
-    let mut r = pcap_file::pcap::PcapReader::new(&bytes[..]).unwrap();
-    assert_eq!(r.header().datalink, pcap_file::DataLink::RAW);
-    let mut out = Vec::new();
-    while let Some(p) = r.next_packet() {
-        out.push(p.unwrap().data.into_owned());
-    }
-    out
+    softroce::net::CaptureReader::new(&bytes[..])
+        .unwrap()
+        .map(|f| {
+            let f = f.unwrap();
+            assert_eq!(f.link, Ok(LinkType::RawIp));
+            f.data
+        })
+        .collect()
 }
 
 /// The IPv4 ID and ICRC verdict (over the recorded header) of one record.

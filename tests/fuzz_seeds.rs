@@ -108,19 +108,19 @@ const FRAME_OPCODES: [&str; 5] = [
 ];
 
 fn pcap_frames(path: &Path) -> Vec<Vec<u8>> {
-    let f = std::fs::File::open(path).expect("open pcap");
-    let mut r = pcap_file::pcap::PcapReader::new(f).expect("pcap header");
-    assert_eq!(
-        r.header().datalink,
-        pcap_file::DataLink::ETHERNET,
-        "{}",
-        path.display()
-    );
-    let mut out = Vec::new();
-    while let Some(pkt) = r.next_packet() {
-        out.push(pkt.expect("pcap record").data.into_owned());
-    }
-    out
+    softroce::net::CaptureReader::open(path)
+        .expect("open pcap")
+        .map(|pkt| {
+            let pkt = pkt.expect("pcap record");
+            assert_eq!(
+                pkt.link,
+                Ok(softroce::wire::ip_udp::LinkType::Ethernet),
+                "{}",
+                path.display()
+            );
+            pkt.data
+        })
+        .collect()
 }
 
 /// Keeps the smallest value per key (the first one on a tie).

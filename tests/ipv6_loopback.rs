@@ -219,10 +219,8 @@ fn in_netns() {
 
     // Every captured record is IPv6 + UDP/4791 and its ICRC verifies over the recorded
     // headers, except the corrupted CNP.
-    let f = std::fs::File::open(&pcap).unwrap();
-    let mut r = pcap_file::pcap::PcapReader::new(f).unwrap();
     let (mut ok, mut bad) = (0, 0);
-    while let Some(p) = r.next_packet() {
+    for p in softroce::net::CaptureReader::open(pcap.as_ref()).unwrap() {
         let p = p.unwrap();
         let d = parse_frame(&p.data, LinkType::RawIp).unwrap();
         assert!(d.src.is_ipv6() && d.dst.is_ipv6());

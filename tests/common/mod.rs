@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone)]
 pub struct CapturedDatagram {
     /// 1-based frame number in the file.
-    pub frame: usize,
+    pub frame: u64,
     /// IP header bytes as captured.
     pub ip_header: Vec<u8>,
     /// UDP header bytes.
@@ -59,21 +59,17 @@ pub fn capture_path(name: &str) -> PathBuf {
 
 /// Every UDP datagram in capture `name` (Ethernet or raw-IP link type).
 pub fn datagrams(name: &str) -> Vec<CapturedDatagram> {
-    let f = std::fs::File::open(capture_path(name)).expect("open capture");
-    let mut r = pcap_file::pcap::PcapReader::new(f).expect("pcap header");
-    let link = match r.header().datalink {
-        pcap_file::DataLink::ETHERNET => LinkType::Ethernet,
-        pcap_file::DataLink::RAW => LinkType::RawIp,
-        other => panic!("{name}: unexpected link type {other:?}"),
-    };
+    let r = softroce::net::CaptureReader::open(&capture_path(name)).expect("open capture");
     let mut out = Vec::new();
-    let mut frame = 0;
-    while let Some(pkt) = r.next_packet() {
-        frame += 1;
+    for pkt in r {
         let pkt = pkt.expect("pcap record");
+        let link = match pkt.link {
+            Ok(l @ (LinkType::Ethernet | LinkType::RawIp)) => l,
+            other => panic!("{name}: unexpected link type {other:?}"),
+        };
         if let Ok(d) = parse_frame(&pkt.data, link) {
             out.push(CapturedDatagram {
-                frame,
+                frame: pkt.number,
                 ip_header: d.ip_header.to_vec(),
                 udp_header: d.udp_header.to_vec(),
                 payload: d.payload.to_vec(),

@@ -12,7 +12,8 @@
 //!   that ID.)
 //! - [`batch`]: UDP GSO / GRO and `sendmmsg` / `recvmmsg` system calls.
 //! - [`pcap`]: [`Capture`], a pcap (raw-IP link type) of every datagram drivers send and
-//!   receive, each with the IP header its ICRC was computed over.
+//!   receive, each with the IP header its ICRC was computed over; [`pcap_reader`]:
+//!   [`CaptureReader`], which reads pcap and pcapng files back, frame by frame.
 //! - `mcast`: IP multicast for UD multicast groups (`Qp::attach_mcast`): one socket per
 //!   joined group, bound to group:4791 and joined on the device's interface, drained by the
 //!   driver thread; send sockets name the device's interface for multicast.
@@ -27,6 +28,7 @@ pub mod clock;
 mod mcast;
 pub mod oob;
 pub mod pcap;
+pub mod pcap_reader;
 mod raw;
 pub mod sim;
 pub mod udp;
@@ -34,4 +36,5 @@ pub mod udp;
 pub use clock::{ManualClock, SystemClock};
 pub use oob::{QpEndpoint, RemoteBuf};
 pub use pcap::Capture;
+pub use pcap_reader::{CaptureReadError, CaptureReader, CapturedFrame};
 pub use udp::{UdpDevice, UdpLink, UdpOptions};

@@ -488,6 +488,25 @@ pub enum WcOpcode {
     RecvRdmaWithImm,
 }
 
+impl WcOpcode {
+    /// The `IBV_WC_*` constant name (`IB_WC_REG_MR` for [`WcOpcode::RegMr`], which only
+    /// kernel verbs have).
+    pub const fn ibv_name(self) -> &'static str {
+        match self {
+            WcOpcode::Send => "IBV_WC_SEND",
+            WcOpcode::RdmaWrite => "IBV_WC_RDMA_WRITE",
+            WcOpcode::RdmaRead => "IBV_WC_RDMA_READ",
+            WcOpcode::CompSwap => "IBV_WC_COMP_SWAP",
+            WcOpcode::FetchAdd => "IBV_WC_FETCH_ADD",
+            WcOpcode::BindMw => "IBV_WC_BIND_MW",
+            WcOpcode::LocalInv => "IBV_WC_LOCAL_INV",
+            WcOpcode::RegMr => "IB_WC_REG_MR",
+            WcOpcode::Recv => "IBV_WC_RECV",
+            WcOpcode::RecvRdmaWithImm => "IBV_WC_RECV_RDMA_WITH_IMM",
+        }
+    }
+}
+
 /// A work completion. Source: `struct ibv_wc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wc {

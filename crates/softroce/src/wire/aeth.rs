@@ -158,6 +158,34 @@ impl AethSyndrome {
     }
 }
 
+impl core::fmt::Display for NakCode {
+    /// What the code means, as `softroce decode` and the trace events print it, e.g.
+    /// "remote access error".
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            NakCode::PsnSeqErr => f.write_str("PSN sequence error"),
+            NakCode::InvalidRequest => f.write_str("invalid request"),
+            NakCode::RemoteAccessErr => f.write_str("remote access error"),
+            NakCode::RemoteOpErr => f.write_str("remote operational error"),
+            NakCode::InvalidRdRequest => f.write_str("invalid RD request"),
+            NakCode::Reserved(c) => write!(f, "reserved code {c}"),
+        }
+    }
+}
+
+impl core::fmt::Display for AethSyndrome {
+    /// The syndrome's meaning: "ACK credit=31", "RNR NAK timer=12", "NAK remote access
+    /// error", "reserved syndrome 0x40".
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            AethSyndrome::Ack { credit } => write!(f, "ACK credit={credit}"),
+            AethSyndrome::RnrNak { timer } => write!(f, "RNR NAK timer={timer}"),
+            AethSyndrome::Nak(code) => write!(f, "NAK {code}"),
+            AethSyndrome::Reserved(b) => write!(f, "reserved syndrome {b:#04x}"),
+        }
+    }
+}
+
 /// RNR NAK timer codes → minimum wait in µs (index = the 5-bit code; code 0 is the longest).
 /// Source: IBTA Vol 1 ch. 9 (RNR NAK timer field encoding); rxe `rxe_comp.c` `rnrnak_usec`;
 /// also `spec/rnr_timer.toml`.
@@ -171,6 +199,20 @@ pub const RNR_TIMER_TABLE_US: [u32; 32] = [
 mod tests {
     use super::*;
     use crate::wire::Error;
+
+    #[test]
+    fn syndromes_print_their_meaning() {
+        let text = |b: u8| AethSyndrome::from_byte(b).to_string();
+        assert_eq!(text(0x1f), "ACK credit=31");
+        assert_eq!(text(0x2c), "RNR NAK timer=12");
+        assert_eq!(text(0x60), "NAK PSN sequence error");
+        assert_eq!(text(0x61), "NAK invalid request");
+        assert_eq!(text(0x62), "NAK remote access error");
+        assert_eq!(text(0x63), "NAK remote operational error");
+        assert_eq!(text(0x64), "NAK invalid RD request");
+        assert_eq!(text(0x7f), "NAK reserved code 31");
+        assert_eq!(text(0x40), "reserved syndrome 0x40");
+    }
 
     // AETH of the NAK in shared/captures/54-nak-write-rkey.pcap: remote access error, MSN 0.
     const NAK: [u8; 4] = [0x62, 0x00, 0x00, 0x00];
