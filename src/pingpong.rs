@@ -157,19 +157,11 @@ pub struct PingpongArgs {
     counters: bool,
 }
 
-/// The device address: `--ip`, else `$SOFTROCE_IP`, else 127.0.0.1.
-/// Errors: `$SOFTROCE_IP` that is not an IP address.
+/// The device address: `--ip`, else the first address of `$SOFTROCE_IP`, else 127.0.0.1
+/// (`softroce::net::discover`, as every frontend finds its devices).
+/// Errors: `$SOFTROCE_IP` that names no IP address.
 pub fn device_ip(ip: Option<IpAddr>) -> Result<IpAddr, BoxError> {
-    if let Some(ip) = ip {
-        return Ok(ip);
-    }
-    match std::env::var("SOFTROCE_IP") {
-        Ok(s) => s
-            .trim()
-            .parse()
-            .map_err(|_| format!("SOFTROCE_IP={s:?} is not an IP address").into()),
-        Err(_) => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-    }
+    Ok(softroce::net::discover::default_device_ip(ip)?)
 }
 
 /// One side's address as the pingpong tools exchange it.

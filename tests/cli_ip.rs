@@ -1,5 +1,5 @@
-//! `--ip` on the subcommands that open a device: an explicit `--ip` wins, else
-//! `$SOFTROCE_IP`, else 127.0.0.1; a `$SOFTROCE_IP` that is not an address is an error.
+//! `--ip` on the subcommands that open a device: an explicit `--ip` wins, else the first
+//! address of `$SOFTROCE_IP` (`softroce::net::discover`), else 127.0.0.1; a `$SOFTROCE_IP` that is not an address is an error.
 //! `devinfo` opens no socket, so this runs anywhere; pingpong, perf and target share the
 //! same `device_ip` helper and each declares `--ip` (checked through `--help`).
 
@@ -34,9 +34,13 @@ fn devinfo_takes_ip_then_env_then_localhost() {
     let (ok, _, err) = softroce(&["devinfo"], Some("not-an-ip"));
     assert!(!ok);
     assert!(
-        err.contains("SOFTROCE_IP=\"not-an-ip\" is not an IP address"),
+        err.contains("SOFTROCE_IP: \"not-an-ip\" is not an IP address"),
         "{err}"
     );
+    // A list, as the ibverbs-shaped API and the C library read it: the first device.
+    let (ok, out, err) = softroce(&["devinfo"], Some("127.0.24.11, 127.0.24.12"));
+    assert!(ok, "{err}");
+    assert!(out.contains("::ffff:127.0.24.11, RoCE v2"), "{out}");
 }
 
 #[test]

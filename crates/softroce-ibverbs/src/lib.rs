@@ -182,8 +182,8 @@ impl From<Error> for std::io::Error {
 pub type Result<T> = core::result::Result<T, Error>;
 
 /// The environment variable [`devices`] reads: the device addresses, separated by commas
-/// or white space.
-pub const SOFTROCE_IP: &str = "SOFTROCE_IP";
+/// or white space (see [`softroce::net::discover`]).
+pub use softroce::net::discover::SOFTROCE_IP;
 
 /// `ibv_get_device_list`: the softroce devices configured for this process, one per
 /// address in `$SOFTROCE_IP` (default `127.0.0.1`), named `softroce0`, `softroce1`, … in
@@ -199,10 +199,17 @@ pub const SOFTROCE_IP: &str = "SOFTROCE_IP";
 /// assert!(list[0].name().starts_with("softroce"));
 /// ```
 pub fn devices() -> Result<DeviceList> {
-    match std::env::var(SOFTROCE_IP) {
-        Ok(text) => DeviceList::parse(&text),
-        Err(_) => Ok(DeviceList::with_ip(&[IpAddr::from([127, 0, 0, 1])])),
-    }
+    softroce::net::discover::devices_from_env()
+        .map(DeviceList::from_addrs)
+        .map_err(discover_error)
+}
+
+/// A [`softroce::net::discover::DiscoverError`] as this API's `EINVAL` I/O error.
+fn discover_error(e: softroce::net::discover::DiscoverError) -> Error {
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        e.to_string(),
+    ))
 }
 
 impl DeviceList {
@@ -216,26 +223,21 @@ impl DeviceList {
     /// assert_eq!(softroce_ibverbs::DeviceList::parse("10.0.0.300").unwrap_err().errno(), 22);
     /// ```
     pub fn parse(text: &str) -> Result<DeviceList> {
-        let mut ips = Vec::new();
-        for word in text
-            .split(|c: char| c == ',' || c.is_whitespace())
-            .filter(|w| !w.is_empty())
-        {
-            let ip = word.parse::<IpAddr>().map_err(|_| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!("{SOFTROCE_IP}: {word:?} is not an IP address"),
-                )
-            })?;
-            ips.push(ip);
+        softroce::net::discover::parse_device_list(text)
+            .map(DeviceList::from_addrs)
+            .map_err(discover_error)
+    }
+
+    fn from_addrs(addrs: Vec<softroce::net::discover::DeviceAddr>) -> DeviceList {
+        DeviceList {
+            devices: addrs
+                .into_iter()
+                .map(|d| Device {
+                    name: d.name,
+                    ip: d.ip,
+                })
+                .collect(),
         }
-        if ips.is_empty() {
-            return Err(Error::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{SOFTROCE_IP} names no address"),
-            )));
-        }
-        Ok(DeviceList::with_ip(&ips))
     }
 }
 
@@ -248,16 +250,7 @@ pub struct DeviceList {
 impl DeviceList {
     /// One device per address, named `softroce0`, `softroce1`, … in order.
     pub fn with_ip(ips: &[IpAddr]) -> DeviceList {
-        DeviceList {
-            devices: ips
-                .iter()
-                .enumerate()
-                .map(|(i, ip)| Device {
-                    name: format!("softroce{i}"),
-                    ip: *ip,
-                })
-                .collect(),
-        }
+        DeviceList::from_addrs(softroce::net::discover::device_list(ips))
     }
 }
 

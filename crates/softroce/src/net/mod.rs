@@ -10,6 +10,7 @@
 //!   adds the exact receive-side ICRC mode, a pcap capture, busy polling and turning the
 //!   batching offloads off. (A UDP GSO send gives IPv4 segment `i` ID `i`; its ICRC covers
 //!   that ID.)
+//! - [`discover`]: the devices of this process, from `$SOFTROCE_IP`, for every frontend.
 //! - [`batch`]: UDP GSO / GRO and `sendmmsg` / `recvmmsg` system calls.
 //! - [`pcap`]: [`Capture`], a pcap (raw-IP link type) of every datagram drivers send and
 //!   receive, each with the IP header its ICRC was computed over; [`pcap_reader`]:
@@ -25,6 +26,7 @@
 
 pub mod batch;
 pub mod clock;
+pub mod discover;
 mod mcast;
 pub mod oob;
 pub mod pcap;
