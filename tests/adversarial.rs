@@ -5,16 +5,14 @@
 //! Each test says what it attacks and which rule it checks (FACTS.md section, IBTA, kernel rxe
 //! run them with `cargo test --test adversarial -- --ignored`.
 
-use parking_lot::Mutex;
 use proptest::prelude::*;
 use softroce::net::ManualClock;
+use softroce::net::sim::RecordingLink;
 use softroce::transport::{
     AccessFlags, Completion, Counters, CqSel, DropReason, Instant, MemoryTable, Path, PathMtu,
     QpCap, QpEngine, QpState, QpType, RecvWr, SendWr, Sge, WcStatus, WrOpcode,
 };
-use softroce::verbs::{
-    Cq, Device, DeviceConfig, Gid, Link, Mr, Pd, Qp, QpInitAttr, RcConnect, Transmit,
-};
+use softroce::verbs::{Cq, Device, DeviceConfig, Gid, Mr, Pd, Qp, QpInitAttr, RcConnect};
 use softroce::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, IcrcIp, IethRepr,
     ImmDtRepr, OPCODE_TABLE, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT, RethRepr, RocePacket,
@@ -1729,18 +1727,6 @@ fn read_of_2gib_at_mtu_256_is_retried_or_refused() {
 // Device: addressing, sources, bit flips, counters
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Default)]
-struct RecordingLink {
-    sent: Mutex<Vec<Transmit>>,
-}
-
-impl Link for RecordingLink {
-    fn send(&self, t: &Transmit) -> std::io::Result<()> {
-        self.sent.lock().push(t.clone());
-        Ok(())
-    }
-}
-
 const DEV_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 18, 1);
 const PEER_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 17, 1);
 const PEER_PORT: u16 = 0xc123;
@@ -1755,7 +1741,7 @@ struct DevRig {
 }
 
 fn dev_rig() -> DevRig {
-    let link = Arc::new(RecordingLink::default());
+    let link = Arc::new(RecordingLink::new());
     let dev = Device::new(
         DeviceConfig::new("softroce_adv", IpAddr::V4(DEV_IP)),
         link.clone(),
@@ -1835,7 +1821,7 @@ impl DevRig {
         self.qp.as_ref().unwrap().counters()
     }
     fn sent(&self) -> usize {
-        self.link.sent.lock().len()
+        self.link.len()
     }
     /// Datagrams delivered = early drops (device and QP) + rcvd_pkts + CNPs ignored.
     fn accounted(&self) -> u64 {

@@ -127,7 +127,7 @@ fn peer() -> SocketAddr {
 
 /// (opcode, PSN, AETH syndrome) of every datagram the device sent since the last call.
 fn answers(rig: &Rig) -> Vec<(Opcode, u32, Option<u8>)> {
-    let sent = std::mem::take(&mut *rig.link.sent.lock().unwrap());
+    let sent = rig.link.take();
     sent.iter()
         .map(|t| {
             let p = RocePacket::parse(&t.payload[..]).expect("the device sends valid packets");

@@ -5,12 +5,10 @@
 //!
 //! The device runs on a recording link and a manual clock, so everything it sends is seen.
 
-use parking_lot::Mutex;
 use softroce::net::ManualClock;
+use softroce::net::sim::RecordingLink;
 use softroce::transport::DropReason;
-use softroce::verbs::{
-    Device, DeviceConfig, Gid, Link, QpCap, QpInitAttr, QpType, RcConnect, Transmit,
-};
+use softroce::verbs::{Device, DeviceConfig, Gid, QpCap, QpInitAttr, QpType, RcConnect};
 use softroce::wire::ip_udp::{LinkType, parse_frame};
 use softroce::wire::{
     BthRepr, Error, IcrcIp, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT, RocePacket, icrc_compute,
@@ -30,20 +28,8 @@ const CX4_CNP_FRAME: [u8; 74] = [
     0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x82, 0xfd, 0x00, 0x2a,
 ];
 
-#[derive(Default)]
-struct RecordingLink {
-    sent: Mutex<Vec<Transmit>>,
-}
-
-impl Link for RecordingLink {
-    fn send(&self, t: &Transmit) -> std::io::Result<()> {
-        self.sent.lock().push(t.clone());
-        Ok(())
-    }
-}
-
 fn device(ip: Ipv4Addr) -> (Device, Arc<RecordingLink>) {
-    let link = Arc::new(RecordingLink::default());
+    let link = Arc::new(RecordingLink::new());
     let dev = Device::new(
         DeviceConfig::new("softroce_rx", IpAddr::V4(ip)),
         link.clone(),
@@ -163,9 +149,9 @@ fn every_decode_error_is_one_distinct_counted_drop_reason() {
     dev.handle_ip_packet(&[0x45, 0, 0, 20]);
     assert_eq!(dev.counters().dropped(DropReason::BadFraming), 1);
     assert!(
-        link.sent.lock().is_empty(),
+        link.is_empty(),
         "a dropped packet was answered: {:?}",
-        link.sent.lock()
+        link.snapshot()
     );
 }
 
@@ -177,12 +163,12 @@ fn a_bad_icrc_is_dropped_and_counted_never_naked() {
     bad[20] ^= 0x80; // a payload bit
     dev.handle_datagram(peer(), &bad);
     assert_eq!(dev.counters().dropped(DropReason::IcrcMismatch), 1);
-    assert!(link.sent.lock().is_empty(), "answered a bad-ICRC packet");
+    assert!(link.is_empty(), "answered a bad-ICRC packet");
     // The same SEND with a good ICRC (and an ID that kernel rxe could have written) is
     // executed: no receive is posted, so the responder answers with an RNR NAK.
     let good = packet(Opcode::RC_SEND_ONLY, 0x11, b"hello, rxe!!", 0xbeef);
     dev.handle_datagram(peer(), &good);
-    let sent = link.sent.lock();
+    let sent = link.snapshot();
     assert_eq!(sent.len(), 1, "{sent:?}");
     let nak = RocePacket::parse(&sent[0].payload).unwrap();
     assert_eq!(nak.repr.bth.opcode, Opcode::RC_ACKNOWLEDGE);
@@ -234,7 +220,7 @@ fn cnp_from_a_connectx_capture_is_parsed_and_counted_apart() {
     dev.handle_datagram(SocketAddr::new(IpAddr::V4(PEER_IP), 0), &bad[42..]);
     assert_eq!(dev.rp_cnp_ignored(), 2);
     assert_eq!(dev.counters().dropped(DropReason::IcrcMismatch), 2);
-    assert!(link.sent.lock().is_empty());
+    assert!(link.is_empty());
 }
 
 #[test]

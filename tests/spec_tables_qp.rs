@@ -7,11 +7,11 @@
 //! queues but starts nothing), post_recv from INIT, and in ERR both accepted and flushed
 //! with IBV_WC_WR_FLUSH_ERR.
 
-use parking_lot::Mutex;
 use softroce::net::ManualClock;
+use softroce::net::sim::RecordingLink;
 use softroce::verbs::{
-    AccessFlags, Device, DeviceConfig, Gid, Link, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, RecvWr, SendWr, TRANSITIONS, Transmit, UdDest, Wc, WcStatus, WrOpcode, check_modify,
+    AccessFlags, Device, DeviceConfig, Gid, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendWr, TRANSITIONS, UdDest, Wc, WcStatus, WrOpcode, check_modify,
 };
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -216,23 +216,11 @@ fn cur_state_is_checked_and_only_where_listed() {
 
 // ---- posting per state, on a device without sockets ----
 
-#[derive(Default)]
-struct RecordingLink {
-    sent: Mutex<Vec<Transmit>>,
-}
-
-impl Link for RecordingLink {
-    fn send(&self, t: &Transmit) -> std::io::Result<()> {
-        self.sent.lock().push(t.clone());
-        Ok(())
-    }
-}
-
 const DEV_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 24, 1);
 const PEER_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 24, 2);
 
 fn device() -> (Device, Arc<RecordingLink>) {
-    let link = Arc::new(RecordingLink::default());
+    let link = Arc::new(RecordingLink::new());
     let dev = Device::new(
         DeviceConfig::new("softroce_states", IpAddr::V4(DEV_IP)),
         link.clone(),
@@ -299,7 +287,7 @@ fn posting_follows_the_qp_state() {
                 })
                 .unwrap();
             to_state(&qp, ty, target);
-            link.sent.lock().clear();
+            link.clear();
             let mut send = SendWr::new(7, WrOpcode::Send, vec![mr.sge(0, 8)]);
             if ty == QpType::Ud {
                 send.ud = Some(UdDest {
@@ -330,7 +318,7 @@ fn posting_follows_the_qp_state() {
             } else {
                 r.unwrap_or_else(|e| panic!("{what}: {e}"));
             }
-            let sent = link.sent.lock().len();
+            let sent = link.len();
             let mut wcs = [Wc::default(); 4];
             let n = cq.poll(&mut wcs);
             match target {
@@ -355,7 +343,7 @@ fn posting_follows_the_qp_state() {
                     ..QpAttr::default()
                 };
                 qp.modify(&attr, QpAttrMask::STATE).unwrap();
-                assert_eq!(link.sent.lock().len(), 1, "{what} after SQD -> RTS");
+                assert_eq!(link.len(), 1, "{what} after SQD -> RTS");
             }
         }
     }

@@ -31,16 +31,17 @@
 //! SRQ WRs, then the SRQ, windows and MRs, works.
 
 use softroce::net::ManualClock;
+use softroce::net::sim::RecordingLink;
 use softroce::transport::{
     AccessFlags, Instant, PathMtu, QpCap, QpType, RecvWr, SendFlags, WcStatus,
 };
 use softroce::verbs::{
-    Cq, Device, DeviceConfig, Gid, Link, Mr, MwBind, MwType, Pd, Qp, QpInitAttr, RcConnect, Srq,
-    SrqInitAttr, Transmit, Wc,
+    Cq, Device, DeviceConfig, Gid, Mr, MwBind, MwType, Pd, Qp, QpInitAttr, RcConnect, Srq,
+    SrqInitAttr, Wc,
 };
 use softroce::wire::{IcrcIp, ROCE_V2_UDP_PORT, RocePacket, icrc_of_datagram};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The device's address.
@@ -66,23 +67,9 @@ pub const SRQ_WR: u32 = 8;
 /// Bytes of one receive slot (the WR gets the first half).
 pub const SLOT: usize = 512;
 
-/// A link that keeps the last few datagrams the device sent (bounded, for long fuzz runs).
-#[derive(Default)]
-pub struct Rec {
-    /// The datagrams sent, oldest first (at most 256 kept).
-    pub sent: Mutex<Vec<Transmit>>,
-}
-
-impl Link for Rec {
-    fn send(&self, t: &Transmit) -> std::io::Result<()> {
-        let mut v = self.sent.lock().unwrap_or_else(|e| e.into_inner());
-        if v.len() >= 256 {
-            v.remove(0);
-        }
-        v.push(t.clone());
-        Ok(())
-    }
-}
+/// How many of the newest datagrams the device sent the rig keeps (bounded, for long fuzz
+/// runs).
+const KEEP_SENT: usize = 256;
 
 /// The fixed setup described in the module doc.
 pub struct Rig {
@@ -91,7 +78,7 @@ pub struct Rig {
     /// Its clock.
     pub clock: Arc<ManualClock>,
     /// Its link.
-    pub link: Arc<Rec>,
+    pub link: Arc<RecordingLink>,
     /// Receive CQ of every QP (and send CQ).
     pub cq: Cq,
     /// The SRQ of `rc_a` and `rc_b`.
@@ -150,7 +137,7 @@ impl Rig {
     /// Builds the setup. Panics only if the library refuses a valid setup.
     pub fn new() -> Rig {
         let clock = Arc::new(ManualClock::new());
-        let link = Arc::new(Rec::default());
+        let link = Arc::new(RecordingLink::keeping_last(KEEP_SENT));
         let dev = Device::new(
             DeviceConfig::new("softroce_fuzz", IpAddr::V4(DEV_IP)),
             link.clone(),
@@ -361,7 +348,7 @@ impl Rig {
         }
         assert!(self.srq.len() <= SRQ_WR as usize, "SRQ over its depth");
         // Whatever the device answered is a well-formed RoCEv2 packet.
-        let sent = std::mem::take(&mut *self.link.sent.lock().unwrap_or_else(|e| e.into_inner()));
+        let sent = self.link.take();
         for t in &sent {
             assert!(
                 RocePacket::parse(&t.payload[..]).is_ok(),

@@ -8,7 +8,10 @@
 //! Source of the shape: quinn-proto's test `Pair` (`step`, `drive`), TigerBeetle's packet
 //! simulator (fault knobs from the seed), smoltcp's `FaultInjector` (single-bit corruption).
 
+mod recording;
 pub mod workload;
+
+pub use recording::RecordingLink;
 
 use super::ManualClock;
 use crate::transport::{Instant, Transmit};
