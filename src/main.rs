@@ -26,9 +26,11 @@ mod rdma_write_client;
 
 mod decode;
 mod devinfo;
+mod exchange;
 mod perf;
 mod pingpong;
 mod sim;
+mod stall;
 mod target;
 
 #[derive(Parser)]

@@ -43,6 +43,8 @@
 mod srq;
 
 use crate::BoxError;
+use crate::exchange;
+use crate::stall::StallWatch;
 use clap::{ArgGroup, Args};
 use softroce::net::UdpDevice;
 use softroce::net::oob::random_psn;
@@ -50,8 +52,8 @@ use softroce::verbs::{
     AccessFlags, AhAttr, Gid, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
     QpType, RecvWr, SendWr, UdDest, Wc, WcStatus, WrOpcode,
 };
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 /// The TCP port rdma-core's examples use.
@@ -384,8 +386,15 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let mut last_rx: Option<Vec<u8>> = None;
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = [Wc::default(), Wc::default()];
+    let mut watch = StallWatch::new(&dev);
     while rcnt < a.iters || scnt < a.iters {
         let n = cq.wait(&mut wcs, Duration::from_secs(1));
+        if n == 0 {
+            let done = format!("{rcnt} of {} messages received, {scnt} sent", a.iters);
+            watch.idle("pingpong", &done)?;
+            continue;
+        }
+        watch.progress();
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(format!(
@@ -648,25 +657,18 @@ fn connect_qp(
 
 /// Client side of the exchange (`pp_client_exch_dest`).
 fn client_exchange(host: &str, port: u16, me: &PingpongDest) -> Result<PingpongDest, BoxError> {
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{e} for {host}:{port}"))?
-        .collect();
-    let mut tcp = addrs
-        .iter()
-        .find_map(|a| TcpStream::connect(a).ok())
-        .ok_or_else(|| format!("Couldn't connect to {host}:{port}"))?;
+    let mut tcp = exchange::connect(host, port)?;
     tcp.write_all(&me.to_message())
         .map_err(|e| format!("Couldn't send local address: {e}"))?;
     let mut msg = [0u8; MSG_LEN];
-    tcp.read_exact(&mut msg)
-        .and_then(|()| tcp.write_all(b"done\0"))
+    exchange::read_exact(&mut tcp, &mut msg, "address")?;
+    tcp.write_all(b"done\0")
         .map_err(|e| format!("Couldn't read/write remote address: {e}"))?;
     PingpongDest::from_message(&msg)
 }
 
 /// Server side of the exchange (`pp_server_exch_dest`): one client, whose QP we connect to
-/// before answering.
+/// before answering. The wait for a client has no deadline; the steps after it have.
 fn server_exchange(
     listener: TcpListener,
     me: &PingpongDest,
@@ -676,15 +678,15 @@ fn server_exchange(
         .accept()
         .map_err(|e| format!("accept() failed: {e}"))?;
     drop(listener);
+    exchange::with_deadline(&tcp);
     let mut msg = [0u8; MSG_LEN];
-    tcp.read_exact(&mut msg)
-        .map_err(|e| format!("Couldn't read remote address: {e}"))?;
+    exchange::read_exact(&mut tcp, &mut msg, "address")?;
     let peer = PingpongDest::from_message(&msg)?;
     connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
-    let mut done = [0u8; 5];
     tcp.write_all(&me.to_message())
-        .and_then(|()| tcp.read_exact(&mut done))
-        .map_err(|e| format!("Couldn't send/recv local address: {e}"))?;
+        .map_err(|e| format!("Couldn't send local address: {e}"))?;
+    let mut done = [0u8; 5];
+    exchange::read_exact(&mut tcp, &mut done, "\"done\"")?;
     Ok(peer)
 }
 

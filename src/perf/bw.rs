@@ -9,6 +9,7 @@ use super::oob::PerfDest;
 use super::report::BwResult;
 use super::session::Session;
 use crate::BoxError;
+use crate::stall::StallWatch;
 use softroce::net::UdpDevice;
 use softroce::verbs::{Cq, RecvWr, SendFlags, SendWr, Wc, WcStatus, WrOpcode};
 use std::time::{Duration, Instant};
@@ -55,6 +56,7 @@ pub fn client(
     cq_mod: u32,
 ) -> Result<BwResult, BoxError> {
     let cq_mod = u64::from(cq_mod.clamp(1, tx_depth.max(1)));
+    let watch = StallWatch::new(&s.dev);
     let nq = s.qps.len();
     let (opcode, len) = match op {
         BwOp::Write => (WrOpcode::RdmaWrite, size),
@@ -119,9 +121,10 @@ pub fn client(
         let n = wait_cq(s, &s.send_cq, &mut wcs, STALL);
         if n == 0 {
             return Err(format!(
-                "no completion in {STALL:?} ({} of {} done)",
+                "no completion in {STALL:?} ({} of {} done). {}",
                 completed.iter().sum::<u64>(),
-                posted.iter().sum::<u64>()
+                posted.iter().sum::<u64>(),
+                watch.diagnosis()
             )
             .into());
         }
@@ -226,6 +229,7 @@ pub fn server(
     rx_depth: u32,
     initial: &[u64],
 ) -> Result<BwResult, BoxError> {
+    let watch = StallWatch::new(&s.dev);
     let nq = s.qps.len();
     let mut posted = initial.to_vec();
     let mut received = vec![0u64; nq];
@@ -253,8 +257,9 @@ pub fn server(
                 Limit::Duration(_) => continue,
                 Limit::Iters(_) => {
                     return Err(format!(
-                        "no receive in {STALL:?} ({} received)",
-                        received.iter().sum::<u64>()
+                        "no receive in {STALL:?} ({} received). {}",
+                        received.iter().sum::<u64>(),
+                        watch.diagnosis()
                     )
                     .into());
                 }

@@ -18,6 +18,7 @@ use super::oob::PerfDest;
 use super::report::LatResult;
 use super::session::Session;
 use crate::BoxError;
+use crate::stall::StallWatch;
 use softroce::net::UdpDevice;
 use softroce::verbs::{Cq, SendWr, Wc, WrOpcode};
 use std::time::{Duration, Instant};
@@ -67,6 +68,7 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
         rx_depth,
         recvs_posted,
     } = r;
+    let watch = StallWatch::new(&s.dev);
     let size_us = size as usize;
     let (target, local) = (s.target_offset(0), s.local_offset(0));
     let opcode = match op {
@@ -130,7 +132,8 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
                                 break 'run;
                             }
                             return Err(format!(
-                                "no WRITE from the peer in {STALL:?} (iteration {rcnt})"
+                                "no WRITE from the peer in {STALL:?} (iteration {rcnt}). {}",
+                                watch.diagnosis()
                             )
                             .into());
                         }
@@ -143,7 +146,8 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
                             break 'run;
                         }
                         return Err(format!(
-                            "no SEND from the peer in {STALL:?} (iteration {rcnt})"
+                            "no SEND from the peer in {STALL:?} (iteration {rcnt}). {}",
+                            watch.diagnosis()
                         )
                         .into());
                     };
@@ -185,7 +189,11 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
                 recvs += 1;
             }
             let Some(wc) = poll_one(&s.dev, &s.send_cq, Instant::now() + STALL) else {
-                return Err(format!("no send completion in {STALL:?} (iteration {scnt})").into());
+                return Err(format!(
+                    "no send completion in {STALL:?} (iteration {scnt}). {}",
+                    watch.diagnosis()
+                )
+                .into());
             };
             check(&wc, if client { "client" } else { "server" })?;
         }

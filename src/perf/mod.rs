@@ -47,7 +47,7 @@ use oob::Oob;
 use report::{BwResult, LatResult, Out};
 use session::{Session, SessionSpec};
 use softroce::verbs::PathMtu;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 /// The perftest test to run (perftest's program name without "ib_"), or the UDP baseline.
@@ -559,7 +559,7 @@ fn run_side(
     }
     let s = s?;
     let mut oob = match role {
-        Role::Client(host, port) => Oob::new(connect(&host, port)?, true),
+        Role::Client(host, port) => Oob::new(crate::exchange::connect(&host, port)?, true),
         Role::Server(listener) => {
             out.line("\n************************************");
             out.line("* Waiting for client to connect... *");
@@ -591,8 +591,9 @@ fn run_side(
         }
     }
     let keys = test.is_lat() && test != PerfTest::SendLat;
-    for (i, (m, p)) in s.me.iter().zip(&peers).enumerate() {
-        let _ = i;
+    // The run itself may take long: the steps after it wait for the peer without deadline.
+    oob.without_deadline();
+    for (m, p) in s.me.iter().zip(&peers) {
         for l in m.describe("local", plan.rd_atomic(), keys) {
             out.line(l);
         }
@@ -795,15 +796,4 @@ fn print_info(plan: &Plan, client: bool, pre: &oob::Prelude, out: Out, s: &Sessi
         pre.their_version
     ));
     out.line(report::LINE);
-}
-
-fn connect(host: &str, port: u16) -> Result<TcpStream, BoxError> {
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{e} for {host}:{port}"))?
-        .collect();
-    addrs
-        .iter()
-        .find_map(|a| TcpStream::connect(a).ok())
-        .ok_or_else(|| format!("Couldn't connect to {host}:{port}").into())
 }

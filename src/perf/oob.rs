@@ -8,8 +8,9 @@
 //! two Debian bookworm perftest 4.5-0.17 peers on kernel rxe (tests/interop/README.md).
 
 use crate::BoxError;
+use crate::exchange;
 use softroce::verbs::{Gid, PathMtu};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 
 /// perftest's exchange version (`VERSION` of perftest 4.5-0.17).
@@ -169,25 +170,36 @@ pub struct Oob {
 }
 
 impl Oob {
-    /// Wraps a connected stream; `client` says which side writes first.
+    /// Wraps a connected stream; `client` says which side writes first. Every step waits
+    /// at most [`exchange::DEADLINE`] for the peer until [`Oob::without_deadline`].
     pub fn new(tcp: TcpStream, client: bool) -> Oob {
         let _ = tcp.set_nodelay(true);
+        exchange::with_deadline(&tcp);
         Oob { tcp, client }
     }
 
+    /// Lifts the deadline: from here on a step may wait for the peer's whole run (the
+    /// synchronisation after a long test).
+    pub fn without_deadline(&mut self) {
+        let _ = self.tcp.set_read_timeout(None);
+        let _ = self.tcp.set_write_timeout(None);
+    }
+
     /// Sends `mine` and receives the peer's message of the same length, in this side's order.
+    /// Errors name the step, and the likely cause when the peer is silent or gone.
     pub fn xchg(&mut self, mine: &[u8], what: &str) -> Result<Vec<u8>, BoxError> {
         let mut theirs = vec![0u8; mine.len()];
-        let r = if self.client {
-            self.tcp
-                .write_all(mine)
-                .and_then(|()| self.tcp.read_exact(&mut theirs))
-        } else {
-            self.tcp
-                .read_exact(&mut theirs)
-                .and_then(|()| self.tcp.write_all(mine))
+        let send = |tcp: &mut TcpStream| {
+            tcp.write_all(mine)
+                .map_err(|e| format!("sending the {what} to the peer: {e}"))
         };
-        r.map_err(|e| format!("exchanging the {what} with the peer: {e}"))?;
+        if self.client {
+            send(&mut self.tcp)?;
+            exchange::read_exact(&mut self.tcp, &mut theirs, what)?;
+        } else {
+            exchange::read_exact(&mut self.tcp, &mut theirs, what)?;
+            send(&mut self.tcp)?;
+        }
         Ok(theirs)
     }
 
@@ -248,15 +260,13 @@ impl Oob {
         self.sync(me)?;
         let mut done = [0u8; 5];
         if self.client {
-            self.tcp
-                .read_exact(&mut done)
-                .map_err(|e| format!("closing the exchange: {e}"))?;
+            exchange::read_exact(&mut self.tcp, &mut done, "closing \"done\"")?;
             let _ = self.tcp.write_all(b"done\0");
         } else {
             self.tcp
                 .write_all(b"done\0")
-                .and_then(|()| self.tcp.read_exact(&mut done))
                 .map_err(|e| format!("closing the exchange: {e}"))?;
+            exchange::read_exact(&mut self.tcp, &mut done, "closing \"done\"")?;
         }
         Ok(())
     }

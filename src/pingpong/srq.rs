@@ -27,6 +27,8 @@ use super::{
     chk_verify_pages, connect_qp, counters_line, device_ip, fill_byte, print_result_lines, quiesce,
 };
 use crate::BoxError;
+use crate::exchange;
+use crate::stall::StallWatch;
 use softroce::net::UdpDevice;
 use softroce::net::oob::random_psn;
 use softroce::verbs::{
@@ -34,7 +36,7 @@ use softroce::verbs::{
     SendWr, Srq, SrqInitAttr, Wc, WcStatus, WrOpcode,
 };
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// Address messages each side sends, whatever the number of QPs (srq_pingpong's `MAX_QP`).
@@ -222,6 +224,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut num_cq_events = 0u32;
     let mut wcs = vec![Wc::default(); num_qp + a.rx_depth as usize];
+    let mut watch = StallWatch::new(&dev);
     while rcnt < a.iters || scnt < a.iters {
         let n = match &channel {
             Some(ch) => {
@@ -238,6 +241,12 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
             }
             None => cq.wait(&mut wcs, Duration::from_secs(1)),
         };
+        if n == 0 {
+            let done = format!("{rcnt} of {} messages received, {scnt} sent", a.iters);
+            watch.idle("pingpong", &done)?;
+            continue;
+        }
+        watch.progress();
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(format!(
@@ -348,29 +357,30 @@ fn read_all_dests<R: Read>(r: &mut R) -> Result<Vec<PingpongDest>, BoxError> {
     Ok(dests)
 }
 
+/// The peer's 256 address messages from the exchange connection (with its deadline).
+fn read_dests_from(tcp: &mut TcpStream) -> Result<Vec<PingpongDest>, BoxError> {
+    let mut all = vec![0u8; MAX_QP * MSG_LEN];
+    exchange::read_exact(tcp, &mut all, "addresses")?;
+    read_all_dests(&mut &all[..])
+}
+
 /// Client side of the exchange (srq_pingpong `pp_client_exch_dest`).
 fn client_exchange(
     host: &str,
     port: u16,
     me: &[PingpongDest; MAX_QP],
 ) -> Result<Vec<PingpongDest>, BoxError> {
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{e} for {host}:{port}"))?
-        .collect();
-    let mut tcp = addrs
-        .iter()
-        .find_map(|a| TcpStream::connect(a).ok())
-        .ok_or_else(|| format!("Couldn't connect to {host}:{port}"))?;
+    let mut tcp = exchange::connect(host, port)?;
     write_all_dests(&mut tcp, me).map_err(|e| format!("Couldn't send local address: {e}"))?;
-    let peer = read_all_dests(&mut tcp)?;
+    let peer = read_dests_from(&mut tcp)?;
     tcp.write_all(b"done\0")
         .map_err(|e| format!("client write: {e}"))?;
     Ok(peer)
 }
 
 /// Server side of the exchange (srq_pingpong `pp_server_exch_dest`): one client, whose QPs we
-/// connect to before answering.
+/// connect to before answering. The wait for a client has no deadline; the steps after it
+/// have.
 fn server_exchange(
     listener: TcpListener,
     me: &[PingpongDest; MAX_QP],
@@ -380,12 +390,12 @@ fn server_exchange(
         .accept()
         .map_err(|e| format!("accept() failed: {e}"))?;
     drop(listener);
-    let peer = read_all_dests(&mut tcp)?;
+    exchange::with_deadline(&tcp);
+    let peer = read_dests_from(&mut tcp)?;
     connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
     write_all_dests(&mut tcp, me).map_err(|e| format!("Couldn't send local address: {e}"))?;
     let mut done = [0u8; 5];
-    tcp.read_exact(&mut done)
-        .map_err(|e| format!("client write: {e}"))?;
+    exchange::read_exact(&mut tcp, &mut done, "\"done\"")?;
     Ok(peer)
 }
 
