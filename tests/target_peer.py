@@ -9,11 +9,11 @@ byte by byte: BTH, AETH, AtomicAckETH, payload, pad, the UDP source port (rxe's
 rdma_get_udp_sport) and the ICRC.
 
 The ICRC of what we send is computable because the send socket is unconnected and has
-IP_MTU_DISCOVER = IP_PMTUDISC_DO, so Linux writes IPv4 ID 0 and DF (FACTS 0.2); the
-target's sockets do the same, so its answers are checked exactly too. ICRC (FACTS 0.1,
-2.2) = CRC-32 (zlib) over 8 x 0xFF | IPv4 header with TOS, TTL and checksum as all-ones |
-UDP header with checksum 0xFFFF | BTH with byte 4 as 0xFF | rest up to the pad, sent
-little-endian.
+IP_MTU_DISCOVER = IP_PMTUDISC_DO, so Linux writes IPv4 ID 0 and DF (docs/wire-facts.md
+§0.2); the target's sockets do the same, so its answers are checked exactly too. ICRC
+(docs/wire-facts.md §0.1, §2.2) = CRC-32 (zlib) over 8 x 0xFF | IPv4 header with TOS, TTL
+and checksum as all-ones | UDP header with checksum 0xFFFF | BTH with byte 4 as 0xFF | rest
+up to the pad, sent little-endian.
 
 Every check prints one line; the first failure prints what was expected and what came,
 and the script exits 1. No check sleeps: answers are awaited with receive timeouts, and
@@ -47,7 +47,7 @@ READ_RESPONSE_LAST, READ_RESPONSE_ONLY = 0x0F, 0x10
 ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE = 0x11, 0x12
 FETCH_ADD = 0x14
 
-# AETH syndromes (FACTS 2.7).
+# AETH syndromes (docs/wire-facts.md §2.7).
 ACK_UNLIMITED = 0x1F
 NAK_PSN_SEQ = 0x60
 NAK_REMOTE_ACCESS = 0x62
