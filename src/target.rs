@@ -289,7 +289,7 @@ fn setup(a: &TargetArgs) -> Result<Target, BoxError> {
     }
     let ip = crate::pingpong::device_ip(a.ip)?;
     // One datagram per system call: the target's answers are checked byte for byte by
-    // peers that see no IP header and assume IPv4 ID 0 on every datagram (FACTS §0.2), which
+    // peers that see no IP header and assume IPv4 ID 0 on every datagram (docs/wire-facts.md §0.2), which
     // a UDP GSO send gives only its first segment (segment i carries ID i).
     let opts = softroce::net::UdpOptions {
         no_offload: true,

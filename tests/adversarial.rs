@@ -2,7 +2,7 @@
 //! sans-IO engine (`QpEngine` + `MemoryTable`) and to a `Device` on a recording link and a
 //! manual clock. No sockets, no sleeps.
 //!
-//! Each test says what it attacks and which rule it checks (FACTS.md section, IBTA, kernel rxe
+//! Each test says what it attacks and which rule it checks (docs/wire-facts.md section, IBTA, kernel rxe
 //! run them with `cargo test --test adversarial -- --ignored`.
 
 use proptest::prelude::*;
@@ -413,7 +413,7 @@ fn syns(v: &[Out]) -> Vec<(Opcode, u32, Option<u8>)> {
 /// Every opcode softroce parses, in every QP state, at the expected PSN, one either side, at
 /// ±2^23 and just inside the half window, with a payload of 0, 1 or one MTU: no panic, every
 /// packet counted, and the state rules of rxe `check_type_state` (requests need RTR or later,
-/// responses RTS or later; ERR and the states before RTR drop silently, FACTS §0.9).
+/// responses RTS or later; ERR and the states before RTR drop silently, docs/wire-facts.md §0.9).
 #[test]
 fn every_opcode_at_every_state_and_psn_is_counted_and_never_panics() {
     let states = [
@@ -494,7 +494,7 @@ fn every_opcode_at_every_state_and_psn_is_counted_and_never_panics() {
 
 /// A flood of requests ahead of the expected PSN draws exactly one NAK-sequence (carrying the
 /// expected PSN) and is then dropped and counted until the gap fills; the next gap draws one
-/// NAK again. FACTS §2.9; rxe `check_psn` (`sent_psn_nak`).
+/// NAK again. docs/wire-facts.md §2.9; rxe `check_psn` (`sent_psn_nak`).
 #[test]
 fn out_of_sequence_flood_draws_exactly_one_nak_per_gap() {
     let mut r = rig();
@@ -574,7 +574,7 @@ fn psn_wrap_and_half_window_at_the_responder() {
     r.assert_counted();
 }
 
-/// AckReq = 0 on a WRITE ONLY draws no ACK (FACTS §0.4); a duplicate of it is re-ACKed even
+/// AckReq = 0 on a WRITE ONLY draws no ACK (docs/wire-facts.md §0.4); a duplicate of it is re-ACKed even
 /// without AckReq (rxe `duplicate_request`, C9-105).
 #[test]
 fn no_ack_without_ackreq_but_duplicates_are_reacked() {
@@ -594,7 +594,7 @@ fn no_ack_without_ackreq_but_duplicates_are_reacked() {
 // ---------------------------------------------------------------------------------------------
 
 /// RETH lengths 0, 2^31, 2^31 + 1, 2^32 − 1 with addresses near u64::MAX (overflow in range
-/// checks) for WRITE ONLY and READ. FACTS §2.11: length > 2^31 → NAK invalid request;
+/// checks) for WRITE ONLY and READ. docs/wire-facts.md §2.11: length > 2^31 → NAK invalid request;
 /// IBTA C9-88: a zero-length RDMA needs no valid R_Key or address; anything outside the MR →
 /// NAK remote access error (0x62). No panic, no allocation of the requested length.
 #[test]
@@ -725,7 +725,7 @@ fn reth_length_and_address_extremes() {
 
 /// WRITE FIRST then LAST whose lengths disagree with the RETH: a LAST shorter or longer than
 /// the remainder, a FIRST whose RETH length fits one packet, a MIDDLE past the end — each a NAK
-/// invalid request (rxe R6.12 `check_rkey`/`rxe_resp_check_length`, FACTS §0.5, §2.11); the
+/// invalid request (rxe R6.12 `check_rkey`/`rxe_resp_check_length`, docs/wire-facts.md §0.5, §2.11); the
 /// consistent message is ACKed once and lands in memory.
 #[test]
 fn write_first_then_last_with_inconsistent_lengths() {
@@ -788,7 +788,7 @@ fn write_first_then_last_with_inconsistent_lengths() {
     );
 }
 
-/// FACTS §0.5, §2.4: rxe R6.12 NAKs (invalid request) a non-final WRITE packet whose PadCnt is
+/// docs/wire-facts.md §0.5, §2.4: rxe R6.12 NAKs (invalid request) a non-final WRITE packet whose PadCnt is
 /// not 0 and a final one whose PadCnt is not (−resid) mod 4 (`check_rkey`). softroce checks
 /// the payload length but not the pad count, so it ACKs both and writes the data.
 #[test]
@@ -941,7 +941,7 @@ fn atomics_at_and_past_the_end_of_the_mr() {
 // ---------------------------------------------------------------------------------------------
 
 /// A READ of a whole MR is answered packet by packet, in order, with the PSN accounting of
-/// FACTS §0.6 (max(1, ⌈N/PMTU⌉) PSNs), the bytes of the MR, and the next request expected
+/// docs/wire-facts.md §0.6 (max(1, ⌈N/PMTU⌉) PSNs), the bytes of the MR, and the next request expected
 /// right after.
 #[test]
 fn read_of_a_whole_mr_is_segmented_exactly() {
@@ -991,7 +991,7 @@ fn duplicate_read_flood_is_bounded() {
     r.assert_counted();
 }
 
-/// FACTS §2.9 / rxe `duplicate_request`: a duplicate READ is replayed only if it lies inside a
+/// docs/wire-facts.md §2.9 / rxe `duplicate_request`: a duplicate READ is replayed only if it lies inside a
 /// saved READ resource (`find_resource` by PSN, then a subset check of VA and length); any
 /// other is dropped. softroce answers any "duplicate" READ whose R_Key checks, even at a PSN
 /// that carried a WRITE, or one longer than the original READ: one 28-byte request packet
@@ -1134,7 +1134,7 @@ fn send_with_invalidate_of_an_unknown_rkey_fails_the_receive() {
 
 /// Hostile input to UC and UD QPs — every opcode, PSNs anywhere, bad R_Keys, no receive
 /// posted, wrong Q_Keys, a source that is not the peer: nothing is ever sent back (UC and UD
-/// have no ACKs or NAKs, FACTS §2.9) and every packet is counted.
+/// have no ACKs or NAKs, docs/wire-facts.md §2.9) and every packet is counted.
 #[test]
 fn uc_and_ud_never_answer() {
     for qp_type in [QpType::Uc, QpType::Ud] {
@@ -1502,7 +1502,7 @@ fn completer_retry_err_counts_nak_driven_retries() {
 /// RNR NAK with timer code 0 (655.36 ms) forever, rnr_retry = 7: the requester waits the full
 /// time every cycle, resends from the NAKed PSN, never completes the WQE and grows nothing.
 /// With rnr_retry = 3 the fourth RNR NAK fails the WQE with IBV_WC_RNR_RETRY_EXC_ERR.
-/// FACTS §2.7 (timer table), §2.10; rxe `COMPST_RNR_RETRY`.
+/// docs/wire-facts.md §2.7 (timer table), §2.10; rxe `COMPST_RNR_RETRY`.
 #[test]
 fn rnr_nak_code_zero_forever() {
     let mut r = requester(1, Cfg::default());
@@ -1544,7 +1544,7 @@ fn rnr_nak_code_zero_forever() {
 }
 
 /// Every AETH syndrome byte in an ACKNOWLEDGE for an outstanding SEND: ACK 0x00–0x1F (any
-/// credit, FACTS §2.7) completes it; RNR 0x20–0x3F waits; NAK-seq 0x60 goes back; 0x61/0x62
+/// credit, docs/wire-facts.md §2.7) completes it; RNR 0x20–0x3F waits; NAK-seq 0x60 goes back; 0x61/0x62
 /// fail with REM_INV_REQ/REM_ACCESS; other NAK codes REM_OP_ERR (rxe `check_ack` default);
 /// reserved types (0x40–0x5F, bit 7) IBV_WC_BAD_RESP_ERR (spec/deviations.toml). No panic.
 #[test]
@@ -1582,7 +1582,7 @@ fn every_aeth_syndrome_byte_is_handled() {
 }
 
 /// READ responses with wrong lengths or out of order for a READ of 2500 B at MTU 1024 (PSNs
-/// p, p+1, p+2; FACTS §2.8): a short FIRST, a MIDDLE before the FIRST, a LAST longer than what
+/// p, p+1, p+2; docs/wire-facts.md §2.8): a short FIRST, a MIDDLE before the FIRST, a LAST longer than what
 /// remains and a response for the future are dropped and counted; the right sequence then
 /// completes the READ with the bytes.
 #[test]
@@ -1835,7 +1835,7 @@ impl DevRig {
 
 /// QPN 0 (SMI, none on RoCE), 0xffffff (multicast, arriving at the unicast address) and any
 /// QPN with no QP: dropped before the ICRC check and counted `unknown_qp`, never answered
-/// (FACTS §0.9: "DestQP ≠ 0 and exists"). QPN 1 is the device's GSI QP, a UD QP: RC
+/// (docs/wire-facts.md §0.9: "DestQP ≠ 0 and exists"). QPN 1 is the device's GSI QP, a UD QP: RC
 /// packets to it are `wrong_qp_type` drops (rxe `check_type_state`), never answered either.
 #[test]
 fn packets_to_qpn_0_1_0xffffff_and_unknown_qps_are_dropped() {
@@ -1860,7 +1860,7 @@ fn packets_to_qpn_0_1_0xffffff_and_unknown_qps_are_dropped() {
 
 /// A packet with a valid ICRC from an IP that is not the QP's peer (or from the peer's IP but
 /// with the ICRC of another flow) is dropped (`wrong_source` / `icrc_errors`), executes
-/// nothing and draws nothing (FACTS §0.9: "for RC/UC the IP source/destination equal the
+/// nothing and draws nothing (docs/wire-facts.md §0.9: "for RC/UC the IP source/destination equal the
 /// QP's AV").
 #[test]
 fn packets_from_a_source_that_is_not_the_peer_are_dropped() {
@@ -1909,7 +1909,7 @@ fn flip_victims(d: &DevRig) -> Vec<(&'static str, PacketRepr, Vec<u8>)> {
 /// Every single-bit flip of a valid packet received on a plain UDP socket, for IPv4 ID 0 (what
 /// softroce sends) and a non-zero ID (what rxe sends, recovered by solving): dropped and
 /// counted, never executed or answered — except flips in BTH byte 4 (FECN, BECN, reserved),
-/// which the ICRC masks by design (FACTS §2.2) and which rxe accepts too. The solver's 16 free
+/// which the ICRC masks by design (docs/wire-facts.md §2.2) and which rxe accepts too. The solver's 16 free
 /// bits must not let a single flip through (README: 0 of 41,984).
 #[test]
 fn every_single_bit_flip_is_dropped_on_the_plain_udp_path() {
@@ -1956,7 +1956,7 @@ fn every_single_bit_flip_is_dropped_on_the_plain_udp_path() {
 
 /// Exact-ICRC path (raw socket: whole IPv4 packets): every single-bit flip of the IP header,
 /// UDP header and RoCE datagram is dropped and counted, except in the fields the ICRC masks
-/// (IPv4 TOS, TTL, header checksum; UDP checksum; BTH byte 4 — FACTS §2.2), which are
+/// (IPv4 TOS, TTL, header checksum; UDP checksum; BTH byte 4 — docs/wire-facts.md §2.2), which are
 /// accepted. (On a real host the kernel's IPv4 and UDP checksum checks drop most of those
 /// before the raw socket sees them.)
 #[test]

@@ -125,7 +125,7 @@ fn exact_mode_runs_every_rc_operation_and_captures_received_headers() {
         let d = parse_frame(r, LinkType::RawIp).unwrap();
         let (id, ok) = id_and_icrc_ok(r);
         assert!(ok, "ICRC of a captured record fails");
-        // Linux writes ID 0 through an unconnected IP_PMTUDISC_DO socket (FACTS §0.2): the
+        // Linux writes ID 0 through an unconnected IP_PMTUDISC_DO socket (docs/wire-facts.md §0.2): the
         // sent ones are built that way; a lone received datagram proves it on the wire, and
         // segment i of a UDP GSO send from B carries ID i (the kernel numbers the segments).
         if d.src == IpAddr::V4(Ipv4Addr::new(127, 3, 2, 1)) {

@@ -206,7 +206,7 @@ fn multi_packet_send_and_ack() {
 #[test]
 fn read_request_and_three_responses() {
     // ib_read_bw, 2500 B at MTU 1024: READ request at p, responses FIRST/MIDDLE/LAST at
-    // p, p+1, p+2 (FACTS §2.8).
+    // p, p+1, p+2 (docs/wire-facts.md §2.8).
     let d = datagrams("17-read-bw-multi.pcap");
     let req = &d[0];
     let r = pkt(req);

@@ -1,7 +1,7 @@
 //! Golden vectors: every RoCEv2 packet in the captures under tests/captures (made by kernel
 //! rxe 6.1 driving rdma-core tools, perftest and pyverbs; plus one third-party sender) must
 //! parse, pass the ICRC computed over the IP header as captured, and re-emit from its Repr to
-//! the identical bytes. Source of the captures: shared/captures/README.md.
+//! the identical bytes. Source of the captures: docs/wire-facts.md (preface: the captures in tests/captures).
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! `--cpus`: where the two ends of a test, and of its baselines, run.
 //!
 //! On these 2-core machines the placement of threads decides a result more than most code
-//! changes do (PERF.md: a TCP loopback stream runs at ≈ 1.5 GB/s with one core per end and
+//! changes do (docs/performance.md#measured-costs-on-this-machine-class: a TCP loopback stream runs at ≈ 1.5 GB/s with one core per end and
 //! ≈ 2.8 GB/s with both ends on one core; a blocked thread woken from the other core costs
 //! ≈ 50 µs). Left to the scheduler, consecutive runs land on different placements, so a
 //! ratio can move 2× between trials. Pinning both the softroce test and its baselines the

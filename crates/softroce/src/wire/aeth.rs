@@ -214,9 +214,9 @@ mod tests {
         assert_eq!(text(0x40), "reserved syndrome 0x40");
     }
 
-    // AETH of the NAK in shared/captures/54-nak-write-rkey.pcap: remote access error, MSN 0.
+    // AETH of the NAK in tests/captures/54-nak-write-rkey.pcap: remote access error, MSN 0.
     const NAK: [u8; 4] = [0x62, 0x00, 0x00, 0x00];
-    // AETH of the first ACK in shared/captures/13-write-bw.pcap: credit 31, MSN 1.
+    // AETH of the first ACK in tests/captures/13-write-bw.pcap: credit 31, MSN 1.
     const ACK: [u8; 4] = [0x1f, 0x00, 0x00, 0x01];
 
     #[test]

@@ -56,7 +56,7 @@ mod tests {
     use super::*;
     use crate::wire::Error;
 
-    // AtomicAckETH of the first ATOMIC ACKNOWLEDGE in shared/captures/18-atomic-fadd.pcap.
+    // AtomicAckETH of the first ATOMIC ACKNOWLEDGE in tests/captures/18-atomic-fadd.pcap.
     const BYTES: [u8; 8] = [0x0d, 0x51, 0x16, 0x30, 0xdc, 0x16, 0xc6, 0xd9];
 
     #[test]

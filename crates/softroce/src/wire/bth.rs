@@ -167,7 +167,7 @@ impl BthRepr {
     /// A BTH with every flag as rxe sends a plain packet: SE, MigReq, FECN, BECN and AckReq
     /// clear, pad count 0, TVer 0, P_Key 0xFFFF ([`DEFAULT_PKEY`](super::DEFAULT_PKEY)).
     /// Callers set the flags a packet needs on the result. Source: rxe `init_req_packet`,
-    /// `prepare_ack_packet` (FACTS §2.3).
+    /// `prepare_ack_packet` (docs/wire-facts.md §2.3).
     pub const fn new(opcode: Opcode, dest_qpn: u32, psn: Psn) -> BthRepr {
         BthRepr {
             opcode,
@@ -225,7 +225,7 @@ impl BthRepr {
 mod tests {
     use super::*;
 
-    // First packet of shared/captures/13-write-bw.pcap (ib_write_bw, kernel rxe 6.1):
+    // First packet of tests/captures/13-write-bw.pcap (ib_write_bw, kernel rxe 6.1):
     // RC RDMA WRITE ONLY to QP 0x1a, AckReq, PSN 0x3999af.
     const BYTES: [u8; 12] = [
         0x0a, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x1a, 0x80, 0x39, 0x99, 0xaf,

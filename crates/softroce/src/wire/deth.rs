@@ -68,7 +68,7 @@ mod tests {
     use super::*;
     use crate::wire::Error;
 
-    // DETH of shared/captures/53-ud-send-imm.pcap: Q_Key 0x11111111, source QP 0x2f.
+    // DETH of tests/captures/53-ud-send-imm.pcap: Q_Key 0x11111111, source QP 0x2f.
     const BYTES: [u8; 8] = [0x11, 0x11, 0x11, 0x11, 0x00, 0x00, 0x00, 0x2f];
 
     #[test]

@@ -9,7 +9,7 @@
 //!
 //! Source: IBTA Annex A17 (RoCEv2 ICRC); rxe `rxe_icrc.c` (`rxe_icrc_hdr` starts `crc32_le` at
 //! 0xDEBB20E3, the state after eight 0xFF bytes, and stores the inverted CRC); checked against
-//! every packet in shared/captures (tests/wire_vectors.rs).
+//! every packet in tests/captures (tests/wire_vectors.rs).
 
 use core::net::{Ipv4Addr, Ipv6Addr};
 
@@ -65,7 +65,7 @@ const INLINE_BODY: usize = 192;
 
 /// The ICRC: CRC-32 over 8 bytes of 0xFF (the LRH RoCEv2 lacks), the masked IP and UDP
 /// headers, then the body given as consecutive `parts`, with body byte 4 (BTH resv8a) read as
-/// 0xFF (IBTA A17.8.3; FACTS.md). `body_len` is the parts' total length (the callers know
+/// 0xFF (IBTA A17.8.3; docs/wire-facts.md §2.2). `body_len` is the parts' total length (the callers know
 /// it already). At most 40 IP and 8 UDP header bytes are used.
 fn icrc_over(ip_header: &[u8], udp_header: &[u8], parts: &[&[u8]], body_len: usize) -> [u8; 4] {
     let mut scratch = [0u8; 8 + 48 + INLINE_BODY];

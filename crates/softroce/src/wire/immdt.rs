@@ -55,7 +55,7 @@ mod tests {
     use super::*;
     use crate::wire::Error;
 
-    // ImmDt of the first packet of shared/captures/51-rc-write-imm.pcap (pyverbs, 0xc0ffee11).
+    // ImmDt of the first packet of tests/captures/51-rc-write-imm.pcap (pyverbs, 0xc0ffee11).
     const BYTES: [u8; 4] = [0xc0, 0xff, 0xee, 0x11];
 
     #[test]

@@ -82,7 +82,7 @@ mod tests {
     use super::*;
     use crate::wire::Error;
 
-    // RETH of the first packet of shared/captures/13-write-bw.pcap.
+    // RETH of the first packet of tests/captures/13-write-bw.pcap.
     const BYTES: [u8; 16] = [
         0x00, 0x00, 0x56, 0x38, 0xbb, 0xa8, 0xe0, 0x00, 0x00, 0x00, 0x0a, 0x05, 0x00, 0x00, 0x00,
         0x40,
