@@ -939,3 +939,9 @@ impl QueuePair {
         &self.qp
     }
 }
+
+/// The Rust snippets of the repository's README.md, compiled (not run) by `cargo test` as
+/// doctests, so that what the README shows keeps building.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeSnippets;
