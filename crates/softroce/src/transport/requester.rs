@@ -8,7 +8,7 @@
 use super::local_ops::wqe_payload;
 use super::{
     MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, Path, QpEngine, QpState, QpType, SendFlags, Timer, Transmit,
-    WcStatus, WrOpcode, ack_timeout, psns_for,
+    TxKind, WcStatus, WrOpcode, ack_timeout, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
@@ -222,7 +222,7 @@ impl QpEngine {
             None
         };
         let t = if let Some(data) = in_mr {
-            super::gathered(&repr, data, path)
+            super::gathered(TxKind::Request, &repr, data, path)
         } else {
             let mut buf = super::bufpool::take(repr.buffer_len());
             repr.emit_headers(&mut buf);
@@ -238,7 +238,7 @@ impl QpEngine {
                 return None;
             }
             repr.finish(&mut buf, &path.icrc_ip());
-            Transmit::new(path.remote, path.src_port, buf)
+            Transmit::new(TxKind::Request, path.remote, path.src_port, buf)
         };
         // Advance the cursor.
         if repr.bth.opcode == Opcode::RC_RDMA_READ_REQUEST
@@ -350,7 +350,12 @@ impl QpEngine {
             self.req.psn = self.req.psn.add(1);
             let w = self.sq.pop_front()?;
             self.complete_send(&w, WcStatus::Success, 0);
-            return Some(Transmit::new(dest.remote_ip, path.src_port, buf));
+            return Some(Transmit::new(
+                TxKind::Request,
+                dest.remote_ip,
+                path.src_port,
+                buf,
+            ));
         }
     }
 

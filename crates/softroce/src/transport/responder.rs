@@ -8,7 +8,7 @@
 use super::error::Disposition;
 use super::{
     AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpType, RecvWqe,
-    RespError, Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
+    RespError, Transmit, TxKind, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
@@ -50,7 +50,7 @@ enum RespItem {
         msn: u32,
     },
     /// A response already built (see `materialize_reads`).
-    Ready(Vec<u8>),
+    Ready(Transmit),
 }
 
 /// Responder state.
@@ -647,7 +647,7 @@ impl QpEngine {
         let Some(path) = self.path else { return };
         let mut ready = VecDeque::new();
         while let Some(t) = self.responder_transmit(&path, mem, false) {
-            ready.push_back(RespItem::Ready(t.payload));
+            ready.push_back(RespItem::Ready(t));
         }
         self.resp.out = ready;
     }
@@ -716,11 +716,12 @@ impl QpEngine {
         let item = self.resp.out.front_mut()?;
         let mut bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, self.attrs.dest_qp_num, Psn::new(0));
         let mut read_src = None;
-        let repr = match item {
-            RespItem::Ready(payload) => {
-                let payload = std::mem::take(payload);
-                self.resp.out.pop_front();
-                return Some(Transmit::new(path.remote, path.src_port, payload));
+        let (kind, repr) = match item {
+            RespItem::Ready(_) => {
+                let Some(RespItem::Ready(t)) = self.resp.out.pop_front() else {
+                    return None;
+                };
+                return Some(t);
             }
             RespItem::Ack { psn, syndrome, msn } => {
                 bth.psn = *psn;
@@ -730,7 +731,7 @@ impl QpEngine {
                     msn: *msn,
                 });
                 self.resp.out.pop_front();
-                r
+                (TxKind::Acknowledge, r)
             }
             RespItem::AtomicAck { psn, orig, msn } => {
                 bth.psn = *psn;
@@ -744,7 +745,7 @@ impl QpEngine {
                     orig_remote_data: *orig,
                 });
                 self.resp.out.pop_front();
-                r
+                (TxKind::AtomicAcknowledge, r)
             }
             RespItem::Read {
                 psn,
@@ -779,7 +780,7 @@ impl QpEngine {
                 if last {
                     self.resp.out.pop_front();
                 }
-                r
+                (TxKind::ReadResponse, r)
             }
         };
         // A READ response's payload: checked against the R_Key now (the MR may have gone
@@ -809,7 +810,7 @@ impl QpEngine {
         };
         if let Some(data) = src.filter(|_| gather) {
             // Headers here, payload straight from the MR, ICRC over both in place.
-            return Some(super::gathered(&repr, data, path));
+            return Some(super::gathered(kind, &repr, data, path));
         }
         let mut buf = super::bufpool::take(repr.buffer_len());
         repr.emit_headers(&mut buf);
@@ -817,6 +818,6 @@ impl QpEngine {
             buf[h..h + n].copy_from_slice(data);
         }
         repr.finish(&mut buf, &path.icrc_ip());
-        Some(Transmit::new(path.remote, path.src_port, buf))
+        Some(Transmit::new(kind, path.remote, path.src_port, buf))
     }
 }

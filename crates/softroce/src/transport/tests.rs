@@ -531,3 +531,66 @@ fn wc_status_order_names_and_texts_match_the_spec() {
         assert_eq!(row.text, s.to_string(), "ibv_wc_status_str({})", row.name);
     }
 }
+
+/// Every datagram polled: its label and its BTH opcode.
+fn sent_kinds(e: &mut QpEngine, mem: &MemoryTable) -> Vec<(TxKind, Opcode)> {
+    std::iter::from_fn(|| e.poll_transmit(Instant::ZERO, mem))
+        .map(|t| {
+            (
+                t.kind,
+                RocePacket::parse(&t.payload).unwrap().repr.bth.opcode,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn rts_every_transmit_is_labelled_with_what_it_carries() {
+    // The link holds ACKs back by this label (net/udp.rs); it never reads the bytes.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let reth = |dma_len| {
+        Some(RethRepr {
+            va,
+            rkey: key,
+            dma_len,
+        })
+    };
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_WRITE_ONLY, PSN, reth(4)),
+        &[1; 4],
+    );
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_READ_REQUEST, PSN + 1, reth(2048)),
+        &[],
+    );
+    let mut atomic = PacketRepr::new(bth(Opcode::RC_FETCH_ADD, PSN + 3));
+    atomic.atomic_eth = Some(AtomicEthRepr {
+        va,
+        rkey: key,
+        swap_add: 1,
+        compare: 0,
+    });
+    deliver(&mut e, &mut mem, atomic, &[]);
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_ONLY, PSN + 9, None),
+        &[],
+    );
+    e.post_send(SendWr::new(1, WrOpcode::Send, vec![])).unwrap();
+    assert_eq!(
+        sent_kinds(&mut e, &mem),
+        [
+            (TxKind::Acknowledge, Opcode::RC_ACKNOWLEDGE),
+            (TxKind::ReadResponse, Opcode::RC_RDMA_READ_RESPONSE_FIRST),
+            (TxKind::ReadResponse, Opcode::RC_RDMA_READ_RESPONSE_LAST),
+            (TxKind::AtomicAcknowledge, Opcode::RC_ATOMIC_ACKNOWLEDGE),
+            (TxKind::Acknowledge, Opcode::RC_ACKNOWLEDGE),
+            (TxKind::Request, Opcode::RC_SEND_ONLY),
+        ]
+    );
+}
