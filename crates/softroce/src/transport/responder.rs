@@ -7,8 +7,8 @@
 
 use super::error::Disposition;
 use super::{
-    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpType, RecvWqe,
-    RespError, Transmit, TxKind, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
+    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpState, QpType,
+    RecvWqe, RespError, Transmit, TxKind, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
@@ -121,6 +121,11 @@ impl QpEngine {
         self.resp.sent_psn_nak = false;
         if pkt.info.kind != OpKind::RdmaRead {
             self.materialize_reads(mem);
+            if self.state == QpState::Err {
+                // A queued READ found its MR gone and moved the QP to ERR.
+                self.counters.drop_packet(DropReason::WrongQpState);
+                return;
+            }
         }
         if let Err(e) = self.execute(pkt, mem) {
             self.resp_fail(e, psn);
@@ -792,16 +797,13 @@ impl QpEngine {
                 match mem.remote_bytes(rkey, self.pd, self.qpn, va, n, AccessFlags::REMOTE_READ) {
                     Ok(b) => Some(b),
                     Err(_) => {
-                        // The MR went away between the request and this response.
-                        self.resp
-                            .out
-                            .retain(|i| !matches!(i, RespItem::Read { rkey: k, .. } if *k == rkey));
-                        let msn = self.resp.msn;
-                        self.resp.out.push_front(RespItem::Ack {
-                            psn: repr.bth.psn,
-                            syndrome: AethSyndrome::Nak(crate::wire::NakCode::RemoteAccessErr),
-                            msn,
-                        });
+                        // The MR went away between the request and this response: an R_Key
+                        // violation (class C), NAKed at this response's PSN, and the QP goes
+                        // to ERR, as rxe `read_reply` → RESPST_ERR_RKEY_VIOLATION does.
+                        // Nothing queued behind it goes out: rxe would not have executed
+                        // the requests it answers.
+                        self.resp.out.clear();
+                        self.resp_fail(RespError::RkeyViolation, repr.bth.psn);
                         return self.responder_transmit(path, mem, gather);
                     }
                 }

@@ -594,3 +594,67 @@ fn rts_every_transmit_is_labelled_with_what_it_carries() {
         ]
     );
 }
+
+/// A READ request for `len` bytes at `psn` of the engine's MR.
+fn read_request(psn: u32, key: u32, va: u64, len: u32) -> PacketRepr {
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: len,
+    };
+    write(Opcode::RC_RDMA_READ_REQUEST, psn, Some(reth))
+}
+
+const NAK_ACC: Option<u8> = Some(0x62);
+
+#[test]
+fn rts_read_whose_mr_goes_away_mid_response_naks_and_enters_err() {
+    // IBTA class C (rxe read_reply → RESPST_ERR_RKEY_VIOLATION): NAK remote access error at
+    // the response that could not be read, then ERR; later requests are not answered.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 3072), &[]);
+    let first = e.poll_transmit(Instant::ZERO, &mem).unwrap();
+    assert_eq!(
+        RocePacket::parse(&first.payload).unwrap().repr.bth.opcode,
+        Opcode::RC_RDMA_READ_RESPONSE_FIRST
+    );
+    assert!(mem.deregister(key));
+    assert_eq!(
+        sent(&mut e, &mem),
+        [(Opcode::RC_ACKNOWLEDGE, PSN + 1, NAK_ACC)]
+    );
+    assert_eq!(e.state(), QpState::Err);
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_ONLY, PSN + 3, None),
+        &[],
+    );
+    assert_eq!(sent(&mut e, &mem), []);
+    assert_eq!(e.counters().dropped(DropReason::WrongQpState), 1);
+}
+
+#[test]
+fn rts_request_behind_a_read_whose_mr_went_away_is_dropped_after_the_nak() {
+    // The READ's responses are built before the next request executes (PSN order); its MR
+    // is gone by then: the NAK goes out, the QP enters ERR and the SEND is not executed.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    e.post_recv(RecvWr {
+        wr_id: 7,
+        sg_list: vec![],
+    })
+    .unwrap();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 2048), &[]);
+    assert!(mem.deregister(key));
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_ONLY, PSN + 2, None),
+        &[],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_ACC)]);
+    assert_eq!(e.state(), QpState::Err);
+    assert_eq!(e.counters().dropped(DropReason::WrongQpState), 1);
+    let flushed = e.poll_completion().unwrap().wc;
+    assert_eq!((flushed.wr_id, flushed.status), (7, WcStatus::WrFlushErr));
+}
