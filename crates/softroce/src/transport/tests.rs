@@ -658,3 +658,67 @@ fn rts_request_behind_a_read_whose_mr_went_away_is_dropped_after_the_nak() {
     let flushed = e.poll_completion().unwrap().wc;
     assert_eq!((flushed.wr_id, flushed.status), (7, WcStatus::WrFlushErr));
 }
+
+/// A requester whose 3-packet READ (PSN .. PSN+2) has had its FIRST response: the next
+/// response expected is PSN+1.
+fn requester_mid_read() -> (QpEngine, MemoryTable) {
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let mut w = SendWr::new(
+        9,
+        WrOpcode::RdmaRead,
+        vec![Sge {
+            addr: va,
+            length: 3072,
+            lkey: key,
+        }],
+    );
+    w.remote_addr = 0x1000;
+    w.rkey = 0x77;
+    e.post_send(w).unwrap();
+    assert_eq!(
+        sent(&mut e, &mem),
+        [(Opcode::RC_RDMA_READ_REQUEST, PSN, None)]
+    );
+    let mut first = PacketRepr::new(bth(Opcode::RC_RDMA_READ_RESPONSE_FIRST, PSN));
+    first.aeth = Some(AethRepr {
+        syndrome: AethSyndrome::ACK_UNLIMITED.to_byte(),
+        msn: 1,
+    });
+    deliver(&mut e, &mut mem, first, &[5; 1024]);
+    assert!(e.poll_completion().is_none());
+    (e, mem)
+}
+
+#[test]
+fn rts_error_nak_in_the_midst_of_a_read_response_ends_the_read_at_either_psn() {
+    // rxe "Handle remote errors in the midst of a Read reply sequence": a fixed responder
+    // NAKs at the READ request's PSN (older than the next response expected), others at
+    // the next response's PSN. Either way: the READ completes with the NAK's status, the
+    // QP enters ERR, and nothing is retransmitted.
+    for nak_psn in [PSN, PSN + 1] {
+        let (mut e, mut mem) = requester_mid_read();
+        let mut r = nak(0x62);
+        r.bth.psn = Psn::new(nak_psn);
+        deliver(&mut e, &mut mem, r, &[]);
+        let wc = e.poll_completion().unwrap().wc;
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (9, WcStatus::RemAccessErr),
+            "NAK at {nak_psn:#x}"
+        );
+        assert_eq!(e.state(), QpState::Err);
+        assert_eq!(e.poll_timeout(), None, "no retransmit timer");
+        assert_eq!(sent(&mut e, &mem), []);
+        assert_eq!(e.counters().dropped(DropReason::UnexpectedResponse), 0);
+    }
+}
+
+#[test]
+fn rts_sequence_nak_older_than_the_next_read_response_is_still_dropped() {
+    // Only error NAKs end a READ from behind its next response; a stale sequence NAK does not.
+    let (mut e, mut mem) = requester_mid_read();
+    deliver(&mut e, &mut mem, nak(0x60), &[]);
+    assert_eq!(e.state(), QpState::Rts);
+    assert!(e.poll_completion().is_none());
+    assert_eq!(e.counters().dropped(DropReason::UnexpectedResponse), 1);
+}
