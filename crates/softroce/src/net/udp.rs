@@ -19,14 +19,13 @@ use super::batch::{
 };
 use super::pcap::{Capture, roce_addr};
 use super::raw::{RawRx, drop_everything};
-use crate::transport::Transmit;
+use crate::transport::{Transmit, TxKind};
 use crate::verbs::{Cq, Device, DeviceConfig, Link, Wc};
 use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::borrow::Borrow;
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -188,6 +187,13 @@ pub struct UdpLink {
     polls: AtomicU64,
     /// ACKs held back by a busy poll until its completions are handed out.
     deferred: Mutex<Vec<Transmit>>,
+    /// Set while received datagrams are delivered ([`deliver`], by whoever holds `rx`): the
+    /// ACKs they cause are held back in `deferred`. The driver thread sends them together
+    /// at the end of each receive batch; a busy poll sends them at the next poll, after the
+    /// application has seen the completions and answered (PERF.md: ACKs off the critical
+    /// path). Only a pump that handles received packets produces ACKs, so another thread
+    /// that sends while this is set sends requests, which are never held.
+    holding_acks: AtomicBool,
 }
 
 impl UdpLink {
@@ -243,6 +249,7 @@ impl UdpLink {
             busy_poll,
             polls: AtomicU64::new(0),
             deferred: Mutex::new(Vec::new()),
+            holding_acks: AtomicBool::new(false),
         })
     }
 
@@ -651,7 +658,7 @@ impl Link for UdpLink {
     }
 
     fn send_batch(&self, ts: &[Transmit]) -> usize {
-        if DEFER_ACKS.with(Cell::get) && ts.iter().all(|t| t.len() <= DEFER_MAX_BYTES) {
+        if self.holding_acks.load(Ordering::Relaxed) && ts.iter().all(may_wait) {
             // ACKs only: they wait for the end of the receive batch (driver thread) or the
             // next poll (busy polling, so the application's reply goes first).
             self.deferred.lock().extend(ts.iter().cloned());
@@ -659,7 +666,7 @@ impl Link for UdpLink {
         }
         // Held ACKs go before any other response (READ responses, ACKs), which share their
         // PSN order; requests (the other direction's stream) need not wait for them.
-        if ts.iter().any(is_response) {
+        if ts.iter().any(|t| t.kind.is_response()) {
             self.flush_deferred();
         } else if ts.len() <= PIGGYBACK_MAX {
             // A few requests (an application's reply to what a busy poll delivered) take the
@@ -792,9 +799,7 @@ impl UdpDevice {
         if let Some(mut rx) = link.rx.try_lock()
             && rx.recv(link.recv.as_raw_fd(), false).is_ok()
         {
-            DEFER_ACKS.with(|d| d.set(true));
-            deliver(&self.device, link, &rx, false);
-            DEFER_ACKS.with(|d| d.set(false));
+            deliver(&self.device, link, &rx, false, true);
             delivered = true;
         }
         let n = cq.poll(out);
@@ -907,9 +912,7 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                 got.map(|_| {
                     // The ACKs this batch causes leave together at its end (one GSO send
                     // per flow where they are alike) instead of one system call each.
-                    DEFER_ACKS.with(|d| d.set(link.offload));
-                    deliver(device, link, &rx, true);
-                    DEFER_ACKS.with(|d| d.set(false));
+                    deliver(device, link, &rx, true, link.offload);
                     link.flush_deferred();
                 })
             }
@@ -949,15 +952,6 @@ const BUSY_DRIVER_NAP: Duration = Duration::from_micros(500);
 /// poller that starts polling waits before it gets the socket).
 const BUSY_DRIVER_RECV: Duration = Duration::from_millis(1);
 
-thread_local! {
-    /// Set while received datagrams are delivered: small datagrams (ACKs) they cause are
-    /// held back ([`UdpLink::flush_deferred`]). The driver thread sends them together at
-    /// the end of each receive batch; a busy poll sends them at the next poll, after the
-    /// application has seen the completions and answered (PERF.md: ACKs off the critical
-    /// path).
-    static DEFER_ACKS: Cell<bool> = const { Cell::new(false) };
-}
-
 /// A busy poll that returns completions sends the held-back ACKs anyway once this many wait.
 const DEFER_MAX_HELD: usize = 32;
 
@@ -965,18 +959,11 @@ const DEFER_MAX_HELD: usize = 32;
 /// reply; a bulk batch is not copied for it).
 const PIGGYBACK_MAX: usize = 4;
 
-/// True for an RC response datagram (BTH opcode RDMA READ RESPONSE FIRST 0x0D through
-/// ATOMIC ACKNOWLEDGE 0x12, ACKNOWLEDGE 0x11 included): the responder's stream, whose
-/// order the held-back ACKs are part of. Source: IBTA Vol 1 ch. 9 (opcodes); rxe_opcode.c.
-fn is_response(t: &Transmit) -> bool {
-    t.payload
-        .first()
-        .is_some_and(|op| (0x0d..=0x12).contains(op))
+/// True for what may be held back while `UdpLink::holding_acks` is set: ACKs, NAKs and ATOMIC
+/// ACKNOWLEDGEs, as the engine labelled them. READ responses and requests go at once.
+fn may_wait(t: &Transmit) -> bool {
+    matches!(t.kind, TxKind::Acknowledge | TxKind::AtomicAcknowledge)
 }
-
-/// Datagrams at most this long are ACKs (BTH 12 + AETH 4 + ICRC 4; an atomic ACK has 8
-/// more) and may be held back by a busy poll.
-const DEFER_MAX_BYTES: usize = 28;
 
 /// (destination, UDP source port, body bytes) of a cached table of ICRC corrections.
 type IdentDeltaKey = (std::net::Ipv4Addr, u16, usize);
@@ -997,8 +984,11 @@ const RECV_BATCH: usize = 8;
 
 /// Feeds what one `recvmmsg` returned to the device, cutting GRO buffers into their
 /// datagrams. Segment `i` of a GRO buffer is checked first for IPv4 ID `i`, the ID the
-/// kernel gives segment `i` of a GSO send (see [`Device::handle_gro_segment`]).
-fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch, per_buffer: bool) {
+/// kernel gives segment `i` of a GSO send (see [`Device::handle_gro_segment`]). With
+/// `hold_acks`, the ACKs the batch causes wait in the link's hold for the caller to send
+/// ([`UdpLink::flush_deferred`]). The caller holds `link.rx`.
+fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch, per_buffer: bool, hold_acks: bool) {
+    link.holding_acks.store(hold_acks, Ordering::Relaxed);
     let local = roce_addr(link.ip);
     link.rx_syscalls.fetch_add(1, Ordering::Relaxed);
     // One lock hold per batch (or per buffer), taken at its first datagram; each QP answers
@@ -1029,6 +1019,9 @@ fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch, per_buffer: bool)
             link.flush_deferred();
         }
     }
+    // The last QPs answer here, while the ACKs are still held.
+    drop(rx);
+    link.holding_acks.store(false, Ordering::Relaxed);
 }
 
 /// A datagram as (its bytes before the ICRC, in up to three slices; its ICRC).

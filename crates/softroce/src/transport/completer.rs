@@ -56,12 +56,7 @@ impl QpEngine {
             OpKind::Acknowledge => {
                 let Some(aeth) = pkt.repr.aeth else { return };
                 let syndrome = AethSyndrome::from_byte(aeth.syndrome);
-                // A NAK (of any kind) counts only if a WQE is outstanding and its PSN is not
-                // older than the oldest unacknowledged one: a duplicated or late NAK must not
-                // break a healthy QP (rxe `get_wqe`, `check_psn`).
-                let outstanding = self.sq.front().is_some_and(|w| w.assigned);
-                if !matches!(syndrome, AethSyndrome::Ack { .. })
-                    && (!outstanding || psn.diff(self.comp.psn) < 0)
+                if !matches!(syndrome, AethSyndrome::Ack { .. }) && !self.nak_applies(psn, syndrome)
                 {
                     self.counters.drop_packet(DropReason::UnexpectedResponse);
                     return;
@@ -89,6 +84,26 @@ impl QpEngine {
             OpKind::AtomicAcknowledge => self.atomic_ack(pkt, now, mem),
             _ => self.counters.drop_packet(DropReason::UnexpectedResponse),
         }
+    }
+
+    /// Whether a NAK (of any kind) at `psn` is about an outstanding WQE. It must not be
+    /// older than the oldest unacknowledged PSN: a duplicated or late NAK must not break a
+    /// healthy QP (rxe `get_wqe`, `check_psn`). One exception: an error NAK in the midst of
+    /// a READ's responses, at any PSN of that READ from its request on. A responder that
+    /// fails while producing them NAKs at the READ request's PSN (rxe since "Handle remote
+    /// errors in the midst of a Read reply sequence", `check_psn` → COMPST_CHECK_ACK), which
+    /// is older than the next response expected; dropping it would retransmit the READ until
+    /// IBV_WC_RETRY_EXC_ERR against a QP in ERR.
+    fn nak_applies(&self, psn: Psn, syndrome: AethSyndrome) -> bool {
+        let Some(w) = self.sq.front().filter(|w| w.assigned) else {
+            return false;
+        };
+        if psn.diff(self.comp.psn) >= 0 {
+            return true;
+        }
+        let error_nak = matches!(syndrome, AethSyndrome::Nak(code) if code != NakCode::PsnSeqErr);
+        let mid_read = w.wr.opcode == WrOpcode::RdmaRead && w.read_done > 0;
+        error_nak && mid_read && psn.diff(w.first_psn) >= 0
     }
 
     /// Cumulative ACK through `q`: completes, in order, every SEND/WRITE WQE whose last PSN

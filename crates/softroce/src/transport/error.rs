@@ -26,7 +26,8 @@ pub enum RespError {
     MisalignedAtomic,
     /// READ/atomic while the responder has no resources (`max_dest_rd_atomic` = 0).
     TooManyRdAtomic,
-    /// R_Key, PD, access or range check failed (class C).
+    /// R_Key, PD, access or range check failed (class C), also for a READ response whose MR
+    /// went away after the READ was accepted.
     RkeyViolation,
     /// No receive WQE posted for a SEND or WRITE with immediate.
     Rnr,

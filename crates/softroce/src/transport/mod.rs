@@ -563,6 +563,8 @@ pub struct Completion {
 /// built is held, that is within the `Link::send_batch` call that receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
+    /// What the datagram is, as the part of the engine that built it knows.
+    pub kind: TxKind,
     /// Destination IP.
     pub dst: IpAddr,
     /// UDP source port (the QP's).
@@ -571,6 +573,30 @@ pub struct Transmit {
     pub payload: Vec<u8>,
     /// The rest of the datagram, left in registered memory.
     pub tail: Option<PayloadRef>,
+}
+
+/// What a [`Transmit`] carries, set where the packet is built: a request of the requester,
+/// or one of the responder's answers. A link uses it to choose *when* to send (an ACK may
+/// wait for the end of a receive batch; a response must not overtake ACKs held before it),
+/// never to look inside the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxKind {
+    /// An ACKNOWLEDGE: a positive ACK, a NAK or an RNR NAK (BTH and AETH only).
+    Acknowledge,
+    /// An ATOMIC ACKNOWLEDGE (AETH and AtomicAckETH).
+    AtomicAcknowledge,
+    /// One packet of an RDMA READ response.
+    ReadResponse,
+    /// A request packet (RC, UC or UD), new or retransmitted.
+    Request,
+}
+
+impl TxKind {
+    /// True for the responder's stream (ACKs, NAKs, READ responses, ATOMIC ACKNOWLEDGEs),
+    /// whose packets the peer's completer takes in PSN order.
+    pub const fn is_response(self) -> bool {
+        !matches!(self, TxKind::Request)
+    }
 }
 
 /// The part of a gathered [`Transmit`] after its headers: `len` payload bytes at `ptr` in a
@@ -597,13 +623,14 @@ static PAD_ZEROS: [u8; 3] = [0; 3];
 /// where it is, in a registered MR ([`Transmit::tail`]), with the ICRC computed over headers,
 /// payload and pad in place, for the flow `path`. Valid only under the device lock, as
 /// [`Transmit::parts`] says.
-fn gathered(repr: &PacketRepr, data: &[u8], path: &Path) -> Transmit {
+fn gathered(kind: TxKind, repr: &PacketRepr, data: &[u8], path: &Path) -> Transmit {
     let h = repr.header_len();
     let mut buf = bufpool::take(h);
     repr.emit_headers(&mut buf);
     let pad = repr.buffer_len() - h - data.len() - ICRC_LEN;
     let icrc = icrc_of_body_parts(&path.icrc_ip(), &[&buf, data, &PAD_ZEROS[..pad]]);
     Transmit {
+        kind,
         dst: path.remote,
         src_port: path.src_port,
         payload: buf,
@@ -617,9 +644,10 @@ fn gathered(repr: &PacketRepr, data: &[u8], path: &Path) -> Transmit {
 }
 
 impl Transmit {
-    /// A datagram held whole in `payload`.
-    pub fn new(dst: IpAddr, src_port: u16, payload: Vec<u8>) -> Transmit {
+    /// A datagram of `kind` held whole in `payload`.
+    pub fn new(kind: TxKind, dst: IpAddr, src_port: u16, payload: Vec<u8>) -> Transmit {
         Transmit {
+            kind,
             dst,
             src_port,
             payload,

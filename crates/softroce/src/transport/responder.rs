@@ -7,8 +7,8 @@
 
 use super::error::Disposition;
 use super::{
-    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpType, RecvWqe,
-    RespError, Transmit, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
+    AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpState, QpType,
+    RecvWqe, RespError, Transmit, TxKind, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
 };
 use crate::transport::{Instant, MemoryTable};
 use crate::wire::{
@@ -50,7 +50,7 @@ enum RespItem {
         msn: u32,
     },
     /// A response already built (see `materialize_reads`).
-    Ready(Vec<u8>),
+    Ready(Transmit),
 }
 
 /// Responder state.
@@ -121,6 +121,11 @@ impl QpEngine {
         self.resp.sent_psn_nak = false;
         if pkt.info.kind != OpKind::RdmaRead {
             self.materialize_reads(mem);
+            if self.state == QpState::Err {
+                // A queued READ found its MR gone and moved the QP to ERR.
+                self.counters.drop_packet(DropReason::WrongQpState);
+                return;
+            }
         }
         if let Err(e) = self.execute(pkt, mem) {
             self.resp_fail(e, psn);
@@ -647,7 +652,7 @@ impl QpEngine {
         let Some(path) = self.path else { return };
         let mut ready = VecDeque::new();
         while let Some(t) = self.responder_transmit(&path, mem, false) {
-            ready.push_back(RespItem::Ready(t.payload));
+            ready.push_back(RespItem::Ready(t));
         }
         self.resp.out = ready;
     }
@@ -716,11 +721,12 @@ impl QpEngine {
         let item = self.resp.out.front_mut()?;
         let mut bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, self.attrs.dest_qp_num, Psn::new(0));
         let mut read_src = None;
-        let repr = match item {
-            RespItem::Ready(payload) => {
-                let payload = std::mem::take(payload);
-                self.resp.out.pop_front();
-                return Some(Transmit::new(path.remote, path.src_port, payload));
+        let (kind, repr) = match item {
+            RespItem::Ready(_) => {
+                let Some(RespItem::Ready(t)) = self.resp.out.pop_front() else {
+                    return None;
+                };
+                return Some(t);
             }
             RespItem::Ack { psn, syndrome, msn } => {
                 bth.psn = *psn;
@@ -730,7 +736,7 @@ impl QpEngine {
                     msn: *msn,
                 });
                 self.resp.out.pop_front();
-                r
+                (TxKind::Acknowledge, r)
             }
             RespItem::AtomicAck { psn, orig, msn } => {
                 bth.psn = *psn;
@@ -744,7 +750,7 @@ impl QpEngine {
                     orig_remote_data: *orig,
                 });
                 self.resp.out.pop_front();
-                r
+                (TxKind::AtomicAcknowledge, r)
             }
             RespItem::Read {
                 psn,
@@ -779,7 +785,7 @@ impl QpEngine {
                 if last {
                     self.resp.out.pop_front();
                 }
-                r
+                (TxKind::ReadResponse, r)
             }
         };
         // A READ response's payload: checked against the R_Key now (the MR may have gone
@@ -791,16 +797,13 @@ impl QpEngine {
                 match mem.remote_bytes(rkey, self.pd, self.qpn, va, n, AccessFlags::REMOTE_READ) {
                     Ok(b) => Some(b),
                     Err(_) => {
-                        // The MR went away between the request and this response.
-                        self.resp
-                            .out
-                            .retain(|i| !matches!(i, RespItem::Read { rkey: k, .. } if *k == rkey));
-                        let msn = self.resp.msn;
-                        self.resp.out.push_front(RespItem::Ack {
-                            psn: repr.bth.psn,
-                            syndrome: AethSyndrome::Nak(crate::wire::NakCode::RemoteAccessErr),
-                            msn,
-                        });
+                        // The MR went away between the request and this response: an R_Key
+                        // violation (class C), NAKed at this response's PSN, and the QP goes
+                        // to ERR, as rxe `read_reply` → RESPST_ERR_RKEY_VIOLATION does.
+                        // Nothing queued behind it goes out: rxe would not have executed
+                        // the requests it answers.
+                        self.resp.out.clear();
+                        self.resp_fail(RespError::RkeyViolation, repr.bth.psn);
                         return self.responder_transmit(path, mem, gather);
                     }
                 }
@@ -809,7 +812,7 @@ impl QpEngine {
         };
         if let Some(data) = src.filter(|_| gather) {
             // Headers here, payload straight from the MR, ICRC over both in place.
-            return Some(super::gathered(&repr, data, path));
+            return Some(super::gathered(kind, &repr, data, path));
         }
         let mut buf = super::bufpool::take(repr.buffer_len());
         repr.emit_headers(&mut buf);
@@ -817,6 +820,6 @@ impl QpEngine {
             buf[h..h + n].copy_from_slice(data);
         }
         repr.finish(&mut buf, &path.icrc_ip());
-        Some(Transmit::new(path.remote, path.src_port, buf))
+        Some(Transmit::new(kind, path.remote, path.src_port, buf))
     }
 }

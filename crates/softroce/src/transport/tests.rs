@@ -531,3 +531,194 @@ fn wc_status_order_names_and_texts_match_the_spec() {
         assert_eq!(row.text, s.to_string(), "ibv_wc_status_str({})", row.name);
     }
 }
+
+/// Every datagram polled: its label and its BTH opcode.
+fn sent_kinds(e: &mut QpEngine, mem: &MemoryTable) -> Vec<(TxKind, Opcode)> {
+    std::iter::from_fn(|| e.poll_transmit(Instant::ZERO, mem))
+        .map(|t| {
+            (
+                t.kind,
+                RocePacket::parse(&t.payload).unwrap().repr.bth.opcode,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn rts_every_transmit_is_labelled_with_what_it_carries() {
+    // The link holds ACKs back by this label (net/udp.rs); it never reads the bytes.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let reth = |dma_len| {
+        Some(RethRepr {
+            va,
+            rkey: key,
+            dma_len,
+        })
+    };
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_WRITE_ONLY, PSN, reth(4)),
+        &[1; 4],
+    );
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_RDMA_READ_REQUEST, PSN + 1, reth(2048)),
+        &[],
+    );
+    let mut atomic = PacketRepr::new(bth(Opcode::RC_FETCH_ADD, PSN + 3));
+    atomic.atomic_eth = Some(AtomicEthRepr {
+        va,
+        rkey: key,
+        swap_add: 1,
+        compare: 0,
+    });
+    deliver(&mut e, &mut mem, atomic, &[]);
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_ONLY, PSN + 9, None),
+        &[],
+    );
+    e.post_send(SendWr::new(1, WrOpcode::Send, vec![])).unwrap();
+    assert_eq!(
+        sent_kinds(&mut e, &mem),
+        [
+            (TxKind::Acknowledge, Opcode::RC_ACKNOWLEDGE),
+            (TxKind::ReadResponse, Opcode::RC_RDMA_READ_RESPONSE_FIRST),
+            (TxKind::ReadResponse, Opcode::RC_RDMA_READ_RESPONSE_LAST),
+            (TxKind::AtomicAcknowledge, Opcode::RC_ATOMIC_ACKNOWLEDGE),
+            (TxKind::Acknowledge, Opcode::RC_ACKNOWLEDGE),
+            (TxKind::Request, Opcode::RC_SEND_ONLY),
+        ]
+    );
+}
+
+/// A READ request for `len` bytes at `psn` of the engine's MR.
+fn read_request(psn: u32, key: u32, va: u64, len: u32) -> PacketRepr {
+    let reth = RethRepr {
+        va,
+        rkey: key,
+        dma_len: len,
+    };
+    write(Opcode::RC_RDMA_READ_REQUEST, psn, Some(reth))
+}
+
+const NAK_ACC: Option<u8> = Some(0x62);
+
+#[test]
+fn rts_read_whose_mr_goes_away_mid_response_naks_and_enters_err() {
+    // IBTA class C (rxe read_reply → RESPST_ERR_RKEY_VIOLATION): NAK remote access error at
+    // the response that could not be read, then ERR; later requests are not answered.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 3072), &[]);
+    let first = e.poll_transmit(Instant::ZERO, &mem).unwrap();
+    assert_eq!(
+        RocePacket::parse(&first.payload).unwrap().repr.bth.opcode,
+        Opcode::RC_RDMA_READ_RESPONSE_FIRST
+    );
+    assert!(mem.deregister(key));
+    assert_eq!(
+        sent(&mut e, &mem),
+        [(Opcode::RC_ACKNOWLEDGE, PSN + 1, NAK_ACC)]
+    );
+    assert_eq!(e.state(), QpState::Err);
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_ONLY, PSN + 3, None),
+        &[],
+    );
+    assert_eq!(sent(&mut e, &mem), []);
+    assert_eq!(e.counters().dropped(DropReason::WrongQpState), 1);
+}
+
+#[test]
+fn rts_request_behind_a_read_whose_mr_went_away_is_dropped_after_the_nak() {
+    // The READ's responses are built before the next request executes (PSN order); its MR
+    // is gone by then: the NAK goes out, the QP enters ERR and the SEND is not executed.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    e.post_recv(RecvWr {
+        wr_id: 7,
+        sg_list: vec![],
+    })
+    .unwrap();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 2048), &[]);
+    assert!(mem.deregister(key));
+    deliver(
+        &mut e,
+        &mut mem,
+        write(Opcode::RC_SEND_ONLY, PSN + 2, None),
+        &[],
+    );
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_ACC)]);
+    assert_eq!(e.state(), QpState::Err);
+    assert_eq!(e.counters().dropped(DropReason::WrongQpState), 1);
+    let flushed = e.poll_completion().unwrap().wc;
+    assert_eq!((flushed.wr_id, flushed.status), (7, WcStatus::WrFlushErr));
+}
+
+/// A requester whose 3-packet READ (PSN .. PSN+2) has had its FIRST response: the next
+/// response expected is PSN+1.
+fn requester_mid_read() -> (QpEngine, MemoryTable) {
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let mut w = SendWr::new(
+        9,
+        WrOpcode::RdmaRead,
+        vec![Sge {
+            addr: va,
+            length: 3072,
+            lkey: key,
+        }],
+    );
+    w.remote_addr = 0x1000;
+    w.rkey = 0x77;
+    e.post_send(w).unwrap();
+    assert_eq!(
+        sent(&mut e, &mem),
+        [(Opcode::RC_RDMA_READ_REQUEST, PSN, None)]
+    );
+    let mut first = PacketRepr::new(bth(Opcode::RC_RDMA_READ_RESPONSE_FIRST, PSN));
+    first.aeth = Some(AethRepr {
+        syndrome: AethSyndrome::ACK_UNLIMITED.to_byte(),
+        msn: 1,
+    });
+    deliver(&mut e, &mut mem, first, &[5; 1024]);
+    assert!(e.poll_completion().is_none());
+    (e, mem)
+}
+
+#[test]
+fn rts_error_nak_in_the_midst_of_a_read_response_ends_the_read_at_either_psn() {
+    // rxe "Handle remote errors in the midst of a Read reply sequence": a fixed responder
+    // NAKs at the READ request's PSN (older than the next response expected), others at
+    // the next response's PSN. Either way: the READ completes with the NAK's status, the
+    // QP enters ERR, and nothing is retransmitted.
+    for nak_psn in [PSN, PSN + 1] {
+        let (mut e, mut mem) = requester_mid_read();
+        let mut r = nak(0x62);
+        r.bth.psn = Psn::new(nak_psn);
+        deliver(&mut e, &mut mem, r, &[]);
+        let wc = e.poll_completion().unwrap().wc;
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (9, WcStatus::RemAccessErr),
+            "NAK at {nak_psn:#x}"
+        );
+        assert_eq!(e.state(), QpState::Err);
+        assert_eq!(e.poll_timeout(), None, "no retransmit timer");
+        assert_eq!(sent(&mut e, &mem), []);
+        assert_eq!(e.counters().dropped(DropReason::UnexpectedResponse), 0);
+    }
+}
+
+#[test]
+fn rts_sequence_nak_older_than_the_next_read_response_is_still_dropped() {
+    // Only error NAKs end a READ from behind its next response; a stale sequence NAK does not.
+    let (mut e, mut mem) = requester_mid_read();
+    deliver(&mut e, &mut mem, nak(0x60), &[]);
+    assert_eq!(e.state(), QpState::Rts);
+    assert!(e.poll_completion().is_none());
+    assert_eq!(e.counters().dropped(DropReason::UnexpectedResponse), 1);
+}

@@ -260,6 +260,34 @@ impl Opcode {
         OPCODE_TABLE.iter().find(|row| row.opcode == self)
     }
 
+    /// The opcode of the table row for `transport`, `kind` and `position` whose extension
+    /// headers include ImmDt exactly when `with_immdt` and an IETH exactly when
+    /// `with_ieth` (the `_WITH_IMMEDIATE` and `_WITH_INVALIDATE` variants), or `None` if
+    /// no row has that shape (UC has no SEND with Invalidate, nothing has both).
+    /// Source: the table, as rxe `rxe_req.c` `next_opcode` chooses from `rxe_opcode[]`.
+    pub const fn lookup(
+        transport: Transport,
+        kind: OpKind,
+        position: Position,
+        with_immdt: bool,
+        with_ieth: bool,
+    ) -> Option<Opcode> {
+        let mut i = 0;
+        while i < OPCODE_TABLE.len() {
+            let row = &OPCODE_TABLE[i];
+            if row.transport as u8 == transport as u8
+                && row.kind as u8 == kind as u8
+                && row.position as u8 == position as u8
+                && row.headers.contains(ExtHeaders::IMMDT) == with_immdt
+                && row.headers.contains(ExtHeaders::IETH) == with_ieth
+            {
+                return Some(row.opcode);
+            }
+            i += 1;
+        }
+        None
+    }
+
     /// Transport class from bits 7–5.
     pub const fn transport_bits(self) -> u8 {
         self.0 >> 5
@@ -315,6 +343,22 @@ mod tests {
         let a = ExtHeaders::AETH | ExtHeaders::ATOMIC_ACK_ETH;
         assert_eq!(a.offset_of(ExtHeaders::ATOMIC_ACK_ETH), Some(16));
         assert_eq!(a.offset_of(ExtHeaders::RETH), None);
+    }
+
+    #[test]
+    fn lookup_finds_every_row_by_its_shape() {
+        for row in OPCODE_TABLE {
+            let found = Opcode::lookup(
+                row.transport,
+                row.kind,
+                row.position,
+                row.headers.contains(ExtHeaders::IMMDT),
+                row.headers.contains(ExtHeaders::IETH),
+            );
+            assert_eq!(found, Some(row.opcode), "{}", row.name);
+        }
+        let uc_send_inv = Opcode::lookup(Transport::Uc, OpKind::Send, Position::Last, false, true);
+        assert_eq!(uc_send_inv, None);
     }
 
     #[test]
