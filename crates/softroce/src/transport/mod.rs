@@ -1339,7 +1339,7 @@ fn recv_wc(wr: &RecvWr, status: WcStatus, qpn: u32) -> Wc {
 }
 
 /// PSNs a message of `length` bytes uses at path MTU `pmtu`: max(1, ⌈length / pmtu⌉).
-/// Source: rxe `rxe_req.c` `update_wqe_psn`; FACTS §0.6.
+/// Source: rxe `rxe_req.c` `update_wqe_psn`; docs/wire-facts.md §0.6.
 pub fn psns_for(length: u64, pmtu: u64) -> u32 {
     length.div_ceil(pmtu).max(1) as u32
 }

@@ -351,7 +351,7 @@ impl QpEngine {
 
     /// UD: one SEND ONLY (+IMM) per WQE to the WR's address handle, with a DETH; complete
     /// once sent. A message longer than the path MTU is not sent and completes successfully
-    /// (IBTA C10-93.1.1; rxe `rxe_requester`). Source: IBTA Vol 1 ch. 9 (UD); FACTS §2.12.
+    /// (IBTA C10-93.1.1; rxe `rxe_requester`). Source: IBTA Vol 1 ch. 9 (UD); docs/wire-facts.md §2.12.
     fn ud_transmit(&mut self, path: &Path, mem: &MemoryTable) -> Option<Transmit> {
         let pmtu = self.pmtu();
         loop {
@@ -375,7 +375,7 @@ impl QpEngine {
             };
             let bth = BthRepr {
                 se: w.wr.send_flags.contains(SendFlags::SOLICITED),
-                // rxe sets AckReq on GSI (QP1) packets only (FACTS §2.12).
+                // rxe sets AckReq on GSI (QP1) packets only (docs/wire-facts.md §2.12).
                 ack_req: self.qpn == 1,
                 ..BthRepr::new(opcode, dest.remote_qpn, self.req.psn)
             };

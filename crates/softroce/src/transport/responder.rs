@@ -166,7 +166,7 @@ impl QpEngine {
             return Err(RespError::Rnr);
         }
         // WRITE pad count: 0 on non-final packets, and on the final one the pad of the
-        // remaining RETH length (rxe `check_rkey`; FACTS §2.4).
+        // remaining RETH length (rxe `check_rkey`; docs/wire-facts.md §2.4).
         if info.kind == OpKind::RdmaWrite
             && bth.pad_count != crate::wire::pad_count(pkt.payload.len())
         {
@@ -210,7 +210,7 @@ impl QpEngine {
     /// in order drops the rest of it; a message that fails a check (no receive WQE, R_Key,
     /// length) is dropped silently and its receive WQE is not consumed.
     /// Source: IBTA Vol 1 ch. 9 (UC responder); rxe `rxe_resp.c` (`check_psn` for UC,
-    /// `drop_msg`); FACTS §2.9.
+    /// `drop_msg`); docs/wire-facts.md §2.9.
     fn uc_handle(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) {
         let psn = pkt.repr.bth.psn;
         let starts = pkt.info.position.starts_message();
@@ -239,7 +239,7 @@ impl QpEngine {
     /// then the IPv4 header — goes first in the buffer, then the payload; the work
     /// completion has `IBV_WC_GRH`, `byte_len` = 40 + payload, and `src_qp` from the DETH.
     /// The PSN is ignored. Source: IBTA Vol 1 ch. 9/10 (UD, GRH); rxe `rxe_resp.c` `execute`
-    /// (`union rdma_network_hdr`), `rxe_recv.c` `check_keys`; FACTS §2.12.
+    /// (`union rdma_network_hdr`), `rxe_recv.c` `check_keys`; docs/wire-facts.md §2.12.
     fn ud_handle(&mut self, pkt: &RocePacket<'_>, mem: &mut MemoryTable) {
         let Some(deth) = pkt.repr.deth else {
             self.counters.drop_packet(DropReason::LengthMismatch);

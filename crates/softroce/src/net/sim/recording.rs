@@ -72,11 +72,16 @@ impl Link for RecordingLink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::Transmit;
+    use crate::transport::TxKind;
     use std::net::{IpAddr, Ipv4Addr};
 
     fn datagram(n: u8) -> Transmit {
-        Transmit::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0xc000, vec![n])
+        Transmit::new(
+            TxKind::Request,
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            0xc000,
+            vec![n],
+        )
     }
 
     #[test]
