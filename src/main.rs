@@ -105,6 +105,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    init_log();
     let cli = Cli::parse();
     // `decode` and `sim` open no UDP device, so the options would do nothing but write an
     // empty capture (over the file to decode, if it is the same path).
@@ -147,6 +148,28 @@ fn main() -> ExitCode {
             eprintln!("softroce: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `SOFTROCE_LOG` (tracing-subscriber's EnvFilter syntax, e.g. `debug` or
+/// `softroce::nak=debug,softroce::drop=debug`) turns on the engine's protocol events, one line
+/// each on stderr: packets dropped (with the drop reason), NAKs sent and received,
+/// retransmissions, RNR waits and QP state changes. Without it no subscriber is installed and
+/// the events cost one relaxed load each.
+fn init_log() {
+    let Ok(filter) = std::env::var("SOFTROCE_LOG") else {
+        return;
+    };
+    match tracing_subscriber::EnvFilter::try_new(&filter) {
+        Ok(f) => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(f)
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .without_time()
+                .try_init();
+        }
+        Err(e) => eprintln!("softroce: SOFTROCE_LOG={filter:?} ignored: {e}"),
     }
 }
 

@@ -181,6 +181,14 @@ impl QpEngine {
 
     fn rnr_nak(&mut self, q: Psn, timer: u8, now: Instant) {
         self.counters.rcvd_rnr_err += 1;
+        tracing::debug!(
+            target: "softroce::nak",
+            qpn = %format_args!("{:#x}", self.qpn),
+            psn = %q,
+            wait_us = RNR_TIMER_TABLE_US[usize::from(timer & 0x1f)],
+            rnr_retries_left = self.comp.rnr_left,
+            "requester received RNR NAK timer={timer}: waits, then resends from the PSN"
+        );
         self.ack_through(q.sub(1), now);
         // rnr_retry 7 means retry forever.
         if self.comp.rnr_retry != 7 {
@@ -203,6 +211,12 @@ impl QpEngine {
 
     fn seq_nak(&mut self, q: Psn, now: Instant) {
         self.counters.rcvd_seq_err += 1;
+        tracing::debug!(
+            target: "softroce::nak",
+            qpn = %format_args!("{:#x}", self.qpn),
+            psn = %q,
+            "requester received NAK PSN sequence error: goes back to the PSN"
+        );
         // A NAK acknowledges every earlier PSN.
         self.ack_through(q.sub(1), now);
         // rxe: while a retry is under way with no progress since, another sequence NAK (from
@@ -220,6 +234,13 @@ impl QpEngine {
     }
 
     fn fatal_nak(&mut self, q: Psn, code: NakCode, now: Instant) {
+        tracing::debug!(
+            target: "softroce::nak",
+            qpn = %format_args!("{:#x}", self.qpn),
+            psn = %q,
+            status = nak_wc_status(code).ibv_name(),
+            "requester received NAK {code}: the WR completes in error, the QP enters ERR"
+        );
         self.ack_through(q.sub(1), now);
         self.pop_completed(nak_wc_status(code), 0);
         self.enter_error();
@@ -229,12 +250,25 @@ impl QpEngine {
     /// `IBV_WC_RETRY_EXC_ERR`, moves to ERR and returns false.
     fn use_retry(&mut self) -> bool {
         if self.comp.retry_left == 0 {
+            tracing::debug!(
+                target: "softroce::retransmit",
+                qpn = %format_args!("{:#x}", self.qpn),
+                psn = %self.comp.psn,
+                "retry count exceeded: IBV_WC_RETRY_EXC_ERR, the QP enters ERR"
+            );
             self.counters.retry_exceeded_err += 1;
             self.pop_completed(WcStatus::RetryExcErr, 0);
             self.enter_error();
             return false;
         }
         self.comp.retry_left -= 1;
+        tracing::debug!(
+            target: "softroce::retransmit",
+            qpn = %format_args!("{:#x}", self.qpn),
+            from_psn = %self.comp.psn,
+            retries_left = self.comp.retry_left,
+            "requester retransmits"
+        );
         // rxe RXE_CNT_COMP_RETRY: every retry started, by timeout or by NAK.
         self.counters.completer_retry_err += 1;
         true

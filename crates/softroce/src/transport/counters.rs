@@ -162,6 +162,7 @@ pub struct Counters {
 impl Counters {
     /// Counts one dropped packet.
     pub fn drop_packet(&mut self, why: DropReason) {
+        tracing::debug!(target: "softroce::drop", reason = why.name(), "packet dropped");
         if let Some(i) = DropReason::ALL.iter().position(|r| *r == why) {
             self.drops[i] += 1;
         }

@@ -993,6 +993,11 @@ impl QpEngine {
     /// The verbs layer checks that the transition and its attributes are allowed.
     pub fn set_state(&mut self, new: QpState) {
         let old = self.state;
+        tracing::debug!(
+            target: "softroce::qp",
+            qpn = %format_args!("{:#x}", self.qpn),
+            "QP state {old:?} -> {new:?} (modify_qp)"
+        );
         self.state = new;
         self.on_modify_state(old, new);
         match new {
@@ -1297,6 +1302,11 @@ impl QpEngine {
     /// Enters ERR: completes the failing WQE (if any was given) with `status`, then flushes.
     fn enter_error(&mut self) {
         let old = self.state;
+        tracing::debug!(
+            target: "softroce::qp",
+            qpn = %format_args!("{:#x}", self.qpn),
+            "QP state {old:?} -> Err (transport error)"
+        );
         self.state = QpState::Err;
         self.on_fatal(old);
         self.flush();

@@ -690,6 +690,15 @@ impl QpEngine {
 
     fn resp_fail(&mut self, e: RespError, psn: Psn) {
         let Disposition { nak, wc_status, qp } = e.disposition(self.attrs.min_rnr_timer);
+        if let Some(syndrome) = nak {
+            tracing::debug!(
+                target: "softroce::nak",
+                qpn = %format_args!("{:#x}", self.qpn),
+                %psn,
+                error = ?e,
+                "responder sends {syndrome}"
+            );
+        }
         if e == RespError::Rnr {
             self.counters.send_rnr_err += 1;
         }
