@@ -213,7 +213,7 @@ pub struct ibv_device_attr_ex {
     pub phys_port_cnt_ex: u32,
 }
 /// Bytes from after `comp_mask` to `xrc_odp_caps` (odp_caps … pci_atomic_caps).
-pub const IBV_DEVICE_ATTR_EX_EXTENDED: usize = 164;
+pub const IBV_DEVICE_ATTR_EX_EXTENDED: usize = 156;
 
 /// `struct ibv_port_attr`.
 #[repr(C)]
