@@ -27,6 +27,7 @@ mod rdma_write_client;
 mod decode;
 mod devinfo;
 mod exchange;
+mod exec;
 mod perf;
 mod pingpong;
 mod sim;
@@ -85,6 +86,9 @@ enum Command {
     /// A scriptable RC responder: prints its QPN, PSN and MRs as JSON, then takes JSON
     /// commands on stdin and reports every completion as a JSON line.
     Target(target::TargetArgs),
+    /// Runs an unmodified verbs program (linked with libibverbs) on softroce devices:
+    /// `softroce exec [--ip ADDR[,ADDR…]] -- PROGRAM [ARGS…]`.
+    Exec(exec::ExecArgs),
     /// Explains every frame of a pcap or pcapng file (Ethernet, raw IP or Linux cooked).
     Decode {
         /// One JSON object per frame instead of one line of text.
@@ -107,6 +111,18 @@ fn main() -> ExitCode {
     }
     init_log();
     let cli = Cli::parse();
+    if let Command::Exec(args) = cli.command {
+        // Returns only when the program could not be started.
+        if cli.pcap.is_some() || cli.exact_icrc {
+            eprintln!("softroce: --pcap and --exact-icrc do not apply to exec");
+            return ExitCode::from(2);
+        }
+        let e = exec::run(args)
+            .err()
+            .map_or_else(String::new, |e| e.to_string());
+        eprintln!("softroce: {e}");
+        return ExitCode::from(127);
+    }
     // `decode` and `sim` open no UDP device, so the options would do nothing but write an
     // empty capture (over the file to decode, if it is the same path).
     if matches!(cli.command, Command::Decode { .. } | Command::Sim(_))
@@ -138,6 +154,7 @@ fn main() -> ExitCode {
         Command::Decode { json, file } => decode::run(&file, json),
         Command::Sim(args) => sim::run_sim(args),
         Command::Target(args) => target::run(args),
+        Command::Exec(_) => unreachable!("exec returned above"),
     };
     // Flushed on failure too: the capture of a failed run is the interesting one.
     let flushed = finish_capture(capture, cli.pcap.as_deref());

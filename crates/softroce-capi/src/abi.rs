@@ -1,0 +1,535 @@
+//! `#[repr(C)]` mirrors of the structs of `<infiniband/verbs.h>` (rdma-core 44) that this
+//! library hands out or reads. Field names are verbs.h's; unions keep only the members
+//! softroce reads, padded to the union's size. Every size and offset is checked against the
+//! installed header by `layout_tests` (a C program compiled with `cc`).
+#![allow(non_camel_case_types)]
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+use libc::{pthread_cond_t, pthread_mutex_t};
+
+/// A function pointer softroce leaves NULL (its type does not matter: NULL is NULL).
+pub type Unset = Option<unsafe extern "C" fn()>;
+
+/// `IBV_SYSFS_NAME_MAX`.
+pub const IBV_SYSFS_NAME_MAX: usize = 64;
+/// `IBV_SYSFS_PATH_MAX`.
+pub const IBV_SYSFS_PATH_MAX: usize = 256;
+
+/// `struct _ibv_device_ops`.
+#[repr(C)]
+pub struct _ibv_device_ops {
+    pub _dummy1: Unset,
+    pub _dummy2: Unset,
+}
+
+/// `struct ibv_device`.
+#[repr(C)]
+pub struct ibv_device {
+    pub _ops: _ibv_device_ops,
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_path: [c_char; IBV_SYSFS_PATH_MAX],
+    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
+}
+
+pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub type ReqNotifyFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+pub type PostSrqRecvFn =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecvFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+
+/// `struct ibv_context_ops`: the data path the static inline verbs call through.
+#[repr(C)]
+pub struct ibv_context_ops {
+    pub _compat_query_device: Unset,
+    pub _compat_query_port: Unset,
+    pub _compat_alloc_pd: Unset,
+    pub _compat_dealloc_pd: Unset,
+    pub _compat_reg_mr: Unset,
+    pub _compat_rereg_mr: Unset,
+    pub _compat_dereg_mr: Unset,
+    pub alloc_mw: Unset,
+    pub bind_mw: Unset,
+    pub dealloc_mw: Unset,
+    pub _compat_create_cq: Unset,
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyFn>,
+    pub _compat_cq_event: Unset,
+    pub _compat_resize_cq: Unset,
+    pub _compat_destroy_cq: Unset,
+    pub _compat_create_srq: Unset,
+    pub _compat_modify_srq: Unset,
+    pub _compat_query_srq: Unset,
+    pub _compat_destroy_srq: Unset,
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    pub _compat_create_qp: Unset,
+    pub _compat_query_qp: Unset,
+    pub _compat_modify_qp: Unset,
+    pub _compat_destroy_qp: Unset,
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    pub _compat_create_ah: Unset,
+    pub _compat_destroy_ah: Unset,
+    pub _compat_attach_mcast: Unset,
+    pub _compat_detach_mcast: Unset,
+    pub _compat_async_event: Unset,
+}
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `__VERBS_ABI_IS_EXTENDED`: `abi_compat` of a context that has a `verbs_context`.
+pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
+
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type QueryDeviceExFn = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const ibv_query_device_ex_input,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
+
+/// `struct verbs_context`: the extended ops, which sit before the `ibv_context`.
+#[repr(C)]
+pub struct verbs_context {
+    pub query_port: Option<QueryPortFn>,
+    pub advise_mr: Unset,
+    pub alloc_null_mr: Unset,
+    pub read_counters: Unset,
+    pub attach_counters_point_flow: Unset,
+    pub create_counters: Unset,
+    pub destroy_counters: Unset,
+    pub reg_dm_mr: Unset,
+    pub alloc_dm: Unset,
+    pub free_dm: Unset,
+    pub modify_flow_action_esp: Unset,
+    pub destroy_flow_action: Unset,
+    pub create_flow_action_esp: Unset,
+    pub modify_qp_rate_limit: Unset,
+    pub alloc_parent_domain: Unset,
+    pub dealloc_td: Unset,
+    pub alloc_td: Unset,
+    pub modify_cq: Unset,
+    pub post_srq_ops: Unset,
+    pub destroy_rwq_ind_table: Unset,
+    pub create_rwq_ind_table: Unset,
+    pub destroy_wq: Unset,
+    pub modify_wq: Unset,
+    pub create_wq: Unset,
+    pub query_rt_values: Unset,
+    pub create_cq_ex: Unset,
+    pub priv_: *mut c_void,
+    pub query_device_ex: Option<QueryDeviceExFn>,
+    pub ibv_destroy_flow: Unset,
+    pub abi_placeholder2: Unset,
+    pub ibv_create_flow: Unset,
+    pub abi_placeholder1: Unset,
+    pub open_qp: Unset,
+    pub create_qp_ex: Unset,
+    pub get_srq_num: Unset,
+    pub create_srq_ex: Unset,
+    pub open_xrcd: Unset,
+    pub close_xrcd: Unset,
+    pub _abi_placeholder3: u64,
+    pub sz: usize,
+    pub context: ibv_context,
+}
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: c_uint,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_int,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_query_device_ex_input`.
+#[repr(C)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_device_attr_ex`: `orig_attr`, `comp_mask`, then the extended capabilities,
+/// which softroce reports as zero (none), and `phys_port_cnt_ex`.
+#[repr(C)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub _extended: [u8; IBV_DEVICE_ATTR_EX_EXTENDED],
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
+}
+/// Bytes from after `comp_mask` to `xrc_odp_caps` (odp_caps … pci_atomic_caps).
+pub const IBV_DEVICE_ATTR_EX_EXTENDED: usize = 156;
+
+/// `struct ibv_port_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_port_attr {
+    pub state: c_int,
+    pub max_mtu: c_int,
+    pub active_mtu: c_int,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// `union ibv_gid` (16 bytes, aligned as its two `__be64` halves).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_gid_entry`.
+#[repr(C)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_int,
+    pub qp_type: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_int,
+    pub cur_qp_state: c_int,
+    pub path_mtu: c_int,
+    pub path_mig_state: c_int,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+/// `ibv_send_wr.wr.rdma`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_rdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// `ibv_send_wr.wr.atomic`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_atomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+/// `ibv_send_wr.wr.ud`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_ud {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// `ibv_send_wr.wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    pub rdma: ibv_send_wr_rdma,
+    pub atomic: ibv_send_wr_atomic,
+    pub ud: ibv_send_wr_ud,
+}
+
+/// `struct ibv_send_wr`.
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: c_int,
+    pub send_flags: c_uint,
+    /// `imm_data` (network byte order) or `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`.
+    pub remote_srqn: u32,
+    /// The `bind_mw` / `tso` union (softroce does not read it).
+    pub bind_mw: [u64; 6],
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: c_int,
+    pub opcode: c_int,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (network byte order) or `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_async_event`.
+#[repr(C)]
+pub struct ibv_async_event {
+    /// `element`: a CQ, QP, SRQ or WQ pointer, or `port_num`.
+    pub element: *mut c_void,
+    pub event_type: c_int,
+}

@@ -1,0 +1,92 @@
+//! `libibverbs.so.1` over the softroce engine: a drop-in for rdma-core's libibverbs that
+//! runs unmodified, dynamically linked verbs programs on softroce devices.
+//!
+//! Layer: a frontend over `softroce::verbs` (objects, checks, errors) and
+//! `softroce::net::UdpDevice` (one UDP socket and driver thread per opened device). It adds no
+//! protocol: every verb converts the C structs of `<infiniband/verbs.h>` (mirrored in [`abi`])
+//! to the engine's types and back.
+//!
+//! - Devices: one per address in `$SOFTROCE_IP` (`softroce::net::discover`), named
+//!   `softroce0`, `softroce1`, …; `ibv_open_device` binds the address's UDP port 4791 (two
+//!   opens of one device in a process share the engine device).
+//! - Handles: every object is one `Box` of a `#[repr(C)]` struct whose first field is the C
+//!   struct libibverbs defines (`*mut ibv_qp` and `*mut Qp` convert by cast), freed by its
+//!   `ibv_destroy_*`. The context is a `verbs_context` (whose last field is the `ibv_context`
+//!   handed out) followed by softroce's state.
+//! - Symbols: `exports.txt` lists every symbol of rdma-core 44's libibverbs.so.1 with its
+//!   version node; build.rs makes the version script and one `.symver` per symbol. What
+//!   softroce does not implement returns EOPNOTSUPP (NULL/-1 with errno, as each returns).
+//! - Errors: every entry point runs inside [`ffi!`], which turns a panic into the function's
+//!   error return (errno `EIO`); no panic crosses the C boundary.
+//! - Memory: `ibv_reg_mr` registers the caller's memory itself (`Pd::reg_mr_user`); RDMA
+//!   WRITEs land in it.
+
+#![cfg_attr(test, allow(dead_code, unused_imports, unused_macros))]
+
+pub mod abi;
+mod device;
+mod objects;
+mod post;
+mod strings;
+
+#[cfg(test)]
+mod layout_tests;
+
+pub(crate) use device::*;
+pub(crate) use objects::*;
+pub(crate) use strings::*;
+
+/// Runs an `extern "C"` body, turning a panic into `$on_panic` with errno `EIO`.
+macro_rules! ffi {
+    ($on_panic:expr, $body:block) => {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
+            Ok(v) => v,
+            Err(_) => {
+                $crate::set_errno(libc::EIO);
+                $on_panic
+            }
+        }
+    };
+}
+pub(crate) use ffi;
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// NULL with errno `e`: the failure of a constructor.
+pub(crate) fn null_errno<T>(e: i32) -> *mut T {
+    set_errno(e);
+    std::ptr::null_mut()
+}
+
+/// -1 with errno `e`: the failure of the verbs whose man page says "-1 and errno".
+pub(crate) fn neg_errno(e: i32) -> i32 {
+    set_errno(e);
+    -1
+}
+
+/// The tail jump of an export trampoline to its Rust function `{f}`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! jump {
+    () => {
+        "jmp {f}"
+    };
+}
+#[cfg(target_arch = "aarch64")]
+macro_rules! jump {
+    () => {
+        "b {f}"
+    };
+}
+#[cfg(not(test))]
+pub(crate) use jump;
+
+// The versioned symbols (generated from exports.txt by build.rs). Not in the unit-test
+// binary, which is an executable without the version script.
+#[cfg(not(test))]
+mod exports {
+    include!(concat!(env!("OUT_DIR"), "/exports.rs"));
+}

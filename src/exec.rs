@@ -1,0 +1,67 @@
+//! `softroce exec`: runs an unmodified, dynamically linked verbs program on softroce devices.
+//! It puts the directory holding softroce's `libibverbs.so.1` (crates/softroce-capi) first in
+//! `LD_LIBRARY_PATH`, sets `SOFTROCE_IP` when `--ip` is given, and replaces itself with the
+//! program (`execvp`), which then loads softroce's library instead of rdma-core's.
+//!
+//! The library directory is `$SOFTROCE_LIB_DIR` when set, else `softroce-libs/` next to this
+//! executable (`target/<profile>/softroce-libs/libibverbs.so.1`, the link
+//! crates/softroce-capi/build.rs makes to `target/<profile>/libsoftroce_capi.so`).
+
+use crate::BoxError;
+use softroce::net::discover::{SOFTROCE_IP, parse_device_list};
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+
+/// Environment variable naming the directory that holds softroce's `libibverbs.so.1`.
+pub const SOFTROCE_LIB_DIR: &str = "SOFTROCE_LIB_DIR";
+
+#[derive(clap::Args)]
+pub struct ExecArgs {
+    /// The devices' addresses, comma-separated (softroce0, softroce1, … in that order);
+    /// sets SOFTROCE_IP for the program. Default: SOFTROCE_IP as set, else 127.0.0.1.
+    #[arg(long)]
+    ip: Option<String>,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    program: Vec<OsString>,
+}
+
+/// The directory holding softroce's `libibverbs.so.1`.
+pub fn lib_dir() -> Result<PathBuf, BoxError> {
+    let dir = match std::env::var_os(SOFTROCE_LIB_DIR) {
+        Some(d) => PathBuf::from(d),
+        None => std::env::current_exe()?
+            .parent()
+            .ok_or("cannot locate the softroce executable's directory")?
+            .join("softroce-libs"),
+    };
+    if !dir.join("libibverbs.so.1").exists() {
+        return Err(format!(
+            "{}/libibverbs.so.1 not found: build it with `cargo build -p softroce-capi` \
+             (same profile as this softroce), or set {SOFTROCE_LIB_DIR} to its directory",
+            dir.display()
+        )
+        .into());
+    }
+    Ok(dir)
+}
+
+/// Execs the program; returns only on failure.
+pub fn run(args: ExecArgs) -> Result<(), BoxError> {
+    let dir = lib_dir()?;
+    let mut cmd = std::process::Command::new(&args.program[0]);
+    cmd.args(&args.program[1..]);
+    if let Some(ip) = &args.ip {
+        parse_device_list(ip)?;
+        cmd.env(SOFTROCE_IP, ip);
+    }
+    let mut path = dir.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    cmd.env("LD_LIBRARY_PATH", path);
+    let e = cmd.exec();
+    Err(format!("cannot run {}: {e}", args.program[0].to_string_lossy()).into())
+}
