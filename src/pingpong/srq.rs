@@ -145,10 +145,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
             .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
     }
     let gid_index = a.gid_idx.unwrap_or(1);
-    let gid = dev
-        .query_gid(1, gid_index)
-        .map_err(|e| format!("can't read sgid of index {gid_index}: {e}"))?
-        .gid;
+    let gid = super::local_gid(&dev, gid_index, "-g")?;
     let mut me = [PingpongDest {
         lid: 0,
         qpn: 0,

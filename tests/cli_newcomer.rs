@@ -1,0 +1,75 @@
+//! What a newcomer hit (issue 17 items 4, 6, 7, 10), each as they typed it: `-g 0` from a
+//! Soft-RoCE tutorial, `-e` on the rc/uc/ud pingpongs, perftest options, limits in errors.
+//! Addresses: 127.0.91.0/24, which no other test uses (tests/cli_devinfo.rs takes .1-.19).
+
+use std::time::Duration;
+
+mod proc;
+
+use proc::{finish, free_port, read_until_line, spawn, text};
+
+/// Runs softroce with `args` alone; (success, stdout + stderr). A hang fails the test.
+fn alone(args: &[&str]) -> (bool, String) {
+    let o = finish(spawn(args), Duration::from_secs(30));
+    (o.status.success(), text(&o))
+}
+
+// Issue 17 item 4: GID 0 is the link-local GID, which the device does not send from; each side
+// says so before any exchange, naming the index to use.
+#[test]
+fn gid_index_0_fails_on_both_sides_naming_g_1() {
+    for t in ["--rc", "--uc", "--ud", "--srq"] {
+        let (ok, out) = alone(&["pingpong", t, "-g", "0", "--ip", "127.0.91.20"]);
+        assert!(!ok, "{t} server: {out}");
+        assert!(out.contains("-g 0: GID[0] fe80::"), "{t} server: {out}");
+        assert!(out.contains("use -g 1"), "{t} server: {out}");
+        // The client fails the same way before it connects (nothing listens on .21).
+        let (ok, out) = alone(&[
+            "pingpong",
+            t,
+            "-g",
+            "0",
+            "--ip",
+            "127.0.91.20",
+            "127.0.91.21",
+        ]);
+        assert!(!ok, "{t} client: {out}");
+        assert!(
+            out.contains("use -g 1, the GID of the device address, ::ffff:127.0.91.20"),
+            "{t} client: {out}"
+        );
+    }
+    let (ok, out) = alone(&["perf", "write_bw", "-x", "0", "--ip", "127.0.91.20"]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("use -x 1"), "{out}");
+}
+
+/// Server on `.{a}`, client on `.{a+1}` with `extra` options; both must succeed.
+fn pingpong_pair(a: u8, extra: &[&str]) -> (String, String) {
+    let (sip, cip) = (format!("127.0.91.{a}"), format!("127.0.91.{}", a + 1));
+    let port = free_port(&sip).to_string();
+    let common = [&["pingpong", "-p", &port, "-n", "50"][..], extra].concat();
+    let mut server = spawn(&[&common[..], &["--ip", &sip]].concat());
+    let head = read_until_line(&mut server, false, "local address", |l| {
+        l.starts_with("  local address:")
+    });
+    let client = spawn(&[&common[..], &["--ip", &cip, &sip]].concat());
+    let c = finish(client, Duration::from_secs(60));
+    let s = finish(server, Duration::from_secs(60));
+    let (cs, ss) = (text(&c), format!("{head}{}", text(&s)));
+    assert!(c.status.success(), "{extra:?} client:\n{cs}\nserver:\n{ss}");
+    assert!(s.status.success(), "{extra:?} server:\n{ss}\nclient:\n{cs}");
+    (cs, ss)
+}
+
+// Issue 17 item 6: rdma-core's rc, uc and ud pingpongs all take -e (CQ events).
+#[test]
+fn pingpong_e_sleeps_on_cq_events_for_rc_uc_ud() {
+    for (a, t) in [(30, "--rc"), (32, "--uc"), (34, "--ud")] {
+        let (c, s) = pingpong_pair(a, &[t, "-e", "-s", "1024"]);
+        for out in [c, s] {
+            assert!(out.contains("102400 bytes in "), "{t}: {out}");
+            assert!(out.contains("50 iters in "), "{t}: {out}");
+        }
+    }
+}
