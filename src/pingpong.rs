@@ -187,6 +187,21 @@ pub fn local_gid(dev: &softroce::verbs::Device, index: u8, flag: &str) -> Result
     Ok(entry.gid)
 }
 
+/// `-s`: the one MR holds a send area and a receive area of `size` bytes (plus `grh` for UD),
+/// so it must fit the device's `max_mr_size`. Errors: the size and the largest one allowed.
+pub fn check_size(dev: &softroce::verbs::Device, size: usize, grh: usize) -> Result<(), BoxError> {
+    let max_mr = dev.query_device().max_mr_size;
+    let max = (max_mr.saturating_sub(grh as u64)) / 2;
+    if size as u64 > max {
+        return Err(format!(
+            "-s {size}: message size out of range: at most {max} (the MR holds a send and a \
+             receive buffer of that size, and max_mr_size is {max_mr})"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// One side's address as the pingpong tools exchange it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PingpongDest {
@@ -327,6 +342,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         srq: None,
     })?;
     // [0, size): the buffer SENDs go from; [size, 2 × size + grh): where receives land.
+    check_size(&dev, size, grh)?;
     let mr = pd.reg_mr((2 * size + grh).max(1), AccessFlags::LOCAL_WRITE)?;
     let mut buf: Vec<u8> = (0..size).map(fill_byte).collect();
     if a.chk && a.host.is_some() {

@@ -73,3 +73,63 @@ fn pingpong_e_sleeps_on_cq_events_for_rc_uc_ud() {
         }
     }
 }
+
+// Issue 17 item 7: an out-of-range value is refused naming the limit, and a post on an
+// unconnected QP names its state.
+#[test]
+fn limits_and_states_are_named_in_errors() {
+    let (ok, out) = alone(&[
+        "pingpong",
+        "--rc",
+        "-s",
+        "3000000000",
+        "--ip",
+        "127.0.91.40",
+    ]);
+    assert!(!ok);
+    assert!(
+        out.contains("-s 3000000000: message size out of range: at most 1073741824"),
+        "{out}"
+    );
+    let (ok, out) = alone(&["pingpong", "--rc", "-r", "100000", "--ip", "127.0.91.40"]);
+    assert!(!ok);
+    assert!(
+        out.contains("max_recv_wr 100000 out of range")
+            && out.contains("max_recv_wr 0..=16384, max_qp_wr"),
+        "{out}"
+    );
+}
+
+#[test]
+fn target_post_send_before_connect_names_reset() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(proc::BIN)
+        .args(["target", "--ip", "127.0.91.41"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    writeln!(
+        stdin,
+        r#"{{"post_send": {{"opcode": "send", "length": 8}}}}"#
+    )
+    .expect("writes");
+    // End of input ends the target.
+    drop(stdin);
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("waits").is_none() {
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            panic!("target still runs after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = text(&child.wait_with_output().expect("output"));
+    assert!(
+        out.contains("post_send: the QP is in RESET; posting needs RTS (connect the QP first)"),
+        "{out}"
+    );
+}

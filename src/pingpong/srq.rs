@@ -78,6 +78,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     };
     let pd = dev.alloc_pd()?;
     // [0, size): SENDs go from here; [size, 2 × size): every receive lands here.
+    super::check_size(&dev, size, 0)?;
     let mr = pd.reg_mr(2 * size, AccessFlags::LOCAL_WRITE)?;
     let cqe = a.rx_depth + num_qp_arg;
     let cq = match &channel {

@@ -216,6 +216,18 @@ pub struct PortAttr {
     pub phys_state: u8,
 }
 
+/// `reg_mr` of `length` bytes, 0 or over [`crate::transport::MAX_MSG_BYTES`]: the error names
+/// the length and the limit.
+pub(super) fn reg_mr_length_error(length: usize) -> Error {
+    Error::new(
+        ErrorKind::Inval,
+        format!(
+            "reg_mr: length {length} out of range (1..={}, max_mr_size)",
+            crate::transport::MAX_MSG_BYTES
+        ),
+    )
+}
+
 /// Largest queue depth, SGE count, CQ size.
 const MAX_QP_WR: u32 = 16384;
 const MAX_SGE: u32 = 32;
@@ -604,7 +616,10 @@ impl Device {
     /// maximum.
     pub fn create_cq(&self, cqe: u32) -> Result<Cq> {
         if cqe == 0 || cqe > MAX_CQE {
-            return Err(Error::new(ErrorKind::Inval, "create_cq: cqe out of range"));
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("create_cq: cqe {cqe} out of range (1..={MAX_CQE}, max_cqe)"),
+            ));
         }
         Ok(Cq {
             shared: Arc::new(CqShared::new(cqe)),
@@ -1055,7 +1070,7 @@ impl Pd {
     /// without LOCAL_WRITE (as `ibv_reg_mr`); `ENOMEM` when the key table is full.
     pub fn reg_mr(&self, length: usize, access: AccessFlags) -> Result<Mr> {
         if length == 0 || length as u64 > crate::transport::MAX_MSG_BYTES {
-            return Err(Error::new(ErrorKind::Inval, "reg_mr: length out of range"));
+            return Err(reg_mr_length_error(length));
         }
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
             && !access.contains(AccessFlags::LOCAL_WRITE)
@@ -1087,13 +1102,21 @@ impl Pd {
         if c.max_send_wr == 0 || c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
             return Err(Error::new(
                 ErrorKind::Inval,
-                "create_qp: max_send_wr/max_recv_wr out of range",
+                format!(
+                    "create_qp: max_send_wr {} / max_recv_wr {} out of range (max_send_wr \
+                     1..={MAX_QP_WR}, max_recv_wr 0..={MAX_QP_WR}, max_qp_wr)",
+                    c.max_send_wr, c.max_recv_wr
+                ),
             ));
         }
         if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE {
             return Err(Error::new(
                 ErrorKind::Inval,
-                "create_qp: max_sge out of range",
+                format!(
+                    "create_qp: max_send_sge {} / max_recv_sge {} out of range (at most \
+                     {MAX_SGE}, max_sge)",
+                    c.max_send_sge, c.max_recv_sge
+                ),
             ));
         }
         if c.max_inline_data > crate::transport::MAX_INLINE_DATA {
@@ -1528,7 +1551,7 @@ impl Qp {
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = slot.engine.post_send_mem(wr.clone(), mrs) {
-                result = Err(post_error("post_send", e).at_wr(i));
+                result = Err(post_error("post_send", e, slot.engine.state()).at_wr(i));
                 break;
             }
         }
@@ -1549,7 +1572,7 @@ impl Qp {
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = slot.engine.post_recv(wr.clone()) {
-                result = Err(post_error("post_recv", e).at_wr(i));
+                result = Err(post_error("post_recv", e, slot.engine.state()).at_wr(i));
                 break;
             }
         }
@@ -1828,13 +1851,25 @@ impl Pd {
     }
 }
 
-fn post_error(call: &'static str, e: PostError) -> Error {
+/// The error of a refused post on a QP in `state`; a refusal for the state names it and the
+/// state that would accept the post.
+fn post_error(call: &'static str, e: PostError, state: QpState) -> Error {
     match e {
         PostError::QueueFull => Error::new(ErrorKind::NoMem, format!("{call}: queue full")),
-        PostError::WrongState => Error::new(
-            ErrorKind::Inval,
-            format!("{call}: QP state does not allow posting"),
-        ),
+        PostError::WrongState => {
+            let needs = if call == "post_recv" {
+                "INIT or later"
+            } else {
+                "RTS"
+            };
+            Error::new(
+                ErrorKind::Inval,
+                format!(
+                    "{call}: the QP is in {}; posting needs {needs} (connect the QP first)",
+                    state.name()
+                ),
+            )
+        }
         PostError::Invalid(what) => Error::new(ErrorKind::Inval, format!("{call}: {what}")),
         PostError::NotSupported => Error::new(
             ErrorKind::OpNotSupp,
