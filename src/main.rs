@@ -64,16 +64,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.2")]
         client_ip: IpAddr,
     },
-    /// Describes a device the way `ibv_devinfo -v` does.
-    Devinfo {
-        /// Device address (the device binds UDP port 4791 on it); default $SOFTROCE_IP, else
-        /// 127.0.0.1, as every subcommand that opens a device.
-        #[arg(long)]
-        ip: Option<IpAddr>,
-        /// Device name.
-        #[arg(short = 'd', long = "ib-dev", default_value = "softroce0")]
-        name: String,
-    },
+    /// rdma-core's ibv_devinfo (-d, -i, -l, -v): opens each device and describes it.
+    Devinfo(devinfo::DevinfoArgs),
     /// rdma-core's ibv_rc/uc/ud/srq_pingpong on a softroce device (--rc, --uc, --ud or --srq;
     /// same options and TCP exchange).
     Pingpong(pingpong::PingpongArgs),
@@ -146,9 +138,7 @@ fn main() -> ExitCode {
             server_ip,
             client_ip,
         } => demo(server_ip, client_ip),
-        Command::Devinfo { ip, name } => {
-            pingpong::device_ip(ip).and_then(|ip| devinfo::run(ip, &name))
-        }
+        Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Decode { json, file } => decode::run(&file, json),

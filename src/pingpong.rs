@@ -114,7 +114,7 @@ pub struct PingpongArgs {
     /// --srq: number of QPs to use [default: 16].
     #[arg(short = 'q', long = "num-qp")]
     num_qp: Option<u32>,
-    /// --srq: sleep on CQ events (a completion channel) instead of polling.
+    /// Sleep on CQ events (a completion channel) instead of polling, as the rdma-core tools' -e.
     #[arg(short = 'e', long = "events")]
     events: bool,
     /// Server to connect to; without it, wait for a client.
@@ -164,6 +164,42 @@ pub struct PingpongArgs {
 /// Errors: `$SOFTROCE_IP` that names no IP address.
 pub fn device_ip(ip: Option<IpAddr>) -> Result<IpAddr, BoxError> {
     Ok(softroce::net::discover::default_device_ip(ip)?)
+}
+
+/// The GID at `index` of `dev`'s table, checked before anything is exchanged, so that both
+/// sides of a run fail at once and say why (`flag` is the option that chose the index: `-g`
+/// for pingpong, `-x` for perf). Errors: an index past the table; index 0, the link-local GID
+/// (fe80::, from the device's derived MAC, as kernel rxe's GID 0 is its netdev's link-local
+/// address), which no socket of the device is bound to, so the device sends only from index
+/// 1, its own address.
+pub fn local_gid(dev: &softroce::verbs::Device, index: u8, flag: &str) -> Result<Gid, BoxError> {
+    let entry = dev
+        .query_gid(1, index)
+        .map_err(|e| format!("can't read sgid of index {index}: {e}; use {flag} 1"))?;
+    let own = Gid::from_ip(dev.ip());
+    if entry.gid != own {
+        return Err(format!(
+            "{flag} {index}: GID[{index}] {} is the link-local GID, which softroce devices do not              send from (on kernel rxe it would not route between two loopback addresses either):              use {flag} 1, the GID of the device address, {own}",
+            std::net::Ipv6Addr::from(entry.gid.0)
+        )
+        .into());
+    }
+    Ok(entry.gid)
+}
+
+/// `-s`: the one MR holds a send area and a receive area of `size` bytes (plus `grh` for UD),
+/// so it must fit the device's `max_mr_size`. Errors: the size and the largest one allowed.
+pub fn check_size(dev: &softroce::verbs::Device, size: usize, grh: usize) -> Result<(), BoxError> {
+    let max_mr = dev.query_device().max_mr_size;
+    let max = (max_mr.saturating_sub(grh as u64)) / 2;
+    if size as u64 > max {
+        return Err(format!(
+            "-s {size}: message size out of range: at most {max} (the MR holds a send and a \
+             receive buffer of that size, and max_mr_size is {max_mr})"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// One side's address as the pingpong tools exchange it.
@@ -244,8 +280,8 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     if a.srq {
         return srq::run(a);
     }
-    if a.num_qp.is_some() || a.events {
-        return Err("-q and -e are ibv_srq_pingpong options: use them with --srq".into());
+    if a.num_qp.is_some() {
+        return Err("-q is an ibv_srq_pingpong option: use it with --srq".into());
     }
     let qp_type = if a.uc {
         QpType::Uc
@@ -274,8 +310,17 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
 
     // The error names the device, its address and port, and a hint.
     let dev = UdpDevice::open(&a.ib_dev, ip)?;
+    // -e: completions wake the loop through a completion channel, as rc_pingpong's -e.
+    let channel = if a.events {
+        Some(dev.create_comp_channel()?)
+    } else {
+        None
+    };
     let pd = dev.alloc_pd()?;
-    let cq = dev.create_cq(a.rx_depth + 1)?;
+    let cq = match &channel {
+        Some(ch) => dev.create_cq_with_channel(a.rx_depth + 1, ch)?,
+        None => dev.create_cq(a.rx_depth + 1)?,
+    };
     if ud {
         let port_mtu = dev.query_port(1)?.active_mtu.bytes();
         if msg_size > port_mtu {
@@ -297,6 +342,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         srq: None,
     })?;
     // [0, size): the buffer SENDs go from; [size, 2 × size + grh): where receives land.
+    check_size(&dev, size, grh)?;
     let mr = pd.reg_mr((2 * size + grh).max(1), AccessFlags::LOCAL_WRITE)?;
     let mut buf: Vec<u8> = (0..size).map(fill_byte).collect();
     if a.chk && a.host.is_some() {
@@ -329,11 +375,12 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     if routs < a.rx_depth {
         return Err(format!("Couldn't post receive ({routs})").into());
     }
+    if channel.is_some() {
+        cq.req_notify(false)
+            .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
+    }
     let gid_index = a.gid_idx.unwrap_or(1);
-    let gid = dev
-        .query_gid(1, gid_index)
-        .map_err(|e| format!("can't read sgid of index {gid_index}: {e}"))?
-        .gid;
+    let gid = local_gid(&dev, gid_index, "-g")?;
     let me = PingpongDest {
         lid: 0,
         qpn: qp.qp_num(),
@@ -387,8 +434,26 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = [Wc::default(), Wc::default()];
     let mut watch = StallWatch::new(&dev);
+    let mut num_cq_events = 0u32;
     while rcnt < a.iters || scnt < a.iters {
-        let n = cq.wait(&mut wcs, Duration::from_secs(1));
+        let n = match &channel {
+            // One event, re-arm, then one poll, as rc_pingpong does: at most one SEND and one
+            // receive are outstanding, so the two-entry poll takes all there is.
+            Some(ch) => match ch.get_cq_event(Duration::from_secs(1)) {
+                Ok(ev_cq) => {
+                    num_cq_events += 1;
+                    if !ev_cq.same_cq(&cq) {
+                        return Err("CQ event for unknown CQ".into());
+                    }
+                    cq.req_notify(false)
+                        .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
+                    cq.poll(&mut wcs)
+                }
+                Err(e) if e.kind() == softroce::verbs::ErrorKind::Again => 0,
+                Err(e) => return Err(format!("Failed to get cq_event: {e}").into()),
+            },
+            None => cq.wait(&mut wcs, Duration::from_secs(1)),
+        };
         if n == 0 {
             let done = format!("{rcnt} of {} messages received, {scnt} sent", a.iters);
             watch.idle("pingpong", &done)?;
@@ -445,6 +510,9 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
         }
     }
     let elapsed = start.elapsed();
+    if let Some(ch) = &channel {
+        ch.ack_cq_events(&cq, num_cq_events)?;
+    }
     if a.counters {
         quiesce(&dev);
     }

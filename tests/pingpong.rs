@@ -371,13 +371,17 @@ fn server_speaks_srq_pingpong_exchange() {
 }
 
 #[test]
-fn srq_options_need_srq() {
+fn num_qp_needs_srq() {
     let o = finish(
         spawn(&["pingpong", "--rc", "-q", "4", "--ip", "127.0.72.1"]),
         Duration::from_secs(20),
     );
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("use them with --srq"), "{}", text(&o));
+    assert!(
+        text(&o).contains("-q is an ibv_srq_pingpong option: use it with --srq"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]

@@ -116,6 +116,7 @@ pub enum AtomicType {
 
 /// Options of `softroce perf`, named and defaulted as perftest's (`src/perftest_parameters.c`).
 #[derive(Args, Debug, Clone)]
+#[command(arg_required_else_help = true)]
 pub struct PerfArgs {
     /// The test (perftest's program name without "ib_"), or udp-baseline.
     test: PerfTest,
@@ -158,6 +159,23 @@ pub struct PerfArgs {
     /// Receives posted per QP in the SEND tests (perftest: 512, at most -n).
     #[arg(short = 'r', long = "rx-depth")]
     rx_depth: Option<u32>,
+    /// Connection type (perftest's -c): RC; UC and UD are not supported yet.
+    #[arg(
+        short = 'c',
+        long = "connection",
+        value_name = "RC|UC|UD",
+        default_value = "RC"
+    )]
+    connection: String,
+    /// perftest's -e (CQ events): not supported yet.
+    #[arg(short = 'e', long = "events")]
+    events: bool,
+    /// perftest's -b (bidirectional): not supported yet.
+    #[arg(short = 'b', long = "bidirectional")]
+    bidirectional: bool,
+    /// perftest's -R (connect with rdma_cm): not supported yet.
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
     /// Local GID index (1: the RoCE v2 GID of the device address).
     #[arg(short = 'x', long = "gid-index", default_value_t = 1)]
     gid_index: u8,
@@ -240,6 +258,31 @@ struct Plan {
 
 impl Plan {
     fn from_args(a: &PerfArgs) -> Result<Plan, BoxError> {
+        // perftest options softroce does not have yet, refused by name rather than ignored.
+        if a.rdma_cm {
+            return Err(
+                "-R: rdma_cm support is not there yet: softroce perf connects through \
+                        perftest's TCP exchange only (run both sides without -R)"
+                    .into(),
+            );
+        }
+        if a.bidirectional {
+            return Err("-b: bidirectional tests are not supported yet".into());
+        }
+        if a.events {
+            return Err("-e: CQ events are not supported by softroce perf yet (it polls)".into());
+        }
+        match a.connection.to_ascii_uppercase().as_str() {
+            "RC" => {}
+            "UC" | "UD" => {
+                return Err(format!(
+                    "-c {}: only RC connections are supported by softroce perf yet",
+                    a.connection
+                )
+                .into());
+            }
+            other => return Err(format!("-c {other}: use RC, UC or UD").into()),
+        }
         if a.ib_port != 1 {
             return Err(format!("device port {} does not exist (only port 1)", a.ib_port).into());
         }

@@ -91,10 +91,7 @@ impl Session {
             | AccessFlags::REMOTE_READ
             | AccessFlags::REMOTE_ATOMIC;
         let mr = pd.reg_mr(2 * region * spec.qps, access)?;
-        let gid = dev
-            .query_gid(1, spec.gid_index)
-            .map_err(|e| format!("can't read sgid of index {}: {e}", spec.gid_index))?
-            .gid;
+        let gid = crate::pingpong::local_gid(&dev, spec.gid_index, "-x")?;
         let out_reads = if spec.rd_atomic {
             u16::try_from(attr.max_qp_rd_atom.min(0xffff)).unwrap_or(u16::MAX)
         } else {

@@ -78,6 +78,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     };
     let pd = dev.alloc_pd()?;
     // [0, size): SENDs go from here; [size, 2 × size): every receive lands here.
+    super::check_size(&dev, size, 0)?;
     let mr = pd.reg_mr(2 * size, AccessFlags::LOCAL_WRITE)?;
     let cqe = a.rx_depth + num_qp_arg;
     let cq = match &channel {
@@ -145,10 +146,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
             .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
     }
     let gid_index = a.gid_idx.unwrap_or(1);
-    let gid = dev
-        .query_gid(1, gid_index)
-        .map_err(|e| format!("can't read sgid of index {gid_index}: {e}"))?
-        .gid;
+    let gid = super::local_gid(&dev, gid_index, "-g")?;
     let mut me = [PingpongDest {
         lid: 0,
         qpn: 0,

@@ -142,6 +142,48 @@ pub struct DeviceAttr {
     pub max_srq_wr: u32,
     /// Most SGEs per SRQ WR.
     pub max_srq_sge: u32,
+    /// Page sizes MRs may use, one bit per size (rxe `RXE_PAGE_SIZE_CAP`: 4 KiB and up).
+    pub page_size_cap: u64,
+    /// `IBV_DEVICE_*` capability bits, rxe's `RXE_DEVICE_CAP_FLAGS` ([`DEVICE_CAP_FLAGS`]).
+    pub device_cap_flags: u32,
+    /// Most SGEs per RDMA READ WR.
+    pub max_sge_rd: u32,
+    /// Outstanding READ/atomics as responder, over all QPs (rxe `RXE_MAX_RES_RD_ATOM`).
+    pub max_res_rd_atom: u32,
+    /// Atomic operations are atomic with respect to this device's other accesses.
+    pub atomic_cap: AtomicCap,
+    /// Most memory windows.
+    pub max_mw: u32,
+    /// Most multicast groups.
+    pub max_mcast_grp: u32,
+    /// Most QPs per multicast group.
+    pub max_mcast_qp_attach: u32,
+    /// Most QP attachments over all groups (rxe `RXE_MAX_TOT_MCAST_QP_ATTACH`).
+    pub max_total_mcast_qp_attach: u32,
+    /// Most address handles (rxe `RXE_MAX_AH`; softroce sets no lower limit).
+    pub max_ah: u32,
+    /// Most P_Keys (rxe `RXE_MAX_PKEYS`).
+    pub max_pkeys: u16,
+    /// Local CA ACK delay, the 5-bit exponent of 4.096 µs × 2^n (rxe 15).
+    pub local_ca_ack_delay: u8,
+}
+
+/// `IBV_DEVICE_*` bits of [`DeviceAttr::device_cap_flags`], rxe's `RXE_DEVICE_CAP_FLAGS`
+/// (Linux 6.1): BAD_PKEY_CNTR, BAD_QKEY_CNTR, AUTO_PATH_MIG, CHANGE_PHY_PORT,
+/// UD_AV_PORT_ENFORCE, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE,
+/// MEM_WINDOW, MEM_MGT_EXTENSIONS, MEM_WINDOW_TYPE_2B. Source: rxe_param.h; verbs.h
+/// `enum ibv_device_cap_flags` for the bit positions.
+pub const DEVICE_CAP_FLAGS: u32 = 0x0122_3c76;
+
+/// `enum ibv_atomic_cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicCap {
+    /// `IBV_ATOMIC_NONE` (0): no atomics.
+    None = 0,
+    /// `IBV_ATOMIC_HCA` (1): atomic among the QPs of this device (rxe's value).
+    Hca = 1,
+    /// `IBV_ATOMIC_GLOB` (2): atomic with every other access, CPU included.
+    Glob = 2,
 }
 
 /// Port attributes (`struct ibv_port_attr`, the fields softroce fills).
@@ -159,6 +201,31 @@ pub struct PortAttr {
     pub pkey_tbl_len: u16,
     /// Link layer name.
     pub link_layer: &'static str,
+    /// Largest message, in bytes ([`crate::transport::MAX_MSG_BYTES`], rxe R6.12
+    /// `RXE_PORT_MAX_MSG_SZ`; rxe 6.1 said 0x800000).
+    pub max_msg_sz: u64,
+    /// `IBV_PORT_*` capability bits: `IBV_PORT_CM_SUP` (0x0001_0000), as rxe.
+    pub port_cap_flags: u32,
+    /// Virtual lanes, encoded as `ibv_port_attr.max_vl_num` (1: one VL), as rxe.
+    pub max_vl_num: u8,
+    /// `IB_WIDTH_*` code; rxe reports 1X (1).
+    pub active_width: u8,
+    /// `IB_SPEED_*` code; rxe reports SDR, 2.5 Gbps (1).
+    pub active_speed: u8,
+    /// Physical port state; LINK_UP (5), as rxe with its netdev up.
+    pub phys_state: u8,
+}
+
+/// `reg_mr` of `length` bytes, 0 or over [`crate::transport::MAX_MSG_BYTES`]: the error names
+/// the length and the limit.
+pub(super) fn reg_mr_length_error(length: usize) -> Error {
+    Error::new(
+        ErrorKind::Inval,
+        format!(
+            "reg_mr: length {length} out of range (1..={}, max_mr_size)",
+            crate::transport::MAX_MSG_BYTES
+        ),
+    )
 }
 
 /// Largest queue depth, SGE count, CQ size.
@@ -461,6 +528,18 @@ impl Device {
             max_srq: super::srq::MAX_SRQ,
             max_srq_wr: super::srq::MAX_SRQ_WR,
             max_srq_sge: super::srq::MAX_SRQ_SGE,
+            page_size_cap: 0xffff_f000,
+            device_cap_flags: DEVICE_CAP_FLAGS,
+            max_sge_rd: MAX_SGE,
+            max_res_rd_atom: 0x3_f000,
+            atomic_cap: AtomicCap::Hca,
+            max_mw: crate::transport::MAX_MW as u32,
+            max_mcast_grp: MAX_MCAST_GRP as u32,
+            max_mcast_qp_attach: MAX_MCAST_QP_ATTACH as u32,
+            max_total_mcast_qp_attach: 0x7_0000,
+            max_ah: 1 << 20,
+            max_pkeys: 64,
+            local_ca_ack_delay: 15,
         }
     }
 
@@ -479,6 +558,12 @@ impl Device {
             gid_tbl_len: self.shared.gids.len() as u32,
             pkey_tbl_len: 1,
             link_layer: "Ethernet",
+            max_msg_sz: crate::transport::MAX_MSG_BYTES,
+            port_cap_flags: 0x0001_0000,
+            max_vl_num: 1,
+            active_width: 1,
+            active_speed: 1,
+            phys_state: 5,
         })
     }
 
@@ -531,7 +616,10 @@ impl Device {
     /// maximum.
     pub fn create_cq(&self, cqe: u32) -> Result<Cq> {
         if cqe == 0 || cqe > MAX_CQE {
-            return Err(Error::new(ErrorKind::Inval, "create_cq: cqe out of range"));
+            return Err(Error::new(
+                ErrorKind::Inval,
+                format!("create_cq: cqe {cqe} out of range (1..={MAX_CQE}, max_cqe)"),
+            ));
         }
         Ok(Cq {
             shared: Arc::new(CqShared::new(cqe)),
@@ -982,7 +1070,7 @@ impl Pd {
     /// without LOCAL_WRITE (as `ibv_reg_mr`); `ENOMEM` when the key table is full.
     pub fn reg_mr(&self, length: usize, access: AccessFlags) -> Result<Mr> {
         if length == 0 || length as u64 > crate::transport::MAX_MSG_BYTES {
-            return Err(Error::new(ErrorKind::Inval, "reg_mr: length out of range"));
+            return Err(reg_mr_length_error(length));
         }
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
             && !access.contains(AccessFlags::LOCAL_WRITE)
@@ -1014,13 +1102,21 @@ impl Pd {
         if c.max_send_wr == 0 || c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
             return Err(Error::new(
                 ErrorKind::Inval,
-                "create_qp: max_send_wr/max_recv_wr out of range",
+                format!(
+                    "create_qp: max_send_wr {} / max_recv_wr {} out of range (max_send_wr \
+                     1..={MAX_QP_WR}, max_recv_wr 0..={MAX_QP_WR}, max_qp_wr)",
+                    c.max_send_wr, c.max_recv_wr
+                ),
             ));
         }
         if c.max_send_sge > MAX_SGE || c.max_recv_sge > MAX_SGE {
             return Err(Error::new(
                 ErrorKind::Inval,
-                "create_qp: max_sge out of range",
+                format!(
+                    "create_qp: max_send_sge {} / max_recv_sge {} out of range (at most \
+                     {MAX_SGE}, max_sge)",
+                    c.max_send_sge, c.max_recv_sge
+                ),
             ));
         }
         if c.max_inline_data > crate::transport::MAX_INLINE_DATA {
@@ -1455,7 +1551,7 @@ impl Qp {
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = slot.engine.post_send_mem(wr.clone(), mrs) {
-                result = Err(post_error("post_send", e).at_wr(i));
+                result = Err(post_error("post_send", e, slot.engine.state()).at_wr(i));
                 break;
             }
         }
@@ -1476,7 +1572,7 @@ impl Qp {
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = slot.engine.post_recv(wr.clone()) {
-                result = Err(post_error("post_recv", e).at_wr(i));
+                result = Err(post_error("post_recv", e, slot.engine.state()).at_wr(i));
                 break;
             }
         }
@@ -1755,13 +1851,25 @@ impl Pd {
     }
 }
 
-fn post_error(call: &'static str, e: PostError) -> Error {
+/// The error of a refused post on a QP in `state`; a refusal for the state names it and the
+/// state that would accept the post.
+fn post_error(call: &'static str, e: PostError, state: QpState) -> Error {
     match e {
         PostError::QueueFull => Error::new(ErrorKind::NoMem, format!("{call}: queue full")),
-        PostError::WrongState => Error::new(
-            ErrorKind::Inval,
-            format!("{call}: QP state does not allow posting"),
-        ),
+        PostError::WrongState => {
+            let needs = if call == "post_recv" {
+                "INIT or later"
+            } else {
+                "RTS"
+            };
+            Error::new(
+                ErrorKind::Inval,
+                format!(
+                    "{call}: the QP is in {}; posting needs {needs} (connect the QP first)",
+                    state.name()
+                ),
+            )
+        }
         PostError::Invalid(what) => Error::new(ErrorKind::Inval, format!("{call}: {what}")),
         PostError::NotSupported => Error::new(
             ErrorKind::OpNotSupp,

@@ -19,8 +19,9 @@ pub use crate::transport::{
 };
 pub use device::mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
 pub use device::{
-    Ah, Cq, Device, DeviceAttr, DeviceConfig, GidEntry, GidType, MULTICAST_QPN, Mr, Pd, PortAttr,
-    Qp, QpInitAttr, RcConnect, RxBatch, RxHeaders, rdma_get_udp_sport, rxe_initial_udp_sport,
+    Ah, AtomicCap, Cq, DEVICE_CAP_FLAGS, Device, DeviceAttr, DeviceConfig, GidEntry, GidType,
+    MULTICAST_QPN, Mr, Pd, PortAttr, Qp, QpInitAttr, RcConnect, RxBatch, RxHeaders,
+    rdma_get_udp_sport, rxe_initial_udp_sport,
 };
 pub use event::{AsyncEvent, CompChannel, EventElement, EventType};
 pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};

@@ -141,7 +141,7 @@ impl Pd {
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::new(ErrorKind::Inval, "reg_mr: null address"))?;
         if len == 0 || len as u64 > MAX_MSG_BYTES {
-            return Err(Error::new(ErrorKind::Inval, "reg_mr: length out of range"));
+            return Err(super::reg_mr_length_error(len));
         }
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
             && !access.contains(AccessFlags::LOCAL_WRITE)
@@ -226,9 +226,10 @@ impl Qp {
         let slot = qps
             .get_mut(&self.qpn)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "bind_mw: QP destroyed"))?;
+        let state = slot.engine.state();
         slot.engine
             .post_send_mem(wr, mrs)
-            .map_err(|e| post_error("bind_mw", e))?;
+            .map_err(|e| post_error("bind_mw", e, state))?;
         self.dev.pump(&mut st, self.qpn, now);
         drop(st);
         self.dev.shared.link.wake();
