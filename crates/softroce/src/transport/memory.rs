@@ -12,7 +12,12 @@
 //!
 //! Fast-register MRs ([`MrTable::alloc_fast_reg`]) start in the FREE state and become usable
 //! only through a REG_MR work request; LOCAL_INV and SEND_WITH_INVALIDATE put them back in
-//! FREE (rxe `rxe_reg_fast_mr`, `rxe_invalidate_mr`). Memory windows live in `mw.rs`.
+//! FREE (rxe `rxe_reg_fast_mr`, `rxe_invalidate_mr`).
+//!
+//! The window entries ([`MwEntry`]) and the checks an access through one goes through live
+//! here too, beside the MRs they point into; the operations that change them (BIND_MW,
+//! REG_MR, LOCAL_INV, SEND_WITH_INVALIDATE) are `mw.rs`, which builds on this module and not
+//! the other way round.
 //!
 //! Source: IBTA Vol 1 ch. 10 (memory regions and windows, L_Key/R_Key checks) and C9-88
 //! (zero-length RDMA needs no valid R_Key); rxe `rxe_mr.c` (`lookup_mr`, `mr_check_range`,
@@ -255,6 +260,100 @@ impl<T> KeySpace<T> {
     }
 }
 
+/// Key index of the first MW slot (rxe `RXE_MIN_MW_INDEX`).
+pub(super) const MW_BASE: u32 = 0x0001_0001;
+/// Most memory windows per device (rxe `RXE_MAX_MW`).
+pub const MAX_MW: usize = 0x1000;
+
+/// True when `key`'s index lies in the memory-window range (rxe `rkey_is_mw`).
+pub fn is_mw_key(key: u32) -> bool {
+    let index = key >> 8;
+    (MW_BASE..MW_BASE + MAX_MW as u32).contains(&index)
+}
+
+/// Memory window type. Source: `enum ibv_mw_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MwType {
+    /// `IBV_MW_TYPE_1`: bound with `ibv_bind_mw`, not invalidatable.
+    Type1,
+    /// `IBV_MW_TYPE_2` (rxe implements 2B): bound by a BIND_MW work request to one QP.
+    Type2,
+}
+
+/// Memory window state. Source: rxe `enum rxe_mw_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MwState {
+    /// Bound (type 2) or allocated (type 1).
+    Valid,
+    /// Allocated and not bound (type 2).
+    Free,
+}
+
+/// One memory window.
+#[derive(Debug, Clone)]
+pub struct MwEntry {
+    /// Current R_Key (its key byte changes with each bind).
+    pub rkey: u32,
+    /// Protection domain handle.
+    pub pd: u32,
+    /// Type.
+    pub mw_type: MwType,
+    pub(super) state: MwState,
+    pub(super) access: AccessFlags,
+    pub(super) addr: u64,
+    pub(super) length: u64,
+    /// lkey of the MR the window is bound to.
+    pub(super) mr_key: Option<u32>,
+    /// Type 2: the QP it is bound to.
+    pub(super) qpn: Option<u32>,
+}
+
+impl MwEntry {
+    /// State.
+    pub fn state(&self) -> MwState {
+        self.state
+    }
+    /// Bound range: (address, length in bytes).
+    pub fn range(&self) -> (u64, u64) {
+        (self.addr, self.length)
+    }
+    /// Access the window grants.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The checks of rxe `rxe_lookup_mw`, plus the window's own bounds.
+    pub(super) fn check_access(
+        &self,
+        pd: u32,
+        qpn: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        if self.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
+        if self.state != MwState::Valid || self.length == 0 {
+            return Err(MemError::State);
+        }
+        if self.mw_type == MwType::Type2 && self.qpn != Some(qpn) {
+            return Err(MemError::WrongQp);
+        }
+        if !self.access.contains(need) {
+            return Err(MemError::Access);
+        }
+        // IBTA: an access through a window must lie inside the window (rxe checks only the
+        // MR's range here; spec/deviations.toml).
+        let end = va.checked_add(len).ok_or(MemError::Range)?;
+        let mw_end = self.addr.checked_add(self.length).ok_or(MemError::Range)?;
+        if va < self.addr || end > mw_end {
+            return Err(MemError::Range);
+        }
+        Ok(())
+    }
+}
+
 /// splitmix64: a seeded, deterministic key-byte source (the sans-IO rule: no global RNG).
 fn splitmix_byte(state: &mut u64) -> u8 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -268,7 +367,7 @@ fn splitmix_byte(state: &mut u64) -> u8 {
 #[derive(Debug)]
 pub struct MrTable {
     pub(super) mrs: KeySpace<MrEntry>,
-    pub(super) mws: KeySpace<super::mw::MwEntry>,
+    pub(super) mws: KeySpace<MwEntry>,
     pub(super) rng: u64,
 }
 
@@ -283,7 +382,7 @@ impl MrTable {
     pub fn new(seed: u64) -> MrTable {
         MrTable {
             mrs: KeySpace::new(MR_BASE, MAX_MR),
-            mws: KeySpace::new(super::mw::MW_BASE, super::mw::MAX_MW),
+            mws: KeySpace::new(MW_BASE, MAX_MW),
             rng: seed,
         }
     }
@@ -415,6 +514,35 @@ impl MrTable {
         self.mrs.slots.get_mut(s)?.as_mut()
     }
 
+    /// The live window with this R_Key.
+    pub fn mw(&self, key: u32) -> Option<&MwEntry> {
+        let s = self.mws.slot_of(key)?;
+        self.mws.slots.get(s)?.as_ref().filter(|m| m.rkey == key)
+    }
+
+    /// The window in the slot `key`'s index names, whatever its key byte.
+    pub fn mw_slot(&self, key: u32) -> Option<&MwEntry> {
+        let s = self.mws.slot_of(key)?;
+        self.mws.slots.get(s)?.as_ref()
+    }
+
+    /// Unbinds every window bound to the MR with key `mr_key` (the MR is going away): type 1
+    /// windows stay VALID with length 0, type 2 windows go back to FREE.
+    pub(super) fn unbind_windows_of(&mut self, mr_key: u32) {
+        for mw in self.mws.slots.iter_mut().flatten() {
+            if mw.mr_key == Some(mr_key) {
+                mw.mr_key = None;
+                mw.access = AccessFlags::empty();
+                mw.addr = 0;
+                mw.length = 0;
+                if mw.mw_type == MwType::Type2 {
+                    mw.state = MwState::Free;
+                    mw.qpn = None;
+                }
+            }
+        }
+    }
+
     /// Checks `key` for a local access of `[va, va + len)` by protection domain `pd` needing
     /// `need`: the key must name a VALID MR of `pd` with that access and the range. Returns
     /// the MR and the byte offset. Source: rxe `lookup_mr` + `mr_check_range`.
@@ -455,7 +583,7 @@ impl MrTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<(usize, usize), MemError> {
-        let mr_key = if super::mw::is_mw_key(key) {
+        let mr_key = if is_mw_key(key) {
             let mw = self.mw(key).ok_or(MemError::BadKey)?;
             mw.check_access(pd, qpn, va, len, need)?;
             mw.mr_key.ok_or(MemError::State)?

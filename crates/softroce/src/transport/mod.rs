@@ -30,8 +30,11 @@ mod timer;
 pub use counters::{Counters, DropReason};
 pub use error::{Disposition, QpAction, RespError};
 pub use local_ops::MAX_INLINE_DATA;
-pub use memory::{MAX_MR, MemError, MrEntry, MrKind, MrState, MrTable as MemoryTable};
-pub use mw::{BindMw, MAX_MW, MwEntry, MwState, MwType, RegMr, inc_rkey, is_mw_key};
+pub use memory::{
+    MAX_MR, MAX_MW, MemError, MrEntry, MrKind, MrState, MrTable as MemoryTable, MwEntry, MwState,
+    MwType, is_mw_key,
+};
+pub use mw::{BindMw, RegMr, inc_rkey};
 pub use srq::{QpEvent, SrqQueue};
 pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 
