@@ -198,7 +198,7 @@ impl MrTable {
         if (r.key >> 8) != (mr.lkey >> 8) {
             return Err(MemError::BadKey);
         }
-        if r.length > mr.bytes().len() as u64 || r.iova.checked_add(r.length).is_none() {
+        if r.length > mr.buf_len() as u64 || r.iova.checked_add(r.length).is_none() {
             return Err(MemError::Range);
         }
         if r.access
@@ -460,7 +460,10 @@ mod tests {
         t.reg_fast(PD, &r).unwrap();
         assert!(t.get(k).is_none() || k == new);
         t.write_remote(new, PD, QPN, 0x7000_1000, b"frmr").unwrap();
-        assert_eq!(&t.get(new).unwrap().bytes()[0x1000..0x1004], b"frmr");
+        assert_eq!(
+            &t.get(new).unwrap().owned_bytes().unwrap()[0x1000..0x1004],
+            b"frmr"
+        );
         assert_eq!(t.reg_fast(PD, &r), Err(MemError::State), "only from FREE");
         t.invalidate(new, PD, None).unwrap();
         assert_eq!(
