@@ -387,7 +387,7 @@ impl Rig {
     }
 
     fn mr(&self) -> &[u8] {
-        self.mem.get(self.key).unwrap().bytes()
+        self.mem.get(self.key).unwrap().owned_bytes().unwrap()
     }
 
     /// Every delivered packet is either counted as received or as exactly one early drop.
@@ -1051,7 +1051,7 @@ fn duplicate_read_does_not_bypass_qp_access_flags() {
             ..Cfg::default()
         });
         let (va, key) = (r.va, r.key);
-        r.mem.get_mut(key).unwrap().bytes_mut()[..8].copy_from_slice(b"secret!!");
+        r.mem.get_mut(key).unwrap().owned_bytes_mut().unwrap()[..8].copy_from_slice(b"secret!!");
         r.feed(
             with_reth(Opcode::RC_RDMA_WRITE_ONLY, PSN, va + 100, key, 0),
             &[],
@@ -2137,10 +2137,20 @@ fn run_engine_sequence(steps: &[Step], mtu: PathMtu) -> RunStats {
     // A canary MR with no remote access: nothing remote may ever change it.
     let canary = r.mem.register(PD, 4096, AccessFlags::LOCAL_WRITE).unwrap();
     let canary_va = r.mem.get(canary).unwrap().iova;
-    r.mem.get_mut(canary).unwrap().bytes_mut().fill(CANARY);
+    r.mem
+        .get_mut(canary)
+        .unwrap()
+        .owned_bytes_mut()
+        .unwrap()
+        .fill(CANARY);
     // A key of another PD.
     let foreign = r.mem.register(PD + 1, 4096, all_access()).unwrap();
-    r.mem.get_mut(foreign).unwrap().bytes_mut().fill(CANARY);
+    r.mem
+        .get_mut(foreign)
+        .unwrap()
+        .owned_bytes_mut()
+        .unwrap()
+        .fill(CANARY);
     let mut last_valid: Vec<u8> = bytes(pkt(Opcode::RC_SEND_ONLY, PSN), b"x");
     let mut max_drain = 0usize;
     let mut wr_id = 0u64;
@@ -2264,7 +2274,8 @@ fn run_engine_sequence(steps: &[Step], mtu: PathMtu) -> RunStats {
         r.mem
             .get(canary)
             .unwrap()
-            .bytes()
+            .owned_bytes()
+            .unwrap()
             .iter()
             .all(|b| *b == CANARY),
         "the canary MR (no remote access) changed"
@@ -2273,7 +2284,8 @@ fn run_engine_sequence(steps: &[Step], mtu: PathMtu) -> RunStats {
         r.mem
             .get(foreign)
             .unwrap()
-            .bytes()
+            .owned_bytes()
+            .unwrap()
             .iter()
             .all(|b| *b == CANARY),
         "an MR of another PD changed"

@@ -868,7 +868,15 @@ fn engine_send_with_inv_wire_and_revocation() {
             None
         )]
     );
-    assert!(b.mem.get(k).unwrap().bytes().iter().all(|&x| x == 0));
+    assert!(
+        b.mem
+            .get(k)
+            .unwrap()
+            .owned_bytes()
+            .unwrap()
+            .iter()
+            .all(|&x| x == 0)
+    );
 }
 
 /// In the engine: LOCAL_INV behind an unacknowledged SEND does not run until the SEND's ACK
@@ -924,7 +932,7 @@ fn engine_inline_is_copied_at_post() {
     let (mut a, mut b) = engines(64);
     let sk = a.mem.register(PD, 64, AccessFlags::LOCAL_WRITE).unwrap();
     let host = a.mem.get(sk).unwrap().host_addr();
-    a.mem.get_mut(sk).unwrap().bytes_mut()[..5].copy_from_slice(b"early");
+    a.mem.get_mut(sk).unwrap().owned_bytes_mut().unwrap()[..5].copy_from_slice(b"early");
     let sge = Sge {
         addr: host,
         length: 5,
@@ -937,7 +945,7 @@ fn engine_inline_is_copied_at_post() {
         Err(softroce::transport::PostError::Invalid(_))
     ));
     a.e.post_send_mem(w.clone(), &a.mem).unwrap();
-    a.mem.get_mut(sk).unwrap().bytes_mut()[..5].copy_from_slice(b"late!");
+    a.mem.get_mut(sk).unwrap().owned_bytes_mut().unwrap()[..5].copy_from_slice(b"late!");
     let rk = b.mem.register(PD, 64, AccessFlags::LOCAL_WRITE).unwrap();
     let rva = b.mem.get(rk).unwrap().iova;
     b.e.post_recv(RecvWr {
@@ -950,7 +958,10 @@ fn engine_inline_is_copied_at_post() {
     })
     .unwrap();
     drive(&mut a, &mut b);
-    assert_eq!(&b.mem.get(rk).unwrap().bytes()[..5], b"early");
+    assert_eq!(
+        &b.mem.get(rk).unwrap().owned_bytes().unwrap()[..5],
+        b"early"
+    );
     let mut big = w;
     big.sg_list[0].length = 65;
     assert!(matches!(
@@ -1231,7 +1242,8 @@ fn engine_send_with_inv_bytes() {
     a.mem
         .get_mut(sk)
         .unwrap()
-        .bytes_mut()
+        .owned_bytes_mut()
+        .unwrap()
         .copy_from_slice(b"data");
     let host = a.mem.get(sk).unwrap().host_addr();
     let mut s = SendWr::new(
@@ -1354,7 +1366,8 @@ fn engine_mw_types_grant_and_revocation_revokes() {
         a.mem
             .get_mut(src)
             .unwrap()
-            .bytes_mut()
+            .owned_bytes_mut()
+            .unwrap()
             .copy_from_slice(b"windowed");
         let write = |id, rkey| {
             let mut w = SendWr::new(
@@ -1373,8 +1386,12 @@ fn engine_mw_types_grant_and_revocation_revokes() {
         a.e.post_send(write(2, rkey)).unwrap();
         drive(&mut a, &mut b);
         assert_eq!(completions(&mut a)[0].2, WcStatus::Success, "{mw_type:?}");
-        assert_eq!(&b.mem.get(mr).unwrap().bytes()[200..208], b"windowed");
-        b.mem.get_mut(mr).unwrap().bytes_mut()[200..208].copy_from_slice(b"original");
+        assert_eq!(
+            &b.mem.get(mr).unwrap().owned_bytes().unwrap()[200..208],
+            b"windowed"
+        );
+        b.mem.get_mut(mr).unwrap().owned_bytes_mut().unwrap()[200..208]
+            .copy_from_slice(b"original");
         let revoke = match mw_type {
             MwType::Type1 => bind_wr(3, rkey, softroce::transport::inc_rkey(rkey), 0),
             MwType::Type2 => SendWr::local_inv(3, rkey),
@@ -1389,6 +1406,9 @@ fn engine_mw_types_grant_and_revocation_revokes() {
             WcStatus::RemAccessErr,
             "{mw_type:?}"
         );
-        assert_eq!(&b.mem.get(mr).unwrap().bytes()[200..208], b"original");
+        assert_eq!(
+            &b.mem.get(mr).unwrap().owned_bytes().unwrap()[200..208],
+            b"original"
+        );
     }
 }

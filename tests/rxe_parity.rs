@@ -78,7 +78,7 @@ fn mr_with(mem: &mut MemoryTable, data: &[u8]) -> (u32, u64) {
         | AccessFlags::REMOTE_ATOMIC;
     let key = mem.register(PD, data.len().max(8), all).expect("register");
     let mr = mem.get_mut(key).expect("mr");
-    mr.bytes_mut()[..data.len()].copy_from_slice(data);
+    mr.owned_bytes_mut().expect("owned")[..data.len()].copy_from_slice(data);
     (key, mr.iova)
 }
 
@@ -145,7 +145,7 @@ fn rdma_write_only_and_its_ack() {
     let out = drain(&mut b, &mem_b);
     assert_eq!(out.len(), 1);
     assert_same(&out[0], ack, "RC_ACKNOWLEDGE");
-    assert_eq!(mem_b.get(bkey).unwrap().bytes(), w.payload);
+    assert_eq!(mem_b.get(bkey).unwrap().owned_bytes().unwrap(), w.payload);
 }
 
 #[test]
@@ -200,7 +200,10 @@ fn multi_packet_send_and_ack() {
     let out = drain(&mut b, &mem_b);
     assert_eq!(out.len(), 1, "one ACK for the LAST packet (AckReq)");
     assert_same(&out[0], ack, "RC_ACKNOWLEDGE");
-    assert_eq!(&mem_b.get(bkey).unwrap().bytes()[..2500], &data[..]);
+    assert_eq!(
+        &mem_b.get(bkey).unwrap().owned_bytes().unwrap()[..2500],
+        &data[..]
+    );
 }
 
 #[test]
@@ -264,7 +267,7 @@ fn read_request_and_three_responses() {
     }
     let c = a.poll_completion().expect("READ completion");
     assert_eq!(c.wc.status, softroce::transport::WcStatus::Success);
-    assert_eq!(mem.get(key).unwrap().bytes(), &data[..]);
+    assert_eq!(mem.get(key).unwrap().owned_bytes().unwrap(), &data[..]);
 }
 
 #[test]
@@ -312,7 +315,11 @@ fn fetch_add_and_atomic_acknowledge() {
     );
     let out = drain(&mut b, &mem_b);
     assert_same(&out[0], ack, "RC_ATOMIC_ACKNOWLEDGE");
-    let now = u64::from_ne_bytes(mem_b.get(bkey).unwrap().bytes()[..8].try_into().unwrap());
+    let now = u64::from_ne_bytes(
+        mem_b.get(bkey).unwrap().owned_bytes().unwrap()[..8]
+            .try_into()
+            .unwrap(),
+    );
     assert_eq!(now, orig.wrapping_add(at.swap_add));
 }
 

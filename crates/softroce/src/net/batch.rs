@@ -1,7 +1,9 @@
 //! Batched UDP system calls for the data path: UDP GSO (`UDP_SEGMENT`) and `sendmmsg` on
 //! send, UDP GRO (`UDP_GRO`) and `recvmmsg` on receive.
 //!
-//! Layer: net (sockets only; no protocol knowledge beyond "a datagram is a byte slice").
+//! Layer: net (sockets only; no protocol knowledge beyond "a datagram is a byte slice", or
+//! parts of one: [`TxPart`], engine bytes or an address and length in registered memory
+//! that go to the kernel as an iovec without ever being sliced here).
 //! Each call is one system call; an error is the kernel's (`EINVAL`/`EIO`/`ENOPROTOOPT` on a
 //! kernel without the feature, which callers answer by falling back to plain calls).
 //!
@@ -18,6 +20,7 @@
 //! `unsafe` here is the `libc` calls that neither std, socket2 nor rustix wrap (a cmsg of
 //! our choice, `recvmmsg`); each has a `// SAFETY:` comment.
 
+use crate::transport::TxPart;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -38,11 +41,13 @@ fn sockaddr_of(a: &SocketAddr) -> socket2::SockAddr {
     socket2::SockAddr::from(*a)
 }
 
-/// An iovec over `p`, for a send (the kernel only reads it).
-fn iovec_of(p: &[u8]) -> libc::iovec {
+/// An iovec over `p`, for a send (the kernel only reads it; bytes in registered memory go
+/// as their address and length, with no slice formed over them).
+fn iovec_of(p: TxPart<'_>) -> libc::iovec {
+    let (ptr, len) = p.raw();
     libc::iovec {
-        iov_base: p.as_ptr() as *mut libc::c_void,
-        iov_len: p.len(),
+        iov_base: ptr.cast_mut().cast(),
+        iov_len: len,
     }
 }
 
@@ -77,7 +82,7 @@ unsafe fn set_udp_segment(msg: &mut libc::msghdr, cbuf: &mut CmsgBuf, segment_by
 ///
 /// Errors: the kernel's; `EIO`, `EINVAL` or `ENOPROTOOPT` when UDP GSO is not available.
 pub fn send_gso(fd: RawFd, dst: &SocketAddr, buf: &[u8], segment_bytes: u16) -> io::Result<()> {
-    send_gso_gather(fd, dst, &[buf], segment_bytes)
+    send_gso_gather(fd, dst, &[TxPart::from(buf)], segment_bytes)
 }
 
 /// As [`send_gso`], with the super-datagram gathered from `parts` (the kernel concatenates
@@ -88,7 +93,7 @@ pub fn send_gso(fd: RawFd, dst: &SocketAddr, buf: &[u8], segment_bytes: u16) -> 
 pub fn send_gso_gather(
     fd: RawFd,
     dst: &SocketAddr,
-    parts: &[&[u8]],
+    parts: &[TxPart<'_>],
     segment_bytes: u16,
 ) -> io::Result<()> {
     send_gathered(fd, dst, parts, Some(segment_bytes))
@@ -96,7 +101,7 @@ pub fn send_gso_gather(
 
 /// Sends one datagram gathered from `parts` (at most [`GSO_MAX_IOV`]) with one `sendmsg`,
 /// no copy here. Errors: the kernel's; `EINVAL` for too many parts.
-pub fn send_parts(fd: RawFd, dst: &SocketAddr, parts: &[&[u8]]) -> io::Result<()> {
+pub fn send_parts(fd: RawFd, dst: &SocketAddr, parts: &[TxPart<'_>]) -> io::Result<()> {
     send_gathered(fd, dst, parts, None)
 }
 
@@ -104,7 +109,7 @@ pub fn send_parts(fd: RawFd, dst: &SocketAddr, parts: &[&[u8]]) -> io::Result<()
 fn send_gathered(
     fd: RawFd,
     dst: &SocketAddr,
-    parts: &[&[u8]],
+    parts: &[TxPart<'_>],
     segment_bytes: Option<u16>,
 ) -> io::Result<()> {
     if parts.len() > GSO_MAX_IOV {
@@ -126,11 +131,12 @@ fn send_gathered(
         &mut many
     };
     for (iov, p) in iovs.iter_mut().zip(parts) {
-        *iov = iovec_of(p);
+        *iov = iovec_of(*p);
     }
     let mut cbuf = CmsgBuf([0; 32]);
     // SAFETY: `msg` points at `addr`, the first `parts.len()` entries of `iovs` (over the
-    // borrowed `parts`) and `cbuf`, all alive and unmoved for the call; the kernel only
+    // borrowed `parts`: engine bytes, or MR bytes the caller's device lock keeps registered,
+    // `Transmit::parts`) and `cbuf`, all alive and unmoved for the call; the kernel only
     // reads them.
     let rc = unsafe {
         let mut msg: libc::msghdr = zeroed();
@@ -174,7 +180,7 @@ pub struct GatheredMsg {
 pub fn send_gathered_batch(
     fd: RawFd,
     dst: &SocketAddr,
-    parts: &[&[u8]],
+    parts: &[TxPart<'_>],
     msgs: &[GatheredMsg],
 ) -> io::Result<usize> {
     if msgs.iter().any(|m| {
@@ -185,7 +191,7 @@ pub fn send_gathered_batch(
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let addr = sockaddr_of(dst);
-    let iovs: Vec<libc::iovec> = parts.iter().map(|p| iovec_of(p)).collect();
+    let iovs: Vec<libc::iovec> = parts.iter().map(|p| iovec_of(*p)).collect();
     let mut cmsgs: Vec<CmsgBuf> = msgs.iter().map(|_| CmsgBuf([0; 32])).collect();
     // SAFETY: an all-zero `mmsghdr` is a valid value (null pointers, zero lengths).
     let mut hdrs: Vec<libc::mmsghdr> = msgs.iter().map(|_| unsafe { zeroed() }).collect();
@@ -203,7 +209,8 @@ pub fn send_gathered_batch(
         }
     }
     // SAFETY: every header points at `addr`, at its own run of `iovs` (over the borrowed
-    // `parts`, in bounds as checked) and at its own `cmsgs` entry, all alive and not moved
+    // `parts`, in bounds as checked; MR parts are kept registered by the caller's device lock,
+    // `Transmit::parts`) and at its own `cmsgs` entry, all alive and not moved
     // for the call; the kernel reads them and writes only each header's `msg_len`.
     let rc = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, 0) };
     if rc < 0 {
@@ -233,7 +240,7 @@ pub fn send_mmsg(fd: RawFd, dst: &SocketAddr, datagrams: &[&[u8]]) -> io::Result
         // SAFETY: an all-zero `mmsghdr` is a valid value (null pointers, zero lengths).
         let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
         for (i, d) in chunk.iter().enumerate() {
-            iovs[i] = iovec_of(d);
+            iovs[i] = iovec_of(TxPart::from(*d));
             msgs[i].msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
             msgs[i].msg_hdr.msg_namelen = addr.len();
             msgs[i].msg_hdr.msg_iov = &raw mut iovs[i];
@@ -458,14 +465,9 @@ mod tests {
         let _ = enable_gro(rx.as_raw_fd());
         let to = rx.local_addr().expect("addr");
         let bytes: Vec<u8> = (0..=255u8).cycle().take(400).collect();
-        let parts: Vec<&[u8]> = vec![
-            &bytes[0..60],
-            &bytes[60..100],
-            &bytes[100..200],
-            &bytes[200..230],
-            &bytes[230..280],
-            &bytes[280..325],
-        ];
+        let parts: Vec<TxPart<'_>> = [0..60, 60..100, 100..200, 200..230, 230..280, 280..325]
+            .map(|r| TxPart::from(&bytes[r]))
+            .to_vec();
         let msgs = [
             GatheredMsg {
                 first: 0,
@@ -514,7 +516,7 @@ mod tests {
     fn gathered_batch_refuses_a_part_range_outside_the_parts() {
         let tx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
         let to: SocketAddr = "127.0.0.1:9".parse().expect("addr");
-        let parts: Vec<&[u8]> = vec![&[1, 2, 3]];
+        let parts = [TxPart::from(&[1u8, 2, 3][..])];
         for (first, count) in [(0, 2), (1, 1), (usize::MAX, 2)] {
             let m = [GatheredMsg {
                 first,

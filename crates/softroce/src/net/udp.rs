@@ -19,7 +19,7 @@ use super::batch::{
 };
 use super::pcap::{Capture, roce_addr};
 use super::raw::{RawRx, drop_everything};
-use crate::transport::{Transmit, TxKind};
+use crate::transport::{Transmit, TxKind, TxPart};
 use crate::verbs::{Cq, Device, DeviceConfig, Link, Wc};
 use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_body};
 use parking_lot::Mutex;
@@ -479,12 +479,13 @@ impl UdpLink {
             }
         }
         // Every datagram's parts (up to three, then its ICRC), and each message's range.
-        let mut part_stack: [&[u8]; 16] = [&[]; 16];
-        let mut part_heap: Vec<&[u8]> = Vec::new();
-        let parts: &mut [&[u8]] = if 4 * j <= part_stack.len() {
+        let none = TxPart::from(&[][..]);
+        let mut part_stack = [none; 16];
+        let mut part_heap: Vec<TxPart<'_>> = Vec::new();
+        let parts: &mut [TxPart<'_>] = if 4 * j <= part_stack.len() {
             &mut part_stack[..]
         } else {
-            part_heap.resize(4 * j, &[]);
+            part_heap.resize(4 * j, none);
             &mut part_heap
         };
         let mut msgs = [GatheredMsg {
@@ -506,7 +507,7 @@ impl UdpLink {
                     parts[np] = p;
                     np += 1;
                 }
-                parts[np] = icrc;
+                parts[np] = TxPart::from(&icrc[..]);
                 np += 1;
             }
             *m = GatheredMsg {
@@ -636,7 +637,8 @@ impl Link for UdpLink {
         match &self.capture {
             Some(c) => {
                 let src = SocketAddr::new(self.ip, t.src_port);
-                let whole = parts.concat();
+                let mut whole = Vec::with_capacity(t.len());
+                parts.iter().for_each(|p| p.copy_into(&mut whole));
                 c.send_and_record(src, dst, &whole, self.hop_limit, send)?;
             }
             None => send()?,
@@ -1024,22 +1026,25 @@ fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch, per_buffer: bool,
     link.holding_acks.store(false, Ordering::Relaxed);
 }
 
-/// A datagram as (its bytes before the ICRC, in up to three slices; its ICRC).
+/// A datagram as (its bytes before the ICRC, in up to three parts; its ICRC).
 ///
 /// # Safety
 /// As [`Transmit::parts`]: under the device lock that built a gathered `t`.
-unsafe fn body_and_icrc(t: &Transmit) -> ([&[u8]; 3], [u8; 4]) {
-    // SAFETY: forwarded to the caller.
-    let [head, data, pad, tail_icrc] = unsafe { t.parts() };
-    let mut icrc = [0u8; 4];
-    if t.tail.is_some() {
-        icrc.copy_from_slice(tail_icrc);
-        ([head, data, pad], icrc)
-    } else {
-        let b = head.len().saturating_sub(4);
-        let (body, last) = head.split_at(b);
-        icrc[..last.len()].copy_from_slice(last);
-        ([body, &[], &[]], icrc)
+unsafe fn body_and_icrc(t: &Transmit) -> ([TxPart<'_>; 3], [u8; 4]) {
+    match t.tail_icrc() {
+        Some(icrc) => {
+            // SAFETY: forwarded to the caller.
+            let [head, data, pad, _] = unsafe { t.parts() };
+            ([head, data, pad], icrc)
+        }
+        None => {
+            let b = t.payload.len().saturating_sub(4);
+            let (body, last) = t.payload.split_at(b);
+            let mut icrc = [0u8; 4];
+            icrc[..last.len()].copy_from_slice(last);
+            let none = TxPart::from(&[][..]);
+            ([TxPart::from(body), none, none], icrc)
+        }
     }
 }
 

@@ -96,14 +96,16 @@ impl QpEngine {
         if !inline {
             return self.post_send_inner(wr, None);
         }
-        let mut data = Vec::with_capacity(length as usize);
+        let mut data = vec![0u8; length as usize];
+        let mut at = 0;
         for s in wr.sg_list.iter().filter(|s| s.length > 0) {
-            let bytes = mem
-                .host_bytes(s.addr, s.length as usize)
+            let n = s.length as usize;
+            mem.host_bytes(s.addr, n)
+                .and_then(|b| b.copy_to(data.get_mut(at..at + n)?).ok())
                 .ok_or(PostError::Invalid(
                     "inline SGE is not inside any registered buffer",
                 ))?;
-            data.extend_from_slice(bytes);
+            at += n;
         }
         self.post_send_inner(wr, Some(data))
     }

@@ -30,13 +30,17 @@ mod timer;
 pub use counters::{Counters, DropReason};
 pub use error::{Disposition, QpAction, RespError};
 pub use local_ops::MAX_INLINE_DATA;
-pub use memory::{MAX_MR, MemError, MrEntry, MrKind, MrState, MrTable as MemoryTable};
-pub use mw::{BindMw, MAX_MW, MwEntry, MwState, MwType, RegMr, inc_rkey, is_mw_key};
+pub use memory::{
+    AtomicOp, ForeignMem, MAX_MR, MAX_MW, MemError, MrBytes, MrEntry, MrKind, MrState,
+    MrTable as MemoryTable, MwEntry, MwState, MwType, is_mw_key,
+};
+pub use mw::{BindMw, RegMr, inc_rkey};
 pub use srq::{QpEvent, SrqQueue};
 pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 
 use crate::wire::{
-    ICRC_LEN, IcrcIp, PacketRepr, Psn, ROCE_V2_UDP_PORT, RocePacket, Transport, icrc_of_body_parts,
+    ICRC_LEN, IcrcHasher, IcrcIp, PacketRepr, Psn, ROCE_V2_UDP_PORT, RocePacket, Transport,
+    icrc_of_body_parts,
 };
 use core::net::IpAddr;
 use core::ptr::NonNull;
@@ -609,9 +613,10 @@ pub struct PayloadRef {
     icrc: [u8; 4],
 }
 
-// SAFETY: a `PayloadRef` is only dereferenced (`Transmit::parts`) by the link that receives
-// it in `send_batch`, in the thread that built it, under the device lock that keeps the MR
-// registered; moving the value between threads moves no access with it.
+// SAFETY: a `PayloadRef`'s bytes are only read (`TxPart::copy_into`, or by the kernel from
+// an iovec) by the link that receives it in `send_batch`, in the thread that built it, under
+// the device lock that keeps the MR registered; moving the value between threads moves no
+// access with it.
 unsafe impl Send for PayloadRef {}
 // SAFETY: as for `Send`: shared references give no access to the memory.
 unsafe impl Sync for PayloadRef {}
@@ -621,25 +626,108 @@ static PAD_ZEROS: [u8; 3] = [0; 3];
 
 /// A datagram whose headers are built into a cached buffer and whose payload `data` stays
 /// where it is, in a registered MR ([`Transmit::tail`]), with the ICRC computed over headers,
-/// payload and pad in place, for the flow `path`. Valid only under the device lock, as
+/// payload and pad (the payload read in place when the engine owns it, in short copies when
+/// the application does), for the flow `path`. Valid only under the device lock, as
 /// [`Transmit::parts`] says.
-fn gathered(kind: TxKind, repr: &PacketRepr, data: &[u8], path: &Path) -> Transmit {
+fn gathered(kind: TxKind, repr: &PacketRepr, data: MrBytes<'_>, path: &Path) -> Transmit {
     let h = repr.header_len();
     let mut buf = bufpool::take(h);
     repr.emit_headers(&mut buf);
     let pad = repr.buffer_len() - h - data.len() - ICRC_LEN;
-    let icrc = icrc_of_body_parts(&path.icrc_ip(), &[&buf, data, &PAD_ZEROS[..pad]]);
+    let pad_bytes = &PAD_ZEROS[..pad];
+    let ip = path.icrc_ip();
+    let icrc = if data.chunks() == 1 {
+        // The payload as one slice (owned memory, or one short copy of application memory):
+        // the headers and a small payload then hash in one pass.
+        let mut icrc = [0u8; 4];
+        data.for_each_chunk(|d| icrc = icrc_of_body_parts(&ip, &[&buf, d, pad_bytes]));
+        icrc
+    } else {
+        let mut hasher = IcrcHasher::new(&ip, &buf, h + data.len() + pad);
+        data.for_each_chunk(|c| hasher.update(c));
+        hasher.update(pad_bytes);
+        hasher.finish()
+    };
+    let (ptr, len) = data.raw();
     Transmit {
         kind,
         dst: path.remote,
         src_port: path.src_port,
         payload: buf,
         tail: Some(PayloadRef {
-            ptr: NonNull::from(data).cast(),
-            len: data.len(),
+            ptr,
+            len,
             pad: pad as u8,
             icrc,
         }),
+    }
+}
+
+/// One piece of a datagram for the socket: bytes the engine holds, or `len` bytes at an
+/// address in registered memory, which may be the application's and so is never lent as a
+/// slice ([`TxPart::copy_into`] copies it, a link hands [`TxPart::raw`] to the kernel as an
+/// iovec). Only [`Transmit::parts`] makes the second kind, under its safety contract.
+#[derive(Debug, Clone, Copy)]
+pub struct TxPart<'a>(Part<'a>);
+
+#[derive(Debug, Clone, Copy)]
+enum Part<'a> {
+    Bytes(&'a [u8]),
+    /// Valid for reads while the device lock is held ([`Transmit::parts`]).
+    Mr {
+        ptr: NonNull<u8>,
+        len: usize,
+        _transmit: core::marker::PhantomData<&'a Transmit>,
+    },
+}
+
+impl<'a> From<&'a [u8]> for TxPart<'a> {
+    fn from(b: &'a [u8]) -> TxPart<'a> {
+        TxPart(Part::Bytes(b))
+    }
+}
+
+impl TxPart<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self.0 {
+            Part::Bytes(b) => b.len(),
+            Part::Mr { len, .. } => len,
+        }
+    }
+
+    /// True for no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Address and length, for an iovec (the kernel only reads them).
+    pub fn raw(&self) -> (*const u8, usize) {
+        match self.0 {
+            Part::Bytes(b) => (b.as_ptr(), b.len()),
+            Part::Mr { ptr, len, .. } => (ptr.as_ptr().cast_const(), len),
+        }
+    }
+
+    /// Appends the bytes to `out`.
+    pub fn copy_into(&self, out: &mut Vec<u8>) {
+        match self.0 {
+            Part::Bytes(b) => out.extend_from_slice(b),
+            Part::Mr { ptr, len, .. } => {
+                out.reserve(len);
+                let at = out.len();
+                // SAFETY: `ptr` is valid for `len` bytes of reads while the device lock that
+                // `Transmit::parts`' caller holds keeps the MR registered (the engine checked
+                // the range against the MR when it built the datagram; only `parts` makes a
+                // `Part::Mr`); `out` has room for `len` more bytes after `at` and is ours, so
+                // the two do not overlap; once copied the bytes are initialized, so the new
+                // length covers them.
+                unsafe {
+                    core::ptr::copy_nonoverlapping(ptr.as_ptr(), out.as_mut_ptr().add(at), len);
+                    out.set_len(at + len);
+                }
+            }
+        }
     }
 }
 
@@ -668,27 +756,40 @@ impl Transmit {
         self.len() == 0
     }
 
-    /// The datagram as four consecutive slices: `[payload, MR bytes, pad, ICRC]` for a
-    /// gathered one, `[payload, [], [], []]` otherwise (no allocation).
+    /// The ICRC of a gathered datagram (the last of its [`Transmit::parts`]); `None` for one
+    /// held whole, whose ICRC is the last 4 bytes of `payload`.
+    pub fn tail_icrc(&self) -> Option<[u8; 4]> {
+        self.tail.map(|t| t.icrc)
+    }
+
+    /// The datagram as four consecutive parts: `[payload, MR bytes, pad, ICRC]` for a
+    /// gathered one, `[payload, [], [], []]` otherwise (no allocation, no copy). The MR
+    /// bytes are an address and a length ([`TxPart::raw`]), never a slice: the application
+    /// may be using them.
     ///
     /// # Safety
-    /// For a gathered datagram, only while the device lock under which the engine built it
-    /// is still held (inside the `Link::send_batch` or `Link::send` call that received it):
-    /// the MR may be deregistered after that.
-    pub unsafe fn parts(&self) -> [&[u8]; 4] {
+    /// For a gathered datagram, the MR part may be read (copied, or sent by the
+    /// kernel) only while the device lock under which the engine built it is still held
+    /// (inside the `Link::send_batch` or `Link::send` call that received it): the MR may be
+    /// deregistered after that.
+    pub unsafe fn parts(&self) -> [TxPart<'_>; 4] {
         match &self.tail {
-            None => [&self.payload[..], &[], &[], &[]],
-            Some(t) => {
-                // SAFETY: the caller holds the lock that keeps the MR's `len` bytes at `ptr`
-                // registered (the engine checked the range against the MR when it built us).
-                let data = unsafe { std::slice::from_raw_parts(t.ptr.as_ptr(), t.len) };
-                [
-                    &self.payload[..],
-                    data,
-                    &PAD_ZEROS[..usize::from(t.pad)],
-                    &t.icrc[..],
-                ]
-            }
+            None => [
+                TxPart::from(&self.payload[..]),
+                TxPart::from(&[][..]),
+                TxPart::from(&[][..]),
+                TxPart::from(&[][..]),
+            ],
+            Some(t) => [
+                TxPart::from(&self.payload[..]),
+                TxPart(Part::Mr {
+                    ptr: t.ptr,
+                    len: t.len,
+                    _transmit: core::marker::PhantomData,
+                }),
+                TxPart::from(&PAD_ZEROS[..usize::from(t.pad)]),
+                TxPart::from(&t.icrc[..]),
+            ],
         }
     }
 
@@ -697,8 +798,12 @@ impl Transmit {
     /// # Safety
     /// As [`Transmit::parts`].
     pub unsafe fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
         // SAFETY: forwarded to the caller.
-        unsafe { self.parts() }.concat()
+        for p in unsafe { self.parts() } {
+            p.copy_into(&mut v);
+        }
+        v
     }
 }
 

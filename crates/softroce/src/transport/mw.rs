@@ -15,101 +15,7 @@
 //! `rxe_mr.c` (`rxe_reg_fast_mr`, `rxe_invalidate_mr`).
 
 use super::AccessFlags;
-use super::memory::{MemError, MrKind, MrState, MrTable};
-
-/// Key index of the first MW slot (rxe `RXE_MIN_MW_INDEX`).
-pub(super) const MW_BASE: u32 = 0x0001_0001;
-/// Most memory windows per device (rxe `RXE_MAX_MW`).
-pub const MAX_MW: usize = 0x1000;
-
-/// True when `key`'s index lies in the memory-window range (rxe `rkey_is_mw`).
-pub fn is_mw_key(key: u32) -> bool {
-    let index = key >> 8;
-    (MW_BASE..MW_BASE + MAX_MW as u32).contains(&index)
-}
-
-/// Memory window type. Source: `enum ibv_mw_type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MwType {
-    /// `IBV_MW_TYPE_1`: bound with `ibv_bind_mw`, not invalidatable.
-    Type1,
-    /// `IBV_MW_TYPE_2` (rxe implements 2B): bound by a BIND_MW work request to one QP.
-    Type2,
-}
-
-/// Memory window state. Source: rxe `enum rxe_mw_state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MwState {
-    /// Bound (type 2) or allocated (type 1).
-    Valid,
-    /// Allocated and not bound (type 2).
-    Free,
-}
-
-/// One memory window.
-#[derive(Debug, Clone)]
-pub struct MwEntry {
-    /// Current R_Key (its key byte changes with each bind).
-    pub rkey: u32,
-    /// Protection domain handle.
-    pub pd: u32,
-    /// Type.
-    pub mw_type: MwType,
-    state: MwState,
-    access: AccessFlags,
-    addr: u64,
-    length: u64,
-    /// lkey of the MR the window is bound to.
-    pub(super) mr_key: Option<u32>,
-    /// Type 2: the QP it is bound to.
-    qpn: Option<u32>,
-}
-
-impl MwEntry {
-    /// State.
-    pub fn state(&self) -> MwState {
-        self.state
-    }
-    /// Bound range: (address, length in bytes).
-    pub fn range(&self) -> (u64, u64) {
-        (self.addr, self.length)
-    }
-    /// Access the window grants.
-    pub fn access(&self) -> AccessFlags {
-        self.access
-    }
-
-    /// The checks of rxe `rxe_lookup_mw`, plus the window's own bounds.
-    pub(super) fn check_access(
-        &self,
-        pd: u32,
-        qpn: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        if self.pd != pd {
-            return Err(MemError::PdMismatch);
-        }
-        if self.state != MwState::Valid || self.length == 0 {
-            return Err(MemError::State);
-        }
-        if self.mw_type == MwType::Type2 && self.qpn != Some(qpn) {
-            return Err(MemError::WrongQp);
-        }
-        if !self.access.contains(need) {
-            return Err(MemError::Access);
-        }
-        // IBTA: an access through a window must lie inside the window (rxe checks only the
-        // MR's range here; spec/deviations.toml).
-        let end = va.checked_add(len).ok_or(MemError::Range)?;
-        let mw_end = self.addr.checked_add(self.length).ok_or(MemError::Range)?;
-        if va < self.addr || end > mw_end {
-            return Err(MemError::Range);
-        }
-        Ok(())
-    }
-}
+use super::memory::{MemError, MrKind, MrState, MrTable, MwEntry, MwState, MwType, is_mw_key};
 
 /// The bind part of a BIND_MW work request. Source: `struct ibv_bind_mw_wr` and
 /// `struct ibv_mw_bind_info` (the MW and MR objects are named by their keys).
@@ -154,7 +60,7 @@ pub const fn inc_rkey(rkey: u32) -> u32 {
 
 impl MrTable {
     /// Allocates a memory window of `mw_type` in protection domain `pd`. Returns its R_Key, or
-    /// `None` when [`MAX_MW`] windows exist. Source: rxe `rxe_alloc_mw`.
+    /// `None` when [`MAX_MW`](super::MAX_MW) windows exist. Source: rxe `rxe_alloc_mw`.
     pub fn alloc_mw(&mut self, pd: u32, mw_type: MwType) -> Option<u32> {
         let slot = self.mws.alloc()?;
         let byte = self.mws.fresh_byte(slot, &mut self.rng);
@@ -188,35 +94,6 @@ impl MrTable {
         };
         self.release_mr(mw.mr_key);
         true
-    }
-
-    /// The live window with this R_Key.
-    pub fn mw(&self, key: u32) -> Option<&MwEntry> {
-        let s = self.mws.slot_of(key)?;
-        self.mws.slots.get(s)?.as_ref().filter(|m| m.rkey == key)
-    }
-
-    /// The window in the slot `key`'s index names, whatever its key byte.
-    pub fn mw_slot(&self, key: u32) -> Option<&MwEntry> {
-        let s = self.mws.slot_of(key)?;
-        self.mws.slots.get(s)?.as_ref()
-    }
-
-    /// Unbinds every window bound to the MR with key `mr_key` (the MR is going away): type 1
-    /// windows stay VALID with length 0, type 2 windows go back to FREE.
-    pub(super) fn unbind_windows_of(&mut self, mr_key: u32) {
-        for mw in self.mws.slots.iter_mut().flatten() {
-            if mw.mr_key == Some(mr_key) {
-                mw.mr_key = None;
-                mw.access = AccessFlags::empty();
-                mw.addr = 0;
-                mw.length = 0;
-                if mw.mw_type == MwType::Type2 {
-                    mw.state = MwState::Free;
-                    mw.qpn = None;
-                }
-            }
-        }
     }
 
     fn release_mr(&mut self, mr_key: Option<u32>) {
@@ -321,7 +198,7 @@ impl MrTable {
         if (r.key >> 8) != (mr.lkey >> 8) {
             return Err(MemError::BadKey);
         }
-        if r.length > mr.bytes().len() as u64 || r.iova.checked_add(r.length).is_none() {
+        if r.length > mr.buf_len() as u64 || r.iova.checked_add(r.length).is_none() {
             return Err(MemError::Range);
         }
         if r.access
@@ -397,6 +274,7 @@ impl MrTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::memory::MW_BASE;
 
     const PD: u32 = 1;
     const QPN: u32 = 0x11;
@@ -582,7 +460,10 @@ mod tests {
         t.reg_fast(PD, &r).unwrap();
         assert!(t.get(k).is_none() || k == new);
         t.write_remote(new, PD, QPN, 0x7000_1000, b"frmr").unwrap();
-        assert_eq!(&t.get(new).unwrap().bytes()[0x1000..0x1004], b"frmr");
+        assert_eq!(
+            &t.get(new).unwrap().owned_bytes().unwrap()[0x1000..0x1004],
+            b"frmr"
+        );
         assert_eq!(t.reg_fast(PD, &r), Err(MemError::State), "only from FREE");
         t.invalidate(new, PD, None).unwrap();
         assert_eq!(

@@ -276,7 +276,7 @@ impl QpEngine {
         // headers are built here and the ICRC is computed over the MR bytes in place. An SGE
         // that fails its checks takes the copying path below, which reports it.
         let in_mr = if self.gather && pay > 0 && wqe.inline_data.is_none() {
-            mem.payload_slice(&wqe.wr.sg_list, self.pd, pkt.payload_off, pay)
+            mem.payload_bytes(&wqe.wr.sg_list, self.pd, pkt.payload_off, pay)
                 .ok()
                 .flatten()
         } else {

@@ -10,7 +10,7 @@ use super::{
     AccessFlags, CqSel, DropReason, MAX_MSG_BYTES, Path, QpAction, QpEngine, QpState, QpType,
     RecvWqe, RespError, Transmit, TxKind, Wc, WcFlags, WcOpcode, WcStatus, psns_for,
 };
-use crate::transport::{Instant, MemoryTable};
+use crate::transport::{AtomicOp, Instant, MemoryTable};
 use crate::wire::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, OpKind, Opcode, PacketRepr, Position, Psn,
     RocePacket,
@@ -534,26 +534,18 @@ impl QpEngine {
         if a.va % 8 != 0 {
             return Err(RespError::MisalignedAtomic);
         }
-        let cell = mem
-            .remote_bytes_mut(
-                a.rkey,
-                self.pd,
-                self.qpn,
-                a.va,
-                8,
-                AccessFlags::REMOTE_ATOMIC,
-            )
-            .map_err(|_| RespError::RkeyViolation)?;
-        let mut cur = [0u8; 8];
-        cur.copy_from_slice(cell);
         // The target is 8 bytes in the responder's host order (rxe does a native u64 op).
-        let orig = u64::from_ne_bytes(cur);
-        let new = if pkt.info.kind == OpKind::CompareSwap {
-            if orig == a.compare { a.swap_add } else { orig }
+        let op = if pkt.info.kind == OpKind::CompareSwap {
+            AtomicOp::CompareSwap {
+                compare: a.compare,
+                swap: a.swap_add,
+            }
         } else {
-            orig.wrapping_add(a.swap_add)
+            AtomicOp::FetchAdd(a.swap_add)
         };
-        cell.copy_from_slice(&new.to_ne_bytes());
+        let orig = mem
+            .atomic_remote(a.rkey, self.pd, self.qpn, a.va, op)
+            .map_err(|_| RespError::RkeyViolation)?;
         let psn = pkt.repr.bth.psn;
         self.resp.msn = (self.resp.msn + 1) & 0x00ff_ffff;
         let msn = self.resp.msn;
@@ -826,7 +818,8 @@ impl QpEngine {
         let mut buf = super::bufpool::take(repr.buffer_len());
         repr.emit_headers(&mut buf);
         if let Some(data) = src {
-            buf[h..h + n].copy_from_slice(data);
+            // Cannot fail: `data` is the `n` bytes asked for.
+            let _ = data.copy_to(&mut buf[h..h + n]);
         }
         repr.finish(&mut buf, &path.icrc_ip());
         Some(Transmit::new(kind, path.remote, path.src_port, buf))

@@ -224,14 +224,14 @@ fn rts_duplicate_write_reacks_the_last_psn_and_is_not_executed_again() {
         1,
         "the two ACKs coalesce into one"
     );
-    mem.get_mut(key).unwrap().bytes_mut()[..4].copy_from_slice(b"zzzz");
+    mem.get_mut(key).unwrap().owned_bytes_mut().unwrap()[..4].copy_from_slice(b"zzzz");
     deliver(&mut e, &mut mem, w, b"abcd");
     let ack = AethSyndrome::ACK_UNLIMITED.to_byte();
     assert_eq!(
         sent(&mut e, &mem),
         [(Opcode::RC_ACKNOWLEDGE, PSN + 1, Some(ack))]
     );
-    assert_eq!(&mem.get(key).unwrap().bytes()[..4], b"zzzz");
+    assert_eq!(&mem.get(key).unwrap().owned_bytes().unwrap()[..4], b"zzzz");
     assert_eq!(e.counters().duplicate_request, 1);
 }
 

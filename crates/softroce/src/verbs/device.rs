@@ -1257,12 +1257,8 @@ impl Mr {
             .mrs
             .get_slot(self.lkey)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
-        let src = offset
-            .checked_add(out.len())
-            .and_then(|end| mr.bytes().get(offset..end))
-            .ok_or_else(|| Error::new(ErrorKind::Inval, "mr read: range outside the MR"))?;
-        out.copy_from_slice(src);
-        Ok(())
+        mr.read(offset, out)
+            .map_err(|_| Error::new(ErrorKind::Inval, "mr read: range outside the MR"))
     }
     /// Copies bytes into the MR. Errors: `EINVAL` if the range is outside the MR.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
@@ -1271,12 +1267,8 @@ impl Mr {
             .mrs
             .get_slot_mut(self.lkey)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "mr: deregistered"))?;
-        let dst = offset
-            .checked_add(data.len())
-            .and_then(|end| mr.bytes_mut().get_mut(offset..end))
-            .ok_or_else(|| Error::new(ErrorKind::Inval, "mr write: range outside the MR"))?;
-        dst.copy_from_slice(data);
-        Ok(())
+        mr.write(offset, data)
+            .map_err(|_| Error::new(ErrorKind::Inval, "mr write: range outside the MR"))
     }
     /// The whole MR as a vector.
     pub fn to_vec(&self) -> Vec<u8> {

@@ -131,12 +131,19 @@ impl Pd {
     /// Errors: `EINVAL` for a null `ptr`, a length of 0 or over 2 GiB, or REMOTE_WRITE /
     /// REMOTE_ATOMIC without LOCAL_WRITE; `ENOMEM` when the key table is full.
     ///
+    /// The application keeps using the memory: it may read and write it directly, from any
+    /// thread, while peers' WRITEs, ATOMICs and local receives land in it (perftest's latency
+    /// tests spin on the last byte of such a buffer). What it reads while a WRITE lands there
+    /// is unspecified, as on hardware, except that the device stores the last byte of each
+    /// piece it writes (a packet's payload, or its part in one SGE) after the others, with
+    /// release ordering: seeing it change (with an acquire load) means the bytes before it in
+    /// that piece, and in the message's earlier packets, are there. The
+    /// device never forms a Rust reference over the memory (docs/memory.md).
+    ///
     /// # Safety
     ///
-    /// Until the returned `Mr` is dropped: `ptr` must stay valid for reads and writes of
-    /// `len` bytes (the allocation outlives the MR), and the caller must not read or write
-    /// those bytes except through this `Mr` ([`Mr::read`], [`Mr::write`]) — peers and the
-    /// device write into them at any time, so any other access would race.
+    /// `ptr` must stay valid for reads and writes of `len` bytes until the returned `Mr` is
+    /// dropped (the allocation outlives the MR). Nothing more.
     pub unsafe fn reg_mr_user(&self, ptr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::new(ErrorKind::Inval, "reg_mr: null address"))?;
@@ -153,7 +160,7 @@ impl Pd {
         }
         let mut st = self.dev.shared.state.lock();
         // SAFETY: our caller upholds `register_user`'s contract (see `# Safety` above: the
-        // memory outlives the MR, which deregisters on drop, and is only accessed through it).
+        // memory outlives the MR, which deregisters on drop).
         let lkey = unsafe { st.mrs.register_user(self.handle, ptr, len, access) }
             .ok_or_else(|| Error::new(ErrorKind::NoMem, "reg_mr: MR table full"))?;
         Ok(new_mr(&self.dev, &st, lkey, len))

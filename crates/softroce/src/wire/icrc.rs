@@ -68,6 +68,19 @@ const INLINE_BODY: usize = 192;
 /// 0xFF (IBTA A17.8.3; docs/wire-facts.md §2.2). `body_len` is the parts' total length (the callers know
 /// it already). At most 40 IP and 8 UDP header bytes are used.
 fn icrc_over(ip_header: &[u8], udp_header: &[u8], parts: &[&[u8]], body_len: usize) -> [u8; 4] {
+    icrc_start(ip_header, udp_header, parts, body_len)
+        .finalize()
+        .to_le_bytes()
+}
+
+/// [`icrc_over`] up to the final step: the CRC state after the pseudo-header and `parts`
+/// (the first bytes of a `body_len`-byte body; the rest may follow through `update`).
+fn icrc_start(
+    ip_header: &[u8],
+    udp_header: &[u8],
+    parts: &[&[u8]],
+    body_len: usize,
+) -> crc32fast::Hasher {
     let mut scratch = [0u8; 8 + 48 + INLINE_BODY];
     scratch[..8].copy_from_slice(&LRH_ONES);
     let n = ip_header.len().min(40);
@@ -109,7 +122,41 @@ fn icrc_over(ip_header: &[u8], udp_header: &[u8], parts: &[&[u8]], body_len: usi
     for q in rest.1 {
         h.update(q);
     }
-    h.finalize().to_le_bytes()
+    h
+}
+
+/// The ICRC of a body handed over piece by piece, for a body some of whose bytes cannot be
+/// lent as one slice (a zero-copy send's payload in application memory arrives in copies of
+/// a few hundred bytes). `new` takes the flow, the body's total length (the IP and UDP
+/// lengths are covered) and its first piece, which must hold the BTH (its byte 4 is masked);
+/// `update` the following pieces in order; `finish` gives what [`icrc_of_body`] gives for
+/// the concatenation. Panics: never.
+#[derive(Debug, Clone)]
+pub struct IcrcHasher(crc32fast::Hasher);
+
+impl IcrcHasher {
+    /// Starts the ICRC of a `body_len`-byte body (BTH up to the pad) on the flow `ip`, whose
+    /// first bytes are `head`.
+    pub fn new(ip: &IcrcIp, head: &[u8], body_len: usize) -> IcrcHasher {
+        let (hdrs, ip_len) = ip.headers(body_len + 4);
+        IcrcHasher(icrc_start(
+            &hdrs[..ip_len],
+            &hdrs[ip_len..ip_len + 8],
+            &[head],
+            body_len,
+        ))
+    }
+
+    /// Hashes the next `bytes` of the body.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// The four ICRC bytes, in wire order.
+    #[must_use]
+    pub fn finish(self) -> [u8; 4] {
+        self.0.finalize().to_le_bytes()
+    }
 }
 
 /// As [`icrc_of_body`], for a body given as consecutive `parts` (headers in one buffer, the
@@ -333,6 +380,29 @@ mod tests {
                 let (a, b) = (a.min(300), b.clamp(a.min(300), 300));
                 let parts = [&body[..a], &body[a..b], &body[b..]];
                 assert_eq!(icrc_of_body_parts(&ip, &parts), whole, "split {a}/{b}");
+            }
+        }
+    }
+
+    /// A body fed to `IcrcHasher` as a head holding the BTH and then chunks of any size
+    /// hashes as the whole body, for bodies below and above the inline threshold.
+    #[test]
+    fn hasher_in_pieces_hashes_as_the_whole_body() {
+        let ip = IcrcIp::V6 {
+            src: std::net::Ipv6Addr::LOCALHOST,
+            dst: std::net::Ipv4Addr::new(10, 0, 0, 2).to_ipv6_mapped(),
+            src_port: 0xc002,
+            dst_port: 4791,
+        };
+        for len in [12, 40, INLINE_BODY, INLINE_BODY + 1, 4096 + 28] {
+            let body: Vec<u8> = (0..len as u32).map(|i| (i * 31 % 253) as u8).collect();
+            for head in [12, 28] {
+                let head = head.min(len);
+                for chunk in [1, 7, 1024] {
+                    let mut h = IcrcHasher::new(&ip, &body[..head], len);
+                    body[head..].chunks(chunk).for_each(|c| h.update(c));
+                    assert_eq!(h.finish(), icrc_of_body(&ip, &body), "{len}/{head}/{chunk}");
+                }
             }
         }
     }

@@ -78,7 +78,8 @@ pub use atomic_eth::{AtomicEth, AtomicEthRepr};
 pub use bth::{Bth, BthRepr};
 pub use deth::{Deth, DethRepr};
 pub use icrc::{
-    IcrcIp, icrc_compute, icrc_of_body, icrc_of_body_parts, icrc_of_datagram, solve_ipv4_ident,
+    IcrcHasher, IcrcIp, icrc_compute, icrc_of_body, icrc_of_body_parts, icrc_of_datagram,
+    solve_ipv4_ident,
 };
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
