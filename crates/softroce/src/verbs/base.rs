@@ -238,6 +238,12 @@ impl SrqTable {
         Ok(())
     }
 
+    /// The SRQ QP `qpn` is attached to, by number, with its queue.
+    pub(super) fn queue_of(&mut self, qpn: u32) -> Option<(u32, &mut SrqQueue)> {
+        let n = *self.by_qp.get(&qpn)?;
+        self.srqs.get_mut(&n).map(|e| (n, &mut e.queue))
+    }
+
     /// Detaches a destroyed QP; frees an orphaned SRQ with its last QP.
     pub(super) fn detach(&mut self, qpn: u32) {
         let Some(n) = self.by_qp.remove(&qpn) else {

@@ -319,21 +319,10 @@ impl core::fmt::Debug for RxBatch<'_> {
     }
 }
 
-/// Does this request take a receive WQE? A SEND that starts a message, or the last packet of
-/// an RDMA WRITE with immediate data (rxe `check_resource`).
-fn needs_recv(pkt: &RocePacket<'_>) -> bool {
-    let pos = pkt.info.position;
-    pkt.info.is_request()
-        && ((pkt.info.kind == OpKind::Send && pos.starts_message())
-            || (pkt.info.kind == OpKind::RdmaWrite
-                && pos.ends_message()
-                && pkt.repr.immdt.is_some()))
-}
-
-/// Runs QP `qpn`'s engine on `pkt`; for a QP attached to an SRQ, lends it the SRQ's head WR
-/// first and takes back what it did not consume, then raises `IBV_EVENT_SRQ_LIMIT_REACHED`
-/// when a WR was consumed and fewer than the armed limit are left. `dst` is the destination
-/// address when it is not the device's own (a datagram to a multicast group's socket).
+/// Runs QP `qpn`'s engine on `pkt`. A QP attached to an SRQ gets the SRQ as an input, its
+/// responder taking receive WQEs from it; when that undercuts the SRQ's armed limit,
+/// `IBV_EVENT_SRQ_LIMIT_REACHED` is raised. `dst` is the destination address when it is not
+/// the device's own (a datagram to a multicast group's socket).
 fn handle_packet(
     st: &mut State,
     qpn: u32,
@@ -347,35 +336,16 @@ fn handle_packet(
     let Some(slot) = qps.get_mut(&qpn) else {
         return;
     };
-    let entry = if slot.engine.uses_srq() && needs_recv(pkt) {
-        srqs.by_qp
-            .get(&qpn)
-            .copied()
-            .and_then(|n| srqs.srqs.get_mut(&n).map(|e| (n, e)))
-    } else {
-        None
-    };
-    let run = |engine: &mut crate::transport::QpEngine, mrs: &mut _| match dst {
-        Some(d) => engine.handle_packet_to(now, pkt, src, d, mrs),
-        None => engine.handle_packet(now, pkt, src, mrs),
-    };
-    let Some((srq_num, e)) = entry else {
-        run(&mut slot.engine, mrs);
-        return;
-    };
-    let before = e.queue.len();
-    if let Some(wr) = e.queue.lend() {
-        slot.engine.lend_srq_recv(wr);
-    }
-    run(&mut slot.engine, mrs);
-    let mut back = Vec::new();
-    while let Some(wr) = slot.engine.reclaim_srq_recv() {
-        back.push(wr);
-    }
-    for wr in back.into_iter().rev() {
-        e.queue.give_back(wr);
-    }
-    if e.queue.len() < before && e.queue.consumed() {
-        events.push(EventType::SrqLimitReached, EventElement::Srq(srq_num));
+    let srq = slot.engine.uses_srq().then(|| srqs.queue_of(qpn)).flatten();
+    match (srq, dst) {
+        (Some((srq_num, queue)), _) => {
+            slot.engine
+                .handle_packet_srq(now, pkt, src, dst, mrs, queue);
+            if queue.poll_limit_reached() {
+                events.push(EventType::SrqLimitReached, EventElement::Srq(srq_num));
+            }
+        }
+        (None, Some(d)) => slot.engine.handle_packet_to(now, pkt, src, d, mrs),
+        (None, None) => slot.engine.handle_packet(now, pkt, src, mrs),
     }
 }

@@ -1,7 +1,7 @@
 //! Shared receive queues (`ibv_srq`): one queue of receive WRs that several QPs (RC, UC, UD)
 //! of a device take their receive WQEs from. The WRs live in the device's state next to the
-//! QPs; a packet that needs a receive WQE on a QP attached to an SRQ is given the head WR of
-//! the SRQ (see `transport::srq`). Source: rdma-core `ibv_create_srq(3)`,
+//! QPs; the receive path (`rx.rs`) hands the SRQ to the engine of an attached QP with each
+//! packet, and its responder takes receive WQEs from it (see `transport::srq`). Source: rdma-core `ibv_create_srq(3)`,
 //! `ibv_modify_srq(3)`; rxe `rxe_srq.c`, `rxe_resp.c` `get_srq_wqe`.
 
 use super::base::{Device, SrqEntry};
