@@ -20,7 +20,7 @@ use super::batch::{
 use super::pcap::{Capture, roce_addr};
 use super::raw::{RawRx, drop_everything};
 use crate::transport::Transmit;
-use crate::verbs::{Cq, Device, DeviceConfig, Link, Wc};
+use crate::verbs::{Cq, Device, DeviceConfig, Link, PollHook, Wc};
 use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -697,6 +697,8 @@ impl Link for UdpLink {
 pub struct UdpDevice {
     device: Device,
     link: Arc<UdpLink>,
+    /// What the device's CQ poll hook drives, in busy-polling mode (`BusyPoll`).
+    busy: Option<Arc<BusyPoller>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -738,6 +740,16 @@ impl UdpDevice {
             )
         })?);
         let device = Device::new(cfg, link.clone(), Arc::new(SystemClock::new()));
+        // Busy polling: every poll of the device's CQs receives in the polling thread, the
+        // hook holding the device and link weakly (a CQ must not keep them open).
+        let busy = link.busy_poll.then(|| {
+            let poller = Arc::new(BusyPoller {
+                device: device.clone(),
+                link: link.clone(),
+            });
+            device.set_poll_hook(Arc::new(BusyPoll(Arc::downgrade(&poller))));
+            poller
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (device, link, stop) = (device.clone(), link.clone(), stop.clone());
@@ -748,6 +760,7 @@ impl UdpDevice {
         Ok(UdpDevice {
             device,
             link,
+            busy,
             stop,
             thread: Some(thread),
         })
@@ -763,22 +776,47 @@ impl UdpDevice {
         &self.link
     }
 
-    /// `ibv_poll_cq` on `cq` (a CQ of this device): moves up to `out.len()` completions into
-    /// `out` and returns how many. In busy-polling mode ([`UdpOptions::busy_poll`]), when
-    /// the CQ holds nothing to return (or `out` is empty: a poll that only drives the
-    /// device), it first receives and handles whatever datagrams are waiting on the device's
-    /// socket, in this thread, without blocking.
+    /// `ibv_poll_cq` on `cq`: [`Cq::poll`], which in busy-polling mode
+    /// ([`UdpOptions::busy_poll`]) first receives in this thread, through the device's
+    /// poll hook. Kept for callers; any CQ poll does the same.
     pub fn poll_cq(&self, cq: &Cq, out: &mut [Wc]) -> usize {
-        let link = &*self.link;
-        if !link.busy_poll {
-            return cq.poll(out);
+        cq.poll(out)
+    }
+}
+
+/// The CQ poll hook of a device opened with [`UdpOptions::busy_poll`]: a weak handle on its
+/// [`BusyPoller`], so that a CQ the application keeps does not keep the sockets open. Once
+/// the [`UdpDevice`] is gone, polls only take what the CQ holds.
+struct BusyPoll(Weak<BusyPoller>);
+
+impl PollHook for BusyPoll {
+    fn poll(&self, cq: &Cq, out: &mut [Wc]) -> usize {
+        match self.0.upgrade() {
+            Some(poller) => poller.poll(cq, out),
+            None => cq.poll_queued(out),
         }
+    }
+}
+
+/// What a busy poll drives: the device and its link. Owned by the [`UdpDevice`].
+#[derive(Debug)]
+struct BusyPoller {
+    device: Device,
+    link: Arc<UdpLink>,
+}
+
+impl BusyPoller {
+    /// Polls `cq` into `out`: when the CQ holds nothing to return (or `out` is empty: a poll
+    /// that only drives the device), it first receives and handles whatever datagrams are
+    /// waiting on the device's socket, in this thread, without blocking.
+    fn poll(&self, cq: &Cq, out: &mut [Wc]) -> usize {
+        let link = &*self.link;
         link.polls.fetch_add(1, Ordering::Relaxed);
         // Completions already in the CQ come back without a receive system call (≈ 1 µs
         // on an empty socket): the application acts on them first, and its answer can
         // still carry the ACKs held back.
         if !out.is_empty() {
-            let n = cq.poll(out);
+            let n = cq.poll_queued(out);
             if n > 0 {
                 if link.holds_too_many_acks() {
                     link.flush_deferred();
@@ -797,7 +835,7 @@ impl UdpDevice {
             DEFER_ACKS.with(|d| d.set(false));
             delivered = true;
         }
-        let n = cq.poll(out);
+        let n = cq.poll_queued(out);
         // The ACKs held back wait while the application has something new to act on (what
         // this poll delivered or returned: it may answer with a request that carries the
         // ACKs along, see `send_batch`). A poll that neither received nor returned anything
@@ -818,6 +856,8 @@ impl core::ops::Deref for UdpDevice {
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
+        // From now on a poll of the device's CQs only takes what they hold.
+        drop(self.busy.take());
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -4,7 +4,7 @@
 //! to the CQs. The objects (`pd`, `mr`, `mw`, `cq`, `qp`, `srq`, `ah`), the device's own verbs
 //! (`device`) and the receive path (`rx`) build on this file; it uses only `cq` and `event`.
 
-use super::cq::CqShared;
+use super::cq::{CqShared, PollHook};
 use super::event::{AsyncEvents, EventElement, EventType};
 use super::{Clock, Error, ErrorKind, Gid, Link, Result};
 use crate::transport::{
@@ -13,7 +13,7 @@ use crate::transport::{
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// How to build a device.
 #[derive(Debug, Clone)]
@@ -118,6 +118,8 @@ pub(super) struct Shared {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) state: Mutex<State>,
     pub(super) events: AsyncEvents,
+    /// The link's CQ poll hook ([`Device::set_poll_hook`]).
+    pub(super) poll_hook: OnceLock<Arc<dyn PollHook>>,
 }
 
 /// A softroce device: one IP address, one port, a GID table, and the verbs objects made on

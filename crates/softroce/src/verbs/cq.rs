@@ -8,7 +8,7 @@ use crate::transport::{Wc, WcOpcode, WcStatus};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 /// How long [`Cq::wait`] polls before it sleeps.
@@ -27,6 +27,22 @@ pub(super) struct CqShared {
     pub(super) cqe: usize,
     pub(super) overflows: AtomicU64,
     pub(super) notify: CqNotify,
+    /// The device's poll hook, if its link installed one ([`PollHook`]).
+    pub(super) hook: OnceLock<Arc<dyn PollHook>>,
+}
+
+/// What a poll of a CQ does beyond taking its completions, provided by the link: a link
+/// that receives in the polling thread (busy polling, `net::UdpOptions::busy_poll`) drives
+/// its socket here. Installed on a device with
+/// [`Device::set_poll_hook`](super::Device::set_poll_hook); every poll of that device's CQs
+/// then goes through it ([`Cq::poll`], [`Cq::poll_one`]), whichever frontend polls, so a C
+/// `ibv_poll_cq` through a function table busy-polls as the Rust API does. The verbs layer
+/// opens no socket: the hook comes from `net`.
+pub trait PollHook: Send + Sync {
+    /// Polls `cq` into `out` and returns how many completions it moved. An implementation
+    /// takes the completions with [`Cq::poll_queued`]; with an empty `out` it only drives
+    /// the link.
+    fn poll(&self, cq: &Cq, out: &mut [Wc]) -> usize;
 }
 
 impl CqShared {
@@ -41,6 +57,7 @@ impl CqShared {
             cqe: cqe as usize,
             overflows: AtomicU64::new(0),
             notify: Default::default(),
+            hook: OnceLock::new(),
         }
     }
 
@@ -96,29 +113,38 @@ impl Cq {
     }
 
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many.
-    /// Takes no lock: an empty poll is two atomic loads.
+    /// On a device whose link installed a [`PollHook`] (busy polling) the poll goes through
+    /// it, which may first receive what waits on the link; an empty `out` then only drives
+    /// the link. Otherwise it takes no lock: an empty poll is two atomic loads.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
+        match self.shared.hook.get() {
+            Some(hook) => hook.poll(self, out),
+            None => self.poll_queued(out),
+        }
+    }
+
+    /// One completion, if any: [`Cq::poll`] of one.
+    pub fn poll_one(&self) -> Option<Wc> {
+        let mut one = [Wc::default()];
+        (self.poll(&mut one) == 1).then_some(one[0])
+    }
+
+    /// Moves up to `out.len()` completions already in the CQ into `out`, without the
+    /// link's [`PollHook`]; returns how many. What a hook calls to take them.
+    pub fn poll_queued(&self, out: &mut [Wc]) -> usize {
         let mut n = 0;
         for slot in out.iter_mut() {
-            match self.poll_one() {
-                Some(wc) => *slot = wc,
-                None => break,
+            match self.shared.ring_rx.try_recv() {
+                Ok(wc) => *slot = self.shared.taken(wc),
+                Err(_) => break,
             }
             n += 1;
         }
         n
     }
 
-    /// One completion, if any.
-    pub fn poll_one(&self) -> Option<Wc> {
-        self.shared
-            .ring_rx
-            .try_recv()
-            .ok()
-            .map(|wc| self.shared.taken(wc))
-    }
-
-    /// Waits up to `timeout` for at least one completion, then polls like [`Cq::poll`].
+    /// Waits up to `timeout` for at least one completion, then takes what else is queued
+    /// ([`Cq::poll_queued`]; a wait sleeps, it does not drive the link).
     /// Returns 0 on timeout, and at once for an empty `out`.
     pub fn wait(&self, out: &mut [Wc], timeout: Duration) -> usize {
         let now = std::time::Instant::now();
@@ -136,7 +162,7 @@ impl Cq {
             Ok(wc) => *first = self.shared.taken(wc),
             Err(_) => return 0,
         }
-        1 + self.poll(&mut out[1..])
+        1 + self.poll_queued(&mut out[1..])
     }
 
     /// The CQ's number, unique in the process: what an `IBV_EVENT_CQ_ERR` event names

@@ -5,7 +5,7 @@ use super::base::{
     Device, DeviceConfig, FIRST_QPN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType, MAX_CQE, MAX_QP,
     MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
 };
-use super::cq::{CompChannel, Cq, CqShared};
+use super::cq::{CompChannel, Cq, CqShared, PollHook};
 use super::event::{AsyncEvent, AsyncEvents, EventElement, EventFd, EventType, SignalQueue};
 use super::pd::Pd;
 use super::qp::{Qp, rxe_initial_udp_sport};
@@ -18,8 +18,8 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Device attributes (`struct ibv_device_attr`, the fields softroce fills).
@@ -179,6 +179,7 @@ impl Device {
                 state: Mutex::new(state),
                 gsi_cq,
                 events: AsyncEvents::new(),
+                poll_hook: OnceLock::new(),
             }),
         };
         // rxe raises IB_EVENT_PORT_ACTIVE when its netdev comes up (`rxe_port_up`).
@@ -330,9 +331,21 @@ impl Device {
         if cqe == 0 || cqe > MAX_CQE {
             return Err(Error::new(ErrorKind::Inval, "create_cq: cqe out of range"));
         }
-        Ok(Cq {
-            shared: Arc::new(CqShared::new(cqe)),
-        })
+        let shared = Arc::new(CqShared::new(cqe));
+        if let Some(hook) = self.shared.poll_hook.get() {
+            let _ = shared.hook.set(hook.clone());
+        }
+        Ok(Cq { shared })
+    }
+
+    /// Installs the link's CQ poll hook ([`PollHook`]): every later poll of this device's
+    /// CQs, QP1's included, goes through it. Called by the link's owner once, before the
+    /// device is handed out (`net::UdpDevice` does when it opens with busy polling); CQs
+    /// created before the call keep polling without it, and a second call changes nothing.
+    pub fn set_poll_hook(&self, hook: Arc<dyn PollHook>) {
+        if self.shared.poll_hook.set(hook.clone()).is_ok() {
+            let _ = self.shared.gsi_cq.hook.set(hook);
+        }
     }
 
     /// CNPs (opcode 0x81) received with a good ICRC. softroce reacts to none of them (no

@@ -27,7 +27,7 @@ pub use crate::transport::{
 };
 pub use ah::Ah;
 pub use base::{Device, DeviceConfig, GidEntry, GidType, MULTICAST_QPN};
-pub use cq::{CompChannel, Cq};
+pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{DeviceAttr, PortAttr};
 pub use event::{AsyncEvent, EventElement, EventType};
 pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
