@@ -1,8 +1,10 @@
-//! Busy-polling mode (`UdpOptions::busy_poll`): the thread that calls `UdpDevice::poll_cq`
-//! receives and runs the engine itself, and holds ACKs back until its next poll. Checked: a
-//! SEND ping-pong driven only by polls delivers every message intact and in order with no
-//! retransmission, and an ACK held back when the poller stops is still sent (by the driver
-//! thread), so the peer's send completes. Addresses 127.0.25.x, port 4791.
+//! Busy-polling mode (`UdpOptions::busy_poll`): the thread that polls a CQ (`Cq::poll`, as
+//! every frontend's `ibv_poll_cq`, or `UdpDevice::poll_cq`) receives and runs the engine
+//! itself, and holds ACKs back until its next poll. Checked: a SEND ping-pong driven only by
+//! plain `Cq::poll` calls delivers every message intact and in order with no retransmission
+//! and with each held ACK carried by the reply, and an ACK held back when the poller stops
+//! is still sent (by the driver thread), so the peer's send completes. Addresses
+//! 127.0.25.x, port 4791.
 
 mod support;
 
@@ -44,7 +46,7 @@ fn poll_recv(s: &Side, sends: &mut u32) -> Wc {
     let end = Instant::now() + Duration::from_secs(10);
     let mut wc = [Wc::default()];
     while Instant::now() < end {
-        if s.dev.poll_cq(&s.cq, &mut wc) == 1 {
+        if s.cq.poll(&mut wc) == 1 {
             assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
             match wc[0].opcode {
                 WcOpcode::Recv => return wc[0],
@@ -56,13 +58,13 @@ fn poll_recv(s: &Side, sends: &mut u32) -> Wc {
     panic!("no receive completion within 10 s");
 }
 
-/// Waits (plain CQ polls, so no socket work in this thread: the driver thread must send
-/// any ACK still held back) until `s` has `want` send completions in all; 10 s limit.
+/// Waits (`Cq::poll_queued`, which skips the busy-polling hook, so no socket work in this
+/// thread: the driver thread must send any ACK still held back) until `s` has `want` send completions in all; 10 s limit.
 fn drain_sends(s: &Side, mut sends: u32, want: u32) {
     let end = Instant::now() + Duration::from_secs(10);
     let mut wc = [Wc::default(); 16];
     while sends < want && Instant::now() < end {
-        let n = s.cq.poll(&mut wc);
+        let n = s.cq.poll_queued(&mut wc);
         for w in &wc[..n] {
             assert_eq!((w.status, w.opcode), (WcStatus::Success, WcOpcode::Send));
             sends += 1;

@@ -9,7 +9,7 @@
 //!
 //! Why: on loopback the kernel's per-datagram cost (≈ 1.6 µs of sender CPU per 4 KiB
 //! datagram) dominates; one GSO send carries up to 64 segments, one GRO receive returns them
-//! in one buffer (shared/PERF.md: 2.6 GB/s plain, 9.4 GB/s GSO + GRO).
+//! in one buffer (docs/performance.md#measured-costs-on-this-machine-class: 2.6 GB/s plain, 9.4 GB/s GSO + GRO).
 //!
 //! Source: Linux `include/uapi/linux/udp.h` (`UDP_SEGMENT` = 103, `UDP_GRO` = 104),
 //! `net/ipv4/udp.c` (`udp_send_skb`: at most `UDP_MAX_SEGMENTS` segments, each `gso_size`

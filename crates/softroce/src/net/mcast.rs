@@ -17,8 +17,6 @@
 //! (`ff0x::`) need an interface with the MULTICAST flag (Linux `lo` has none): put the device
 //! address on such an interface (e.g. a veth pair in a namespace, as `tests/multicast.rs`).
 
-use super::udp::UdpLink;
-use crate::verbs::Device;
 use crate::wire::ROCE_V2_UDP_PORT;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
@@ -28,8 +26,6 @@ use std::time::Duration;
 /// Longest the driver sleeps on the unicast socket while groups are joined (the latency
 /// bound of multicast delivery on an idle device).
 pub(super) const MAX_PARK: Duration = Duration::from_millis(1);
-/// Most datagrams taken from one group socket per driver turn.
-const DRAIN_BATCH: usize = 64;
 
 /// The index and name of the interface holding IPv6 address `ip`, from
 /// `/proc/net/if_inet6` (per network namespace). None if not found.
@@ -81,7 +77,7 @@ pub(super) fn join(local: IpAddr, group: IpAddr) -> io::Result<UdpSocket> {
         (IpAddr::V6(g), IpAddr::V6(l)) => {
             s.set_only_v6(true)?;
             s.set_multicast_all_v6(false)?;
-            super::udp::set_udp_no_check6_rx(&s)?;
+            super::sock::set_udp_no_check6_rx(&s)?;
             let interface = ipv6_interface(l);
             let idx = interface.as_ref().map_or(0, |(i, _)| *i);
             // IPv6 sockets filter multicast by group only, not by the interface a membership
@@ -103,26 +99,4 @@ pub(super) fn join(local: IpAddr, group: IpAddr) -> io::Result<UdpSocket> {
     }
     s.set_nonblocking(true)?;
     Ok(s.into())
-}
-
-/// Hands the datagrams waiting on group socket `sock` to the device (at most a batch).
-pub(super) fn drain(
-    device: &Device,
-    link: &UdpLink,
-    group: IpAddr,
-    sock: &UdpSocket,
-    buf: &mut [u8],
-) {
-    for _ in 0..DRAIN_BATCH {
-        let Ok((n, src)) = sock.recv_from(buf) else {
-            return;
-        };
-        let data = buf.get(..n).unwrap_or_default();
-        link.rx_datagrams
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(c) = link.capture() {
-            c.record_received_udp(src, SocketAddr::new(group, ROCE_V2_UDP_PORT), data);
-        }
-        device.handle_multicast_datagram(src, group, data);
-    }
 }

@@ -18,7 +18,9 @@
 //! - `mcast`: IP multicast for UD multicast groups (`Qp::attach_mcast`): one socket per
 //!   joined group, bound to group:4791 and joined on the device's interface, drained by the
 //!   driver thread; send sockets name the device's interface for multicast.
-//! - `raw`: the raw IPv4 socket of the exact ICRC mode (CAP_NET_RAW).
+//! - `raw`: the raw IPv4 socket of the exact ICRC mode (CAP_NET_RAW), and the cutting of a
+//!   UDP GSO send it sees whole into its datagrams.
+//! - `sock`: how the device's UDP sockets are made (shared by `udp` and `mcast`).
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
 //!   drive the same devices and engines deterministically.
 //! - [`oob`]: the out-of-band TCP exchange of QP endpoints and remote buffers that the
@@ -33,6 +35,7 @@ pub mod pcap;
 pub mod pcap_reader;
 mod raw;
 pub mod sim;
+mod sock;
 pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};

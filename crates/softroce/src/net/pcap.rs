@@ -12,7 +12,7 @@
 //! The IP header of each record is the one the ICRC was computed over, so the ICRC of every
 //! record verifies against it:
 //! - sent: IPv4 with ID 0 and DF (what an unconnected `IP_PMTUDISC_DO` socket makes Linux
-//!   write, FACTS §0.2), TOS 0, the socket's TTL; IPv6 with traffic class 0, flow label 0 and
+//!   write, docs/wire-facts.md §0.2), TOS 0, the socket's TTL; IPv6 with traffic class 0, flow label 0 and
 //!   the socket's hop limit. (Linux may put an automatic flow label on the wire; the ICRC masks
 //!   it.)
 //! - received on a raw socket (exact ICRC mode): the IP packet as received, byte for byte.

@@ -1,7 +1,7 @@
 //! Net: the raw IPv4 socket of the exact receive-side ICRC mode.
 //!
 //! The ICRC of a RoCEv2 packet covers the sender's IPv4 Identification field, which a UDP
-//! socket never shows (FACTS §0.2). A raw `AF_INET`/`IPPROTO_UDP` socket receives a copy of
+//! socket never shows (docs/wire-facts.md §0.2). A raw `AF_INET`/`IPPROTO_UDP` socket receives a copy of
 //! every UDP datagram delivered to this host, IP header included, exactly as received; the
 //! device then checks the ICRC over that header, as kernel rxe does. The device's UDP socket
 //! stays bound to port 4791 so that the kernel delivers the datagrams rather than answering
@@ -13,6 +13,7 @@
 //! header has no field that the ICRC covers and a UDP socket hides (an IPv6 raw socket would
 //! not show the header anyway).
 
+use crate::wire::icrc_compute;
 use socket2::{Domain, Protocol, SockFilter, Socket, Type};
 use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -75,4 +76,86 @@ impl RawRx {
         self.sock.set_read_timeout(Some(timeout))?;
         (&self.sock).read(buf)
     }
+}
+
+/// A raw socket sees a UDP GSO send from this host (loopback, or a veth into this namespace)
+/// before the kernel cuts it: one IPv4 packet whose UDP payload is several RoCE packets of
+/// one size (the last maybe shorter), IP total length and UDP length covering them all, and
+/// the first segment's IP ID. The kernel would give segment `i` ID `first + i` and its own
+/// lengths. When `packet` is such a packet, calls `each` with every segment rebuilt that
+/// way (IPv4 header checksum recomputed, UDP checksum 0) and returns true; for anything
+/// else (a packet whose ICRC holds as it is, IPv6, IP options, no segment size that makes
+/// the first segment's ICRC valid) returns false without calling it.
+///
+/// The segment size is not on the wire, so it is found from the data: candidate sizes
+/// (multiples of 4) where a BTH with the first one's P_Key and destination QP starts,
+/// confirmed by the first segment's exact ICRC. Every segment is then checked exactly by
+/// the device like any received packet. Cost: one CRC pass over the packet when it is a
+/// single RoCE packet.
+pub(super) fn split_gso_ipv4(
+    packet: &[u8],
+    scratch: &mut Vec<u8>,
+    each: &mut dyn FnMut(&[u8]),
+) -> bool {
+    const IP: usize = 20;
+    const HDRS: usize = IP + 8;
+    const BTH: usize = 12;
+    if packet.len() < HDRS + BTH + 4 || packet[0] != 0x45 {
+        return false;
+    }
+    let (ip, rest) = packet.split_at(IP);
+    let (udp, payload) = rest.split_at(8);
+    let body_end = payload.len() - 4;
+    if icrc_compute(ip, udp, &payload[..body_end]) == payload[body_end..] {
+        return false;
+    }
+    let base_id = u16::from_be_bytes([ip[4], ip[5]]);
+    let header = |seg_len: usize, index: usize, out: &mut Vec<u8>| {
+        out.clear();
+        out.extend_from_slice(&packet[..HDRS]);
+        let total = (HDRS + seg_len) as u16;
+        out[2..4].copy_from_slice(&total.to_be_bytes());
+        let id = base_id.wrapping_add(index as u16);
+        out[4..6].copy_from_slice(&id.to_be_bytes());
+        out[10..12].copy_from_slice(&[0, 0]);
+        let sum = ipv4_header_checksum(&out[..IP]);
+        out[10..12].copy_from_slice(&sum.to_be_bytes());
+        out[IP + 4..IP + 6].copy_from_slice(&((8 + seg_len) as u16).to_be_bytes());
+        out[IP + 6..IP + 8].copy_from_slice(&[0, 0]);
+    };
+    // BTH bytes 1 (flags, TVer), 2..4 (P_Key) and 5..8 (reserved, dest QP) repeat in every
+    // segment of one QP's GSO send.
+    let same_flow = |at: usize| {
+        payload.get(at + 2..at + 8).is_some_and(|b| {
+            b[..2] == payload[2..4] && b[3..] == payload[5..8] && payload[at + 1] & 0x0f == 0
+        })
+    };
+    let found = (BTH + 4..payload.len())
+        .step_by(4)
+        .filter(|g| same_flow(*g))
+        .find(|&g| {
+            header(g, 0, scratch);
+            let (ip0, udp0) = scratch.split_at(IP);
+            icrc_compute(ip0, udp0, &payload[..g - 4]) == payload[g - 4..g]
+        });
+    let Some(g) = found else { return false };
+    for (i, seg) in payload.chunks(g).enumerate() {
+        header(seg.len(), i, scratch);
+        scratch.extend_from_slice(seg);
+        each(scratch);
+    }
+    true
+}
+
+/// The IPv4 header checksum (RFC 791: ones' complement of the ones' complement sum of the
+/// header's 16-bit words, with the checksum field taken as 0).
+fn ipv4_header_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }

@@ -18,20 +18,20 @@ use super::batch::{
     send_gso_gather, send_mmsg,
 };
 use super::pcap::{Capture, roce_addr};
-use super::raw::{RawRx, drop_everything};
+use super::raw::{RawRx, drop_everything, split_gso_ipv4};
+use super::sock::new_socket;
 use crate::transport::{Transmit, TxKind, TxPart};
-use crate::verbs::{Cq, Device, DeviceConfig, Link, Wc};
-use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_compute, icrc_of_body};
+use crate::verbs::{Cq, Device, DeviceConfig, Link, PollHook, Wc};
+use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
-use socket2::{Domain, Protocol, Socket, Type};
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -40,56 +40,6 @@ use std::time::Duration;
 const RCVBUF_BYTES: usize = 8 << 20;
 /// Longest the driver thread sleeps between timer checks.
 const MAX_PARK: Duration = Duration::from_millis(5);
-
-/// Lets an IPv6 UDP socket accept datagrams whose UDP checksum is 0. Kernel rxe sends IPv6
-/// UDP with checksum 0 (its tunnel socket allows it), which a plain Linux IPv6 socket drops
-/// unless `UDP_NO_CHECK6_RX` is set. Source: FACTS §0.10; Linux `net/ipv6/udp.c`
-/// (`udpv6_queue_rcv_one_skb` / `udp6_csum_init`), `include/uapi/linux/udp.h`.
-pub(super) fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: `s` is an open socket for the whole call; the option value points at a live
-    // `c_int` on this stack frame and the length passed is exactly its size, so the kernel
-    // reads only initialised memory that outlives the call. rustix and socket2 have no safe
-    // wrapper for this option.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_NO_CHECK6_RX,
-            (&raw const on).cast::<libc::c_void>(),
-            core::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socket> {
-    let domain = if ip.is_ipv4() {
-        Domain::IPV4
-    } else {
-        Domain::IPV6
-    };
-    let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
-    if reuse {
-        s.set_reuse_address(true)?;
-        s.set_reuse_port(true)?;
-    }
-    if ip.is_ipv6() {
-        s.set_only_v6(true)?;
-        set_udp_no_check6_rx(&s)?;
-    }
-    s.bind(&SocketAddr::new(ip, port).into())?;
-    if ip.is_ipv4() {
-        // Unconnected + IP_PMTUDISC_DO: Linux writes IPv4 ID 0 and DF on every datagram
-        // (FACTS §0.2), so the ICRC we computed over ID 0 is the one on the wire.
-        sockopt::set_ip_mtu_discover(&s, sockopt::Ipv4PathMtuDiscovery::DO)?;
-    }
-    Ok(s)
-}
 
 /// What a UDP device does beyond the plain data path.
 #[derive(Debug, Clone, Default)]
@@ -190,7 +140,7 @@ pub struct UdpLink {
     /// Set while received datagrams are delivered ([`deliver`], by whoever holds `rx`): the
     /// ACKs they cause are held back in `deferred`. The driver thread sends them together
     /// at the end of each receive batch; a busy poll sends them at the next poll, after the
-    /// application has seen the completions and answered (PERF.md: ACKs off the critical
+    /// application has seen the completions and answered (docs/performance.md#measured-costs-on-this-machine-class: ACKs off the critical
     /// path). Only a pump that handles received packets produces ACKs, so another thread
     /// that sends while this is set sends requests, which are never held.
     holding_acks: AtomicBool,
@@ -706,6 +656,8 @@ impl Link for UdpLink {
 pub struct UdpDevice {
     device: Device,
     link: Arc<UdpLink>,
+    /// What the device's CQ poll hook drives, in busy-polling mode (`BusyPoll`).
+    busy: Option<Arc<BusyPoller>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -747,6 +699,16 @@ impl UdpDevice {
             )
         })?);
         let device = Device::new(cfg, link.clone(), Arc::new(SystemClock::new()));
+        // Busy polling: every poll of the device's CQs receives in the polling thread, the
+        // hook holding the device and link weakly (a CQ must not keep them open).
+        let busy = link.busy_poll.then(|| {
+            let poller = Arc::new(BusyPoller {
+                device: device.clone(),
+                link: link.clone(),
+            });
+            device.set_poll_hook(Arc::new(BusyPoll(Arc::downgrade(&poller))));
+            poller
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (device, link, stop) = (device.clone(), link.clone(), stop.clone());
@@ -757,6 +719,7 @@ impl UdpDevice {
         Ok(UdpDevice {
             device,
             link,
+            busy,
             stop,
             thread: Some(thread),
         })
@@ -772,22 +735,47 @@ impl UdpDevice {
         &self.link
     }
 
-    /// `ibv_poll_cq` on `cq` (a CQ of this device): moves up to `out.len()` completions into
-    /// `out` and returns how many. In busy-polling mode ([`UdpOptions::busy_poll`]), when
-    /// the CQ holds nothing to return (or `out` is empty: a poll that only drives the
-    /// device), it first receives and handles whatever datagrams are waiting on the device's
-    /// socket, in this thread, without blocking.
+    /// `ibv_poll_cq` on `cq`: [`Cq::poll`], which in busy-polling mode
+    /// ([`UdpOptions::busy_poll`]) first receives in this thread, through the device's
+    /// poll hook. Kept for callers; any CQ poll does the same.
     pub fn poll_cq(&self, cq: &Cq, out: &mut [Wc]) -> usize {
-        let link = &*self.link;
-        if !link.busy_poll {
-            return cq.poll(out);
+        cq.poll(out)
+    }
+}
+
+/// The CQ poll hook of a device opened with [`UdpOptions::busy_poll`]: a weak handle on its
+/// [`BusyPoller`], so that a CQ the application keeps does not keep the sockets open. Once
+/// the [`UdpDevice`] is gone, polls only take what the CQ holds.
+struct BusyPoll(Weak<BusyPoller>);
+
+impl PollHook for BusyPoll {
+    fn poll(&self, cq: &Cq, out: &mut [Wc]) -> usize {
+        match self.0.upgrade() {
+            Some(poller) => poller.poll(cq, out),
+            None => cq.poll_queued(out),
         }
+    }
+}
+
+/// What a busy poll drives: the device and its link. Owned by the [`UdpDevice`].
+#[derive(Debug)]
+struct BusyPoller {
+    device: Device,
+    link: Arc<UdpLink>,
+}
+
+impl BusyPoller {
+    /// Polls `cq` into `out`: when the CQ holds nothing to return (or `out` is empty: a poll
+    /// that only drives the device), it first receives and handles whatever datagrams are
+    /// waiting on the device's socket, in this thread, without blocking.
+    fn poll(&self, cq: &Cq, out: &mut [Wc]) -> usize {
+        let link = &*self.link;
         link.polls.fetch_add(1, Ordering::Relaxed);
         // Completions already in the CQ come back without a receive system call (≈ 1 µs
         // on an empty socket): the application acts on them first, and its answer can
         // still carry the ACKs held back.
         if !out.is_empty() {
-            let n = cq.poll(out);
+            let n = cq.poll_queued(out);
             if n > 0 {
                 if link.holds_too_many_acks() {
                     link.flush_deferred();
@@ -804,7 +792,7 @@ impl UdpDevice {
             deliver(&self.device, link, &rx, false, true);
             delivered = true;
         }
-        let n = cq.poll(out);
+        let n = cq.poll_queued(out);
         // The ACKs held back wait while the application has something new to act on (what
         // this poll delivered or returned: it may answer with a request that carries the
         // ACKs along, see `send_batch`). A poll that neither received nor returned anything
@@ -825,6 +813,8 @@ impl core::ops::Deref for UdpDevice {
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
+        // From now on a poll of the device's CQs only takes what they hold.
+        drop(self.busy.take());
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -893,7 +883,7 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                 let mut rx = link.rx.lock();
                 // While traffic flows, spin a little on non-blocking receives before
                 // sleeping in the kernel: a sleeping receiver costs the sender a wakeup (an
-                // IPI, then a context switch here; ≈ 50 µs end to end, PERF.md).
+                // IPI, then a context switch here; ≈ 45–65 µs end to end, docs/performance.md#measured-costs-on-this-machine-class).
                 let mut got = Err(io::ErrorKind::WouldBlock.into());
                 if busy_until.is_some_and(|t| std::time::Instant::now() < t) {
                     let spin_end = std::time::Instant::now() + DRIVER_SPIN;
@@ -935,11 +925,30 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
             .map(|(g, s)| (*g, s.clone()))
             .collect();
         for (group, sock) in groups {
-            super::mcast::drain(device, link, group, &sock, &mut buf);
+            drain_group(device, link, group, &sock, &mut buf);
         }
         device.handle_timeouts();
     }
 }
+
+/// Hands the datagrams waiting on group socket `sock` to the device (at most a batch).
+fn drain_group(device: &Device, link: &UdpLink, group: IpAddr, sock: &UdpSocket, buf: &mut [u8]) {
+    for _ in 0..DRAIN_BATCH {
+        let Ok((n, src)) = sock.recv_from(buf) else {
+            return;
+        };
+        let data = buf.get(..n).unwrap_or_default();
+        link.rx_datagrams
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(c) = link.capture() {
+            c.record_received_udp(src, SocketAddr::new(group, ROCE_V2_UDP_PORT), data);
+        }
+        device.handle_multicast_datagram(src, group, data);
+    }
+}
+
+/// Most datagrams taken from one group socket per driver turn.
+const DRAIN_BATCH: usize = 64;
 
 /// How long the driver thread spins on non-blocking receives before it blocks, while
 /// traffic flows.
@@ -1055,84 +1064,6 @@ fn gso_refused(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
     )
-}
-
-/// A raw socket sees a UDP GSO send from this host (loopback, or a veth into this namespace)
-/// before the kernel cuts it: one IPv4 packet whose UDP payload is several RoCE packets of
-/// one size (the last maybe shorter), IP total length and UDP length covering them all, and
-/// the first segment's IP ID. The kernel would give segment `i` ID `first + i` and its own
-/// lengths. When `packet` is such a packet, calls `each` with every segment rebuilt that
-/// way (IPv4 header checksum recomputed, UDP checksum 0) and returns true; for anything
-/// else (a packet whose ICRC holds as it is, IPv6, IP options, no segment size that makes
-/// the first segment's ICRC valid) returns false without calling it.
-///
-/// The segment size is not on the wire, so it is found from the data: candidate sizes
-/// (multiples of 4) where a BTH with the first one's P_Key and destination QP starts,
-/// confirmed by the first segment's exact ICRC. Every segment is then checked exactly by
-/// the device like any received packet. Cost: one CRC pass over the packet when it is a
-/// single RoCE packet.
-fn split_gso_ipv4(packet: &[u8], scratch: &mut Vec<u8>, each: &mut dyn FnMut(&[u8])) -> bool {
-    const IP: usize = 20;
-    const HDRS: usize = IP + 8;
-    const BTH: usize = 12;
-    if packet.len() < HDRS + BTH + 4 || packet[0] != 0x45 {
-        return false;
-    }
-    let (ip, rest) = packet.split_at(IP);
-    let (udp, payload) = rest.split_at(8);
-    let body_end = payload.len() - 4;
-    if icrc_compute(ip, udp, &payload[..body_end]) == payload[body_end..] {
-        return false;
-    }
-    let base_id = u16::from_be_bytes([ip[4], ip[5]]);
-    let header = |seg_len: usize, index: usize, out: &mut Vec<u8>| {
-        out.clear();
-        out.extend_from_slice(&packet[..HDRS]);
-        let total = (HDRS + seg_len) as u16;
-        out[2..4].copy_from_slice(&total.to_be_bytes());
-        let id = base_id.wrapping_add(index as u16);
-        out[4..6].copy_from_slice(&id.to_be_bytes());
-        out[10..12].copy_from_slice(&[0, 0]);
-        let sum = ipv4_header_checksum(&out[..IP]);
-        out[10..12].copy_from_slice(&sum.to_be_bytes());
-        out[IP + 4..IP + 6].copy_from_slice(&((8 + seg_len) as u16).to_be_bytes());
-        out[IP + 6..IP + 8].copy_from_slice(&[0, 0]);
-    };
-    // BTH bytes 1 (flags, TVer), 2..4 (P_Key) and 5..8 (reserved, dest QP) repeat in every
-    // segment of one QP's GSO send.
-    let same_flow = |at: usize| {
-        payload.get(at + 2..at + 8).is_some_and(|b| {
-            b[..2] == payload[2..4] && b[3..] == payload[5..8] && payload[at + 1] & 0x0f == 0
-        })
-    };
-    let found = (BTH + 4..payload.len())
-        .step_by(4)
-        .filter(|g| same_flow(*g))
-        .find(|&g| {
-            header(g, 0, scratch);
-            let (ip0, udp0) = scratch.split_at(IP);
-            icrc_compute(ip0, udp0, &payload[..g - 4]) == payload[g - 4..g]
-        });
-    let Some(g) = found else { return false };
-    for (i, seg) in payload.chunks(g).enumerate() {
-        header(seg.len(), i, scratch);
-        scratch.extend_from_slice(seg);
-        each(scratch);
-    }
-    true
-}
-
-/// The IPv4 header checksum (RFC 791: ones' complement of the ones' complement sum of the
-/// header's 16-bit words, with the checksum field taken as 0).
-fn ipv4_header_checksum(h: &[u8]) -> u16 {
-    let mut sum: u32 = h
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 #[cfg(test)]

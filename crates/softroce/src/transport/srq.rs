@@ -1,13 +1,12 @@
 //! Shared receive queues and the QP's asynchronous events, on the engine side.
 //!
 //! A shared receive queue (SRQ) is a plain queue of receive WRs ([`SrqQueue`]) that the
-//! owner (the verbs device) keeps outside every QP. When a request that needs a receive WQE
-//! reaches a QP attached to an SRQ, the owner lends the head of the SRQ to the QP
-//! ([`QpEngine::lend_srq_recv`]), runs the engine, and takes it back if the engine did not
-//! consume it ([`QpEngine::reclaim_srq_recv`]). Under the owner's lock this is the same as
-//! the responder reading the SRQ directly (rxe `rxe_resp.c` `get_srq_wqe`), with no lock in
-//! the transport. A QP attached to an SRQ refuses `post_recv` and never flushes the SRQ's
-//! WQEs when it enters ERR: they belong to the SRQ, not to the QP.
+//! owner (the verbs device) keeps outside every QP. It is an input of the engine's packet
+//! handling, as the memory table is: [`QpEngine::handle_packet_srq`] takes the SRQ, and the
+//! responder takes its receive WQEs from it directly, as rxe's does (`rxe_resp.c`
+//! `get_srq_wqe`), with no lock in the transport. A QP attached to an SRQ has no receive
+//! queue of its own: it refuses `post_recv` and never flushes the SRQ's WQEs when it enters
+//! ERR, since they belong to the SRQ, not to the QP.
 //!
 //! The engine also records the affiliated asynchronous events it raises ([`QpEvent`]):
 //! QP fatal (ERR entered because of an error), last WQE reached (a QP on an SRQ entered ERR)
@@ -15,9 +14,11 @@
 //!
 //! Contract: no I/O, no clock, no allocation beyond the queues. Nothing here panics.
 
-use super::{PostError, QpEngine, QpState, QpType, RecvWqe};
+use super::{Instant, MemoryTable, PostError, QpEngine, QpState, QpType, RecvWqe};
 use crate::transport::RecvWr;
+use crate::wire::RocePacket;
 use std::collections::VecDeque;
+use std::net::IpAddr;
 
 /// An asynchronous event affiliated with one QP, named as `enum ibv_event_type`.
 /// Source: IBTA Vol 1 ch. 11 (asynchronous events); rxe `rxe_qp.c` `rxe_qp_error`,
@@ -65,22 +66,42 @@ impl QpEngine {
         self.srq.attached
     }
 
-    /// Lends the head receive WR of the SRQ to this QP for the next packet. It becomes the
-    /// head of the QP's receive queue; a QP without an SRQ ignores the call.
-    pub fn lend_srq_recv(&mut self, wr: RecvWr) {
-        if self.srq.attached {
-            self.rq.push_front(RecvWqe { wr });
+    /// [`QpEngine::handle_packet`] (or, with `dst`, [`QpEngine::handle_packet_to`]) for a
+    /// QP attached to `srq`: the responder takes the receive WQEs of the packet from `srq`,
+    /// and a message it drops without consuming one puts it back at the head. When the
+    /// packet consumed a WQE and the armed limit is then undercut, the limit event is raised
+    /// ([`SrqQueue::poll_limit_reached`]). A QP not attached to an SRQ ignores `srq`.
+    ///
+    /// The SRQ's queue is the responder's receive queue for the length of the call (the
+    /// two are swapped, no WR is copied): the responder's WQE fetch is the same for both.
+    /// Source: rxe `rxe_resp.c` `get_srq_wqe` (fetch, then the limit check).
+    pub fn handle_packet_srq(
+        &mut self,
+        now: Instant,
+        pkt: &RocePacket<'_>,
+        src: IpAddr,
+        dst: Option<IpAddr>,
+        mem: &mut MemoryTable,
+        srq: &mut SrqQueue,
+    ) {
+        let attached = self.srq.attached;
+        if attached {
+            // An attached QP never holds receive WQEs of its own (`post_recv` refuses).
+            debug_assert!(self.rq.is_empty());
+            core::mem::swap(&mut self.rq, &mut srq.wqes);
         }
-    }
-
-    /// Takes back a lent receive WR the QP did not consume (or one it put back, e.g. a UC
-    /// message that was dropped), to return it to the head of the SRQ. `None` when nothing
-    /// is left, i.e. the lent WR was consumed.
-    pub fn reclaim_srq_recv(&mut self) -> Option<RecvWr> {
-        if !self.srq.attached {
-            return None;
+        let before = self.rq.len();
+        match dst {
+            Some(d) => self.handle_packet_to(now, pkt, src, d, mem),
+            None => self.handle_packet(now, pkt, src, mem),
         }
-        self.rq.pop_front().map(|r| r.wr)
+        let after = self.rq.len();
+        if attached {
+            core::mem::swap(&mut self.rq, &mut srq.wqes);
+            if after < before && srq.consumed() {
+                srq.limit_reached = true;
+            }
+        }
     }
 
     /// The next asynchronous event this QP raised, if any. Call after each input; an SQ
@@ -146,10 +167,12 @@ impl QpEngine {
 /// `rxe_resp.c` `get_srq_wqe` (the limit event).
 #[derive(Debug, Clone)]
 pub struct SrqQueue {
-    wqes: VecDeque<RecvWr>,
+    wqes: VecDeque<RecvWqe>,
     max_wr: u32,
     max_sge: u32,
     limit: u32,
+    /// The limit event was raised and not yet polled.
+    limit_reached: bool,
 }
 
 impl SrqQueue {
@@ -162,6 +185,7 @@ impl SrqQueue {
             max_wr,
             max_sge,
             limit: srq_limit,
+            limit_reached: false,
         }
     }
 
@@ -197,7 +221,7 @@ impl SrqQueue {
         if wr.sg_list.len() > self.max_sge as usize {
             return Err(PostError::Invalid("too many SGEs"));
         }
-        self.wqes.push_back(wr);
+        self.wqes.push_back(RecvWqe { wr });
         Ok(())
     }
 
@@ -225,21 +249,18 @@ impl SrqQueue {
         Ok(())
     }
 
-    /// Removes the head WR to lend it to a QP; the limit is not checked until
-    /// [`SrqQueue::consumed`].
-    pub fn lend(&mut self) -> Option<RecvWr> {
-        self.wqes.pop_front()
+    /// True once after a packet consumed a WR of this SRQ and left fewer than the armed
+    /// `srq_limit` ([`QpEngine::handle_packet_srq`]): the owner raises
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`. The limit is disarmed (0) when this is set, as rxe
+    /// `get_srq_wqe` does.
+    #[must_use]
+    pub fn poll_limit_reached(&mut self) -> bool {
+        core::mem::take(&mut self.limit_reached)
     }
 
-    /// Puts a lent WR back at the head.
-    pub fn give_back(&mut self, wr: RecvWr) {
-        self.wqes.push_front(wr);
-    }
-
-    /// Records that a lent WR was consumed. Returns true when this raises
-    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the limit was armed and fewer than `srq_limit` WRs are
-    /// left; the limit is then disarmed (set to 0), as rxe `get_srq_wqe` does.
-    pub fn consumed(&mut self) -> bool {
+    /// Records that a WR was consumed. Returns true when this raises the limit event: the
+    /// limit was armed and fewer than `srq_limit` WRs are left; the limit is then disarmed.
+    fn consumed(&mut self) -> bool {
         if self.limit != 0 && self.wqes.len() < self.limit as usize {
             self.limit = 0;
             return true;
@@ -273,21 +294,101 @@ mod tests {
     }
 
     #[test]
-    fn err_keeps_a_lent_wr_for_the_srq_and_raises_last_wqe_reached_only() {
+    fn err_flushes_no_srq_wqe_and_raises_last_wqe_reached_only() {
         let mut e = srq_qp();
         assert_eq!(
             e.post_recv(wr(9, 1)),
             Err(PostError::Invalid("the QP takes its receives from an SRQ"))
         );
-        e.lend_srq_recv(wr(1, 1));
         e.set_state(QpState::Err);
         assert!(e.poll_completion().is_none(), "nothing flushed");
-        assert_eq!(e.reclaim_srq_recv().map(|w| w.wr_id), Some(1));
         assert_eq!(e.poll_event(), Some(QpEvent::LastWqeReached));
         assert_eq!(e.poll_event(), None);
         // ERR -> ERR raises nothing more.
         e.set_state(QpState::Err);
         assert_eq!(e.poll_event(), None);
+    }
+
+    const ME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
+    /// An RC QP on an SRQ in RTR expecting PSN 0, from PEER.
+    fn srq_qp_rtr() -> QpEngine {
+        let mut e = srq_qp();
+        e.set_path(crate::transport::Path {
+            local: ME,
+            remote: PEER,
+            src_port: 0xc000,
+        });
+        e.set_state(QpState::Rtr);
+        e
+    }
+
+    /// Feeds an RC SEND ONLY with PSN `psn` and 8 bytes of payload through the SRQ.
+    fn send_only(e: &mut QpEngine, mem: &mut MemoryTable, srq: &mut SrqQueue, psn: u32) {
+        use crate::wire::{BthRepr, Opcode, PacketRepr, Psn};
+        let mut repr = PacketRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, Psn::new(psn)));
+        repr.payload_len = 8;
+        let mut buf = vec![0u8; repr.buffer_len()];
+        let ip = crate::transport::Path {
+            local: PEER,
+            remote: ME,
+            src_port: 0xc000,
+        }
+        .icrc_ip();
+        repr.emit(&mut buf, &[7; 8], &ip);
+        let pkt = RocePacket::parse(&buf).unwrap();
+        e.handle_packet_srq(Instant::ZERO, &pkt, PEER, None, mem, srq);
+    }
+
+    // rxe get_srq_wqe: the responder takes the SRQ's head; the limit event fires once the
+    // WRs left fall below the armed limit, then the limit is disarmed.
+    #[test]
+    fn rtr_send_takes_the_srq_head_and_raises_the_limit_once() {
+        let mut e = srq_qp_rtr();
+        let mut mem = MemoryTable::new(1);
+        let key = mem
+            .register(1, 64, crate::transport::AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let va = mem.get(key).unwrap().iova;
+        let mut srq = SrqQueue::new(8, 1, 3);
+        for i in 0..4 {
+            let sge = crate::transport::Sge {
+                addr: va,
+                length: 64,
+                lkey: key,
+            };
+            srq.post(RecvWr {
+                wr_id: i,
+                sg_list: vec![sge],
+            })
+            .unwrap();
+        }
+        send_only(&mut e, &mut mem, &mut srq, 0);
+        assert_eq!(e.poll_completion().map(|c| c.wc.wr_id), Some(0));
+        assert_eq!((srq.len(), srq.poll_limit_reached()), (3, false));
+        send_only(&mut e, &mut mem, &mut srq, 1);
+        assert_eq!(e.poll_completion().map(|c| c.wc.wr_id), Some(1));
+        assert_eq!((srq.len(), srq.poll_limit_reached()), (2, true));
+        assert_eq!((srq.limit(), srq.poll_limit_reached()), (0, false));
+        send_only(&mut e, &mut mem, &mut srq, 2);
+        assert_eq!((srq.len(), srq.poll_limit_reached()), (1, false));
+        assert_eq!(e.rq_outstanding(), 0, "the QP keeps no SRQ WQE");
+    }
+
+    #[test]
+    fn rtr_send_with_an_empty_srq_is_rnr_naked_and_fires_nothing() {
+        let mut e = srq_qp_rtr();
+        let mut mem = MemoryTable::new(1);
+        let mut srq = SrqQueue::new(8, 1, 1);
+        send_only(&mut e, &mut mem, &mut srq, 0);
+        assert!(e.poll_completion().is_none());
+        assert!(!srq.poll_limit_reached());
+        let nak = e.poll_transmit(Instant::ZERO, &mem).map(|t| {
+            let p = RocePacket::parse(&t.payload).unwrap();
+            p.repr.aeth.map(|a| a.syndrome >> 5)
+        });
+        assert_eq!(nak, Some(Some(1)), "an RNR NAK");
     }
 
     #[test]
@@ -326,8 +427,8 @@ mod tests {
             q.post(wr(i, 1)).unwrap();
         }
         let mut fired = Vec::new();
-        while let Some(w) = q.lend() {
-            fired.push((w.wr_id, q.consumed()));
+        while let Some(w) = q.wqes.pop_front() {
+            fired.push((w.wr.wr_id, q.consumed()));
         }
         // 4, 3 left: not below 3; 2 left: fires; then disarmed.
         assert_eq!(
@@ -335,17 +436,6 @@ mod tests {
             vec![(0, false), (1, false), (2, true), (3, false), (4, false)]
         );
         assert_eq!(q.limit(), 0);
-    }
-
-    #[test]
-    fn lent_then_given_back_keeps_order_and_does_not_fire() {
-        let mut q = SrqQueue::new(4, 1, 2);
-        q.post(wr(1, 1)).unwrap();
-        q.post(wr(2, 1)).unwrap();
-        let w = q.lend().unwrap();
-        q.give_back(w);
-        assert_eq!(q.limit(), 2);
-        assert_eq!(q.lend().map(|w| w.wr_id), Some(1));
     }
 
     #[test]

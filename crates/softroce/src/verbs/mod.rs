@@ -7,9 +7,17 @@
 //! one lock and runs it to completion in the calling thread (`post_send` transmits at once;
 //! the driver thread that calls [`Device::handle_datagram`] sends the answers).
 
+mod ah;
+mod base;
+mod cq;
 mod device;
 mod event;
 mod modify;
+mod mr;
+mod mw;
+mod pd;
+mod qp;
+mod rx;
 mod srq;
 
 pub use crate::transport::{
@@ -17,14 +25,17 @@ pub use crate::transport::{
     QpState, QpType, RecvWr, RegMr, SendFlags, SendWr, Sge, Transmit, UdDest, Wc, WcFlags,
     WcOpcode, WcStatus, WrOpcode, inc_rkey,
 };
-pub use device::mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
-pub use device::{
-    Ah, AtomicCap, Cq, DEVICE_CAP_FLAGS, Device, DeviceAttr, DeviceConfig, GidEntry, GidType,
-    MULTICAST_QPN, Mr, Pd, PortAttr, Qp, QpInitAttr, RcConnect, RxBatch, RxHeaders,
-    rdma_get_udp_sport, rxe_initial_udp_sport,
-};
-pub use event::{AsyncEvent, CompChannel, EventElement, EventType};
+pub use ah::Ah;
+pub use base::{Device, DeviceConfig, GidEntry, GidType, MULTICAST_QPN};
+pub use cq::{CompChannel, Cq, PollHook};
+pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr};
+pub use event::{AsyncEvent, EventElement, EventType};
 pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+pub use mr::Mr;
+pub use mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
+pub use pd::Pd;
+pub use qp::{Qp, QpInitAttr, RcConnect, rdma_get_udp_sport, rxe_initial_udp_sport};
+pub use rx::{RxBatch, RxHeaders};
 pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
 
 use crate::transport::Instant;

@@ -1,16 +1,19 @@
 //! Memory windows (`ibv_alloc_mw`, `ibv_bind_mw`, BIND_MW work requests), fast-register MRs
 //! (`alloc_mr` + REG_MR / LOCAL_INV work requests) and MRs over caller memory
-//! (`reg_mr_user`). A child of `device`, whose objects it extends.
+//! (`reg_mr_user`), extending `Pd`, `Mr` and `Qp`.
 //!
 //! Source: libibverbs `ibv_alloc_mw`, `ibv_bind_mw` (rdma-core rxe provider: a type 1 bind is
 //! a BIND_MW work request with `ibv_inc_rkey` of the window's R_Key), kernel verbs
 //! `ib_alloc_mr` / `IB_WR_REG_MR`; rxe `rxe_mw.c`, `rxe_mr.c`.
 
-use super::{Device, Mr, Pd, Qp, State, post_error};
+use super::base::{Device, State};
+use super::mr::Mr;
+use super::pd::Pd;
+use super::qp::{Qp, post_error};
+use super::{Error, ErrorKind, Result};
 use crate::transport::{
     AccessFlags, BindMw, MAX_MSG_BYTES, MwType, RegMr, SendFlags, SendWr, WrOpcode, inc_rkey,
 };
-use crate::verbs::{Error, ErrorKind, Result};
 use core::ptr::NonNull;
 
 /// Bytes per page of a fast-register MR (`alloc_mr`'s `max_num_sg` counts these).
@@ -148,7 +151,7 @@ impl Pd {
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::new(ErrorKind::Inval, "reg_mr: null address"))?;
         if len == 0 || len as u64 > MAX_MSG_BYTES {
-            return Err(super::reg_mr_length_error(len));
+            return Err(super::device::reg_mr_length_error(len));
         }
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
             && !access.contains(AccessFlags::LOCAL_WRITE)

@@ -1,16 +1,13 @@
 //! Shared receive queues (`ibv_srq`): one queue of receive WRs that several QPs (RC, UC, UD)
 //! of a device take their receive WQEs from. The WRs live in the device's state next to the
-//! QPs; a packet that needs a receive WQE on a QP attached to an SRQ is given the head WR of
-//! the SRQ (see `transport::srq`). Source: rdma-core `ibv_create_srq(3)`,
+//! QPs; the receive path (`rx.rs`) hands the SRQ to the engine of an attached QP with each
+//! packet, and its responder takes receive WQEs from it (see `transport::srq`). Source: rdma-core `ibv_create_srq(3)`,
 //! `ibv_modify_srq(3)`; rxe `rxe_srq.c`, `rxe_resp.c` `get_srq_wqe`.
 
-use super::device::{Device, State};
-use super::event::{AsyncEvents, EventElement, EventType};
-use super::{Error, ErrorKind, Pd, RecvWr, Result};
-use crate::transport::{Instant, PostError, SrqQueue};
-use crate::wire::{OpKind, RocePacket};
-use std::collections::BTreeMap;
-use std::net::IpAddr;
+use super::base::{Device, SrqEntry};
+use super::pd::Pd;
+use super::{Error, ErrorKind, RecvWr, Result};
+use crate::transport::{PostError, SrqQueue};
 
 /// Most SRQs per device (`max_srq`).
 pub(super) const MAX_SRQ: u32 = 1 << 16;
@@ -64,110 +61,6 @@ impl core::ops::BitOr for SrqAttrMask {
     type Output = SrqAttrMask;
     fn bitor(self, o: SrqAttrMask) -> SrqAttrMask {
         SrqAttrMask(self.0 | o.0)
-    }
-}
-
-struct SrqEntry {
-    queue: SrqQueue,
-    /// QPs attached.
-    qps: usize,
-    /// The `Srq` handle is gone; the entry lives until its last QP does.
-    orphaned: bool,
-}
-
-/// The device's SRQs and which QP uses which.
-#[derive(Default)]
-pub(super) struct SrqTable {
-    srqs: BTreeMap<u32, SrqEntry>,
-    by_qp: BTreeMap<u32, u32>,
-    next: u32,
-}
-
-impl SrqTable {
-    /// Attaches QP `qpn` to SRQ `srq_num`. Errors: `EINVAL` if the SRQ is destroyed.
-    pub(super) fn attach(&mut self, qpn: u32, srq_num: u32) -> Result<()> {
-        let e = self
-            .srqs
-            .get_mut(&srq_num)
-            .filter(|e| !e.orphaned)
-            .ok_or_else(|| Error::new(ErrorKind::Inval, "create_qp: SRQ destroyed"))?;
-        e.qps += 1;
-        self.by_qp.insert(qpn, srq_num);
-        Ok(())
-    }
-
-    /// Detaches a destroyed QP; frees an orphaned SRQ with its last QP.
-    pub(super) fn detach(&mut self, qpn: u32) {
-        let Some(n) = self.by_qp.remove(&qpn) else {
-            return;
-        };
-        if let Some(e) = self.srqs.get_mut(&n) {
-            e.qps = e.qps.saturating_sub(1);
-            if e.qps == 0 && e.orphaned {
-                self.srqs.remove(&n);
-            }
-        }
-    }
-}
-
-/// Does this request take a receive WQE? A SEND that starts a message, or the last packet of
-/// an RDMA WRITE with immediate data (rxe `check_resource`).
-fn needs_recv(pkt: &RocePacket<'_>) -> bool {
-    let pos = pkt.info.position;
-    pkt.info.is_request()
-        && ((pkt.info.kind == OpKind::Send && pos.starts_message())
-            || (pkt.info.kind == OpKind::RdmaWrite
-                && pos.ends_message()
-                && pkt.repr.immdt.is_some()))
-}
-
-/// Runs QP `qpn`'s engine on `pkt`; for a QP attached to an SRQ, lends it the SRQ's head WR
-/// first and takes back what it did not consume, then raises `IBV_EVENT_SRQ_LIMIT_REACHED`
-/// when a WR was consumed and fewer than the armed limit are left. `dst` is the destination
-/// address when it is not the device's own (a datagram to a multicast group's socket).
-pub(super) fn handle_packet(
-    st: &mut State,
-    qpn: u32,
-    now: Instant,
-    pkt: &RocePacket<'_>,
-    src: IpAddr,
-    dst: Option<IpAddr>,
-    events: &AsyncEvents,
-) {
-    let State { mrs, qps, srqs, .. } = st;
-    let Some(slot) = qps.get_mut(&qpn) else {
-        return;
-    };
-    let entry = if slot.engine.uses_srq() && needs_recv(pkt) {
-        srqs.by_qp
-            .get(&qpn)
-            .copied()
-            .and_then(|n| srqs.srqs.get_mut(&n).map(|e| (n, e)))
-    } else {
-        None
-    };
-    let run = |engine: &mut crate::transport::QpEngine, mrs: &mut _| match dst {
-        Some(d) => engine.handle_packet_to(now, pkt, src, d, mrs),
-        None => engine.handle_packet(now, pkt, src, mrs),
-    };
-    let Some((srq_num, e)) = entry else {
-        run(&mut slot.engine, mrs);
-        return;
-    };
-    let before = e.queue.len();
-    if let Some(wr) = e.queue.lend() {
-        slot.engine.lend_srq_recv(wr);
-    }
-    run(&mut slot.engine, mrs);
-    let mut back = Vec::new();
-    while let Some(wr) = slot.engine.reclaim_srq_recv() {
-        back.push(wr);
-    }
-    for wr in back.into_iter().rev() {
-        e.queue.give_back(wr);
-    }
-    if e.queue.len() < before && e.queue.consumed() {
-        events.push(EventType::SrqLimitReached, EventElement::Srq(srq_num));
     }
 }
 

@@ -1,0 +1,261 @@
+//! The core every verbs object stands on: the device handle ([`Device`]), the state its one
+//! lock guards (memory table, QPs, SRQ table, multicast groups, counters) and the pump that
+//! runs a QP engine after an input and hands its datagrams to the link and its completions
+//! to the CQs. The objects (`pd`, `mr`, `mw`, `cq`, `qp`, `srq`, `ah`), the device's own verbs
+//! (`device`) and the receive path (`rx`) build on this file; it uses only `cq` and `event`.
+
+use super::cq::{CqShared, PollHook};
+use super::event::{AsyncEvents, EventElement, EventType};
+use super::{Clock, Error, ErrorKind, Gid, Link, Result};
+use crate::transport::{
+    Completion, Counters, CqSel, Instant, MemoryTable, PathMtu, QpEngine, QpEvent, SrqQueue,
+};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
+
+/// How to build a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Device name (`hca_id`), e.g. `softroce0`.
+    pub name: String,
+    /// The IP address the device owns. Its RoCEv2 GID (index 1) is the IPv4-mapped form of an
+    /// IPv4 address (`::ffff:a.b.c.d`) or the IPv6 address itself, which selects IPv6.
+    pub ip: IpAddr,
+    /// Seed for MR key bytes (deterministic runs use a fixed seed).
+    pub seed: u64,
+    /// Active MTU of the port.
+    pub active_mtu: PathMtu,
+}
+
+impl DeviceConfig {
+    /// A config for `name` on `ip`, seed from the address, active MTU 4096 (loopback).
+    pub fn new(name: &str, ip: IpAddr) -> DeviceConfig {
+        let seed = match ip {
+            IpAddr::V4(v4) => u64::from(u32::from(v4)),
+            IpAddr::V6(v6) => u128::from(v6) as u64,
+        };
+        DeviceConfig {
+            name: name.to_string(),
+            ip,
+            seed,
+            active_mtu: PathMtu::Mtu4096,
+        }
+    }
+}
+
+/// GID type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GidType {
+    /// RoCE v2 (UDP/IP encapsulation).
+    RoceV2,
+}
+
+/// One GID table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    /// Index in the table.
+    pub index: u8,
+    /// The GID.
+    pub gid: Gid,
+    /// Its type.
+    pub gid_type: GidType,
+}
+
+/// Largest queue depth, SGE count, CQ size.
+pub(super) const MAX_QP_WR: u32 = 16384;
+pub(super) const MAX_SGE: u32 = 32;
+pub(super) const MAX_CQE: u32 = 1 << 20;
+pub(super) const MAX_QP: u32 = 1 << 16;
+pub(super) const MAX_RD_ATOM: u32 = 128;
+/// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
+pub(super) const FIRST_QPN: u32 = 0x11;
+/// The GSI QP's number.
+pub(super) const GSI_QPN: u32 = 1;
+/// The DestQP of every multicast packet. Source: IBTA Vol 1 ch. 10 (multicast: QP 0xFFFFFF);
+/// ib_core `IB_MULTICAST_QPN`.
+pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
+/// Most multicast groups per device and QPs per group (rxe `RXE_MAX_MCAST_GRP`,
+/// `RXE_MAX_MCAST_QP_ATTACH`).
+pub(super) const MAX_MCAST_GRP: usize = 8192;
+pub(super) const MAX_MCAST_QP_ATTACH: usize = 56;
+/// The GSI QP's protection domain (user PDs start at 1).
+pub(super) const GSI_PD: u32 = 0;
+/// Entries of the GSI CQ.
+pub(super) const GSI_CQE: u32 = 1024;
+
+pub(super) struct QpSlot {
+    pub(super) engine: QpEngine,
+    pub(super) send_cq: Arc<CqShared>,
+    pub(super) recv_cq: Arc<CqShared>,
+}
+
+pub(super) struct State {
+    pub(super) mrs: MemoryTable,
+    pub(super) qps: BTreeMap<u32, QpSlot>,
+    pub(super) srqs: SrqTable,
+    pub(super) next_qpn: u32,
+    pub(super) next_pd: u32,
+    pub(super) live_pds: Vec<u32>,
+    pub(super) counters: Counters,
+    /// CNPs received with a good ICRC and ignored (softroce has no congestion control).
+    pub(super) rp_cnp_ignored: u64,
+    /// Multicast groups this device's QPs are attached to: group address -> QPNs, in
+    /// attach order.
+    pub(super) mcast: BTreeMap<IpAddr, Vec<u32>>,
+    /// Reused buffer of the datagrams one `pump` hands to the link.
+    pub(super) tx_batch: Vec<crate::transport::Transmit>,
+}
+
+pub(super) struct Shared {
+    /// Completions of QP1.
+    pub(super) gsi_cq: Arc<CqShared>,
+    pub(super) cfg: DeviceConfig,
+    pub(super) node_guid: u64,
+    pub(super) gids: [GidEntry; 2],
+    pub(super) link: Arc<dyn Link>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) state: Mutex<State>,
+    pub(super) events: AsyncEvents,
+    /// The link's CQ poll hook ([`Device::set_poll_hook`]).
+    pub(super) poll_hook: OnceLock<Arc<dyn PollHook>>,
+}
+
+/// A softroce device: one IP address, one port, a GID table, and the verbs objects made on
+/// it. Cloning gives another handle to the same device.
+#[derive(Clone)]
+pub struct Device {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl core::fmt::Debug for Device {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.shared.cfg.name)
+            .field("ip", &self.shared.cfg.ip)
+            .finish()
+    }
+}
+
+impl Device {
+    pub(super) fn state(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.shared.state.lock()
+    }
+
+    pub(super) fn async_events(&self) -> &AsyncEvents {
+        &self.shared.events
+    }
+
+    pub(super) fn same_device(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    pub(super) fn now(&self) -> Instant {
+        self.shared.clock.now()
+    }
+
+    /// Sends everything QP `qpn` has to send and delivers its completions.
+    pub(super) fn pump(&self, st: &mut State, qpn: u32, now: Instant) {
+        let State {
+            mrs,
+            qps,
+            counters,
+            tx_batch,
+            ..
+        } = st;
+        let Some(slot) = qps.get_mut(&qpn) else {
+            return;
+        };
+        // Local operations (REG_MR, LOCAL_INV, BIND_MW) run when the requester reaches
+        // them; after one runs the requester may have more to send. Each round's datagrams
+        // go to the link as one batch, so it can send them with few system calls.
+        loop {
+            let mut batch = core::mem::take(tx_batch);
+            while let Some(t) = slot.engine.poll_transmit(now, mrs) {
+                batch.push(t);
+            }
+            if !batch.is_empty() {
+                counters.send_err += self.shared.link.send_batch(&batch) as u64;
+                for t in batch.drain(..) {
+                    crate::transport::bufpool::give(t.payload);
+                }
+            }
+            *tx_batch = batch;
+            if !slot.engine.run_local_ops(mrs) {
+                break;
+            }
+        }
+        while let Some(Completion { cq, wc, solicited }) = slot.engine.poll_completion() {
+            let target = match cq {
+                CqSel::Send => &slot.send_cq,
+                CqSel::Recv => &slot.recv_cq,
+            };
+            if !target.push(wc, solicited) {
+                // CQ overrun: the completion is lost; rxe `rxe_cq_post` raises
+                // IB_EVENT_CQ_ERR on the CQ each time.
+                self.shared
+                    .events
+                    .push(EventType::CqErr, EventElement::Cq(target.handle));
+            }
+        }
+        while let Some(ev) = slot.engine.poll_event() {
+            use EventType as E;
+            let t = match ev {
+                QpEvent::Fatal => E::QpFatal,
+                QpEvent::SqDrained => E::SqDrained,
+                QpEvent::LastWqeReached => E::QpLastWqeReached,
+            };
+            self.shared.events.push(t, EventElement::Qp(qpn));
+        }
+    }
+}
+
+pub(super) struct SrqEntry {
+    pub(super) queue: SrqQueue,
+    /// QPs attached.
+    pub(super) qps: usize,
+    /// The `Srq` handle is gone; the entry lives until its last QP does.
+    pub(super) orphaned: bool,
+}
+
+/// The device's SRQs and which QP uses which.
+#[derive(Default)]
+pub(super) struct SrqTable {
+    pub(super) srqs: BTreeMap<u32, SrqEntry>,
+    pub(super) by_qp: BTreeMap<u32, u32>,
+    pub(super) next: u32,
+}
+
+impl SrqTable {
+    /// Attaches QP `qpn` to SRQ `srq_num`. Errors: `EINVAL` if the SRQ is destroyed.
+    pub(super) fn attach(&mut self, qpn: u32, srq_num: u32) -> Result<()> {
+        let e = self
+            .srqs
+            .get_mut(&srq_num)
+            .filter(|e| !e.orphaned)
+            .ok_or_else(|| Error::new(ErrorKind::Inval, "create_qp: SRQ destroyed"))?;
+        e.qps += 1;
+        self.by_qp.insert(qpn, srq_num);
+        Ok(())
+    }
+
+    /// The SRQ QP `qpn` is attached to, by number, with its queue.
+    pub(super) fn queue_of(&mut self, qpn: u32) -> Option<(u32, &mut SrqQueue)> {
+        let n = *self.by_qp.get(&qpn)?;
+        self.srqs.get_mut(&n).map(|e| (n, &mut e.queue))
+    }
+
+    /// Detaches a destroyed QP; frees an orphaned SRQ with its last QP.
+    pub(super) fn detach(&mut self, qpn: u32) {
+        let Some(n) = self.by_qp.remove(&qpn) else {
+            return;
+        };
+        if let Some(e) = self.srqs.get_mut(&n) {
+            e.qps = e.qps.saturating_sub(1);
+            if e.qps == 0 && e.orphaned {
+                self.srqs.remove(&n);
+            }
+        }
+    }
+}
