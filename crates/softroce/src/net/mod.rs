@@ -29,6 +29,7 @@
 pub mod batch;
 pub mod clock;
 pub mod discover;
+mod link;
 mod mcast;
 pub mod oob;
 pub mod pcap;
@@ -39,7 +40,9 @@ mod sock;
 pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
+pub use link::UdpLink;
+pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};
 pub use pcap::Capture;
 pub use pcap_reader::{CaptureReadError, CaptureReader, CapturedFrame};
-pub use udp::{UdpDevice, UdpLink, UdpOptions};
+pub use udp::UdpDevice;

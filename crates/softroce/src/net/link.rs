@@ -1,0 +1,733 @@
+//! Net: [`UdpLink`], the UDP side of one device: its receive socket on port 4791, a send
+//! socket per UDP source port (unconnected, `IP_PMTUDISC_DO`, so that Linux writes a known
+//! IPv4 header), the batched send path (UDP GSO, `sendmmsg`) and the hold of ACKs a busy
+//! poller sends with its next request. It implements the engine's `Link`; what a datagram
+//! is comes from the engine's label ([`crate::transport::TxKind`]), never from its bytes.
+
+use super::batch::{
+    GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GatheredMsg, RecvBatch, enable_gro, send_gathered_batch,
+    send_gso_gather, send_mmsg,
+};
+use super::pcap::{Capture, roce_addr};
+use super::raw::{RawRx, drop_everything};
+use super::sock::new_socket;
+use crate::transport::{Transmit, TxKind, TxPart};
+use crate::verbs::Link;
+use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_of_body};
+use parking_lot::Mutex;
+use rustix::net::sockopt;
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Socket receive buffer we ask for, in bytes: room for a 128-PSN window of 4 KiB packets
+/// from several QPs. Root gets it (SO_RCVBUFFORCE); others get up to `net.core.rmem_max`.
+pub(super) const RCVBUF_BYTES: usize = 8 << 20;
+/// Datagrams one receive call may return (`recvmmsg` slots of 64 KiB each).
+pub(super) const RECV_BATCH: usize = 8;
+
+/// What a UDP device does beyond the plain data path.
+#[derive(Debug, Clone, Default)]
+pub struct UdpOptions {
+    /// Exact receive-side ICRC (IPv4): receive whole IP packets on a raw socket and check
+    /// the ICRC over the IP header as received, Identification included, as kernel rxe does.
+    /// Needs CAP_NET_RAW: opening the device fails with EPERM without it. Without this
+    /// option an IPv4 ICRC is checked by solving for the hidden ID (see
+    /// [`crate::verbs::RxHeaders::Udp`]). IPv6 is exact either way; the option changes
+    /// nothing there.
+    pub exact_icrc: bool,
+    /// Write every datagram the driver sends and receives to this capture.
+    pub capture: Option<Arc<Capture>>,
+    /// Busy-polling mode for latency: [`UdpDevice::poll_cq`](super::UdpDevice::poll_cq) receives from the device's
+    /// socket itself (non-blocking) and runs the engine in the calling thread, instead of
+    /// waiting for the driver thread to be woken by the kernel (a cross-core wakeup costs
+    /// ≈ 50 µs on small VMs). The driver thread still serves timers, and receives whenever
+    /// no thread has polled for a while. ACKs that a poll's datagrams cause are held back
+    /// while the application has something new (a datagram this poll received, or a
+    /// completion it returned): a request the application posts next carries them in the
+    /// same send; a poll that finds nothing sends them (so does the driver thread, within
+    /// ≈ 0.5 ms, if polling stops). Off by default: then `poll_cq` only polls the CQ.
+    pub busy_poll: bool,
+    /// Turn off every batching offload (UDP GSO on send, UDP GRO on receive, `sendmmsg` /
+    /// `recvmmsg`): one system call per datagram, as on a kernel without them. The offloads
+    /// fall back on their own when the kernel refuses them; this is for comparisons and for
+    /// peers that check our ICRCs assuming IPv4 ID 0 on every datagram: with GSO, Linux
+    /// gives segment `i` of a send ID `i` (our ICRCs cover that ID, so kernel rxe, which
+    /// checks over the header it received, accepts them; a plain-UDP receiver must solve
+    /// for the ID, as softroce's own does, or be told the segment index by UDP GRO).
+    pub no_offload: bool,
+}
+
+/// Options that [`UdpDevice::open`](super::UdpDevice::open) and [`UdpDevice::open_with`](super::UdpDevice::open_with) use; see
+/// [`UdpOptions::set_process_default`].
+static PROCESS_DEFAULT: Mutex<Option<UdpOptions>> = Mutex::new(None);
+
+impl UdpOptions {
+    /// Makes `opts` the options of every device this process opens later with
+    /// [`UdpDevice::open`](super::UdpDevice::open) or [`UdpDevice::open_with`](super::UdpDevice::open_with) (the CLI's `--pcap` and
+    /// `--exact-icrc`, which so apply to every subcommand). [`UdpDevice::open_with_options`](super::UdpDevice::open_with_options)
+    /// ignores it.
+    pub fn set_process_default(opts: UdpOptions) {
+        *PROCESS_DEFAULT.lock() = Some(opts);
+    }
+
+    /// The options set by [`UdpOptions::set_process_default`], else the defaults.
+    pub fn process_default() -> UdpOptions {
+        PROCESS_DEFAULT.lock().clone().unwrap_or_default()
+    }
+}
+
+/// The UDP side of a device: a receive socket on port 4791 and send sockets per source port,
+/// plus, in exact ICRC mode, a raw receive socket.
+#[derive(Debug)]
+pub struct UdpLink {
+    pub(super) ip: IpAddr,
+    pub(super) recv: UdpSocket,
+    pub(super) raw: Option<RawRx>,
+    pub(super) send: Mutex<foldhash::HashMap<u16, Arc<UdpSocket>>>,
+    /// One socket per joined multicast group, bound to group:4791 (`super::mcast`).
+    pub(super) mcast: Mutex<HashMap<IpAddr, Arc<UdpSocket>>>,
+    pub(super) capture: Option<Arc<Capture>>,
+    /// TTL / hop limit of our sockets (for the capture).
+    pub(super) hop_limit: u8,
+    /// Datagrams sent.
+    pub tx_datagrams: AtomicU64,
+    /// Datagrams received.
+    pub rx_datagrams: AtomicU64,
+    /// Send system calls made (`sendto`, `sendmsg` with GSO, `sendmmsg`).
+    pub tx_syscalls: AtomicU64,
+    /// Receive calls that returned data (`recvfrom`, `recvmmsg`).
+    pub rx_syscalls: AtomicU64,
+    /// UDP GSO sends (each carrying 2 to [`GSO_MAX_SEGMENTS`] datagrams).
+    pub tx_gso_sends: AtomicU64,
+    /// Received GRO buffers that held more than one datagram.
+    pub rx_gro_buffers: AtomicU64,
+    /// Batching allowed (not [`UdpOptions::no_offload`], no capture).
+    pub(super) offload: bool,
+    /// UDP GSO still believed to work (cleared by the first refusal).
+    pub(super) gso: AtomicBool,
+    /// UDP GRO is on for the receive socket.
+    pub(super) gro: bool,
+    /// Cached tables of ICRC corrections for IPv4 GSO segments ([`UdpLink::ident_deltas`]),
+    /// by (destination, source port, body length). foldhash, not SipHash: this and the
+    /// socket map are looked up on every send, and SipHash was 70 ns of a 0.7 µs
+    /// latency-bound `post_send` (the keys come from our own QPs, not from the network).
+    pub(super) ident_deltas: Mutex<foldhash::HashMap<IdentDeltaKey, Arc<IdentDeltas>>>,
+    /// The receive buffers of the plain UDP socket. Whoever holds the lock receives and
+    /// handles what it got before letting go, so datagrams reach the device in order.
+    pub(super) rx: Mutex<RecvBatch>,
+    /// Busy-polling mode ([`UdpOptions::busy_poll`]; not with a raw receive socket).
+    pub(super) busy_poll: bool,
+    /// Count of busy polls; the driver thread stays off the socket while it moves.
+    pub(super) polls: AtomicU64,
+    /// ACKs held back by a busy poll until its completions are handed out.
+    pub(super) deferred: Mutex<Vec<Transmit>>,
+    /// Set while received datagrams are delivered ([`deliver`], by whoever holds `rx`): the
+    /// ACKs they cause are held back in `deferred`. The driver thread sends them together
+    /// at the end of each receive batch; a busy poll sends them at the next poll, after the
+    /// application has seen the completions and answered (docs/performance.md#measured-costs-on-this-machine-class: ACKs off the critical
+    /// path). Only a pump that handles received packets produces ACKs, so another thread
+    /// that sends while this is set sends requests, which are never held.
+    pub(super) holding_acks: AtomicBool,
+}
+
+impl UdpLink {
+    /// Binds `ip`:4791 for receiving. Errors: the bind error (EADDRINUSE when another
+    /// process — or kernel rxe — owns the port on that address).
+    pub fn bind(ip: IpAddr) -> io::Result<UdpLink> {
+        UdpLink::bind_with(ip, &UdpOptions::default())
+    }
+
+    /// Binds `ip`:4791 with `opts`. Errors: as [`UdpLink::bind`]; with `exact_icrc` on IPv4,
+    /// EPERM without CAP_NET_RAW.
+    pub fn bind_with(ip: IpAddr, opts: &UdpOptions) -> io::Result<UdpLink> {
+        let recv = new_socket(ip, ROCE_V2_UDP_PORT, false)?;
+        if sockopt::set_socket_recv_buffer_size_force(&recv, RCVBUF_BYTES).is_err() {
+            let _ = sockopt::set_socket_recv_buffer_size(&recv, RCVBUF_BYTES);
+        }
+        let raw = match ip {
+            IpAddr::V4(v4) if opts.exact_icrc => {
+                let raw = RawRx::open(v4, ROCE_V2_UDP_PORT, RCVBUF_BYTES)?;
+                drop_everything(&recv)?;
+                Some(raw)
+            }
+            _ => None,
+        };
+        let hop_limit = match ip {
+            IpAddr::V4(_) => sockopt::ip_ttl(&recv).map_or(64, |t| u8::try_from(t).unwrap_or(64)),
+            IpAddr::V6(_) => sockopt::ipv6_unicast_hops(&recv).unwrap_or(64),
+        };
+        let offload = !opts.no_offload && opts.capture.is_none();
+        // GRO coalesces the segments of a GSO send (and, behind a NIC, runs of one flow)
+        // into one receive; refused by kernels before 5.0, which then deliver one by one.
+        let gro = offload && raw.is_none() && enable_gro(recv.as_raw_fd()).is_ok();
+        let busy_poll = opts.busy_poll && raw.is_none();
+        Ok(UdpLink {
+            ip,
+            recv: recv.into(),
+            raw,
+            send: Mutex::new(foldhash::HashMap::default()),
+            mcast: Mutex::new(HashMap::new()),
+            capture: opts.capture.clone(),
+            hop_limit,
+            tx_datagrams: AtomicU64::new(0),
+            rx_datagrams: AtomicU64::new(0),
+            tx_syscalls: AtomicU64::new(0),
+            rx_syscalls: AtomicU64::new(0),
+            tx_gso_sends: AtomicU64::new(0),
+            rx_gro_buffers: AtomicU64::new(0),
+            offload,
+            gso: AtomicBool::new(offload),
+            gro,
+            ident_deltas: Mutex::new(foldhash::HashMap::default()),
+            rx: Mutex::new(RecvBatch::new(if offload { RECV_BATCH } else { 1 })),
+            busy_poll,
+            polls: AtomicU64::new(0),
+            deferred: Mutex::new(Vec::new()),
+            holding_acks: AtomicBool::new(false),
+        })
+    }
+
+    /// True when received IPv4 packets are checked over their IP header as received.
+    pub fn exact_icrc(&self) -> bool {
+        self.raw.is_some()
+    }
+
+    /// True when threads that poll a CQ receive from the socket themselves
+    /// ([`UdpOptions::busy_poll`]).
+    pub fn busy_poll(&self) -> bool {
+        self.busy_poll
+    }
+
+    /// The capture this link writes to, if any.
+    pub fn capture(&self) -> Option<&Arc<Capture>> {
+        self.capture.as_ref()
+    }
+
+    /// True while sends are batched with UDP GSO (cleared when the kernel refuses it).
+    pub fn gso(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
+    }
+
+    /// Sends `ts` now: runs of one (source port, destination) batched, unless offloads are
+    /// off. Returns how many failed.
+    pub(super) fn send_now<T: Borrow<Transmit>>(&self, ts: &[T]) -> usize {
+        if ts.is_empty() {
+            return 0;
+        }
+        if !self.offload || ts.len() < 2 {
+            return ts
+                .iter()
+                .filter(|t| self.send((*t).borrow()).is_err())
+                .count();
+        }
+        // Runs of one (source port, destination): one socket, one GSO flow.
+        let mut errors = 0;
+        let mut i = 0;
+        while let Some(t) = ts.get(i) {
+            let t = t.borrow();
+            let len = ts[i..]
+                .iter()
+                .map(Borrow::borrow)
+                .take_while(|u: &&Transmit| u.src_port == t.src_port && u.dst == t.dst)
+                .count();
+            errors += self.send_run(&ts[i..i + len]);
+            i += len;
+        }
+        errors
+    }
+
+    /// Sends the ACKs held back, if any. The lock is held while they go out, so two threads
+    /// flushing cannot reorder them (a stale ACK overtaking a newer one is dropped by the
+    /// peer's completer as an unexpected response).
+    pub(super) fn flush_deferred(&self) {
+        let mut held = self.deferred.lock();
+        if !held.is_empty() {
+            let _ = self.send_now(&held);
+            held.clear();
+        }
+    }
+
+    /// True when a busy poller holds [`DEFER_MAX_HELD`] ACKs or more: they go now even if the
+    /// application has something new to answer.
+    pub(super) fn holds_too_many_acks(&self) -> bool {
+        self.deferred.lock().len() >= DEFER_MAX_HELD
+    }
+
+    /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out
+    /// with one `sendmmsg` each. For tests of that fallback.
+    pub fn disable_gso(&self) {
+        self.gso.store(false, Ordering::Relaxed);
+    }
+
+    /// True when the receive socket has UDP GRO on.
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// Sends a run of datagrams that share source port and destination: UDP GSO
+    /// super-datagrams of equal-sized segments where possible, up to [`SENDMMSG_MSGS`] of
+    /// them (and lone datagrams between them) per `sendmmsg`; without GSO, one plain
+    /// `sendmmsg`. Returns how many datagrams could not be sent.
+    pub(super) fn send_run<T: Borrow<Transmit>>(&self, run: &[T]) -> usize {
+        let Some(first) = run.first().map(Borrow::borrow) else {
+            return 0;
+        };
+        if run.len() == 1 {
+            return usize::from(self.send(first).is_err());
+        }
+        let Ok(sock) = self.socket_for(first.src_port) else {
+            return run.len();
+        };
+        let fd = sock.as_raw_fd();
+        let dst = roce_addr(first.dst);
+        let mut errors = 0;
+        let mut k = 0;
+        while k < run.len() {
+            // Err: the kernel refused GSO (now off), and the rest goes the plain way.
+            if self.gso()
+                && let Ok((n, failed)) = self.send_gso_batch(fd, &dst, &run[k..])
+            {
+                k += n;
+                errors += failed;
+                continue;
+            }
+            // GSO unavailable: one sendmmsg for the rest, with gathered datagrams copied
+            // whole (this fallback takes one buffer each).
+            let n = run.len() - k;
+            let whole: Vec<std::borrow::Cow<'_, [u8]>> = run[k..]
+                .iter()
+                .map(Borrow::borrow)
+                .map(|t: &Transmit| match t.tail {
+                    // SAFETY: inside the pump, under the device lock (`gathers`).
+                    Some(_) => std::borrow::Cow::Owned(unsafe { t.to_vec() }),
+                    None => std::borrow::Cow::Borrowed(&t.payload[..]),
+                })
+                .collect();
+            let parts: Vec<&[u8]> = whole.iter().map(|w| &w[..]).collect();
+            let sent = send_mmsg(fd, &dst, &parts).unwrap_or(0);
+            self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+            self.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
+            errors += n - sent;
+            k += n;
+        }
+        errors
+    }
+
+    /// How many datagrams from the start of `ts` make one GSO send: segments of the first
+    /// one's size, the last possibly shorter, at most [`GSO_MAX_SEGMENTS`] and
+    /// [`GSO_MAX_BYTES`]. 1 (a lone datagram) when the second cannot follow the first.
+    pub(super) fn gso_prefix<T: Borrow<Transmit>>(ts: &[T]) -> usize {
+        let Some(seg) = ts.first().map(|t| t.borrow().len()) else {
+            return 0;
+        };
+        if seg == 0 || seg > usize::from(u16::MAX) {
+            return 1;
+        }
+        let mut n = 1;
+        let mut total = seg;
+        while let Some(t) = ts.get(n).map(Borrow::borrow) {
+            let l = t.len();
+            if n >= GSO_MAX_SEGMENTS || l > seg || l == 0 || total + l > GSO_MAX_BYTES {
+                break;
+            }
+            n += 1;
+            total += l;
+            if l < seg {
+                break;
+            }
+        }
+        n
+    }
+
+    /// Sends a prefix of `ts` (all to `dst` from `fd`) as up to [`SENDMMSG_MSGS`] GSO
+    /// super-datagrams (or lone datagrams) in one system call: `sendmsg` for one, `sendmmsg`
+    /// for more. Returns `Ok((datagrams consumed, of which failed))`, or `Err(())` when the
+    /// kernel refused GSO (GSO is then off for this link and nothing was sent).
+    ///
+    /// Every segment stays a whole RoCE packet with its own ICRC. For IPv4 the kernel gives
+    /// segment `i` of a GSO send the IP Identification `i` (`batch::send_gso`), which the
+    /// ICRC covers, so the ICRC of segments after the first is corrected here for that ID
+    /// (the engine computed it for ID 0, what a lone datagram carries;
+    /// [`UdpLink::ident_deltas`]). The datagrams are gathered from the engine's buffers, not
+    /// copied.
+    pub(super) fn send_gso_batch<T: Borrow<Transmit>>(
+        &self,
+        fd: RawFd,
+        dst: &SocketAddr,
+        ts: &[T],
+    ) -> Result<(usize, usize), ()> {
+        // The messages: (first datagram, datagrams, segment size if GSO). Fixed-size lists
+        // on the stack where a latency-bound send (a request and the ACKs it carries) fits:
+        // each heap list cost a malloc and a free per send.
+        let mut plan = [(0usize, 0usize, None::<u16>); SENDMMSG_MSGS];
+        let mut planned = 0;
+        let mut j = 0;
+        while j < ts.len() && planned < SENDMMSG_MSGS {
+            let n = Self::gso_prefix(&ts[j..]);
+            // In range: `gso_prefix` took the first length only if it fits a u16.
+            let seg = (n > 1).then(|| ts[j].borrow().len() as u16);
+            plan[planned] = (j, n, seg);
+            planned += 1;
+            j += n;
+        }
+        let plan = &plan[..planned];
+        let v4 = match (self.ip, dst.ip()) {
+            (IpAddr::V4(src), IpAddr::V4(d)) => Some((src, d)),
+            _ => None,
+        };
+        // Each datagram's ICRC; for IPv4, segment i >= 1 of a GSO send gets the ICRC for
+        // ID i.
+        let mut icrc_stack = [[0u8; 4]; GSO_MAX_SEGMENTS];
+        let mut icrc_heap = Vec::new();
+        let icrcs: &mut [[u8; 4]] = if j <= icrc_stack.len() {
+            &mut icrc_stack[..j]
+        } else {
+            icrc_heap.resize(j, [0u8; 4]);
+            &mut icrc_heap
+        };
+        // The correction table of the last body length seen (a run has one or two).
+        let mut table: Option<(usize, Arc<IdentDeltas>)> = None;
+        for &(start, n, _) in plan {
+            for (i, t) in ts[start..start + n].iter().map(Borrow::borrow).enumerate() {
+                // SAFETY: inside the engine's pump, under the device lock that keeps a
+                // gathered datagram's MR registered (`Link::gathers`).
+                let mut icrc = unsafe { body_and_icrc(t) }.1;
+                if let Some((src, d)) = v4
+                    && i >= 1
+                {
+                    let body_bytes = t.len().saturating_sub(4);
+                    let deltas = match &table {
+                        Some((len, tab)) if *len == body_bytes => tab.clone(),
+                        _ => {
+                            let tab = self.ident_deltas(src, d, t.src_port, body_bytes);
+                            table = Some((body_bytes, tab.clone()));
+                            tab
+                        }
+                    };
+                    // In range: a GSO send has at most GSO_MAX_SEGMENTS segments.
+                    for (o, x) in icrc.iter_mut().zip(deltas[i]) {
+                        *o ^= x;
+                    }
+                }
+                icrcs[start + i] = icrc;
+            }
+        }
+        // Every datagram's parts (up to three, then its ICRC), and each message's range.
+        let none = TxPart::from(&[][..]);
+        let mut part_stack = [none; 16];
+        let mut part_heap: Vec<TxPart<'_>> = Vec::new();
+        let parts: &mut [TxPart<'_>] = if 4 * j <= part_stack.len() {
+            &mut part_stack[..]
+        } else {
+            part_heap.resize(4 * j, none);
+            &mut part_heap
+        };
+        let mut msgs = [GatheredMsg {
+            first: 0,
+            count: 0,
+            segment_bytes: None,
+        }; SENDMMSG_MSGS];
+        let mut np = 0;
+        for (m, &(start, n, seg)) in msgs.iter_mut().zip(plan) {
+            let first = np;
+            for (t, icrc) in ts[start..start + n]
+                .iter()
+                .map(Borrow::borrow)
+                .zip(&icrcs[start..start + n])
+            {
+                // SAFETY: as above.
+                let (body, _) = unsafe { body_and_icrc(t) };
+                for p in body.into_iter().filter(|p| !p.is_empty()) {
+                    parts[np] = p;
+                    np += 1;
+                }
+                parts[np] = TxPart::from(&icrc[..]);
+                np += 1;
+            }
+            *m = GatheredMsg {
+                first,
+                count: np - first,
+                segment_bytes: seg,
+            };
+        }
+        let (parts, msgs) = (&parts[..np], &msgs[..planned]);
+        self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+        let sent = match msgs {
+            [one] => match one.segment_bytes {
+                Some(seg) => send_gso_gather(fd, dst, parts, seg),
+                None => super::batch::send_parts(fd, dst, parts),
+            }
+            .map(|()| 1),
+            _ => send_gathered_batch(fd, dst, parts, msgs),
+        };
+        match sent {
+            // (A kernel that took none without an error is treated as an error below, so
+            // the caller always moves on.)
+            Ok(m) if m > 0 => {
+                let m = m.min(plan.len());
+                let datagrams: usize = plan[..m].iter().map(|p| p.1).sum();
+                let gso = plan[..m].iter().filter(|p| p.2.is_some()).count();
+                self.tx_gso_sends.fetch_add(gso as u64, Ordering::Relaxed);
+                self.tx_datagrams
+                    .fetch_add(datagrams as u64, Ordering::Relaxed);
+                Ok((datagrams, 0))
+            }
+            Err(e) if plan[0].2.is_some() && gso_refused(&e) => {
+                self.gso.store(false, Ordering::Relaxed);
+                Err(())
+            }
+            // Another error (e.g. no buffer space) on the first message: its datagrams are
+            // lost, as a plain send error would lose them; the transport retransmits.
+            Ok(_) | Err(_) => Ok((plan[0].1, plan[0].1)),
+        }
+    }
+
+    /// What to XOR into the ICRC of an IPv4 datagram with a `body_bytes`-byte body (all but
+    /// the ICRC), computed for IP ID 0 on the flow from this link's address and `src_port`
+    /// to `dst`:4791, to make it the ICRC for ID `i`: entry `i` of the returned table, for
+    /// the IDs 0..64 of a GSO send's segments (entry 0 is zero).
+    ///
+    /// The ICRC is affine in the bits it covers, so `icrc(id, body) = icrc(0, body) ⊕ L(id)`
+    /// with `L` linear in the 16 ID bits and depending only on the flow and the length:
+    /// `L` of the six bits an ID below 64 uses costs six CRC passes over a zero body, and
+    /// every entry is an XOR of those. One table per (flow, length) is cached: a bulk flow
+    /// uses a handful of lengths, and a GSO send looks its table up once per length instead
+    /// of once per segment.
+    pub(super) fn ident_deltas(
+        &self,
+        src: std::net::Ipv4Addr,
+        dst: std::net::Ipv4Addr,
+        src_port: u16,
+        body_bytes: usize,
+    ) -> Arc<IdentDeltas> {
+        let key = (dst, src_port, body_bytes);
+        let mut cache = self.ident_deltas.lock();
+        if let Some(d) = cache.get(&key) {
+            return d.clone();
+        }
+        let zeros = vec![0u8; body_bytes];
+        let flow = |ident| IcrcIp::V4 {
+            src,
+            dst,
+            ident,
+            src_port,
+            dst_port: ROCE_V2_UDP_PORT,
+        };
+        let base = u32::from_le_bytes(icrc_of_body(&flow(0), &zeros));
+        let bits: Vec<u32> = (0..GSO_MAX_SEGMENTS.trailing_zeros())
+            .map(|b| u32::from_le_bytes(icrc_of_body(&flow(1 << b), &zeros)) ^ base)
+            .collect();
+        let mut table = [[0u8; 4]; GSO_MAX_SEGMENTS];
+        for (i, d) in table.iter_mut().enumerate() {
+            let l = bits
+                .iter()
+                .enumerate()
+                .filter(|(b, _)| i >> b & 1 == 1)
+                .fold(0, |acc, (_, v)| acc ^ v);
+            *d = l.to_le_bytes();
+        }
+        let table = Arc::new(table);
+        if cache.len() >= IDENT_DELTA_CACHE {
+            cache.clear();
+        }
+        cache.insert(key, table.clone());
+        table
+    }
+
+    pub(super) fn socket_for(&self, port: u16) -> io::Result<Arc<UdpSocket>> {
+        let mut map = self.send.lock();
+        if let Some(s) = map.get(&port) {
+            return Ok(s.clone());
+        }
+        let s = new_socket(self.ip, port, true)?;
+        // Multicast sends leave through the device's own interface (on loopback there is no
+        // multicast route otherwise). Unicast is unaffected, so a failure is ignored.
+        let _ = super::mcast::set_sending_interface(&s, self.ip);
+        let s = Arc::new(UdpSocket::from(s));
+        map.insert(port, s.clone());
+        Ok(s)
+    }
+}
+
+impl Link for UdpLink {
+    fn gathers(&self) -> bool {
+        // A capture records each datagram whole; without one, payloads go out from the MR.
+        self.capture.is_none()
+    }
+
+    fn send(&self, t: &Transmit) -> io::Result<()> {
+        let s = self.socket_for(t.src_port)?;
+        let dst = roce_addr(t.dst);
+        // SAFETY: `send` runs inside the engine's pump, under the device lock that keeps a
+        // gathered datagram's MR registered (`Link::gathers`).
+        let parts = unsafe { t.parts() };
+        let send = || {
+            if t.tail.is_some() {
+                super::batch::send_parts(s.as_raw_fd(), &dst, &parts)
+            } else {
+                s.send_to(&t.payload, dst).map(|_| ())
+            }
+        };
+        match &self.capture {
+            Some(c) => {
+                let src = SocketAddr::new(self.ip, t.src_port);
+                let mut whole = Vec::with_capacity(t.len());
+                parts.iter().for_each(|p| p.copy_into(&mut whole));
+                c.send_and_record(src, dst, &whole, self.hop_limit, send)?;
+            }
+            None => send()?,
+        }
+        self.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+        self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
+        let s = super::mcast::join(self.ip, group)?;
+        self.mcast.lock().insert(group, Arc::new(s));
+        Ok(())
+    }
+
+    fn leave_multicast(&self, group: IpAddr) {
+        // Closing the socket leaves the group.
+        self.mcast.lock().remove(&group);
+    }
+
+    fn send_batch(&self, ts: &[Transmit]) -> usize {
+        if self.holding_acks.load(Ordering::Relaxed) && ts.iter().all(may_wait) {
+            // ACKs only: they wait for the end of the receive batch (driver thread) or the
+            // next poll (busy polling, so the application's reply goes first).
+            self.deferred.lock().extend(ts.iter().cloned());
+            return 0;
+        }
+        // Held ACKs go before any other response (READ responses, ACKs), which share their
+        // PSN order; requests (the other direction's stream) need not wait for them.
+        if ts.iter().any(|t| t.kind.is_response()) {
+            self.flush_deferred();
+        } else if ts.len() <= PIGGYBACK_MAX {
+            // A few requests (an application's reply to what a busy poll delivered) take the
+            // held ACKs along in the same system call: on one flow they form one GSO send
+            // (the shorter ACK last), so the peer gets both in one receive.
+            let mut held = self.deferred.lock();
+            if !held.is_empty() {
+                let all: Vec<&Transmit> = ts.iter().chain(held.iter()).collect();
+                // Sent under the lock, as `flush_deferred` does, so no response of another
+                // thread overtakes these ACKs on the wire.
+                let failed = self.send_now(&all);
+                drop(all);
+                held.clear();
+                return failed;
+            }
+        }
+        self.send_now(ts)
+    }
+
+    fn source_port(&self, want: u16) -> u16 {
+        if self.socket_for(want).is_ok() {
+            return want;
+        }
+        // Another process holds that port: take the next free one in rxe's range.
+        (0..0x3fffu16)
+            .map(|i| 0xc000 | ((want.wrapping_add(i + 1)) & 0x3fff))
+            .find(|p| self.socket_for(*p).is_ok())
+            .unwrap_or(want)
+    }
+}
+
+/// A busy poll that returns completions sends the held-back ACKs anyway once this many wait.
+pub(super) const DEFER_MAX_HELD: usize = 32;
+
+/// At most this many requests in one batch take the held-back ACKs along (a latency-bound
+/// reply; a bulk batch is not copied for it).
+pub(super) const PIGGYBACK_MAX: usize = 4;
+
+/// True for what may be held back while `UdpLink::holding_acks` is set: ACKs, NAKs and ATOMIC
+/// ACKNOWLEDGEs, as the engine labelled them. READ responses and requests go at once.
+pub(super) fn may_wait(t: &Transmit) -> bool {
+    matches!(t.kind, TxKind::Acknowledge | TxKind::AtomicAcknowledge)
+}
+
+/// (destination, UDP source port, body bytes) of a cached table of ICRC corrections.
+type IdentDeltaKey = (std::net::Ipv4Addr, u16, usize);
+
+/// The ICRC corrections for IPv4 IDs 0..64 ([`UdpLink::ident_deltas`]).
+type IdentDeltas = [[u8; 4]; GSO_MAX_SEGMENTS];
+
+/// Most cached tables of IPv4 GSO ICRC corrections (then the cache starts over).
+pub(super) const IDENT_DELTA_CACHE: usize = 1024;
+
+/// Most GSO sends (or lone datagrams) one `sendmmsg` carries: enough for a window's worth
+/// of 64 KiB messages (two sends each), few enough that one call does not hold the device
+/// lock long.
+pub(super) const SENDMMSG_MSGS: usize = 16;
+
+/// Whether a GSO send error means the kernel (or the route's device) cannot do UDP GSO,
+/// as opposed to a transient failure.
+pub(super) fn gso_refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
+}
+
+/// A datagram as (its bytes before the ICRC, in up to three parts; its ICRC).
+///
+/// # Safety
+/// As [`Transmit::parts`]: under the device lock that built a gathered `t`.
+pub(super) unsafe fn body_and_icrc(t: &Transmit) -> ([TxPart<'_>; 3], [u8; 4]) {
+    match t.tail_icrc() {
+        Some(icrc) => {
+            // SAFETY: forwarded to the caller.
+            let [head, data, pad, _] = unsafe { t.parts() };
+            ([head, data, pad], icrc)
+        }
+        None => {
+            let b = t.payload.len().saturating_sub(4);
+            let (body, last) = t.payload.split_at(b);
+            let mut icrc = [0u8; 4];
+            icrc[..last.len()].copy_from_slice(last);
+            let none = TxPart::from(&[][..]);
+            ([TxPart::from(body), none, none], icrc)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{IcrcIp, icrc_of_body};
+
+    /// Entry `i` of a correction table turns the ICRC computed for IPv4 ID 0 into the one
+    /// for ID `i`, for any body of the table's length; tables are per flow and length.
+    #[test]
+    fn ident_deltas_turn_the_icrc_for_id_0_into_the_icrc_for_id_i() {
+        let ip = std::net::Ipv4Addr::new(127, 0, 23, 1);
+        let link = UdpLink::bind(IpAddr::V4(ip)).expect("bind");
+        let dst = std::net::Ipv4Addr::new(127, 0, 23, 2);
+        for (len, port) in [(20usize, 0xc000u16), (4108, 0xc001), (77, 0xc000)] {
+            let body: Vec<u8> = (0..len as u32).map(|i| (i * 29 % 253) as u8).collect();
+            let flow = |ident| IcrcIp::V4 {
+                src: ip,
+                dst,
+                ident,
+                src_port: port,
+                dst_port: ROCE_V2_UDP_PORT,
+            };
+            let table = link.ident_deltas(ip, dst, port, len);
+            let at0 = icrc_of_body(&flow(0), &body);
+            for (i, d) in table.iter().enumerate() {
+                let mut got = at0;
+                for (g, x) in got.iter_mut().zip(d) {
+                    *g ^= x;
+                }
+                assert_eq!(got, icrc_of_body(&flow(i as u16), &body), "{len} B, ID {i}");
+            }
+            assert!(Arc::ptr_eq(&table, &link.ident_deltas(ip, dst, port, len)));
+        }
+    }
+}
