@@ -186,7 +186,7 @@ impl MrBytes<'_> {
     }
 
     /// Calls `each` with the bytes in order, as one slice (owned memory) or as copies of up
-    /// to [`BOUNCE_BYTES`] (application memory, which is never sliced).
+    /// to `BOUNCE_BYTES` (1 KiB) (application memory, which is never sliced).
     pub fn for_each_chunk(&self, mut each: impl FnMut(&[u8])) {
         match self {
             MrBytes::Owned(b) => each(b),
