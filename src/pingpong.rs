@@ -50,7 +50,7 @@ use softroce::net::UdpDevice;
 use softroce::net::oob::random_psn;
 use softroce::verbs::{
     AccessFlags, AhAttr, Gid, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, RecvWr, SendWr, UdDest, Wc, WcStatus, WrOpcode,
+    QpType, RcConnect, RecvWr, SendWr, UdDest, Wc, WcStatus, WrOpcode,
 };
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
@@ -395,7 +395,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
             ud_dest = Some(ready_ud(&qp, &pd, peer, me.psn, gid_index)?);
             Ok(())
         } else {
-            connect_qp(&qp, qp_type, peer, me.psn, mtu, gid_index)
+            connect_qp(&qp, peer, me.psn, mtu, gid_index)
         }
     };
     match &a.host {
@@ -635,8 +635,9 @@ fn check_peer_gid(peer: &PingpongDest) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// UD: RTR, RTS with our first PSN, and an address handle towards the peer (ud_pingpong's
-/// `pp_connect_ctx`); returns where SENDs go.
+/// UD: RTR, RTS with our first PSN (the QP is in INIT with its Q_Key, receives posted), and
+/// an address handle towards the peer (ud_pingpong's `pp_connect_ctx`); returns where SENDs
+/// go.
 fn ready_ud(
     qp: &Qp,
     pd: &Pd,
@@ -645,23 +646,8 @@ fn ready_ud(
     sgid_index: u8,
 ) -> Result<UdDest, BoxError> {
     check_peer_gid(peer)?;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..QpAttr::default()
-        },
-        QpAttrMask::STATE,
-    )
-    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: my_psn,
-            ..QpAttr::default()
-        },
-        QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-    )
-    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
+    qp.ready_ud(UD_QKEY, my_psn)
+        .map_err(|e| format!("Failed to modify QP: {e}"))?;
     let ah = pd
         .create_ah(&AhAttr {
             sgid_index,
@@ -671,56 +657,24 @@ fn ready_ud(
     Ok(ah.dest(peer.qpn, UD_QKEY))
 }
 
-/// RC/UC: INIT → RTR → RTS towards `peer` with rc_pingpong's / uc_pingpong's attributes
-/// (`pp_connect_ctx`); UC takes no READ/atomic limits, RNR timer, timeout or retry counts.
-fn connect_qp(
+/// RC/UC: RTR → RTS towards `peer` with rc_pingpong's / uc_pingpong's attributes
+/// (`pp_connect_ctx`, the library's one connect sequence: [`Qp::connect_rc`]; the QP is in
+/// INIT with its receives posted).
+pub fn connect_qp(
     qp: &Qp,
-    qp_type: QpType,
     peer: &PingpongDest,
     my_psn: u32,
     mtu: PathMtu,
     sgid_index: u8,
 ) -> Result<(), BoxError> {
     check_peer_gid(peer)?;
-    let rc = qp_type == QpType::Rc;
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
+    let c = RcConnect {
+        sgid_index,
         path_mtu: mtu,
-        dest_qp_num: peer.qpn,
-        rq_psn: peer.psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: AhAttr {
-            sgid_index,
-            ..AhAttr::roce_v2(peer.gid)
-        },
-        ..QpAttr::default()
+        ..RcConnect::new(peer.qpn, peer.gid, peer.psn, my_psn)
     };
-    let rtr_mask = QpAttrMask::STATE
-        | QpAttrMask::AV
-        | QpAttrMask::PATH_MTU
-        | QpAttrMask::DEST_QPN
-        | QpAttrMask::RQ_PSN;
-    let rtr_rc = QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-    qp.modify(&rtr, if rc { rtr_mask | rtr_rc } else { rtr_mask })
-        .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        sq_psn: my_psn,
-        max_rd_atomic: 1,
-        ..QpAttr::default()
-    };
-    let rts_rc = QpAttrMask::TIMEOUT
-        | QpAttrMask::RETRY_CNT
-        | QpAttrMask::RNR_RETRY
-        | QpAttrMask::MAX_QP_RD_ATOMIC;
-    let rts_mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-    qp.modify(&rts, if rc { rts_mask | rts_rc } else { rts_mask })
-        .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
-    Ok(())
+    qp.connect_rc(&c)
+        .map_err(|e| format!("Failed to modify QP: {e}").into())
 }
 
 /// Client side of the exchange (`pp_client_exch_dest`).

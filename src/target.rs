@@ -35,8 +35,8 @@ use serde_json::{Map, Value, json};
 use softroce::net::UdpDevice;
 use softroce::net::oob::random_psn;
 use softroce::verbs::{
-    AccessFlags, AhAttr, Cq, Gid, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask as A, QpCap, QpInitAttr,
-    QpState, QpType, RecvWr, SendWr, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, Cq, Gid, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask as A, QpCap, QpInitAttr, QpState,
+    QpType, RcConnect, RecvWr, SendWr, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
@@ -779,50 +779,18 @@ fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
                 .map_err(|e| format!("to RESET: {e}"))?;
             reset = true;
         }
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: s.qp_access,
-            ..QpAttr::default()
-        };
-        t.qp.modify(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS)
-            .map_err(|e| format!("to INIT: {e}"))?;
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
+        let c = RcConnect {
             path_mtu: s.path_mtu,
-            dest_qp_num: dest_qpn,
-            rq_psn: dest_psn,
-            max_dest_rd_atomic: s.max_dest_rd_atomic,
-            min_rnr_timer: s.min_rnr_timer,
-            ah_attr: AhAttr::roce_v2(dgid),
-            ..QpAttr::default()
-        };
-        t.qp.modify(
-            &rtr,
-            A::STATE
-                | A::AV
-                | A::PATH_MTU
-                | A::DEST_QPN
-                | A::RQ_PSN
-                | A::MAX_DEST_RD_ATOMIC
-                | A::MIN_RNR_TIMER,
-        )
-        .map_err(|e| format!("to RTR: {e}"))?;
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: s.sq_psn,
+            qp_access_flags: s.qp_access,
             timeout,
             retry_cnt,
             rnr_retry,
+            min_rnr_timer: s.min_rnr_timer,
             max_rd_atomic: 1,
-            ..QpAttr::default()
+            max_dest_rd_atomic: s.max_dest_rd_atomic,
+            ..RcConnect::new(dest_qpn, dgid, dest_psn, s.sq_psn)
         };
-        t.qp.modify(
-            &rts,
-            A::STATE | A::SQ_PSN | A::TIMEOUT | A::RETRY_CNT | A::RNR_RETRY | A::MAX_QP_RD_ATOMIC,
-        )
-        .map_err(|e| format!("to RTS: {e}"))
+        t.qp.connect_rc(&c).map_err(|e| e.to_string())
     })();
     if reset {
         // RESET dropped every posted receive: every slot is free again.

@@ -216,7 +216,7 @@ fn commands_reply_and_errors_are_lines_not_panics() {
     assert_eq!(kind, "error");
     let msg = e["message"].as_str().unwrap_or_default();
     assert!(
-        msg.starts_with("to RTR: ") && msg.ends_with("(QP now INIT)"),
+        msg.starts_with("modify_qp INIT->RTR: ") && msg.ends_with("(QP now INIT)"),
         "{msg}"
     );
     let (_, q) = t.send(r#"{"query_qp": {}}"#);

@@ -13,10 +13,7 @@ use super::oob::{PAGE_BYTES, PerfDest};
 use crate::BoxError;
 use softroce::net::UdpDevice;
 use softroce::net::oob::random_psn;
-use softroce::verbs::{
-    AccessFlags, AhAttr, Cq, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType,
-};
+use softroce::verbs::{AccessFlags, Cq, Mr, PathMtu, Pd, Qp, QpCap, QpInitAttr, QpType, RcConnect};
 use std::net::IpAddr;
 
 /// What a side needs to build its resources.
@@ -147,6 +144,9 @@ impl Session {
     }
 }
 
+/// RTR → RTS (from RESET, through INIT with every remote access) towards `peer` with
+/// perftest's attributes (`ctx_modify_qp_to_rtr`, `ctx_modify_qp_to_rts`), through the
+/// library's one connect sequence ([`Qp::connect_rc`]).
 fn connect_qp(
     qp: &Qp,
     peer: &PerfDest,
@@ -162,61 +162,13 @@ fn connect_qp(
         )
         .into());
     }
-    let access = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: access,
-            ..QpAttr::default()
-        },
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .map_err(|e| format!("Failed to modify QP to INIT: {e}"))?;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
-            dest_qp_num: peer.qpn,
-            rq_psn: peer.psn,
-            max_dest_rd_atomic: rd_atomic,
-            min_rnr_timer: 12,
-            ah_attr: AhAttr {
-                sgid_index,
-                ..AhAttr::roce_v2(peer.gid)
-            },
-            ..QpAttr::default()
-        },
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            sq_psn: my_psn,
-            max_rd_atomic: rd_atomic,
-            ..QpAttr::default()
-        },
-        QpAttrMask::STATE
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
-    Ok(())
+    let c = RcConnect {
+        sgid_index,
+        path_mtu: mtu,
+        max_rd_atomic: rd_atomic,
+        max_dest_rd_atomic: rd_atomic,
+        ..RcConnect::new(peer.qpn, peer.gid, peer.psn, my_psn)
+    };
+    qp.connect_rc(&c)
+        .map_err(|e| format!("Failed to modify QP: {e}").into())
 }

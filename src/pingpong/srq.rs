@@ -168,7 +168,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
                 gid: peer[0].gid,
                 ..peer[i]
             };
-            connect_qp(qp, QpType::Rc, &dest, me[i].psn, mtu, gid_index)
+            connect_qp(qp, &dest, me[i].psn, mtu, gid_index)
                 .map_err(|e| format!("QP[{i}]: {e}"))?;
         }
         Ok(())

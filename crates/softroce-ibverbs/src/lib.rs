@@ -78,7 +78,7 @@
 //! ```
 
 use softroce::net::UdpDevice;
-use softroce::verbs::{self, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState};
+use softroce::verbs::{self, QpCap, QpInitAttr};
 use std::net::IpAddr;
 use std::ops::Range;
 use std::sync::Arc;
@@ -776,50 +776,21 @@ impl PreparedQueuePair {
             )
             .into());
         };
-        let uc = b.qp_type == QpType::Uc;
-        let attr = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: b.access,
+        // The library's one connect sequence (UC takes only the attributes UC has).
+        qp.connect_rc(&verbs::RcConnect {
+            sgid_index: b.gid_index,
+            hop_limit: b.hop_limit,
+            traffic_class: b.traffic_class,
             path_mtu: b.path_mtu,
-            dest_qp_num: remote.num,
-            rq_psn: 0,
-            sq_psn: 0,
-            max_dest_rd_atomic: b.max_dest_rd_atomic,
-            max_rd_atomic: b.max_rd_atomic,
-            min_rnr_timer: b.min_rnr_timer,
+            qp_access_flags: b.access,
             timeout: b.timeout,
             retry_cnt: b.retry_count,
             rnr_retry: b.rnr_retry,
-            ah_attr: verbs::AhAttr {
-                sgid_index: b.gid_index,
-                hop_limit: b.hop_limit,
-                traffic_class: b.traffic_class,
-                ..verbs::AhAttr::roce_v2(dgid)
-            },
-            ..QpAttr::default()
-        };
-        type M = QpAttrMask;
-        qp.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
-        let rtr = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
-        let rtr_rc = M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
-        qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ..attr
-            },
-            if uc { rtr } else { rtr | rtr_rc },
-        )?;
-        let rts = M::STATE | M::SQ_PSN;
-        let rts_rc = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-        qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                ..attr
-            },
-            if uc { rts } else { rts | rts_rc },
-        )?;
+            min_rnr_timer: b.min_rnr_timer,
+            max_rd_atomic: b.max_rd_atomic,
+            max_dest_rd_atomic: b.max_dest_rd_atomic,
+            ..verbs::RcConnect::new(remote.num, dgid, 0, 0)
+        })?;
         Ok(QueuePair {
             qp: self.qp,
             remote,

@@ -203,31 +203,32 @@ impl Qp {
         let new = check_modify(e.qp_type(), e.state(), attr, mask)?;
         let mut path = None;
         if mask.contains(A::AV) {
+            // Named as check_modify names its errors: "modify_qp INIT->RTR: …".
+            let refused = |why: &str| {
+                Error::new(
+                    ErrorKind::Inval,
+                    format!("modify_qp {}->{}: {why}", e.state().name(), new.name()),
+                )
+            };
             let ah = &attr.ah_attr;
             let local = self
                 .dev
                 .shared
                 .gids
                 .get(usize::from(ah.sgid_index))
-                .ok_or_else(|| {
-                    Error::new(ErrorKind::Inval, "modify_qp: sgid_index past the GID table")
-                })?;
+                .ok_or_else(|| refused("sgid_index past the GID table"))?;
             let remote = ah.dgid.ip();
             // Index 1 is the device's own address (IPv4-mapped or IPv6). Index 0, the
             // link-local GID derived from the MAC, names no address the device's sockets are
             // bound to, so nothing could be sent from it with a correct ICRC.
             if local.gid != Gid::from_ip(self.dev.shared.cfg.ip) {
-                return Err(Error::new(
-                    ErrorKind::Inval,
-                    "modify_qp: sgid_index names the link-local GID, which this device does not send from (use 1)",
+                return Err(refused(
+                    "sgid_index names the link-local GID, which this device does not send from (use 1)",
                 ));
             }
             let local_ip = self.dev.shared.cfg.ip;
             if remote.is_ipv4() != local_ip.is_ipv4() {
-                return Err(Error::new(
-                    ErrorKind::Inval,
-                    "modify_qp: dgid and sgid are of different IP families",
-                ));
+                return Err(refused("dgid and sgid are of different IP families"));
             }
             let dqpn = if mask.contains(A::DEST_QPN) {
                 attr.dest_qp_num
@@ -442,21 +443,28 @@ impl Device {
     }
 }
 
-/// Everything needed to take an RC QP from RESET to RTS in one call (see
-/// [`Qp::connect_rc`]). Field names are the `ibv_qp_attr` ones.
+/// Everything needed to take an RC or UC QP to RTS in one call (see [`Qp::connect_rc`]), the
+/// one connect sequence every frontend uses (the CLI's pingpong, perf and target, the
+/// `ibverbs`-shaped API). Field names are the `ibv_qp_attr` / `ibv_ah_attr` ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RcConnect {
     /// The peer's QPN.
     pub dest_qp_num: u32,
     /// The peer's GID.
     pub dgid: Gid,
+    /// Index of the local GID to send from (1: the RoCE v2 GID of the device address).
+    pub sgid_index: u8,
+    /// IPv4 TTL / IPv6 hop limit of the QP's packets.
+    pub hop_limit: u8,
+    /// IPv4 TOS / IPv6 traffic class of the QP's packets (DSCP << 2 | ECN).
+    pub traffic_class: u8,
     /// The first PSN the peer sends (our `rq_psn`).
     pub rq_psn: u32,
     /// The first PSN we send.
     pub sq_psn: u32,
     /// Path MTU (both sides must agree).
     pub path_mtu: PathMtu,
-    /// Remote access this QP allows.
+    /// Remote access this QP allows (set at INIT; a QP already in INIT keeps its own).
     pub qp_access_flags: AccessFlags,
     /// ACK timeout exponent (14 ≈ 67 ms).
     pub timeout: u8,
@@ -466,16 +474,22 @@ pub struct RcConnect {
     pub rnr_retry: u8,
     /// RNR timer code we send (12 = 0.64 ms).
     pub min_rnr_timer: u8,
-    /// Outstanding READ/atomics we issue and accept.
+    /// Outstanding READ/atomics we issue (`max_rd_atomic`).
     pub max_rd_atomic: u8,
+    /// Outstanding READ/atomics we accept (`max_dest_rd_atomic`).
+    pub max_dest_rd_atomic: u8,
 }
 
 impl RcConnect {
-    /// The settings rdma-core's `ibv_rc_pingpong` uses, towards `dest_qp_num` at `dgid`.
+    /// The settings rdma-core's `ibv_rc_pingpong` uses, towards `dest_qp_num` at `dgid`, from
+    /// GID index 1 with hop limit 64 and traffic class 0.
     pub fn new(dest_qp_num: u32, dgid: Gid, rq_psn: u32, sq_psn: u32) -> RcConnect {
         RcConnect {
             dest_qp_num,
             dgid,
+            sgid_index: 1,
+            hop_limit: 64,
+            traffic_class: 0,
             rq_psn,
             sq_psn,
             path_mtu: PathMtu::Mtu1024,
@@ -488,35 +502,46 @@ impl RcConnect {
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
         }
     }
 }
 
 impl Qp {
-    /// Takes an RC QP through RESET→INIT→RTR→RTS with `ibv_modify_qp`, exactly as the
-    /// rdma-core examples do; for a UC QP, the same with the attributes UC takes (no READ /
-    /// atomic limits, RNR timer, timeout or retry counts). Errors: those of [`Qp::modify`].
+    /// Takes an RC QP to RTS with `ibv_modify_qp`, exactly as the rdma-core examples do:
+    /// RESET→INIT (skipped for a QP already in INIT, which keeps its access flags: rdma-core's
+    /// pingpongs post their receives there first), INIT→RTR, RTR→RTS. A UC QP gets the
+    /// attributes UC takes (no READ / atomic limits, RNR timer, timeout or retry counts).
+    /// Errors: those of [`Qp::modify`], whose text names the transition that failed
+    /// ("modify_qp INIT->RTR: missing DEST_QPN").
     pub fn connect_rc(&self, c: &RcConnect) -> Result<()> {
         let uc = {
             let st = self.dev.shared.state.lock();
             st.qps.get(&self.qpn).map(|s| s.engine.qp_type()) == Some(QpType::Uc)
         };
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: c.qp_access_flags,
-            ..QpAttr::default()
-        };
-        self.modify(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS)?;
+        if self.state() != QpState::Init {
+            let init = QpAttr {
+                qp_state: QpState::Init,
+                pkey_index: 0,
+                port_num: 1,
+                qp_access_flags: c.qp_access_flags,
+                ..QpAttr::default()
+            };
+            self.modify(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS)?;
+        }
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: c.path_mtu,
             dest_qp_num: c.dest_qp_num,
             rq_psn: c.rq_psn,
-            max_dest_rd_atomic: c.max_rd_atomic,
+            max_dest_rd_atomic: c.max_dest_rd_atomic,
             min_rnr_timer: c.min_rnr_timer,
-            ah_attr: AhAttr::roce_v2(c.dgid),
+            ah_attr: AhAttr {
+                sgid_index: c.sgid_index,
+                hop_limit: c.hop_limit,
+                traffic_class: c.traffic_class,
+                ..AhAttr::roce_v2(c.dgid)
+            },
             ..QpAttr::default()
         };
         let rtr_mask = A::STATE | A::AV | A::PATH_MTU | A::DEST_QPN | A::RQ_PSN;
@@ -544,17 +569,20 @@ impl Qp {
 }
 
 impl Qp {
-    /// Takes a UD QP through RESET→INIT→RTR→RTS with Q_Key `qkey` and first PSN `sq_psn`,
-    /// as `ibv_ud_pingpong` does. Errors: those of [`Qp::modify`].
+    /// Takes a UD QP to RTS with Q_Key `qkey` and first PSN `sq_psn`, as `ibv_ud_pingpong`
+    /// does: RESET→INIT (skipped for a QP already in INIT, which keeps its Q_Key), INIT→RTR,
+    /// RTR→RTS. Errors: those of [`Qp::modify`], naming the transition that failed.
     pub fn ready_ud(&self, qkey: u32, sq_psn: u32) -> Result<()> {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qkey,
-            ..QpAttr::default()
-        };
-        self.modify(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::QKEY)?;
+        if self.state() != QpState::Init {
+            let init = QpAttr {
+                qp_state: QpState::Init,
+                pkey_index: 0,
+                port_num: 1,
+                qkey,
+                ..QpAttr::default()
+            };
+            self.modify(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::QKEY)?;
+        }
         self.modify(
             &QpAttr {
                 qp_state: QpState::Rtr,
