@@ -459,6 +459,7 @@ impl Pair {
             let mut c = RcConnect::new(peer.qp.qp_num(), Gid::from_ip(peer.dev.ip()), theirs, mine);
             c.path_mtu = PathMtu::Mtu4096;
             c.max_rd_atomic = 16;
+            c.max_dest_rd_atomic = 16;
             me.qp.connect_rc(&c)?;
         }
         Ok(Pair {

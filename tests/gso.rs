@@ -26,6 +26,7 @@ fn pair(n: u8, a_opts: &UdpOptions, b_opts: &UdpOptions) -> (Side, Side) {
         );
         c.path_mtu = PathMtu::Mtu4096;
         c.max_rd_atomic = 4;
+        c.max_dest_rd_atomic = 4;
         // ACK timeout 4.096 us x 2^20 = 4.3 s: a debug build on a loaded machine (the
         // plain receiver solves for every segment's IP ID) must not retry, so that any
         // drop or retransmission left means a real loss.

@@ -61,6 +61,7 @@ fn pair(n: u8) -> (Side, Side) {
     for c in [&mut ca, &mut cb] {
         c.min_rnr_timer = 1; // 0.01 ms: RNR retries come quickly
         c.max_rd_atomic = 4;
+        c.max_dest_rd_atomic = 4;
     }
     a.qp.connect_rc(&ca).unwrap();
     b.qp.connect_rc(&cb).unwrap();

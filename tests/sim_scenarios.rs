@@ -93,6 +93,7 @@ fn pair(o: Opts) -> Pair {
         c.rnr_retry = o.rnr_retry;
         c.min_rnr_timer = o.min_rnr_timer;
         c.max_rd_atomic = 4;
+        c.max_dest_rd_atomic = 4;
         me.connect_rc(&c).unwrap();
     }
     Pair {

@@ -124,6 +124,7 @@ fn rc(pd: &Pd, cq: &Cq, srq: &Srq, dest: u32) -> Qp {
         .expect("create RC QP");
     let mut c = RcConnect::new(dest, Gid::from(PEER_IP), RC_PSN, RC_PSN);
     c.max_rd_atomic = 4;
+    c.max_dest_rd_atomic = 4;
     c.path_mtu = PathMtu::Mtu256;
     qp.connect_rc(&c).expect("connect RC QP");
     qp

@@ -55,6 +55,7 @@ pub fn connect(a: &Side, b: &Side) {
         );
         c.path_mtu = PathMtu::Mtu1024;
         c.max_rd_atomic = 4;
+        c.max_dest_rd_atomic = 4;
         c.timeout = 12;
         me.qp.connect_rc(&c).expect("connect_rc");
     }

@@ -215,6 +215,7 @@ pub fn run(cfg: &WorkloadConfig) -> Report {
         c.timeout = 8; // ≈ 1 ms of virtual time
         c.min_rnr_timer = 1 + rng.below(4) as u8;
         c.max_rd_atomic = 4;
+        c.max_dest_rd_atomic = 4;
     }
     if let Err(e) = qa.connect_rc(&to_b).and_then(|_| qb.connect_rc(&to_a)) {
         violations.push(format!("connect: {e}"));
