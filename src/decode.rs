@@ -6,7 +6,8 @@
 //! headers exactly as captured (`icrc_ok`: true or false; null when there is nothing to check:
 //! no RoCEv2 datagram, fewer bytes than a BTH and an ICRC, or a frame cut by the snap length).
 //!
-//! Human output: one line per frame. `--json`: one JSON object per line, with the frame
+//! Human output: one line per frame; PSNs in hex (`psn=0x000100`), as everywhere else in
+//! softroce (the JSON has them as numbers). `--json`: one JSON object per line, with the frame
 //! number, addresses, ports, the IPv4 Identification, the opcode (number and name), every field
 //! of every header present (objects `bth`, `deth`, `feth`, `reth`, `atomic_eth`, `aeth`,
 //! `atomic_ack_eth`, `immdt`, `ieth`, with the field names of `softroce::wire`), `payload_len`,
@@ -281,13 +282,7 @@ impl Decoded<'_> {
             }
         }
         if let Some(b) = &self.bth {
-            let _ = write!(
-                s,
-                " {} qp={:#x} psn={}",
-                b.opcode,
-                b.dest_qpn,
-                b.psn.value()
-            );
+            let _ = write!(s, " {} qp={:#x} psn={}", b.opcode, b.dest_qpn, b.psn);
             for (on, name) in [
                 (b.ack_req, "A"),
                 (b.se, "SE"),
@@ -506,7 +501,7 @@ mod tests {
         );
         assert_eq!(
             d.human(),
-            "     7 10.0.17.1:0 > 10.0.18.1:4791 id=0x718c CNP qp=0x118 psn=0 BECN payload=16 icrc=ok"
+            "     7 10.0.17.1:0 > 10.0.18.1:4791 id=0x718c CNP qp=0x118 psn=0x000000 BECN payload=16 icrc=ok"
         );
     }
 

@@ -23,6 +23,8 @@ use std::net::IpAddr;
 /// Options of `softroce devinfo`: those of `ibv_devinfo`, plus `--ip`.
 #[derive(Args, Debug)]
 pub struct DevinfoArgs {
+    #[command(flatten)]
+    pub net: crate::NetArgs,
     /// Describe only the device on this address, named softroce0 (the device binds UDP port
     /// 4791 on it); default: every device of $SOFTROCE_IP (softroce0, softroce1, … in list
     /// order), else one on 127.0.0.1.

@@ -28,6 +28,7 @@ mod decode;
 mod devinfo;
 mod exchange;
 mod exec;
+mod interrupt;
 mod perf;
 mod pingpong;
 mod sim;
@@ -43,14 +44,20 @@ mod target;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// The options of every subcommand that opens UDP devices.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NetArgs {
     /// Write every RoCEv2 datagram the devices send and receive to this pcap (raw-IP link
-    /// type, readable by Wireshark and `softroce decode`).
-    #[arg(long, global = true, value_name = "FILE")]
-    pcap: Option<std::path::PathBuf>,
+    /// type, readable by Wireshark and `softroce decode`); flushed and closed on exit, on
+    /// Ctrl-C and on SIGTERM.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<std::path::PathBuf>,
     /// Check the ICRC of received IPv4 packets over their IP header as received (a raw
     /// socket beside the UDP one; needs CAP_NET_RAW) instead of solving for the IPv4 ID.
-    #[arg(long, global = true)]
-    exact_icrc: bool,
+    #[arg(long)]
+    pub exact_icrc: bool,
 }
 
 #[derive(Subcommand)]
@@ -63,6 +70,8 @@ enum Command {
         /// Client device address.
         #[arg(long, default_value = "127.0.0.2")]
         client_ip: IpAddr,
+        #[command(flatten)]
+        net: NetArgs,
     },
     /// rdma-core's ibv_devinfo (-d, -i, -l, -v): opens each device and describes it.
     Devinfo(devinfo::DevinfoArgs),
@@ -91,6 +100,20 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The device options of a subcommand that opens UDP devices.
+    fn net(&self) -> Option<&NetArgs> {
+        match self {
+            Command::Demo { net, .. } => Some(net),
+            Command::Devinfo(a) => Some(&a.net),
+            Command::Pingpong(a) => Some(&a.net),
+            Command::Perf(a) => Some(&a.net),
+            Command::Target(a) => Some(&a.net),
+            Command::Decode { .. } | Command::Sim(_) | Command::Exec(_) => None,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // A reader that goes away (`softroce perf … | head -1`) ends the process quietly, as it
     // ends a C tool: the Rust runtime ignores SIGPIPE, so `println!` would panic on EPIPE
@@ -105,38 +128,29 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Exec(args) = cli.command {
         // Returns only when the program could not be started.
-        if cli.pcap.is_some() || cli.exact_icrc {
-            eprintln!("softroce: --pcap and --exact-icrc do not apply to exec");
-            return ExitCode::from(2);
-        }
         let e = exec::run(args)
             .err()
             .map_or_else(String::new, |e| e.to_string());
         eprintln!("softroce: {e}");
         return ExitCode::from(127);
     }
-    // `decode` and `sim` open no UDP device, so the options would do nothing but write an
-    // empty capture (over the file to decode, if it is the same path).
-    if matches!(cli.command, Command::Decode { .. } | Command::Sim(_))
-        && (cli.pcap.is_some() || cli.exact_icrc)
-    {
-        eprintln!(
-            "softroce: --pcap and --exact-icrc apply to subcommands that open UDP devices, not decode or sim"
-        );
-        return ExitCode::from(2);
-    }
     // `--pcap` and `--exact-icrc` apply to every device this process opens.
-    let capture = match net_options(cli.pcap.as_deref(), cli.exact_icrc) {
+    let net = cli.command.net().cloned().unwrap_or_default();
+    let capture = match net_options(net.pcap.as_deref(), net.exact_icrc) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("softroce: {e}");
             return ExitCode::FAILURE;
         }
     };
+    // Ctrl-C and SIGTERM: `sim` and `perf -D` stop and report what they did; any other
+    // subcommand ends at once, its capture flushed first.
+    interrupt::install(capture.clone(), net.pcap.clone());
     let r = match cli.command {
         Command::Demo {
             server_ip,
             client_ip,
+            ..
         } => demo(server_ip, client_ip),
         Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),
@@ -147,7 +161,7 @@ fn main() -> ExitCode {
         Command::Exec(_) => unreachable!("exec returned above"),
     };
     // Flushed on failure too: the capture of a failed run is the interesting one.
-    let flushed = finish_capture(capture, cli.pcap.as_deref());
+    let flushed = finish_capture(capture, net.pcap.as_deref());
     let r = r.and(flushed);
     match r {
         Ok(()) => ExitCode::SUCCESS,

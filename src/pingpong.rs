@@ -99,6 +99,8 @@ fn chk_verify_pages(buf: &[u8]) -> Result<(), BoxError> {
 #[derive(Args, Debug)]
 #[command(group(ArgGroup::new("transport").required(true).args(["rc", "uc", "ud", "srq"])))]
 pub struct PingpongArgs {
+    #[command(flatten)]
+    pub net: crate::NetArgs,
     /// RC QP, SEND/RECV (as ibv_rc_pingpong).
     #[arg(long)]
     rc: bool,

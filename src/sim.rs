@@ -119,7 +119,14 @@ pub fn run_sim(a: SimArgs) -> Result<(), BoxError> {
     let started = Instant::now();
     let (mut failed, mut ops, mut packets, mut retries) = (0u64, 0u64, 0u64, 0u64);
     let mut exhausted = 0u64;
+    // Ctrl-C stops between seeds; the summary says how many ran.
+    crate::interrupt::handle_in_command();
+    let mut ran = 0u64;
     for seed in first..first.saturating_add(a.seeds) {
+        if crate::interrupt::interrupted() {
+            break;
+        }
+        ran += 1;
         let mut cfg = WorkloadConfig::from_seed(seed, a.ops);
         cfg.mtu = mtu;
         cfg.max_size = a.max_size.max(8);
@@ -181,15 +188,23 @@ pub fn run_sim(a: SimArgs) -> Result<(), BoxError> {
             );
         }
     }
-    if !a.json && a.seeds > 1 {
+    let stopped = ran < a.seeds;
+    if !a.json && (a.seeds > 1 || stopped) {
+        let of = if stopped {
+            format!(" (interrupted: {ran} of {} seeds ran)", a.seeds)
+        } else {
+            String::new()
+        };
         println!(
-            "{} seeds, {failed} failed, {exhausted} ended in legitimate retry exhaustion: {ops} ops, {packets} datagrams, {retries} retries, {:.1} s wall",
-            a.seeds,
+            "{ran} seeds{of}, {failed} failed, {exhausted} ended in legitimate retry exhaustion: {ops} ops, {packets} datagrams, {retries} retries, {:.1} s wall",
             started.elapsed().as_secs_f64()
         );
     }
     if failed > 0 {
-        return Err(format!("{failed} of {} seeds disagreed with the model", a.seeds).into());
+        return Err(format!("{failed} of {ran} seeds disagreed with the model").into());
+    }
+    if stopped {
+        return Err(format!("interrupted after {ran} of {} seeds", a.seeds).into());
     }
     Ok(())
 }

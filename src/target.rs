@@ -63,6 +63,8 @@ const POLL_PERIOD: Duration = Duration::from_millis(20);
 /// Options of `softroce target`.
 #[derive(Args, Debug)]
 pub struct TargetArgs {
+    #[command(flatten)]
+    pub net: crate::NetArgs,
     /// Address the device binds (UDP 4791); default $SOFTROCE_IP, else 127.0.0.1.
     #[arg(long)]
     ip: Option<IpAddr>,

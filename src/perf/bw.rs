@@ -75,7 +75,7 @@ pub fn client(
     let start = Instant::now();
     let more = |posted: u64| match limit {
         Limit::Iters(n) => posted < n,
-        Limit::Duration(d) => start.elapsed() < d,
+        Limit::Duration(d) => start.elapsed() < d && !crate::interrupt::interrupted(),
     };
     loop {
         for i in 0..nq {
@@ -246,14 +246,18 @@ pub fn server(
             break;
         }
         let wait = match limit {
-            Limit::Duration(d) if start.elapsed() >= d => Duration::from_millis(200),
+            Limit::Duration(d) if start.elapsed() >= d || crate::interrupt::interrupted() => {
+                Duration::from_millis(200)
+            }
             Limit::Duration(_) => Duration::from_millis(50),
             Limit::Iters(_) => STALL,
         };
         let n = wait_cq(s, &s.recv_cq, &mut wcs, wait);
         if n == 0 {
             match limit {
-                Limit::Duration(d) if start.elapsed() >= d => break,
+                Limit::Duration(d) if start.elapsed() >= d || crate::interrupt::interrupted() => {
+                    break;
+                }
                 Limit::Duration(_) => continue,
                 Limit::Iters(_) => {
                     return Err(format!(

@@ -84,7 +84,7 @@ pub fn run(s: &Session, peer: &PerfDest, r: LatRun) -> Result<LatResult, BoxErro
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let mut recvs = recvs_posted;
     let start = Instant::now();
-    let time_up = || matches!(limit, Limit::Duration(d) if start.elapsed() >= d);
+    let time_up = || matches!(limit, Limit::Duration(d) if start.elapsed() >= d || crate::interrupt::interrupted());
     // In duration mode, a wait that outlasts the duration by this much ends the run (the
     // peer has stopped).
     let grace = Duration::from_millis(200);

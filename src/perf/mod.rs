@@ -118,6 +118,8 @@ pub enum AtomicType {
 #[derive(Args, Debug, Clone)]
 #[command(arg_required_else_help = true)]
 pub struct PerfArgs {
+    #[command(flatten)]
+    pub net: crate::NetArgs,
     /// The test (perftest's program name without "ib_"), or udp-baseline.
     test: PerfTest,
     /// Server to connect to; without it, wait for a client.
@@ -327,7 +329,11 @@ impl Plan {
         }
         let limit = match a.duration {
             Some(0) => return Err("-D must be at least 1 second".into()),
-            Some(d) => Limit::Duration(Duration::from_secs(d)),
+            Some(d) => {
+                // Ctrl-C ends the timed run early; its results are still reported.
+                crate::interrupt::handle_in_command();
+                Limit::Duration(Duration::from_secs(d))
+            }
             None => Limit::Iters(iters),
         };
         let tx_depth = a.tx_depth.unwrap_or(if lat { 1 } else { 128 });
