@@ -78,9 +78,14 @@ fn chk_mark_pages(buf: &mut [u8]) {
 /// `-c` on the server: every page of the last message received must start with 0; prints
 /// rdma-core's "invalid data in page N" for each that does not, and fails if any.
 fn chk_verify_pages(buf: &[u8]) -> Result<(), BoxError> {
-    let bad: Vec<usize> = buf
+    let firsts: Vec<u8> = buf.iter().step_by(PAGE_BYTES).copied().collect();
+    chk_verify_firsts(&firsts)
+}
+
+/// [`chk_verify_pages`] given the first byte of each page, in page order.
+fn chk_verify_firsts(firsts: &[u8]) -> Result<(), BoxError> {
+    let bad: Vec<usize> = firsts
         .iter()
-        .step_by(PAGE_BYTES)
         .enumerate()
         .filter(|(_, b)| **b != 0)
         .map(|(page, _)| page)
@@ -430,9 +435,13 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     }
     let start = Instant::now();
     // What every received message must equal: the client knows it from the start, the server
-    // learns it from the first message.
-    let mut reference: Option<Vec<u8>> = a.host.as_ref().map(|_| buf.clone());
-    let mut last_rx: Option<Vec<u8>> = None;
+    // learns it from the first message. The messages themselves stay in the MR: they are
+    // compared and copied there in chunks, so that a large message costs the MR (send and
+    // receive halves) and this one copy, not a new buffer per message.
+    let mut reference: Option<Vec<u8>> = a.host.as_ref().map(|_| std::mem::take(&mut buf));
+    drop(buf);
+    let mut scratch = Vec::new();
+    let mut received_any = false;
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = [Wc::default(), Wc::default()];
     let mut watch = StallWatch::new(&dev);
@@ -488,22 +497,23 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
                         )
                         .into());
                     }
-                    let mut got = vec![0u8; size];
-                    mr.read(size + grh, &mut got)?;
                     match &reference {
-                        Some(want) => check_same(want, &got, rcnt)?,
-                        None => reference = Some(got.clone()),
+                        Some(want) => mr_check_same(&mr, size + grh, want, rcnt, &mut scratch)?,
+                        None => {
+                            let mut first = vec![0u8; size];
+                            mr.read(size + grh, &mut first)?;
+                            reference = Some(first);
+                        }
                     }
-                    last_rx = Some(got);
+                    received_any = true;
                 }
                 other => return Err(format!("Completion for unknown wr_id {other}").into()),
             }
             pending &= !wc.wr_id;
             if scnt < a.iters && pending == 0 {
                 // Send back what came in last, as rc_pingpong does by receiving into its buffer.
-                if let Some(rx) = last_rx.take() {
-                    mr.write(0, &rx)?;
-                    buf = rx;
+                if received_any {
+                    mr_copy_within(&mr, size + grh, 0, size, &mut scratch)?;
                 }
                 qp.post_send(&[send_wr(&mr, msg_size, ud_dest)])
                     .map_err(|e| format!("Couldn't post send: {e}"))?;
@@ -522,11 +532,10 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let counters = counters_line(&dev);
 
     print_result_lines(msg_size, a.iters, elapsed);
-    if let Some(rx) = last_rx {
-        buf = rx;
-    }
     if a.chk {
-        chk_verify_pages(&buf)?;
+        // The last message received, or (none received) the one this side sent.
+        let last = if received_any { size + grh } else { 0 };
+        chk_verify_mr_pages(&mr, last, size)?;
     }
     println!(
         "data: {rcnt} received messages of {msg_size} bytes checked, each equal to the first message of the session"
@@ -600,13 +609,69 @@ fn fill_byte(i: usize) -> u8 {
 fn check_same(want: &[u8], got: &[u8], msg: u32) -> Result<(), BoxError> {
     match want.iter().zip(got).position(|(w, g)| w != g) {
         None => Ok(()),
-        Some(i) => Err(format!(
-            "data mismatch in received message {msg}: byte {i} is 0x{:02x}, expected 0x{:02x} \
-             (every message of a pingpong session carries the client's first message)",
-            got[i], want[i]
-        )
-        .into()),
+        Some(i) => Err(mismatch(msg, i, got[i], want[i])),
     }
+}
+
+/// Byte `i` of received message `msg` is `got` where the session's message has `want`.
+fn mismatch(msg: u32, i: usize, got: u8, want: u8) -> BoxError {
+    format!(
+        "data mismatch in received message {msg}: byte {i} is 0x{got:02x}, expected 0x{want:02x} \
+         (every message of a pingpong session carries the client's first message)"
+    )
+    .into()
+}
+
+/// Bytes compared or copied at a time inside the MR (the scratch buffer's size).
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// [`check_same`] for the message at `offset` in `mr`, read in chunks through `scratch`.
+fn mr_check_same(
+    mr: &Mr,
+    offset: usize,
+    want: &[u8],
+    msg: u32,
+    scratch: &mut Vec<u8>,
+) -> Result<(), BoxError> {
+    for (i, part) in want.chunks(CHUNK_BYTES).enumerate() {
+        scratch.resize(part.len(), 0);
+        mr.read(offset + i * CHUNK_BYTES, scratch)?;
+        if let Some(j) = scratch.iter().zip(part).position(|(g, w)| g != w) {
+            return Err(mismatch(msg, i * CHUNK_BYTES + j, scratch[j], part[j]));
+        }
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes inside `mr` from `from` to `to` (non-overlapping), in chunks.
+fn mr_copy_within(
+    mr: &Mr,
+    from: usize,
+    to: usize,
+    len: usize,
+    scratch: &mut Vec<u8>,
+) -> Result<(), BoxError> {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(CHUNK_BYTES);
+        scratch.resize(n, 0);
+        mr.read(from + done, scratch)?;
+        mr.write(to + done, scratch)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// [`chk_verify_pages`] for the `len`-byte message at `offset` in `mr`: only the first byte
+/// of each page is read.
+fn chk_verify_mr_pages(mr: &Mr, offset: usize, len: usize) -> Result<(), BoxError> {
+    let mut firsts = Vec::with_capacity(len.div_ceil(PAGE_BYTES));
+    for page_start in (0..len).step_by(PAGE_BYTES) {
+        let mut b = [0u8; 1];
+        mr.read(offset + page_start, &mut b)?;
+        firsts.push(b[0]);
+    }
+    chk_verify_firsts(&firsts)
 }
 
 fn send_wr(mr: &Mr, size: u32, ud: Option<UdDest>) -> SendWr {
