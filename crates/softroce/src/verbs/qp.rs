@@ -111,6 +111,7 @@ impl Pd {
                 local: ip,
                 remote: ip,
                 src_port,
+                ip: crate::transport::IpFields::default(),
             });
             engine.attrs_mut().path_mtu = self.dev.shared.cfg.active_mtu;
         }
@@ -240,6 +241,7 @@ impl Qp {
                 local: local_ip,
                 remote,
                 src_port,
+                ip: ah.ip_fields(),
             });
         }
         // Everything checked: commit.
@@ -468,6 +470,9 @@ pub struct RcConnect {
     pub min_rnr_timer: u8,
     /// Outstanding READ/atomics we issue and accept.
     pub max_rd_atomic: u8,
+    /// IPv4 TOS / IPv6 traffic class of every packet of the QP (the address vector's
+    /// `grh.traffic_class`; 0xB8 is DSCP 46).
+    pub traffic_class: u8,
 }
 
 impl RcConnect {
@@ -488,6 +493,7 @@ impl RcConnect {
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 1,
+            traffic_class: 0,
         }
     }
 }
@@ -516,7 +522,10 @@ impl Qp {
             rq_psn: c.rq_psn,
             max_dest_rd_atomic: c.max_rd_atomic,
             min_rnr_timer: c.min_rnr_timer,
-            ah_attr: AhAttr::roce_v2(c.dgid),
+            ah_attr: AhAttr {
+                traffic_class: c.traffic_class,
+                ..AhAttr::roce_v2(c.dgid)
+            },
             ..QpAttr::default()
         };
         let rtr_mask = A::STATE | A::AV | A::PATH_MTU | A::DEST_QPN | A::RQ_PSN;
