@@ -11,10 +11,56 @@ use std::time::Duration;
 /// How long one step of the exchange may wait for the peer.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
+/// One side of the exchange: the TCP connection and the peer's address, kept from the start
+/// (a connection the peer reset has no peer address any more, and the error should name it).
+/// Derefs to the stream for writing.
+pub struct Conn {
+    tcp: TcpStream,
+    peer: Option<SocketAddr>,
+}
+
+impl Conn {
+    /// A connection this side accepted; puts [`DEADLINE`] on its reads and writes.
+    pub fn accepted(tcp: TcpStream, peer: SocketAddr) -> Conn {
+        with_deadline(&tcp);
+        Conn {
+            tcp,
+            peer: Some(peer),
+        }
+    }
+
+    /// Reads exactly `buf.len()` bytes of the peer's `what` (e.g. "address"), naming the
+    /// likely cause when the peer does not answer in time or closes the connection.
+    pub fn read_exact(&mut self, buf: &mut [u8], what: &str) -> Result<(), BoxError> {
+        self.tcp
+            .read_exact(buf)
+            .map_err(|e| read_error(self.peer, &e, what))
+    }
+
+    /// Lifts the deadline: from here on a step may wait for the peer's whole run.
+    pub fn without_deadline(&mut self) {
+        let _ = self.tcp.set_read_timeout(None);
+        let _ = self.tcp.set_write_timeout(None);
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = TcpStream;
+    fn deref(&self) -> &TcpStream {
+        &self.tcp
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut TcpStream {
+        &mut self.tcp
+    }
+}
+
 /// Connects to the server at `host:port` (the first address that accepts), with
 /// [`DEADLINE`] on every later read and write. Errors: "Couldn't connect to HOST:PORT", with
 /// the reason.
-pub fn connect(host: &str, port: u16) -> Result<TcpStream, BoxError> {
+pub fn connect(host: &str, port: u16) -> Result<Conn, BoxError> {
     let addrs: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("{e} for {host}:{port}"))?
@@ -24,7 +70,10 @@ pub fn connect(host: &str, port: u16) -> Result<TcpStream, BoxError> {
         match TcpStream::connect_timeout(a, DEADLINE) {
             Ok(tcp) => {
                 with_deadline(&tcp);
-                return Ok(tcp);
+                return Ok(Conn {
+                    tcp,
+                    peer: Some(*a),
+                });
             }
             Err(e) => last = Some(e),
         }
@@ -39,18 +88,10 @@ pub fn connect(host: &str, port: u16) -> Result<TcpStream, BoxError> {
     .into())
 }
 
-/// Puts [`DEADLINE`] on the reads and writes of an accepted connection.
-pub fn with_deadline(tcp: &TcpStream) {
+/// Puts [`DEADLINE`] on the reads and writes of a connection.
+fn with_deadline(tcp: &TcpStream) {
     let _ = tcp.set_read_timeout(Some(DEADLINE));
     let _ = tcp.set_write_timeout(Some(DEADLINE));
-}
-
-/// Reads exactly `buf.len()` bytes of the peer's `what` (e.g. "address"), naming the likely
-/// cause when the peer does not answer in time or closes the connection.
-pub fn read_exact(tcp: &mut TcpStream, buf: &mut [u8], what: &str) -> Result<(), BoxError> {
-    // Asked first: a connection the peer reset has no peer address any more.
-    let peer = tcp.peer_addr().ok();
-    tcp.read_exact(buf).map_err(|e| read_error(peer, &e, what))
 }
 
 /// The error for a failed read of the peer's `what`.

@@ -750,7 +750,7 @@ fn client_exchange(host: &str, port: u16, me: &PingpongDest) -> Result<PingpongD
     tcp.write_all(&me.to_message())
         .map_err(|e| format!("Couldn't send local address: {e}"))?;
     let mut msg = [0u8; MSG_LEN];
-    exchange::read_exact(&mut tcp, &mut msg, "address")?;
+    tcp.read_exact(&mut msg, "address")?;
     tcp.write_all(b"done\0")
         .map_err(|e| format!("Couldn't read/write remote address: {e}"))?;
     PingpongDest::from_message(&msg)
@@ -763,19 +763,19 @@ fn server_exchange(
     me: &PingpongDest,
     connect: impl FnOnce(&PingpongDest) -> Result<(), BoxError>,
 ) -> Result<PingpongDest, BoxError> {
-    let (mut tcp, _) = listener
+    let (tcp, peer) = listener
         .accept()
         .map_err(|e| format!("accept() failed: {e}"))?;
     drop(listener);
-    exchange::with_deadline(&tcp);
+    let mut tcp = exchange::Conn::accepted(tcp, peer);
     let mut msg = [0u8; MSG_LEN];
-    exchange::read_exact(&mut tcp, &mut msg, "address")?;
+    tcp.read_exact(&mut msg, "address")?;
     let peer = PingpongDest::from_message(&msg)?;
     connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
     tcp.write_all(&me.to_message())
         .map_err(|e| format!("Couldn't send local address: {e}"))?;
     let mut done = [0u8; 5];
-    exchange::read_exact(&mut tcp, &mut done, "\"done\"")?;
+    tcp.read_exact(&mut done, "\"done\"")?;
     Ok(peer)
 }
 

@@ -124,6 +124,7 @@ fn rig_with(c: Cfg) -> Rig {
         local: IpAddr::V4(ME),
         remote: IpAddr::V4(PEER),
         src_port: 0xc000,
+        ip: Default::default(),
     });
     let walk: &[QpState] = match c.state {
         QpState::Reset => &[],
@@ -280,12 +281,13 @@ fn bytes(repr: PacketRepr, payload: &[u8]) -> Vec<u8> {
     bytes_from(repr, payload, &flow_icrc(PEER))
 }
 
-/// Engine drops that happen before a packet is counted in `rcvd_pkts`.
-const ENGINE_PRE_DROPS: [DropReason; 4] = [
+/// Engine drops that happen before a packet is counted in `rcvd_pkts` (rxe `hdr_check`).
+const ENGINE_PRE_DROPS: [DropReason; 5] = [
     DropReason::WrongQpType,
     DropReason::WrongQpState,
     DropReason::BadPkey,
     DropReason::WrongSource,
+    DropReason::BadQkey,
 ];
 
 /// Device drops that happen before a packet reaches a QP.

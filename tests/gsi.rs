@@ -58,6 +58,7 @@ fn qp1_receives_mads_with_the_gsi_qkey_only() {
         remote_ip: IpAddr::V4(B),
         remote_qpn: 1,
         remote_qkey: 0x1234,
+        ip: Default::default(),
     });
     qa.post_send(&[wr]).unwrap();
     let s = wait_one(&a.gsi_cq());
@@ -81,6 +82,7 @@ fn qp1_receives_mads_with_the_gsi_qkey_only() {
         remote_ip: IpAddr::V4(B),
         remote_qpn: 1,
         remote_qkey: GSI_QKEY,
+        ip: Default::default(),
     });
     qa.post_send(&[wr]).unwrap();
     assert_eq!(wait_one(&a.gsi_cq()).status, WcStatus::Success);
@@ -116,6 +118,7 @@ fn qp1_receives_mads_with_the_gsi_qkey_only() {
             remote_ip: IpAddr::V4(B),
             remote_qpn: 1,
             remote_qkey: qkey,
+            ip: Default::default(),
         });
         // Both Q_Keys have bit 31 set, which in a UD WR means "the QP's own Q_Key" (the
         // controlled Q_Keys of IBTA): so set the QP's Q_Key to the one to send.

@@ -705,6 +705,7 @@ fn engines(max_inline_data: u32) -> (Node, Node) {
             local,
             remote,
             src_port: 0xc000,
+            ip: Default::default(),
         });
         for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
             e.set_state(s);
@@ -1282,6 +1283,7 @@ fn engine_opcodes_by_qp_type() {
             local: A_IP,
             remote: B_IP,
             src_port: 0xc000,
+            ip: Default::default(),
         });
         for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
             e.set_state(s);

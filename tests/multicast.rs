@@ -299,8 +299,11 @@ fn ipv6_in_netns() {
         let wc = wait_one(&q.cq);
         assert_eq!((wc.wr_id, wc.byte_len), (77, 41));
     }
-    for q in [&x1, &y1] {
+    // rxe `rxe_rcv` counts a multicast packet in the device's rcvd_pkts once, before it
+    // copies it to the members (issue 14 item 10); the members do not count it again.
+    for (q, d) in [(&x1, &x), (&y1, &y)] {
         assert_eq!(q.qp.counters().dropped(DropReason::UdNoReceive), 0);
-        assert_eq!(q.qp.counters().rcvd_pkts, 2);
+        assert_eq!(q.qp.counters().rcvd_pkts, 0);
+        assert_eq!(d.counters().rcvd_pkts, 2);
     }
 }

@@ -41,6 +41,7 @@ fn engine_of(
         local: local.src,
         remote: local.dst,
         src_port: local.src_port,
+        ip: Default::default(),
     });
     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
         e.set_state(s);
@@ -471,6 +472,7 @@ fn ud_send_only_with_immediate_and_its_udp_source_port() {
             remote_ip: d[0].dst,
             remote_qpn: s.repr.bth.dest_qpn,
             remote_qkey: deth.qkey,
+            ip: Default::default(),
         });
         a.post_send(wr).unwrap();
         let out = drain(&mut a, &mem);

@@ -294,6 +294,7 @@ fn posting_follows_the_qp_state() {
                     remote_ip: IpAddr::V4(PEER_IP),
                     remote_qpn: 0x99,
                     remote_qkey: 0x1111,
+                    ip: Default::default(),
                 });
             }
             let recv = RecvWr {
@@ -370,6 +371,7 @@ fn sqd_finishes_the_started_message_and_starts_no_new_one() {
         local: me,
         remote: peer,
         src_port: 0xc000,
+        ip: Default::default(),
     });
     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
         e.set_state(s);

@@ -561,7 +561,13 @@ fn every_opcode_over_ipv4_and_ipv6_matches_tshark() {
             let (repr, payload) = repr_of(row.opcode, i as u32);
             let mut buf = vec![0u8; repr.buffer_len()];
             repr.emit(&mut buf, &payload, &icrc_flow);
-            capture.record_sent(src, dst, &buf, 64);
+            let header = softroce::net::pcap::SentHeader {
+                ident: 0,
+                traffic_class: 0,
+                hop_limit: 64,
+                udp_checksum: false,
+            };
+            capture.record_sent(src, dst, &buf, &header);
             written += 1;
         }
     }

@@ -613,10 +613,10 @@ fn run_side(
             out.line("\n************************************");
             out.line("* Waiting for client to connect... *");
             out.line("************************************");
-            let (tcp, _) = listener
+            let (tcp, peer) = listener
                 .accept()
                 .map_err(|e| format!("accept() failed: {e}"))?;
-            Oob::new(tcp, false)
+            Oob::new(crate::exchange::Conn::accepted(tcp, peer), false)
         }
     };
     let pre = oob.prelude(plan.mtu)?;

@@ -165,24 +165,22 @@ pub struct Prelude {
 
 /// The TCP side of the exchange. The client writes first; the server reads first.
 pub struct Oob {
-    tcp: TcpStream,
+    tcp: exchange::Conn,
     client: bool,
 }
 
 impl Oob {
     /// Wraps a connected stream; `client` says which side writes first. Every step waits
     /// at most [`exchange::DEADLINE`] for the peer until [`Oob::without_deadline`].
-    pub fn new(tcp: TcpStream, client: bool) -> Oob {
+    pub fn new(tcp: exchange::Conn, client: bool) -> Oob {
         let _ = tcp.set_nodelay(true);
-        exchange::with_deadline(&tcp);
         Oob { tcp, client }
     }
 
     /// Lifts the deadline: from here on a step may wait for the peer's whole run (the
     /// synchronisation after a long test).
     pub fn without_deadline(&mut self) {
-        let _ = self.tcp.set_read_timeout(None);
-        let _ = self.tcp.set_write_timeout(None);
+        self.tcp.without_deadline();
     }
 
     /// Sends `mine` and receives the peer's message of the same length, in this side's order.
@@ -195,9 +193,9 @@ impl Oob {
         };
         if self.client {
             send(&mut self.tcp)?;
-            exchange::read_exact(&mut self.tcp, &mut theirs, what)?;
+            self.tcp.read_exact(&mut theirs, what)?;
         } else {
-            exchange::read_exact(&mut self.tcp, &mut theirs, what)?;
+            self.tcp.read_exact(&mut theirs, what)?;
             send(&mut self.tcp)?;
         }
         Ok(theirs)
@@ -260,13 +258,13 @@ impl Oob {
         self.sync(me)?;
         let mut done = [0u8; 5];
         if self.client {
-            exchange::read_exact(&mut self.tcp, &mut done, "closing \"done\"")?;
+            self.tcp.read_exact(&mut done, "closing \"done\"")?;
             let _ = self.tcp.write_all(b"done\0");
         } else {
             self.tcp
                 .write_all(b"done\0")
                 .map_err(|e| format!("closing the exchange: {e}"))?;
-            exchange::read_exact(&mut self.tcp, &mut done, "closing \"done\"")?;
+            self.tcp.read_exact(&mut done, "closing \"done\"")?;
         }
         Ok(())
     }

@@ -36,7 +36,7 @@ use softroce::verbs::{
     SendWr, Srq, SrqInitAttr, Wc, WcStatus, WrOpcode,
 };
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 /// Address messages each side sends, whatever the number of QPs (srq_pingpong's `MAX_QP`).
@@ -356,9 +356,9 @@ fn read_all_dests<R: Read>(r: &mut R) -> Result<Vec<PingpongDest>, BoxError> {
 }
 
 /// The peer's 256 address messages from the exchange connection (with its deadline).
-fn read_dests_from(tcp: &mut TcpStream) -> Result<Vec<PingpongDest>, BoxError> {
+fn read_dests_from(tcp: &mut exchange::Conn) -> Result<Vec<PingpongDest>, BoxError> {
     let mut all = vec![0u8; MAX_QP * MSG_LEN];
-    exchange::read_exact(tcp, &mut all, "addresses")?;
+    tcp.read_exact(&mut all, "addresses")?;
     read_all_dests(&mut &all[..])
 }
 
@@ -369,7 +369,7 @@ fn client_exchange(
     me: &[PingpongDest; MAX_QP],
 ) -> Result<Vec<PingpongDest>, BoxError> {
     let mut tcp = exchange::connect(host, port)?;
-    write_all_dests(&mut tcp, me).map_err(|e| format!("Couldn't send local address: {e}"))?;
+    write_all_dests(&mut *tcp, me).map_err(|e| format!("Couldn't send local address: {e}"))?;
     let peer = read_dests_from(&mut tcp)?;
     tcp.write_all(b"done\0")
         .map_err(|e| format!("client write: {e}"))?;
@@ -384,16 +384,16 @@ fn server_exchange(
     me: &[PingpongDest; MAX_QP],
     connect: impl FnOnce(&[PingpongDest]) -> Result<(), BoxError>,
 ) -> Result<Vec<PingpongDest>, BoxError> {
-    let (mut tcp, _) = listener
+    let (tcp, peer) = listener
         .accept()
         .map_err(|e| format!("accept() failed: {e}"))?;
     drop(listener);
-    exchange::with_deadline(&tcp);
+    let mut tcp = exchange::Conn::accepted(tcp, peer);
     let peer = read_dests_from(&mut tcp)?;
     connect(&peer).map_err(|e| format!("Couldn't connect to remote QP: {e}"))?;
-    write_all_dests(&mut tcp, me).map_err(|e| format!("Couldn't send local address: {e}"))?;
+    write_all_dests(&mut *tcp, me).map_err(|e| format!("Couldn't send local address: {e}"))?;
     let mut done = [0u8; 5];
-    exchange::read_exact(&mut tcp, &mut done, "\"done\"")?;
+    tcp.read_exact(&mut done, "\"done\"")?;
     Ok(peer)
 }
 

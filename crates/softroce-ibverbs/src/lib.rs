@@ -832,6 +832,7 @@ impl QueuePair {
     ///     remote_ip: ctx.verbs().ip(),
     ///     remote_qpn: me.num,
     ///     remote_qkey: 0x1111_1111,
+    ///     ip: Default::default(),
     /// });
     /// // The second WR has two SGEs, one more than the QP takes: refused, index 1.
     /// let mut bad = send.clone();

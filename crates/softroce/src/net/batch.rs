@@ -33,9 +33,46 @@ pub const GSO_MAX_SEGMENTS: usize = 64;
 /// and UDP headers (IPv6 allows 8 more; we use the smaller for both).
 pub const GSO_MAX_BYTES: usize = 65_535 - 20 - 8;
 
-/// Room for one cmsg carrying an `int` or a `u16`, aligned as the kernel wants.
+/// Room for up to three cmsgs carrying an `int` or a `u16` each (UDP_SEGMENT, then the
+/// traffic class and the hop limit), aligned as the kernel wants.
 #[repr(C, align(8))]
-struct CmsgBuf([u8; 32]);
+struct CmsgBuf([u8; CMSG_BUF_BYTES]);
+
+/// Size of a [`CmsgBuf`]: three `CMSG_SPACE(sizeof(int))` of 24 bytes on 64-bit Linux.
+const CMSG_BUF_BYTES: usize = 96;
+
+/// IP header fields given to the kernel per datagram as cmsgs, for a socket that serves
+/// several QPs or address handles: `IP_TOS` and `IP_TTL` on IPv4, `IPV6_TCLASS` and
+/// `IPV6_HOPLIMIT` on IPv6. `None` leaves the socket's setting (TOS 0, the route's TTL; for
+/// multicast, the socket's multicast TTL). Source: Linux `net/ipv4/ip_sockglue.c`
+/// `ip_cmsg_send` (TTL 1..=255, TOS an `int` 0..=255), `net/ipv6/datagram.c`
+/// `ip6_datagram_send_ctl`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IpCmsg {
+    /// The socket is IPv6.
+    pub v6: bool,
+    /// IPv4 TOS / IPv6 traffic class byte.
+    pub traffic_class: Option<u8>,
+    /// IPv4 TTL (1..=255; 0 is left out) / IPv6 hop limit.
+    pub hop_limit: Option<u8>,
+}
+
+impl IpCmsg {
+    /// The (level, type, value) of each cmsg these fields need.
+    fn cmsgs(&self) -> impl Iterator<Item = (libc::c_int, libc::c_int, libc::c_int)> {
+        let (level, tclass, hops) = if self.v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, libc::IPV6_HOPLIMIT)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_TOS, libc::IP_TTL)
+        };
+        let hop_limit = self.hop_limit.filter(|h| self.v6 || *h != 0);
+        let t = self
+            .traffic_class
+            .map(|v| (level, tclass, libc::c_int::from(v)));
+        let h = hop_limit.map(|v| (level, hops, libc::c_int::from(v)));
+        t.into_iter().chain(h)
+    }
+}
 
 fn sockaddr_of(a: &SocketAddr) -> socket2::SockAddr {
     socket2::SockAddr::from(*a)
@@ -51,23 +88,52 @@ fn iovec_of(p: TxPart<'_>) -> libc::iovec {
     }
 }
 
-/// Points `msg`'s control data at `cbuf` and writes into it the `UDP_SEGMENT` cmsg that
-/// makes the kernel cut the message every `segment_bytes` bytes.
+/// Points `msg`'s control data at `cbuf` and writes into it the cmsgs of one send: the
+/// `UDP_SEGMENT` cmsg that makes the kernel cut the message every `segment_bytes` bytes
+/// (when given), then those of `ip`. Leaves `msg` without control data when there are none.
 ///
 /// # Safety
 /// `cbuf` must stay alive and unmoved for as long as `msg` is used.
-unsafe fn set_udp_segment(msg: &mut libc::msghdr, cbuf: &mut CmsgBuf, segment_bytes: u16) {
+unsafe fn set_cmsgs(
+    msg: &mut libc::msghdr,
+    cbuf: &mut CmsgBuf,
+    segment_bytes: Option<u16>,
+    ip: IpCmsg,
+) {
+    let ints = ip.cmsgs().count();
+    if segment_bytes.is_none() && ints == 0 {
+        return;
+    }
+    // SAFETY: CMSG_SPACE only computes lengths.
+    let (seg_space, int_space) = unsafe {
+        (
+            libc::CMSG_SPACE(size_of::<u16>() as u32) as usize,
+            libc::CMSG_SPACE(size_of::<libc::c_int>() as u32) as usize,
+        )
+    };
+    let total = usize::from(segment_bytes.is_some()) * seg_space + ints * int_space;
+    debug_assert!(total <= CMSG_BUF_BYTES);
     msg.msg_control = cbuf.0.as_mut_ptr().cast();
-    // SAFETY: `msg_control` is `cbuf` (32 bytes, at least `CMSG_SPACE(2)`), so CMSG_FIRSTHDR
-    // is non-null and the cmsg and its data lie in it; CMSG_SPACE/CMSG_LEN only compute
-    // lengths.
+    msg.msg_controllen = total;
+    // SAFETY: `msg_control` is `cbuf`, at least `total` bytes long, and `msg_controllen` is
+    // the space of exactly the cmsgs written, so CMSG_FIRSTHDR and each CMSG_NXTHDR before
+    // the last return a header whose data lies in `cbuf`; CMSG_LEN only computes lengths.
     unsafe {
-        msg.msg_controllen = libc::CMSG_SPACE(size_of::<u16>() as u32) as usize;
-        let c = libc::CMSG_FIRSTHDR(msg);
-        (*c).cmsg_level = libc::SOL_UDP;
-        (*c).cmsg_type = libc::UDP_SEGMENT;
-        (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment_bytes);
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        if let Some(seg) = segment_bytes {
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+        for (level, ty, value) in ip.cmsgs() {
+            (*c).cmsg_level = level;
+            (*c).cmsg_type = ty;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), value);
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
     }
 }
 
@@ -82,12 +148,19 @@ unsafe fn set_udp_segment(msg: &mut libc::msghdr, cbuf: &mut CmsgBuf, segment_by
 ///
 /// Errors: the kernel's; `EIO`, `EINVAL` or `ENOPROTOOPT` when UDP GSO is not available.
 pub fn send_gso(fd: RawFd, dst: &SocketAddr, buf: &[u8], segment_bytes: u16) -> io::Result<()> {
-    send_gso_gather(fd, dst, &[TxPart::from(buf)], segment_bytes)
+    send_gso_gather(
+        fd,
+        dst,
+        &[TxPart::from(buf)],
+        segment_bytes,
+        IpCmsg::default(),
+    )
 }
 
 /// As [`send_gso`], with the super-datagram gathered from `parts` (the kernel concatenates
 /// them; segment boundaries fall every `segment_bytes` bytes whatever the parts), so no copy
-/// is made here. At most [`GSO_MAX_IOV`] parts.
+/// is made here, and every segment sent with the IP fields `ip`. At most [`GSO_MAX_IOV`]
+/// parts.
 ///
 /// Errors: as [`send_gso`]; `EINVAL` for more than [`GSO_MAX_IOV`] parts.
 pub fn send_gso_gather(
@@ -95,22 +168,25 @@ pub fn send_gso_gather(
     dst: &SocketAddr,
     parts: &[TxPart<'_>],
     segment_bytes: u16,
+    ip: IpCmsg,
 ) -> io::Result<()> {
-    send_gathered(fd, dst, parts, Some(segment_bytes))
+    send_gathered(fd, dst, parts, Some(segment_bytes), ip)
 }
 
 /// Sends one datagram gathered from `parts` (at most [`GSO_MAX_IOV`]) with one `sendmsg`,
-/// no copy here. Errors: the kernel's; `EINVAL` for too many parts.
-pub fn send_parts(fd: RawFd, dst: &SocketAddr, parts: &[TxPart<'_>]) -> io::Result<()> {
-    send_gathered(fd, dst, parts, None)
+/// no copy here, with the IP fields `ip`. Errors: the kernel's; `EINVAL` for too many parts.
+pub fn send_parts(fd: RawFd, dst: &SocketAddr, parts: &[TxPart<'_>], ip: IpCmsg) -> io::Result<()> {
+    send_gathered(fd, dst, parts, None, ip)
 }
 
-/// `sendmsg` of `parts` to `dst`, with a UDP_SEGMENT cmsg when `segment_bytes` is given.
+/// `sendmsg` of `parts` to `dst`, with a UDP_SEGMENT cmsg when `segment_bytes` is given and
+/// the cmsgs of `ip`.
 fn send_gathered(
     fd: RawFd,
     dst: &SocketAddr,
     parts: &[TxPart<'_>],
     segment_bytes: Option<u16>,
+    ip: IpCmsg,
 ) -> io::Result<()> {
     if parts.len() > GSO_MAX_IOV {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -133,7 +209,7 @@ fn send_gathered(
     for (iov, p) in iovs.iter_mut().zip(parts) {
         *iov = iovec_of(*p);
     }
-    let mut cbuf = CmsgBuf([0; 32]);
+    let mut cbuf = CmsgBuf([0; CMSG_BUF_BYTES]);
     // SAFETY: `msg` points at `addr`, the first `parts.len()` entries of `iovs` (over the
     // borrowed `parts`: engine bytes, or MR bytes the caller's device lock keeps registered,
     // `Transmit::parts`) and `cbuf`, all alive and unmoved for the call; the kernel only
@@ -144,9 +220,7 @@ fn send_gathered(
         msg.msg_namelen = addr.len();
         msg.msg_iov = iovs.as_mut_ptr();
         msg.msg_iovlen = parts.len();
-        if let Some(seg) = segment_bytes {
-            set_udp_segment(&mut msg, &mut cbuf, seg);
-        }
+        set_cmsgs(&mut msg, &mut cbuf, segment_bytes, ip);
         libc::sendmsg(fd, &raw const msg, 0)
     };
     if rc < 0 {
@@ -175,6 +249,8 @@ pub struct GatheredMsg {
 /// system call for both costs less sender CPU than two (16–17 µs against 18.6–18.8 µs per
 /// 64 KiB message on loopback; docs/performance.md).
 ///
+/// Every datagram goes with the IP fields `ip`.
+///
 /// Returns how many of `msgs` the kernel took (it stops at the first that fails); an error
 /// only when the first failed: the kernel's, `EINVAL` for a part range outside `parts`.
 pub fn send_gathered_batch(
@@ -182,6 +258,7 @@ pub fn send_gathered_batch(
     dst: &SocketAddr,
     parts: &[TxPart<'_>],
     msgs: &[GatheredMsg],
+    ip: IpCmsg,
 ) -> io::Result<usize> {
     if msgs.iter().any(|m| {
         m.first
@@ -192,7 +269,7 @@ pub fn send_gathered_batch(
     }
     let addr = sockaddr_of(dst);
     let iovs: Vec<libc::iovec> = parts.iter().map(|p| iovec_of(*p)).collect();
-    let mut cmsgs: Vec<CmsgBuf> = msgs.iter().map(|_| CmsgBuf([0; 32])).collect();
+    let mut cmsgs: Vec<CmsgBuf> = msgs.iter().map(|_| CmsgBuf([0; CMSG_BUF_BYTES])).collect();
     // SAFETY: an all-zero `mmsghdr` is a valid value (null pointers, zero lengths).
     let mut hdrs: Vec<libc::mmsghdr> = msgs.iter().map(|_| unsafe { zeroed() }).collect();
     for ((h, m), c) in hdrs.iter_mut().zip(msgs).zip(cmsgs.iter_mut()) {
@@ -202,11 +279,9 @@ pub fn send_gathered_batch(
         // In bounds: checked above.
         msg.msg_iov = iovs[m.first..].as_ptr().cast_mut();
         msg.msg_iovlen = m.count;
-        if let Some(seg) = m.segment_bytes {
-            // SAFETY: `c` is this message's own entry of `cmsgs`, alive and unmoved until
-            // the call below returns.
-            unsafe { set_udp_segment(msg, c, seg) };
-        }
+        // SAFETY: `c` is this message's own entry of `cmsgs`, alive and unmoved until the
+        // call below returns.
+        unsafe { set_cmsgs(msg, c, m.segment_bytes, ip) };
     }
     // SAFETY: every header points at `addr`, at its own run of `iovs` (over the borrowed
     // `parts`, in bounds as checked; MR parts are kept registered by the caller's device lock,
@@ -228,6 +303,16 @@ pub const GSO_MAX_IOV: usize = 4 * GSO_MAX_SEGMENTS;
 /// for more). Returns how many were sent; stops at the first error, which it returns if
 /// nothing was sent.
 pub fn send_mmsg(fd: RawFd, dst: &SocketAddr, datagrams: &[&[u8]]) -> io::Result<usize> {
+    send_mmsg_with(fd, dst, datagrams, IpCmsg::default())
+}
+
+/// As [`send_mmsg`], every datagram with the IP fields `ip`.
+pub fn send_mmsg_with(
+    fd: RawFd,
+    dst: &SocketAddr,
+    datagrams: &[&[u8]],
+    ip: IpCmsg,
+) -> io::Result<usize> {
     const MAX: usize = 64;
     let addr = sockaddr_of(dst);
     let mut sent = 0;
@@ -239,12 +324,16 @@ pub fn send_mmsg(fd: RawFd, dst: &SocketAddr, datagrams: &[&[u8]]) -> io::Result
         }; MAX];
         // SAFETY: an all-zero `mmsghdr` is a valid value (null pointers, zero lengths).
         let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
+        // One control buffer serves every message: the kernel only reads it.
+        let mut cbuf = CmsgBuf([0; CMSG_BUF_BYTES]);
         for (i, d) in chunk.iter().enumerate() {
             iovs[i] = iovec_of(TxPart::from(*d));
             msgs[i].msg_hdr.msg_name = addr.as_ptr() as *mut libc::c_void;
             msgs[i].msg_hdr.msg_namelen = addr.len();
             msgs[i].msg_hdr.msg_iov = &raw mut iovs[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
+            // SAFETY: `cbuf` lives, unmoved, until the `sendmmsg` below returns.
+            unsafe { set_cmsgs(&mut msgs[i].msg_hdr, &mut cbuf, None, ip) };
         }
         // SAFETY: the first `chunk.len()` entries of `msgs` point at `addr` and at iovecs
         // over the borrowed `datagrams`, all alive for the call; the kernel reads them and
@@ -333,7 +422,7 @@ impl RecvBatch {
             bufs: (0..slots).map(|_| vec![0u8; 65_536]).collect(),
             // SAFETY: all-zero `sockaddr_storage` and `mmsghdr` are valid values.
             addrs: (0..slots).map(|_| unsafe { zeroed() }).collect(),
-            cmsgs: (0..slots).map(|_| CmsgBuf([0; 32])).collect(),
+            cmsgs: (0..slots).map(|_| CmsgBuf([0; CMSG_BUF_BYTES])).collect(),
             iovs: (0..slots)
                 .map(|_| libc::iovec {
                     iov_base: std::ptr::null_mut(),
@@ -485,7 +574,8 @@ mod tests {
                 segment_bytes: Some(25),
             },
         ];
-        let sent = match send_gathered_batch(tx.as_raw_fd(), &to, &parts, &msgs) {
+        let sent = match send_gathered_batch(tx.as_raw_fd(), &to, &parts, &msgs, IpCmsg::default())
+        {
             Ok(n) => n,
             // A kernel without UDP GSO refuses the first message: nothing to check here
             // (the data path then falls back to plain sends, tests/gso.rs).
@@ -523,7 +613,8 @@ mod tests {
                 count,
                 segment_bytes: None,
             }];
-            let e = send_gathered_batch(tx.as_raw_fd(), &to, &parts, &m).expect_err("refused");
+            let e = send_gathered_batch(tx.as_raw_fd(), &to, &parts, &m, IpCmsg::default())
+                .expect_err("refused");
             assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
         }
     }

@@ -5,12 +5,12 @@
 //! is comes from the engine's label ([`crate::transport::TxKind`]), never from its bytes.
 
 use super::batch::{
-    GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GatheredMsg, RecvBatch, enable_gro, send_gathered_batch,
-    send_gso_gather, send_mmsg,
+    GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GatheredMsg, IpCmsg, RecvBatch, enable_gro,
+    send_gathered_batch, send_gso_gather, send_mmsg_with,
 };
-use super::pcap::{Capture, roce_addr};
+use super::pcap::{Capture, SentHeader, roce_addr};
 use super::raw::{RawRx, drop_everything};
-use super::sock::new_socket;
+use super::sock::{new_send_socket, new_socket};
 use crate::transport::{Transmit, TxKind, TxPart};
 use crate::verbs::Link;
 use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_of_body};
@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Socket receive buffer we ask for, in bytes: room for a 128-PSN window of 4 KiB packets
 /// from several QPs. Root gets it (SO_RCVBUFFORCE); others get up to `net.core.rmem_max`.
@@ -88,11 +88,11 @@ pub struct UdpLink {
     pub(super) ip: IpAddr,
     pub(super) recv: UdpSocket,
     pub(super) raw: Option<RawRx>,
-    pub(super) send: Mutex<foldhash::HashMap<u16, Arc<UdpSocket>>>,
+    pub(super) send: Mutex<foldhash::HashMap<u16, Arc<SendSockets>>>,
     /// One socket per joined multicast group, bound to group:4791 (`super::mcast`).
     pub(super) mcast: Mutex<HashMap<IpAddr, Arc<UdpSocket>>>,
     pub(super) capture: Option<Arc<Capture>>,
-    /// TTL / hop limit of our sockets (for the capture).
+    /// TTL / hop limit of our sockets for unicast (for the capture).
     pub(super) hop_limit: u8,
     /// Datagrams sent.
     pub tx_datagrams: AtomicU64,
@@ -225,7 +225,8 @@ impl UdpLink {
                 .filter(|t| self.send((*t).borrow()).is_err())
                 .count();
         }
-        // Runs of one (source port, destination): one socket, one GSO flow.
+        // Runs of one (source port, destination, IP fields): one socket, one GSO flow, one
+        // set of cmsgs.
         let mut errors = 0;
         let mut i = 0;
         while let Some(t) = ts.get(i) {
@@ -233,7 +234,9 @@ impl UdpLink {
             let len = ts[i..]
                 .iter()
                 .map(Borrow::borrow)
-                .take_while(|u: &&Transmit| u.src_port == t.src_port && u.dst == t.dst)
+                .take_while(|u: &&Transmit| {
+                    u.src_port == t.src_port && u.dst == t.dst && u.ip == t.ip
+                })
                 .count();
             errors += self.send_run(&ts[i..i + len]);
             i += len;
@@ -280,17 +283,18 @@ impl UdpLink {
         if run.len() == 1 {
             return usize::from(self.send(first).is_err());
         }
-        let Ok(sock) = self.socket_for(first.src_port) else {
+        let Ok(socks) = self.socket_for(first.src_port) else {
             return run.len();
         };
-        let fd = sock.as_raw_fd();
         let dst = roce_addr(first.dst);
+        let ip = self.ip_cmsg(first);
         let mut errors = 0;
         let mut k = 0;
         while k < run.len() {
             // Err: the kernel refused GSO (now off), and the rest goes the plain way.
             if self.gso()
-                && let Ok((n, failed)) = self.send_gso_batch(fd, &dst, &run[k..])
+                && let Ok((n, failed)) =
+                    self.send_gso_batch(socks.gso().as_raw_fd(), &dst, &run[k..], ip)
             {
                 k += n;
                 errors += failed;
@@ -309,7 +313,7 @@ impl UdpLink {
                 })
                 .collect();
             let parts: Vec<&[u8]> = whole.iter().map(|w| &w[..]).collect();
-            let sent = send_mmsg(fd, &dst, &parts).unwrap_or(0);
+            let sent = send_mmsg_with(socks.plain.as_raw_fd(), &dst, &parts, ip).unwrap_or(0);
             self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
             self.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
             errors += n - sent;
@@ -360,6 +364,7 @@ impl UdpLink {
         fd: RawFd,
         dst: &SocketAddr,
         ts: &[T],
+        ip: IpCmsg,
     ) -> Result<(usize, usize), ()> {
         // The messages: (first datagram, datagrams, segment size if GSO). Fixed-size lists
         // on the stack where a latency-bound send (a request and the ACKs it carries) fits:
@@ -459,11 +464,11 @@ impl UdpLink {
         self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         let sent = match msgs {
             [one] => match one.segment_bytes {
-                Some(seg) => send_gso_gather(fd, dst, parts, seg),
-                None => super::batch::send_parts(fd, dst, parts),
+                Some(seg) => send_gso_gather(fd, dst, parts, seg, ip),
+                None => super::batch::send_parts(fd, dst, parts, ip),
             }
             .map(|()| 1),
-            _ => send_gathered_batch(fd, dst, parts, msgs),
+            _ => send_gathered_batch(fd, dst, parts, msgs, ip),
         };
         match sent {
             // (A kernel that took none without an error is treated as an error below, so
@@ -539,19 +544,84 @@ impl UdpLink {
         table
     }
 
-    pub(super) fn socket_for(&self, port: u16) -> io::Result<Arc<UdpSocket>> {
+    pub(super) fn socket_for(&self, port: u16) -> io::Result<Arc<SendSockets>> {
         let mut map = self.send.lock();
         if let Some(s) = map.get(&port) {
             return Ok(s.clone());
         }
-        let s = new_socket(self.ip, port, true)?;
-        // Multicast sends leave through the device's own interface (on loopback there is no
-        // multicast route otherwise). Unicast is unaffected, so a failure is ignored.
-        let _ = super::mcast::set_sending_interface(&s, self.ip);
-        let s = Arc::new(UdpSocket::from(s));
+        let s = Arc::new(SendSockets {
+            ip: self.ip,
+            port,
+            plain: send_socket(self.ip, port, false)?,
+            gso: OnceLock::new(),
+        });
         map.insert(port, s.clone());
         Ok(s)
     }
+
+    /// The cmsgs that give `t` its address vector's IP fields: none for traffic class 0 and
+    /// the route's hop limit, the common case, which so costs nothing per datagram.
+    pub(super) fn ip_cmsg(&self, t: &Transmit) -> IpCmsg {
+        IpCmsg {
+            v6: self.ip.is_ipv6(),
+            traffic_class: (t.ip.traffic_class != 0).then_some(t.ip.traffic_class),
+            hop_limit: t.ip.hop_limit,
+        }
+    }
+
+    /// The IP and UDP header fields Linux writes for `t` sent from a checksum-free send
+    /// socket (a lone datagram, as every datagram is while a capture runs): IPv4 ID 0 (DF,
+    /// unconnected socket), the traffic class and hop limit of `t`'s cmsgs or the socket's
+    /// defaults (the route's TTL; 1 for multicast), flow label 0, UDP checksum 0.
+    fn sent_header(&self, t: &Transmit) -> SentHeader {
+        let ip = self.ip_cmsg(t);
+        let default_hops = if t.dst.is_multicast() {
+            1
+        } else {
+            self.hop_limit
+        };
+        SentHeader {
+            ident: 0,
+            traffic_class: ip.traffic_class.unwrap_or(0),
+            hop_limit: ip
+                .hop_limit
+                .filter(|h| ip.v6 || *h != 0)
+                .unwrap_or(default_hops),
+            udp_checksum: false,
+        }
+    }
+}
+
+/// The send sockets of one UDP source port: `plain` sends with UDP checksum 0, as rxe does;
+/// `gso`, made on the first GSO send, keeps the checksum, because Linux refuses UDP GSO on a
+/// socket without one (both bound to the port with `SO_REUSEPORT`; [`new_send_socket`]).
+#[derive(Debug)]
+pub(super) struct SendSockets {
+    ip: IpAddr,
+    port: u16,
+    /// Lone datagrams and `sendmmsg` batches: UDP checksum 0.
+    pub(super) plain: UdpSocket,
+    gso: OnceLock<Option<UdpSocket>>,
+}
+
+impl SendSockets {
+    /// The socket for UDP GSO sends (checksummed); the plain one if it cannot be made (its
+    /// GSO sends then fail, and the link falls back to `sendmmsg`).
+    pub(super) fn gso(&self) -> &UdpSocket {
+        self.gso
+            .get_or_init(|| send_socket(self.ip, self.port, true).ok())
+            .as_ref()
+            .unwrap_or(&self.plain)
+    }
+}
+
+/// A send socket of a device at `ip` ([`new_send_socket`]) whose multicast leaves through the
+/// device's own interface (on loopback there is no multicast route otherwise; unicast is
+/// unaffected, so a failure there is ignored).
+fn send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<UdpSocket> {
+    let s = new_send_socket(ip, port, udp_checksum)?;
+    let _ = super::mcast::set_sending_interface(&s, ip);
+    Ok(UdpSocket::from(s))
 }
 
 impl Link for UdpLink {
@@ -561,14 +631,15 @@ impl Link for UdpLink {
     }
 
     fn send(&self, t: &Transmit) -> io::Result<()> {
-        let s = self.socket_for(t.src_port)?;
+        let s = &self.socket_for(t.src_port)?.plain;
         let dst = roce_addr(t.dst);
+        let ip = self.ip_cmsg(t);
         // SAFETY: `send` runs inside the engine's pump, under the device lock that keeps a
         // gathered datagram's MR registered (`Link::gathers`).
         let parts = unsafe { t.parts() };
         let send = || {
-            if t.tail.is_some() {
-                super::batch::send_parts(s.as_raw_fd(), &dst, &parts)
+            if t.tail.is_some() || ip != IpCmsg::default() {
+                super::batch::send_parts(s.as_raw_fd(), &dst, &parts, ip)
             } else {
                 s.send_to(&t.payload, dst).map(|_| ())
             }
@@ -578,7 +649,7 @@ impl Link for UdpLink {
                 let src = SocketAddr::new(self.ip, t.src_port);
                 let mut whole = Vec::with_capacity(t.len());
                 parts.iter().for_each(|p| p.copy_into(&mut whole));
-                c.send_and_record(src, dst, &whole, self.hop_limit, send)?;
+                c.send_and_record(src, dst, &whole, &self.sent_header(t), send)?;
             }
             None => send()?,
         }

@@ -11,19 +11,21 @@
 //!
 //! The IP header of each record is the one the ICRC was computed over, so the ICRC of every
 //! record verifies against it:
-//! - sent: IPv4 with ID 0 and DF (what an unconnected `IP_PMTUDISC_DO` socket makes Linux
-//!   write, docs/wire-facts.md §0.2), TOS 0, the socket's TTL; IPv6 with traffic class 0, flow label 0 and
-//!   the socket's hop limit. (Linux may put an automatic flow label on the wire; the ICRC masks
-//!   it.)
+//! - sent: the header Linux writes for the send socket and the datagram's cmsgs
+//!   ([`SentHeader`]): IPv4 with ID 0 and DF (what an unconnected `IP_PMTUDISC_DO` socket
+//!   makes Linux write, docs/wire-facts.md §0.2); the TOS / traffic class the address vector
+//!   asked for; the TTL / hop limit sent (the route's for unicast, the address handle's for
+//!   multicast); IPv6 flow label 0 (the send sockets turn the automatic label off); and UDP
+//!   checksum 0, as the checksum-free send socket sends it (a capture turns batching off, so
+//!   no datagram goes by UDP GSO, which needs a checksum).
 //! - received on a raw socket (exact ICRC mode): the IP packet as received, byte for byte.
 //! - received on a plain UDP socket, which hides the IP header: addresses, ports and lengths
 //!   from the socket; for IPv4 DF and the Identification recovered by
 //!   [`solve_ipv4_ident`] (0 when the ICRC is bad, so that record's ICRC fails as the packet
 //!   did); TTL / hop limit 64 and TOS 0, which the ICRC masks.
 //!
-//! The UDP checksum of every record is computed here: the socket does not show a received
-//! one, and on loopback Linux leaves the sent one unfinished (checksum offload). The ICRC
-//! masks it.
+//! The UDP checksum of a received record is computed here: the socket does not show the one
+//! that arrived. The ICRC masks it.
 //!
 //! Errors while writing are counted ([`Capture::write_errors`]), never returned to the data
 //! path; [`Capture::flush`] reports the first one.
@@ -131,10 +133,16 @@ impl Capture {
         }))
     }
 
-    /// Records a datagram sent from `src` to `dst` with UDP payload `payload`; `hop_limit` is
-    /// the sending socket's TTL / hop limit.
-    pub fn record_sent(&self, src: SocketAddr, dst: SocketAddr, payload: &[u8], hop_limit: u8) {
-        self.send_and_record(src, dst, payload, hop_limit, || Ok(()))
+    /// Records a datagram sent from `src` to `dst` with UDP payload `payload` and the IP and
+    /// UDP header fields `header`.
+    pub fn record_sent(
+        &self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        payload: &[u8],
+        header: &SentHeader,
+    ) {
+        self.send_and_record(src, dst, payload, header, || Ok(()))
             .unwrap_or(());
     }
 
@@ -147,7 +155,7 @@ impl Capture {
         src: SocketAddr,
         dst: SocketAddr,
         payload: &[u8],
-        hop_limit: u8,
+        header: &SentHeader,
         send: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
         let mut g = self.inner.lock();
@@ -158,7 +166,7 @@ impl Capture {
         *g.in_flight
             .entry(Fingerprint::new(src, dst, payload))
             .or_insert(0) += 1;
-        match ip_packet(src, dst, 0, hop_limit, payload) {
+        match ip_packet_as_sent(src, dst, header, payload) {
             Some(p) => write_locked(&mut g, &p),
             None => g.write_errors += 1,
         }
@@ -281,6 +289,20 @@ pub fn recovered_ident(src: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Opti
     solve_ipv4_ident(&ip, pkt.body, pkt.icrc)
 }
 
+/// The IP and UDP header fields of a datagram as sent, beyond addresses, ports and lengths.
+/// IPv4 always has DF; IPv6 always flow label 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentHeader {
+    /// IPv4 Identification (unused for IPv6).
+    pub ident: u16,
+    /// IPv4 TOS / IPv6 traffic class byte.
+    pub traffic_class: u8,
+    /// IPv4 TTL / IPv6 hop limit.
+    pub hop_limit: u8,
+    /// A computed UDP checksum; `false` for checksum 0 (what softroce's send sockets send).
+    pub udp_checksum: bool,
+}
+
 /// Builds the IP packet (IP header, UDP header with a computed checksum, `payload`) of a
 /// datagram from `src` to `dst`: IPv4 with DF, Identification `ident`, TOS 0 and TTL
 /// `hop_limit`; IPv6 with traffic class 0, flow label 0 and hop limit `hop_limit`. `None` for
@@ -292,31 +314,59 @@ pub fn ip_packet(
     hop_limit: u8,
     payload: &[u8],
 ) -> Option<Vec<u8>> {
+    let header = SentHeader {
+        ident,
+        traffic_class: 0,
+        hop_limit,
+        udp_checksum: true,
+    };
+    ip_packet_as_sent(src, dst, &header, payload)
+}
+
+/// Builds the IP packet of a datagram from `src` to `dst` with the header fields `h`
+/// (IPv4 with DF; IPv6 with flow label 0). `None` for mixed address families or a payload
+/// too long for one datagram.
+pub fn ip_packet_as_sent(
+    src: SocketAddr,
+    dst: SocketAddr,
+    h: &SentHeader,
+    payload: &[u8],
+) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(48 + payload.len());
+    let udp_len = u16::try_from(8 + payload.len()).ok()?;
     match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let udp_len = u16::try_from(8 + payload.len()).ok()?;
             let mut ip =
-                Ipv4Header::new(udp_len, hop_limit, IpNumber::UDP, s.octets(), d.octets()).ok()?;
-            ip.identification = ident;
+                Ipv4Header::new(udp_len, h.hop_limit, IpNumber::UDP, s.octets(), d.octets())
+                    .ok()?;
+            ip.identification = h.ident;
             ip.dont_fragment = true;
+            ip.dscp = etherparse::IpDscp::try_new(h.traffic_class >> 2).ok()?;
+            ip.ecn = etherparse::IpEcn::try_new(h.traffic_class & 3).ok()?;
             ip.header_checksum = ip.calc_header_checksum();
-            let udp = UdpHeader::with_ipv4_checksum(src.port(), dst.port(), &ip, payload).ok()?;
+            let udp = if h.udp_checksum {
+                UdpHeader::with_ipv4_checksum(src.port(), dst.port(), &ip, payload).ok()?
+            } else {
+                UdpHeader::without_ipv4_checksum(src.port(), dst.port(), payload.len()).ok()?
+            };
             out.extend_from_slice(&ip.to_bytes());
             out.extend_from_slice(&udp.to_bytes());
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
-            let udp_len = u16::try_from(8 + payload.len()).ok()?;
             let ip = Ipv6Header {
-                traffic_class: 0,
+                traffic_class: h.traffic_class,
                 flow_label: Ipv6FlowLabel::ZERO,
                 payload_length: udp_len,
                 next_header: IpNumber::UDP,
-                hop_limit,
+                hop_limit: h.hop_limit,
                 source: s.octets(),
                 destination: d.octets(),
             };
-            let udp = UdpHeader::with_ipv6_checksum(src.port(), dst.port(), &ip, payload).ok()?;
+            let mut udp =
+                UdpHeader::with_ipv6_checksum(src.port(), dst.port(), &ip, payload).ok()?;
+            if !h.udp_checksum {
+                udp.checksum = 0;
+            }
             out.extend_from_slice(&ip.to_bytes());
             out.extend_from_slice(&udp.to_bytes());
         }

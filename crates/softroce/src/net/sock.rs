@@ -1,5 +1,7 @@
 //! Net: how a device's UDP sockets are made (port 4791 and the send sockets): IPv4 with
-//! `IP_PMTUDISC_DO`, IPv6 with `IPV6_V6ONLY` and `UDP_NO_CHECK6_RX`. Used by `udp` and
+//! `IP_PMTUDISC_DO`, IPv6 with `IPV6_V6ONLY` and `UDP_NO_CHECK6_RX`; send sockets also
+//! without the IPv6 automatic flow label and, where the kernel allows it, without a UDP
+//! checksum, as rxe sends (docs/wire-facts.md §0.7, §2.1). Used by `udp`, `link` and
 //! `mcast`.
 
 use rustix::net::sockopt;
@@ -13,17 +15,25 @@ use std::os::fd::AsRawFd;
 /// unless `UDP_NO_CHECK6_RX` is set. Source: docs/wire-facts.md §0.10; Linux `net/ipv6/udp.c`
 /// (`udpv6_queue_rcv_one_skb` / `udp6_csum_init`), `include/uapi/linux/udp.h`.
 pub(super) fn set_udp_no_check6_rx(s: &Socket) -> io::Result<()> {
-    let on: libc::c_int = 1;
+    set_int(s, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)
+}
+
+/// `setsockopt` of an `int` option that rustix and socket2 do not wrap.
+fn set_int(
+    s: &Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `s` is an open socket for the whole call; the option value points at a live
     // `c_int` on this stack frame and the length passed is exactly its size, so the kernel
-    // reads only initialised memory that outlives the call. rustix and socket2 have no safe
-    // wrapper for this option.
+    // reads only initialised memory that outlives the call.
     let rc = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_NO_CHECK6_RX,
-            (&raw const on).cast::<libc::c_void>(),
+            level,
+            name,
+            (&raw const value).cast::<libc::c_void>(),
             core::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -57,3 +67,32 @@ pub(super) fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socke
     }
     Ok(s)
 }
+
+/// A send socket bound to `ip`:`port` (shared with the device's other send sockets of that
+/// port, `SO_REUSEPORT`). IPv6: the kernel's automatic flow label is off
+/// (`IPV6_AUTOFLOWLABEL` = 0), so packets carry flow label 0 as rxe's do, unless the host
+/// forces automatic labels (`net.ipv6.auto_flowlabels` = 3). With `udp_checksum` false, the
+/// kernel leaves the UDP checksum 0 (`SO_NO_CHECK` on IPv4, `UDP_NO_CHECK6_TX` on IPv6), as
+/// rxe does (the ICRC protects the packet); Linux refuses UDP GSO on such a socket
+/// (`udp_send_skb`: EINVAL), so GSO sends use a socket with the checksum on.
+/// Errors: socket creation and bind errors, and a refused option.
+/// Source: docs/wire-facts.md §0.7, §2.1; Linux `net/ipv4/udp.c` `udp_send_skb`,
+/// `net/ipv6/udp.c` `udp_v6_send_skb`, `net/ipv6/ip6_output.c` `ip6_make_flowlabel`.
+pub(super) fn new_send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<Socket> {
+    let s = new_socket(ip, port, true)?;
+    match ip {
+        IpAddr::V4(_) if !udp_checksum => set_int(&s, libc::SOL_SOCKET, SO_NO_CHECK, 1)?,
+        IpAddr::V4(_) => {}
+        IpAddr::V6(_) => {
+            set_int(&s, libc::IPPROTO_IPV6, libc::IPV6_AUTOFLOWLABEL, 0)?;
+            if !udp_checksum {
+                set_int(&s, libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1)?;
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// `SO_NO_CHECK` (Linux `include/uapi/asm-generic/socket.h`; libc does not export it for
+/// glibc targets).
+const SO_NO_CHECK: libc::c_int = 11;

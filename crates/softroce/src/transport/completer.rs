@@ -75,7 +75,7 @@ impl QpEngine {
                     // WQE completes with IBV_WC_BAD_RESP_ERR (spec/deviations.toml).
                     AethSyndrome::Reserved(_) => {
                         self.ack_through(psn.sub(1), now);
-                        self.pop_completed(WcStatus::BadRespErr, 0);
+                        self.pop_completed(WcStatus::BadRespErr);
                         self.enter_error();
                     }
                 }
@@ -116,7 +116,7 @@ impl QpEngine {
         while let Some(w) = self.sq.front() {
             if w.local_done {
                 // An executed local operation holds no PSN: it completes in order here.
-                self.pop_completed(WcStatus::Success, 0);
+                self.pop_completed(WcStatus::Success);
                 continue;
             }
             if !w.assigned {
@@ -136,7 +136,7 @@ impl QpEngine {
                 implied_nak = Some(resume);
                 break;
             }
-            self.pop_completed(WcStatus::Success, 0);
+            self.pop_completed(WcStatus::Success);
         }
         if acked.diff(self.comp.psn) > 0 {
             self.comp.psn = acked;
@@ -157,10 +157,10 @@ impl QpEngine {
         progressed || q.add(1) == self.comp.psn
     }
 
-    fn pop_completed(&mut self, status: WcStatus, byte_len: u32) {
+    fn pop_completed(&mut self, status: WcStatus) {
         if let Some(w) = self.sq.pop_front() {
             self.req.wqe = self.req.wqe.saturating_sub(1);
-            self.complete_send(&w, status, byte_len);
+            self.complete_send(&w, status);
         }
     }
 
@@ -194,7 +194,7 @@ impl QpEngine {
         if self.comp.rnr_retry != 7 {
             if self.comp.rnr_left == 0 {
                 self.counters.retry_rnr_exceeded_err += 1;
-                self.pop_completed(WcStatus::RnrRetryExcErr, 0);
+                self.pop_completed(WcStatus::RnrRetryExcErr);
                 self.enter_error();
                 return;
             }
@@ -242,7 +242,7 @@ impl QpEngine {
             "requester received NAK {code}: the WR completes in error, the QP enters ERR"
         );
         self.ack_through(q.sub(1), now);
-        self.pop_completed(nak_wc_status(code), 0);
+        self.pop_completed(nak_wc_status(code));
         self.enter_error();
     }
 
@@ -257,7 +257,7 @@ impl QpEngine {
                 "retry count exceeded: IBV_WC_RETRY_EXC_ERR, the QP enters ERR"
             );
             self.counters.retry_exceeded_err += 1;
-            self.pop_completed(WcStatus::RetryExcErr, 0);
+            self.pop_completed(WcStatus::RetryExcErr);
             self.enter_error();
             return false;
         }
@@ -312,19 +312,18 @@ impl QpEngine {
         if len > 0 {
             let off = w.read_done;
             if mem.scatter(&w.wr.sg_list, pd, off, pkt.payload).is_err() {
-                self.pop_completed(WcStatus::LocProtErr, 0);
+                self.pop_completed(WcStatus::LocProtErr);
                 self.enter_error();
                 return;
             }
         }
-        let total = w.length;
         if let Some(w) = self.sq.front_mut() {
             w.read_done += len;
         }
         self.comp.psn = r.add(1);
         self.progress(now);
         if pos.ends_message() {
-            self.pop_completed(WcStatus::Success, total as u32);
+            self.pop_completed(WcStatus::Success);
         }
     }
 
@@ -346,13 +345,13 @@ impl QpEngine {
         // The original value lands in the local buffer in host order (rxe `do_atomic`).
         let bytes = ack.orig_remote_data.to_ne_bytes();
         if mem.scatter(&w.wr.sg_list, pd, 0, &bytes).is_err() {
-            self.pop_completed(WcStatus::LocProtErr, 0);
+            self.pop_completed(WcStatus::LocProtErr);
             self.enter_error();
             return;
         }
         self.comp.psn = r.add(1);
         self.progress(now);
-        self.pop_completed(WcStatus::Success, 8);
+        self.pop_completed(WcStatus::Success);
     }
 
     pub(super) fn completer_timeout(&mut self, now: Instant) {

@@ -51,11 +51,14 @@ pub enum DropReason {
     BadQkey,
     /// UD: no receive WQE posted (UD drops, never RNR-NAKs).
     UdNoReceive,
+    /// UD: the receive WQE is too short for the 40-byte GRH and the payload (dropped, the
+    /// receive stays posted; rxe `rxe_resp_check_length`, class D).
+    UdReceiveTooShort,
 }
 
 impl DropReason {
     /// Every reason, for reports.
-    pub const ALL: [DropReason; 20] = [
+    pub const ALL: [DropReason; 21] = [
         DropReason::Truncated,
         DropReason::BadTver,
         DropReason::UnknownOpcode,
@@ -76,7 +79,33 @@ impl DropReason {
         DropReason::UcMessageDropped,
         DropReason::BadQkey,
         DropReason::UdNoReceive,
+        DropReason::UdReceiveTooShort,
     ];
+
+    /// True when a packet dropped for this reason never reaches `rcvd_pkts`: it failed a
+    /// check that rxe `rxe_rcv` makes before counting (`hdr_check`: the BTH and headers
+    /// fit, known opcode, TVer, DestQP, `check_type_state`, `check_addr`, `check_keys` for
+    /// the P_Key and the UD Q_Key; then the ICRC), or one of softroce's own framing checks.
+    /// The other reasons are decided later, by the responder or the completer, after the
+    /// packet was counted, as in rxe. Source: rxe `rxe_recv.c`.
+    pub const fn precedes_rcvd_pkts(self) -> bool {
+        matches!(
+            self,
+            DropReason::Truncated
+                | DropReason::BadTver
+                | DropReason::UnknownOpcode
+                | DropReason::BadPadCount
+                | DropReason::LengthMismatch
+                | DropReason::IcrcMismatch
+                | DropReason::BadFraming
+                | DropReason::UnknownQp
+                | DropReason::WrongQpType
+                | DropReason::WrongQpState
+                | DropReason::BadPkey
+                | DropReason::WrongSource
+                | DropReason::BadQkey
+        )
+    }
 
     /// snake_case name for reports.
     pub const fn name(self) -> &'static str {
@@ -101,6 +130,7 @@ impl DropReason {
             DropReason::UcMessageDropped => "uc_message_dropped",
             DropReason::BadQkey => "bad_qkey",
             DropReason::UdNoReceive => "ud_no_receive",
+            DropReason::UdReceiveTooShort => "ud_receive_too_short",
         }
     }
 }
@@ -156,7 +186,7 @@ pub struct Counters {
     /// Receive WQEs completed at the responder.
     pub rdma_recvs: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
-    pub drops: [u64; 20],
+    pub drops: [u64; DropReason::ALL.len()],
 }
 
 impl Counters {

@@ -93,6 +93,10 @@ impl RespError {
                 wc_status: Some(WcStatus::RemInvReqErr),
                 qp: QpAction::Error,
             },
+            // IBTA ch. 9: a SEND longer than its receive WQE is a length error, NAK
+            // Invalid Request and a local length error; rxe 6.1 answers Remote Operational
+            // Error instead (spec/deviations.toml, "RC SEND longer than the posted receive
+            // buffer").
             RecvTooShort => Disposition {
                 nak: inv,
                 wc_status: Some(WcStatus::LocLenErr),

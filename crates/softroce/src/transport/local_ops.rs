@@ -167,7 +167,7 @@ impl QpEngine {
         while self.sq.front().is_some_and(|w| w.local_done) {
             if let Some(w) = self.sq.pop_front() {
                 self.req.wqe = self.req.wqe.saturating_sub(1);
-                self.complete_send(&w, WcStatus::Success, 0);
+                self.complete_send(&w, WcStatus::Success);
             }
         }
     }
@@ -218,7 +218,7 @@ impl QpEngine {
                     WcStatus::LocQpOpErr
                 };
                 if let Some(w) = self.sq.remove(idx) {
-                    self.complete_send(&w, status, 0);
+                    self.complete_send(&w, status);
                 }
                 self.enter_error();
                 break;

@@ -78,6 +78,10 @@ impl QpType {
 /// `IB_QP1_QKEY`; rxe `GSI_QKEY` in `rxe_req.c` / `rxe_recv.c` `check_keys`.
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
+/// The DestQP of every multicast packet. Source: IBTA Vol 1 ch. 10 (multicast: QP 0xFFFFFF);
+/// ib_core `IB_MULTICAST_QPN`.
+pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
+
 /// Queue pair state, in `enum ibv_qp_state` order. Source: IBTA Vol 1 ch. 10 (QP state machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum QpState {
@@ -213,7 +217,9 @@ bitflags_u32!(
 bitflags_u32!(
     /// Work completion flags. Source: `enum ibv_wc_flags`.
     WcFlags {
-        /// `IBV_WC_GRH`: a GRH occupies the first 40 bytes of the buffer (UD).
+        /// `IBV_WC_GRH`: the message came with a network header, as every RoCE receive does
+        /// (rxe sets it on every successful receive completion); for UD it also occupies
+        /// the first 40 bytes of the buffer.
         GRH = 1,
         /// `IBV_WC_WITH_IMM`: `imm_data` is valid.
         WITH_IMM = 2,
@@ -222,6 +228,24 @@ bitflags_u32!(
         WITH_INV = 8,
     }
 );
+
+/// The IP header fields an address vector chooses for the packets sent with it: IPv4 TOS /
+/// IPv6 traffic class, and the TTL / hop limit. Both are masked in the ICRC, so they never
+/// change a packet's bytes above IP; the link applies them per datagram.
+///
+/// Units: `traffic_class` is the whole byte (DSCP << 2 | ECN; 0xB8 is DSCP 46);
+/// `hop_limit` is a count of hops, `None` for the route's default (what ib_core gives a
+/// unicast RoCE address vector, whatever `hop_limit` the application asked for).
+/// Source: rxe `rxe_net.c` `prepare_ipv4_hdr` / `prepare_ipv6_hdr` (TOS = `av->grh.traffic_class`,
+/// TTL = `av->grh.hop_limit`); ib_core `ib_resolve_eth_dmac` (a unicast RoCE address vector's
+/// hop limit comes from the route); docs/wire-facts.md §2.1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct IpFields {
+    /// IPv4 TOS / IPv6 traffic class byte.
+    pub traffic_class: u8,
+    /// IPv4 TTL / IPv6 hop limit; `None`: the sending socket's default for the route.
+    pub hop_limit: Option<u8>,
+}
 
 /// The addressing of a connected QP, fixed at RTR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +256,8 @@ pub struct Path {
     pub remote: IpAddr,
     /// UDP source port for this QP's packets.
     pub src_port: u16,
+    /// Traffic class and hop limit of this QP's packets (its address vector's GRH).
+    pub ip: IpFields,
 }
 
 impl Path {
@@ -617,7 +643,7 @@ impl QpEngine {
             local_done: false,
         };
         if self.state == QpState::Err {
-            self.complete_send(&wqe, WcStatus::WrFlushErr, 0);
+            self.complete_send(&wqe, WcStatus::WrFlushErr);
             return Ok(());
         }
         self.sq.push_back(wqe);
@@ -696,7 +722,25 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::WrongSource);
             return;
         }
-        self.counters.rcvd_pkts += 1;
+        // rxe `check_keys`: QP1 takes only GSI_QKEY, other UD QPs only their own Q_Key. A
+        // header check, so the packet is not counted in `rcvd_pkts` (rxe `hdr_check`).
+        if self.qp_type.is_datagram() {
+            let want = if self.qp_type == QpType::Gsi {
+                GSI_QKEY
+            } else {
+                self.attrs.qkey
+            };
+            if pkt.repr.deth.is_none_or(|d| d.qkey != want) {
+                self.counters.drop_packet(DropReason::BadQkey);
+                return;
+            }
+        }
+        // rxe `rxe_rcv` counts `rcvd_pkts` once a packet has passed the header checks and
+        // the ICRC; a packet to the multicast QPN is counted there once, before it is
+        // handed to each attached QP, so the device counts it and its members do not.
+        if pkt.repr.bth.dest_qpn != MULTICAST_QPN {
+            self.counters.rcvd_pkts += 1;
+        }
         self.last_src = src;
         if request {
             let before = self.completions.len();
@@ -793,7 +837,7 @@ impl QpEngine {
         });
     }
 
-    fn complete_send(&mut self, wqe: &SendWqe, status: WcStatus, byte_len: u32) {
+    fn complete_send(&mut self, wqe: &SendWqe, status: WcStatus) {
         let signaled = self.sq_sig_all || wqe.wr.send_flags.contains(SendFlags::SIGNALED);
         if status == WcStatus::Success
             && matches!(
@@ -805,16 +849,37 @@ impl QpEngine {
         }
         // IBTA: an error completion is generated even for an unsignaled WR.
         if signaled || status != WcStatus::Success {
+            // rxe `make_send_cqe`: a successful completion carries the message length (the
+            // WR's SGEs) as `byte_len` and IBV_WC_WITH_IMM for the two opcodes with
+            // immediate data (`imm_data` itself stays 0); an error completion carries
+            // neither. Local operations (REG_MR, LOCAL_INV, BIND_MW) move no data: 0.
+            let ok = status == WcStatus::Success;
+            let local = matches!(
+                wqe.wr.opcode,
+                WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::RegMr
+            );
+            let with_imm = matches!(
+                wqe.wr.opcode,
+                WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm
+            );
             let wc = Wc {
                 wr_id: wqe.wr.wr_id,
                 status,
                 opcode: wqe.wr.opcode.wc_opcode(),
                 vendor_err: 0,
-                byte_len,
+                byte_len: if ok && !local {
+                    u32::try_from(wqe.length).unwrap_or(u32::MAX)
+                } else {
+                    0
+                },
                 imm_data: 0,
                 qp_num: self.qpn,
                 src_qp: 0,
-                wc_flags: WcFlags::empty(),
+                wc_flags: if ok && with_imm {
+                    WcFlags::WITH_IMM
+                } else {
+                    WcFlags::empty()
+                },
             };
             self.push_wc(CqSel::Send, wc);
         }
@@ -836,7 +901,7 @@ impl QpEngine {
     fn flush(&mut self) {
         self.timers.clear();
         while let Some(w) = self.sq.pop_front() {
-            self.complete_send(&w, WcStatus::WrFlushErr, 0);
+            self.complete_send(&w, WcStatus::WrFlushErr);
         }
         self.req.wqe = 0;
         if let Some(r) = self.resp.take_recv() {

@@ -291,18 +291,13 @@ impl QpEngine {
         {
             super::bufpool::give(buf);
             if let Some(w) = self.sq.remove(idx) {
-                self.complete_send(&w, WcStatus::LocProtErr, 0);
+                self.complete_send(&w, WcStatus::LocProtErr);
             }
             self.enter_error();
             return None;
         }
         repr.finish(&mut buf, &path.icrc_ip());
-        Some(Transmit::new(
-            TxKind::Request,
-            path.remote,
-            path.src_port,
-            buf,
-        ))
+        Some(Transmit::new(TxKind::Request, path.remote, path.src_port, buf).with_ip(path.ip))
     }
 
     /// Moves the cursor past `pkt`, sent from WQE `idx`: the next PSN, the AckReq count, the
@@ -338,7 +333,7 @@ impl QpEngine {
             if pkt.done_wqe {
                 self.req.wqe = self.req.wqe.saturating_sub(1);
                 if let Some(w) = self.sq.remove(idx) {
-                    self.complete_send(&w, WcStatus::Success, 0);
+                    self.complete_send(&w, WcStatus::Success);
                 }
             }
             self.comp.psn = self.req.psn;
@@ -359,12 +354,12 @@ impl QpEngine {
             let Some(dest) = w.wr.ud else {
                 // post_send refuses a UD WR without a destination; drop it defensively.
                 let w = self.sq.pop_front()?;
-                self.complete_send(&w, WcStatus::LocQpOpErr, 0);
+                self.complete_send(&w, WcStatus::LocQpOpErr);
                 continue;
             };
             if w.length > pmtu {
                 let w = self.sq.pop_front()?;
-                self.complete_send(&w, WcStatus::Success, 0);
+                self.complete_send(&w, WcStatus::Success);
                 continue;
             }
             let imm = w.wr.opcode == WrOpcode::SendWithImm;
@@ -380,7 +375,8 @@ impl QpEngine {
                 ..BthRepr::new(opcode, dest.remote_qpn, self.req.psn)
             };
             let mut repr = PacketRepr::new(bth);
-            // A WR Q_Key with bit 31 set means "use the QP's own Q_Key"; QP1 always sends
+            // IBTA ch. 10: a WR Q_Key with the high bit set is replaced by the QP's own
+            // Q_Key (rxe 6.1 sends it as is: spec/deviations.toml); QP1 always sends
             // GSI_QKEY (rxe `init_req_packet`).
             let qkey = if self.qp_type == QpType::Gsi {
                 super::GSI_QKEY
@@ -405,7 +401,7 @@ impl QpEngine {
             let n = repr.payload_len;
             if n > 0 && wqe_payload(w, mem, self.pd, 0, &mut buf[h..h + n]).is_err() {
                 let w = self.sq.pop_front()?;
-                self.complete_send(&w, WcStatus::LocProtErr, 0);
+                self.complete_send(&w, WcStatus::LocProtErr);
                 self.enter_error();
                 return None;
             }
@@ -413,17 +409,15 @@ impl QpEngine {
                 local: path.local,
                 remote: dest.remote_ip,
                 src_port: path.src_port,
+                ip: dest.ip,
             };
             repr.finish(&mut buf, &to.icrc_ip());
             self.req.psn = self.req.psn.add(1);
             let w = self.sq.pop_front()?;
-            self.complete_send(&w, WcStatus::Success, 0);
-            return Some(Transmit::new(
-                TxKind::Request,
-                dest.remote_ip,
-                path.src_port,
-                buf,
-            ));
+            self.complete_send(&w, WcStatus::Success);
+            return Some(
+                Transmit::new(TxKind::Request, dest.remote_ip, path.src_port, buf).with_ip(dest.ip),
+            );
         }
     }
 

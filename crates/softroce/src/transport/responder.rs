@@ -245,16 +245,7 @@ impl QpEngine {
             self.counters.drop_packet(DropReason::LengthMismatch);
             return;
         };
-        // rxe `check_keys`: QP1 takes only GSI_QKEY, other UD QPs only their own Q_Key.
-        let want = if self.qp_type == QpType::Gsi {
-            super::GSI_QKEY
-        } else {
-            self.attrs.qkey
-        };
-        if deth.qkey != want {
-            self.counters.drop_packet(DropReason::BadQkey);
-            return;
-        }
+        // The Q_Key was checked with the other header checks (`QpEngine::handle_packet`).
         let Some(room) = self.rq.front().map(|r| {
             r.wr.sg_list
                 .iter()
@@ -267,7 +258,7 @@ impl QpEngine {
         let len = 40 + pkt.payload.len() as u64;
         if len > room {
             // rxe `rxe_resp_check_length` → class D for UD: dropped, the receive stays.
-            self.counters.drop_packet(DropReason::LengthMismatch);
+            self.counters.drop_packet(DropReason::UdReceiveTooShort);
             return;
         }
         let Some(r) = self.rq.pop_front() else { return };
@@ -396,10 +387,13 @@ impl QpEngine {
                 imm_data: imm.unwrap_or(0),
                 qp_num: self.qpn,
                 src_qp: self.attrs.dest_qp_num,
+                // rxe `do_complete` (user CQ): every successful receive completion has
+                // IBV_WC_GRH, RC and UC included, since a RoCE packet always carries a
+                // network header; only a UD receive also puts it in the buffer.
                 wc_flags: if imm.is_some() {
-                    WcFlags::WITH_IMM
+                    WcFlags::GRH | WcFlags::WITH_IMM
                 } else {
-                    WcFlags::empty()
+                    WcFlags::GRH
                 },
             };
             self.counters.rdma_recvs += 1;
@@ -822,6 +816,6 @@ impl QpEngine {
             let _ = data.copy_to(&mut buf[h..h + n]);
         }
         repr.finish(&mut buf, &path.icrc_ip());
-        Some(Transmit::new(kind, path.remote, path.src_port, buf))
+        Some(Transmit::new(kind, path.remote, path.src_port, buf).with_ip(path.ip))
     }
 }

@@ -319,6 +319,7 @@ mod tests {
             local: ME,
             remote: PEER,
             src_port: 0xc000,
+            ip: Default::default(),
         });
         e.set_state(QpState::Rtr);
         e
@@ -334,6 +335,7 @@ mod tests {
             local: PEER,
             remote: ME,
             src_port: 0xc000,
+            ip: Default::default(),
         }
         .icrc_ip();
         repr.emit(&mut buf, &[7; 8], &ip);

@@ -28,6 +28,7 @@ fn rc_qp_rts() -> (QpEngine, MemoryTable, u32, u64) {
         local: ME,
         remote: PEER,
         src_port: 0xc000,
+        ip: Default::default(),
     });
     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
         e.set_state(s);
@@ -57,6 +58,7 @@ fn deliver(e: &mut QpEngine, mem: &mut MemoryTable, mut repr: PacketRepr, payloa
         local: PEER,
         remote: ME,
         src_port: 0xc000,
+        ip: Default::default(),
     }
     .icrc_ip();
     repr.emit(&mut buf, payload, &ip);

@@ -24,6 +24,8 @@ pub struct Transmit {
     pub payload: Vec<u8>,
     /// The rest of the datagram, left in registered memory.
     pub tail: Option<PayloadRef>,
+    /// IP header fields to send it with (the QP's or the address handle's).
+    pub ip: IpFields,
 }
 
 /// What a [`Transmit`] carries, set where the packet is built: a request of the requester,
@@ -112,6 +114,7 @@ pub(super) fn gathered(
             pad: pad as u8,
             icrc,
         }),
+        ip: path.ip,
     }
 }
 
@@ -192,7 +195,15 @@ impl Transmit {
             src_port,
             payload,
             tail: None,
+            ip: IpFields::default(),
         }
+    }
+
+    /// The same datagram, sent with the IP header fields `ip`.
+    #[must_use]
+    pub fn with_ip(mut self, ip: IpFields) -> Transmit {
+        self.ip = ip;
+        self
     }
 
     /// The datagram's length in bytes (headers, payload, pad and ICRC).

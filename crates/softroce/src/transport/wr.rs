@@ -114,6 +114,8 @@ pub struct UdDest {
     pub remote_qpn: u32,
     /// Q_Key to send with.
     pub remote_qkey: u32,
+    /// Traffic class and hop limit from the address handle.
+    pub ip: IpFields,
 }
 
 impl SendWr {

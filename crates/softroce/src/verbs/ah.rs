@@ -3,12 +3,14 @@
 use super::modify::AhAttr;
 use super::pd::Pd;
 use super::{Error, ErrorKind, Gid, Result};
+use crate::transport::IpFields;
 
 /// An address handle (`ibv_ah`): where UD sends go. For RoCEv2 the destination GID names
 /// the IP address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ah {
     dgid: Gid,
+    ip: IpFields,
 }
 
 impl Ah {
@@ -22,6 +24,7 @@ impl Ah {
             remote_ip: self.dgid.ip(),
             remote_qpn,
             remote_qkey,
+            ip: self.ip,
         }
     }
 }
@@ -36,6 +39,9 @@ impl Pd {
                 "create_ah: dgid of another IP family than the device",
             ));
         }
-        Ok(Ah { dgid: attr.dgid })
+        Ok(Ah {
+            dgid: attr.dgid,
+            ip: attr.ip_fields(),
+        })
     }
 }

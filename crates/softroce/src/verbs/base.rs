@@ -73,9 +73,7 @@ pub(super) const MAX_RD_ATOM: u32 = 128;
 pub(super) const FIRST_QPN: u32 = 0x11;
 /// The GSI QP's number.
 pub(super) const GSI_QPN: u32 = 1;
-/// The DestQP of every multicast packet. Source: IBTA Vol 1 ch. 10 (multicast: QP 0xFFFFFF);
-/// ib_core `IB_MULTICAST_QPN`.
-pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
+pub use crate::transport::MULTICAST_QPN;
 /// Most multicast groups per device and QPs per group (rxe `RXE_MAX_MCAST_GRP`,
 /// `RXE_MAX_MCAST_QP_ATTACH`).
 pub(super) const MAX_MCAST_GRP: usize = 8192;

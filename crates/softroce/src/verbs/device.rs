@@ -164,6 +164,7 @@ fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
         local: cfg.ip,
         remote: cfg.ip,
         src_port: link.source_port(rxe_initial_udp_sport(GSI_QPN)),
+        ip: crate::transport::IpFields::default(),
     });
     let a = e.attrs_mut();
     a.path_mtu = cfg.active_mtu;

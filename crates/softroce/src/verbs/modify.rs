@@ -6,7 +6,7 @@
 //! `ib_modify_qp_is_ok`, which rxe applies before `rxe_qp_chk_attr`.
 
 use super::{Error, ErrorKind, Gid};
-use crate::transport::{AccessFlags, PathMtu, QpState, QpType};
+use crate::transport::{AccessFlags, IpFields, PathMtu, QpState, QpType};
 use crate::wire::Psn;
 
 /// Which fields of [`QpAttr`] a `modify_qp` call sets. Bit values are `enum ibv_qp_attr_mask`.
@@ -122,6 +122,20 @@ pub struct AhAttr {
 }
 
 impl AhAttr {
+    /// The IP header fields of the packets sent with this address vector: its traffic
+    /// class always; its hop limit only toward a multicast group. ib_core replaces the hop
+    /// limit of a unicast RoCE address vector with the route's (`ib_resolve_eth_dmac`, at
+    /// `ibv_create_ah` and at `modify_qp` with an AV), so rxe's unicast packets leave with
+    /// the route's TTL (64) whatever was asked (`ibv_rc_pingpong` asks for 1), and its
+    /// multicast ones with this hop limit. Source: rxe `rxe_net.c` `prepare_ipv4_hdr`;
+    /// docs/wire-facts.md §2.1.
+    pub fn ip_fields(&self) -> IpFields {
+        IpFields {
+            traffic_class: self.traffic_class,
+            hop_limit: self.dgid.ip().is_multicast().then_some(self.hop_limit),
+        }
+    }
+
     /// A RoCEv2 address vector to `dgid` from GID index 1, hop limit 64.
     pub fn roce_v2(dgid: Gid) -> AhAttr {
         AhAttr {

@@ -111,6 +111,7 @@ impl Pd {
                 local: ip,
                 remote: ip,
                 src_port,
+                ip: crate::transport::IpFields::default(),
             });
             engine.attrs_mut().path_mtu = self.dev.shared.cfg.active_mtu;
         }
@@ -241,6 +242,7 @@ impl Qp {
                 local: local_ip,
                 remote,
                 src_port,
+                ip: ah.ip_fields(),
             });
         }
         // Everything checked: commit.

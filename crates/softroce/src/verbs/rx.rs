@@ -185,6 +185,10 @@ impl Device {
             st.counters.drop_packet(DropReason::IcrcMismatch);
             return;
         }
+        // rxe `rxe_rcv`: a multicast packet is counted in `rcvd_pkts` once, after the ICRC
+        // and before it is copied to each member (whose type, state and Q_Key checks then
+        // drop it per QP); the members' engines do not count it again.
+        st.counters.rcvd_pkts += 1;
         for qpn in members {
             // The same receive path as a unicast datagram: a member on an SRQ is lent the
             // SRQ's head WR (rxe `rxe_rcv_mcast_pkt` -> `rxe_rcv_pkt` -> `get_srq_wqe`).
