@@ -410,6 +410,10 @@ impl CmEngine {
     pub fn connection_count(&self) -> usize {
         self.conns.len()
     }
+    /// Every connection and its state, by ID.
+    pub fn connections(&self) -> impl Iterator<Item = (CommId, CmState)> + '_ {
+        self.conns.iter().map(|(&id, c)| (CommId(id), c.state))
+    }
     /// The peer's QPN of connection `id`, once known.
     pub fn remote_qpn(&self, id: CommId) -> Option<u32> {
         self.conns
