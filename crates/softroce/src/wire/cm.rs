@@ -1248,3 +1248,75 @@ pub fn ip_of_gid(gid: [u8; 16]) -> core::net::IpAddr {
         None => core::net::IpAddr::V6(v6),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_read_and_write_from_the_most_significant_bit() {
+        // REQ byte 43 of 30-rping: 0xa0 = remote CM response timeout 0x14, type 0, e2e 0.
+        assert_eq!(get_bits(0xa0, 0, 5), 0x14);
+        assert_eq!(get_bits(0xa7, 5, 3), 7);
+        let mut b = 0xffu8;
+        put_bits(&mut b, 5, 2, 0);
+        assert_eq!(b, 0xf9);
+        put_bits(&mut b, 0, 5, 0x1f_u8 + 0x20); // bits above the width are ignored
+        assert_eq!(b, 0xf9);
+    }
+
+    #[test]
+    fn flow_label_keeps_the_packet_rate_bits() {
+        let mut buf = [0u8; CM_MSG_LEN];
+        let mut r = Req::new_unchecked(&mut buf[..]);
+        r.set_primary_packet_rate(0x3f);
+        r.set_primary_flow_label(0xf_ffff);
+        assert_eq!(
+            (r.primary_flow_label(), r.primary_packet_rate()),
+            (0xf_ffff, 0x3f)
+        );
+        r.set_primary_flow_label(0);
+        assert_eq!(&buf[88..92], &[0, 0, 0x00, 0x3f]);
+    }
+
+    #[test]
+    fn every_view_is_truncated_below_232_bytes() {
+        let buf = [0u8; CM_MSG_LEN];
+        for n in 0..CM_MSG_LEN {
+            let b = &buf[..n];
+            assert_eq!(Req::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(Mra::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(Rej::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(Rep::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(Rtu::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(Dreq::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(Drep::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(SidrReq::new_checked(b).err(), Some(Error::Truncated));
+            assert_eq!(SidrRep::new_checked(b).err(), Some(Error::Truncated));
+            assert!(CmMsgRepr::parse(0x0019, b).is_err());
+        }
+        assert!(CmaHdr::new_checked(&buf[..35]).is_err());
+    }
+
+    #[test]
+    fn private_data_lengths_follow_the_kernel_layout() {
+        assert_eq!(Req::<&[u8]>::PRIVATE_DATA_LEN, 92);
+        assert_eq!(Mra::<&[u8]>::PRIVATE_DATA_LEN, 222);
+        assert_eq!(Rej::<&[u8]>::PRIVATE_DATA_LEN, 148);
+        assert_eq!(Rep::<&[u8]>::PRIVATE_DATA_LEN, 196);
+        assert_eq!(Rtu::<&[u8]>::PRIVATE_DATA_LEN, 224);
+        assert_eq!(Dreq::<&[u8]>::PRIVATE_DATA_LEN, 220);
+        assert_eq!(Drep::<&[u8]>::PRIVATE_DATA_LEN, 224);
+        assert_eq!(SidrReq::<&[u8]>::PRIVATE_DATA_LEN, 216);
+        assert_eq!(SidrRep::<&[u8]>::PRIVATE_DATA_LEN, 136);
+    }
+
+    #[test]
+    fn rdma_cm_service_ids_and_gids() {
+        assert_eq!(rdma_cm_service_id(port_space::TCP, 7174), 0x0106_1c06);
+        assert_eq!(rdma_cm_port(0x0106_1c06), Some((port_space::TCP, 7174)));
+        assert_eq!(rdma_cm_port(1 << 40), None);
+        let ip = core::net::IpAddr::V4(core::net::Ipv4Addr::new(10, 77, 0, 2));
+        assert_eq!(ip_of_gid(gid_of_ip(ip)), ip);
+    }
+}
