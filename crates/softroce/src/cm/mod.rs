@@ -24,10 +24,11 @@
 //! and `_rts` do, then calls `accept` (passive) or `establish` (active, sends the RTU).
 //!
 //! # States (IBTA Vol 1 ch. 12.9, kernel `enum ib_cm_state`)
-//! Active: IDLE → REQ_SENT (connect) → [MRA_REQ_RCVD] → REP_RCVD (REP; event
+//! Active: IDLE → REQ_SENT (connect) → (MRA_REQ_RCVD) → REP_RCVD (REP; event
 //! ConnectResponse) → ESTABLISHED (establish: RTU sent; event Established).
-//! Passive: REQ_RCVD (REQ; event ConnectRequest) → [MRA_REQ_SENT] → REP_SENT (accept) →
-//! [MRA_REP_RCVD] → ESTABLISHED (RTU; event Established).
+//! Passive: REQ_RCVD (REQ; event ConnectRequest) → (MRA_REQ_SENT) → REP_SENT (accept) →
+//! (MRA_REP_RCVD) → ESTABLISHED (RTU; event Established).
+//! States in parentheses are passed only when an MRA is exchanged.
 //! Either side: ESTABLISHED → DREQ_SENT (disconnect) → TIMEWAIT (DREP or DREQ timeout; event
 //! Disconnected); ESTABLISHED → DREQ_RCVD (DREQ; event Disconnected) → TIMEWAIT (disconnect:
 //! DREP sent); TIMEWAIT → gone (timer; event TimewaitExit). SIDR: SIDR_REQ_SENT →
