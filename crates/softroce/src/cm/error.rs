@@ -8,7 +8,7 @@ use crate::wire::cm::{RejReason, SidrStatus};
 ///
 /// Source: kernel `cm.c` (`cm_req_handler`: no listener; `cm_dup_req_handler`: stale;
 /// `cm_rep_handler`: unknown comm ID; `ib_send_cm_rej` from rdma_reject) and IBTA Vol 1
-/// ch. 12.6.7 (REJ reasons).
+/// ch. 12 (table 108, REJ reasons).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CmReject {
     /// The application called `reject`.

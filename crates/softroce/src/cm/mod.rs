@@ -23,7 +23,7 @@
 //! depth, `timeout`, `retry_cnt`, `rnr_retry`), exactly as librdmacm's `ucma_modify_qp_rtr`
 //! and `_rts` do, then calls `accept` (passive) or `establish` (active, sends the RTU).
 //!
-//! # States (IBTA Vol 1 ch. 12.9, kernel `enum ib_cm_state`)
+//! # States (IBTA Vol 1 ch. 12 state diagrams, kernel `enum ib_cm_state`)
 //! Active: IDLE → REQ_SENT (connect) → (MRA_REQ_RCVD) → REP_RCVD (REP; event
 //! ConnectResponse) → ESTABLISHED (establish: RTU sent; event Established).
 //! Passive: REQ_RCVD (REQ; event ConnectRequest) → (MRA_REQ_SENT) → REP_SENT (accept) →

@@ -12,7 +12,7 @@
 //! of a byte (as IBTA's tables and the kernel's `CM_FIELD_BLOC` do). Fields are big-endian.
 //! Reserved bits read as they are and are written as 0; a `Repr` emit writes all 232 bytes.
 //! Panics: never after `check_len`. Allocation: none.
-//! Source: IBTA Vol 1 ch. 12.6 (CM message formats: tables "REQ message contents" to
+//! Source: IBTA Vol 1 ch. 12 (CM message formats: tables 106 "REQ message contents" to 120
 //! "SIDR_REP message contents"); kernel `include/rdma/ibta_vol1_c12.h` (offsets) and
 //! `drivers/infiniband/core/cma.c` `struct cma_hdr`; Wireshark `packet-infiniband.c`.
 
@@ -23,7 +23,7 @@ use super::{Error, Result, be16, be24, be32, be64, put_be24};
 pub const CM_MSG_LEN: usize = MAD_LEN - MAD_HDR_LEN;
 
 /// CM attribute IDs (the MAD header's `attr_id`): which message a CM MAD carries.
-/// Source: IBTA Vol 1 ch. 12.6 (CM attributes); kernel `cm.c` `CM_REQ_ATTR_ID` and siblings.
+/// Source: IBTA Vol 1 ch. 12 (CM attributes); kernel `cm.c` `CM_REQ_ATTR_ID` and siblings.
 pub mod attr {
     /// ClassPortInfo.
     pub const CLASS_PORT_INFO: u16 = 0x0001;
@@ -147,7 +147,7 @@ cm_view!(
     /// REQ: the active side asks to connect a QP to a service.
     ///
     /// Shape: see the getters (offset, bits); private data at 140..232 (92 bytes).
-    /// Source: IBTA Vol 1 ch. 12.6.5 (REQ message contents); kernel `CM_REQ_*`.
+    /// Source: IBTA Vol 1 ch. 12, table 106 (REQ message contents); kernel `CM_REQ_*`.
     Req, private_data: 140, {
         /// Local communication ID (the sender's), u32 at 0.
         local_comm_id / set_local_comm_id: u32[0];
@@ -245,7 +245,7 @@ cm_view!(
 cm_view!(
     /// MRA: "message received, answer later": stretches the sender's response timer.
     ///
-    /// Shape: private data at 10..232 (222 bytes). Source: IBTA Vol 1 ch. 12.6.6; `CM_MRA_*`.
+    /// Shape: private data at 10..232 (222 bytes). Source: IBTA Vol 1 ch. 12, table 107; `CM_MRA_*`.
     Mra, private_data: 10, {
         /// Local communication ID, u32 at 0.
         local_comm_id / set_local_comm_id: u32[0];
@@ -262,7 +262,7 @@ cm_view!(
     /// REJ: a REQ or REP is refused, with a reason.
     ///
     /// Shape: ARI at 12..84 (72 bytes), private data at 84..232 (148 bytes).
-    /// Source: IBTA Vol 1 ch. 12.6.7; `CM_REJ_*`.
+    /// Source: IBTA Vol 1 ch. 12, table 108; `CM_REJ_*`.
     Rej, private_data: 84, {
         /// Local communication ID, u32 at 0 (0 when rejecting a REQ with no state).
         local_comm_id / set_local_comm_id: u32[0];
@@ -294,7 +294,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Rej<T> {
 cm_view!(
     /// REP: the passive side accepts a REQ.
     ///
-    /// Shape: private data at 36..232 (196 bytes). Source: IBTA Vol 1 ch. 12.6.8; `CM_REP_*`.
+    /// Shape: private data at 36..232 (196 bytes). Source: IBTA Vol 1 ch. 12, table 110; `CM_REP_*`.
     Rep, private_data: 36, {
         /// Local communication ID, u32 at 0.
         local_comm_id / set_local_comm_id: u32[0];
@@ -330,7 +330,7 @@ cm_view!(
 cm_view!(
     /// RTU: the active side's "ready to use", closing the three-way handshake.
     ///
-    /// Shape: private data at 8..232 (224 bytes). Source: IBTA Vol 1 ch. 12.6.9; `CM_RTU_*`.
+    /// Shape: private data at 8..232 (224 bytes). Source: IBTA Vol 1 ch. 12, table 111; `CM_RTU_*`.
     Rtu, private_data: 8, {
         /// Local communication ID, u32 at 0.
         local_comm_id / set_local_comm_id: u32[0];
@@ -342,7 +342,7 @@ cm_view!(
 cm_view!(
     /// DREQ: either side asks to disconnect.
     ///
-    /// Shape: private data at 12..232 (220 bytes). Source: IBTA Vol 1 ch. 12.6.10; `CM_DREQ_*`.
+    /// Shape: private data at 12..232 (220 bytes). Source: IBTA Vol 1 ch. 12, table 112; `CM_DREQ_*`.
     Dreq, private_data: 12, {
         /// Local communication ID, u32 at 0.
         local_comm_id / set_local_comm_id: u32[0];
@@ -356,7 +356,7 @@ cm_view!(
 cm_view!(
     /// DREP: the answer to a DREQ.
     ///
-    /// Shape: private data at 8..232 (224 bytes). Source: IBTA Vol 1 ch. 12.6.11; `CM_DREP_*`.
+    /// Shape: private data at 8..232 (224 bytes). Source: IBTA Vol 1 ch. 12, table 113; `CM_DREP_*`.
     Drep, private_data: 8, {
         /// Local communication ID, u32 at 0.
         local_comm_id / set_local_comm_id: u32[0];
@@ -368,7 +368,7 @@ cm_view!(
 cm_view!(
     /// SIDR_REQ: resolve a service ID to a UD QPN and Q_Key.
     ///
-    /// Shape: private data at 16..232 (216 bytes). Source: IBTA Vol 1 ch. 12.11.1;
+    /// Shape: private data at 16..232 (216 bytes). Source: IBTA Vol 1 ch. 12, table 119;
     /// `CM_SIDR_REQ_*`.
     SidrReq, private_data: 16, {
         /// Request ID, u32 at 0.
@@ -384,7 +384,7 @@ cm_view!(
     /// SIDR_REP: the answer to a SIDR_REQ.
     ///
     /// Shape: additional information at 24..96 (72 bytes), private data at 96..232 (136
-    /// bytes). Source: IBTA Vol 1 ch. 12.11.2; `CM_SIDR_REP_*`.
+    /// bytes). Source: IBTA Vol 1 ch. 12, table 120; `CM_SIDR_REP_*`.
     SidrRep, private_data: 96, {
         /// Request ID, u32 at 0.
         request_id / set_request_id: u32[0];
@@ -416,7 +416,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> SidrRep<T> {
 }
 
 /// REJ reason codes (open: unknown values are kept).
-/// Source: IBTA Vol 1 ch. 12.6.7 (REJ reasons); kernel `include/rdma/ib_cm.h`
+/// Source: IBTA Vol 1 ch. 12 (REJ reasons, with table 108); kernel `include/rdma/ib_cm.h`
 /// `enum ib_cm_rej_reason`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RejReason(pub u16);
@@ -460,7 +460,7 @@ impl RejReason {
     pub const INVALID_CLASS_VERSION: RejReason = RejReason(31);
 }
 
-/// SIDR_REP status values (open). Source: IBTA Vol 1 ch. 12.11.2; kernel `ib_cm.h`
+/// SIDR_REP status values (open). Source: IBTA Vol 1 ch. 12 (SIDR_REP status, with table 120); kernel `ib_cm.h`
 /// `enum ib_cm_sidr_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SidrStatus(pub u8);
@@ -490,7 +490,7 @@ pub mod msg_ref {
     pub const OTHER: u8 = 2;
 }
 
-/// One path of a REQ (primary or alternate). Source: IBTA Vol 1 ch. 12.6.5.
+/// One path of a REQ (primary or alternate). Source: IBTA Vol 1 ch. 12, table 106.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CmPathRepr {
     /// Local port LID (0xffff on RoCE).

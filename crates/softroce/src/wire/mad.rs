@@ -7,7 +7,7 @@
 //! reserved u16 at 18..20, `attr_mod` u32 at 20..24. The class-specific data follows, up to
 //! [`MAD_LEN`] bytes in all.
 //! Panics: never after `check_len`. Allocation: none.
-//! Source: IBTA Vol 1 ch. 13.4 (MAD common header); kernel `include/rdma/ib_mad.h`
+//! Source: IBTA Vol 1 ch. 13 (MAD common header); kernel `include/rdma/ib_mad.h`
 //! `struct ib_mad_hdr`; Wireshark `packet-infiniband.c` (MAD common header).
 
 use super::{be16, be32, be64};
@@ -22,13 +22,13 @@ pub const MAD_HDR_LEN: usize = 24;
 pub const MAD_BASE_VERSION: u8 = 1;
 
 /// Management class of the Communication Manager.
-/// Source: IBTA Vol 1 ch. 12.6 (CM MADs); kernel `ib_mad.h` `IB_MGMT_CLASS_CM`.
+/// Source: IBTA Vol 1 ch. 12 (CM MADs); kernel `ib_mad.h` `IB_MGMT_CLASS_CM`.
 pub const MGMT_CLASS_CM: u8 = 0x07;
 
 /// Class version of CM MADs (kernel `IB_CM_CLASS_VERSION`).
 pub const CM_CLASS_VERSION: u8 = 2;
 
-/// MAD method `Send` (0x03): every CM message uses it. Source: IBTA Vol 1 ch. 13.4.5;
+/// MAD method `Send` (0x03): every CM message uses it. Source: IBTA Vol 1 ch. 13 (MAD methods);
 /// kernel `IB_MGMT_METHOD_SEND`.
 pub const MAD_METHOD_SEND: u8 = 0x03;
 
