@@ -317,6 +317,8 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
 
     // The error names the device, its address and port, and a hint.
     let dev = UdpDevice::open(&a.ib_dev, ip)?;
+    // Counters are watched from here: what the peer sends right after the exchange counts.
+    let mut watch = StallWatch::new(&dev);
     // -e: completions wake the loop through a completion channel, as rc_pingpong's -e.
     let channel = if a.events {
         Some(dev.create_comp_channel()?)
@@ -444,7 +446,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let mut received_any = false;
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut wcs = [Wc::default(), Wc::default()];
-    let mut watch = StallWatch::new(&dev);
+    watch.progress();
     let mut num_cq_events = 0u32;
     while rcnt < a.iters || scnt < a.iters {
         let n = match &channel {

@@ -41,7 +41,8 @@ pub struct StallWatch<'a> {
 }
 
 impl<'a> StallWatch<'a> {
-    /// Starts watching `dev` (call once the peers have exchanged addresses).
+    /// Starts watching `dev`: its counters from now on; the time without completions from
+    /// now or from the last [`StallWatch::progress`] (call it when the run starts).
     pub fn new(dev: &'a UdpDevice) -> StallWatch<'a> {
         StallWatch {
             dev,
@@ -98,7 +99,7 @@ impl<'a> StallWatch<'a> {
         }
         let hint = hint(rx, &drops);
         format!(
-            "Device counters since the exchange: {}. {hint}",
+            "Device counters since the device opened: {}. {hint}",
             moved.join(", ")
         )
     }

@@ -71,6 +71,8 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let ip = device_ip(a.ip)?;
     // The error names the device, its address and port, and a hint.
     let dev = UdpDevice::open(&a.ib_dev, ip)?;
+    // Counters are watched from here: what the peer sends right after the exchange counts.
+    let mut watch = StallWatch::new(&dev);
     let channel = if a.events {
         Some(dev.create_comp_channel()?)
     } else {
@@ -222,7 +224,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut num_cq_events = 0u32;
     let mut wcs = vec![Wc::default(); num_qp + a.rx_depth as usize];
-    let mut watch = StallWatch::new(&dev);
+    watch.progress();
     while rcnt < a.iters || scnt < a.iters {
         let n = match &channel {
             Some(ch) => {

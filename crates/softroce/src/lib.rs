@@ -5,6 +5,8 @@
 //!   the opcode table, PSN arithmetic and the ICRC. No state, no I/O, no panics.
 //! - [`transport`]: one sans-IO engine per queue pair (requester, responder, completer) plus
 //!   the memory-region table. Time is passed in; nothing here opens a socket or reads a clock.
+//! - [`cm`]: the IB Communication Manager, a second sans-IO engine (connect, accept,
+//!   disconnect by CM MADs on QP1), and the MAD agent that feeds it.
 //! - [`verbs`]: devices, PDs, MRs, CQs and QPs with libibverbs names and errno-style errors.
 //! - [`net`]: the only place with sockets, threads and the real clock: one UDP socket per
 //!   device on port 4791, and a driver thread that feeds received datagrams to the engines.
@@ -112,6 +114,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod net;
 pub mod transport;
 pub mod verbs;

@@ -9,6 +9,7 @@
 
 mod ah;
 mod base;
+mod cm_port;
 mod cq;
 mod device;
 mod event;
@@ -27,6 +28,7 @@ pub use crate::transport::{
 };
 pub use ah::Ah;
 pub use base::{Device, DeviceConfig, GidEntry, GidType, MULTICAST_QPN};
+pub use cm_port::{CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, CmPort, grh_source};
 pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr};
 pub use event::{AsyncEvent, EventElement, EventType};

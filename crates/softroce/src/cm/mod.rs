@@ -1,0 +1,672 @@
+//! The IB Communication Manager: a sans-IO engine that sets up and tears down connections by
+//! exchanging CM MADs with a peer's QP1, as kernel `cm.c` does for rdma_cm, and the MAD agent
+//! ([`MadAgent`]) that sits on QP1 and hands it the CM's MADs.
+//!
+//! # Shape
+//! Like the QP engine, [`CmEngine`] never touches a socket or a clock. Its user (a frontend:
+//! the Rust rdma_cm-shaped API, librdmacm.so.1, a test) calls, with a monotonic `now`:
+//! - mutators: [`listen`](CmEngine::listen), [`connect`](CmEngine::connect),
+//!   [`accept`](CmEngine::accept), [`establish`](CmEngine::establish),
+//!   [`reject`](CmEngine::reject), [`disconnect`](CmEngine::disconnect),
+//!   [`sidr_request`](CmEngine::sidr_request), [`sidr_reply`](CmEngine::sidr_reply);
+//! - inputs: [`handle_mad`](CmEngine::handle_mad) (a 256-byte MAD from QP1 and the peer's
+//!   IP), [`handle_timeout`](CmEngine::handle_timeout);
+//! - outputs, in this order after every input: [`poll_event`](CmEngine::poll_event) (what
+//!   librdmacm reports), [`poll_mad`](CmEngine::poll_mad) (MADs to send from QP1 to the peer's
+//!   QP1 with Q_Key 0x8001_0000), [`poll_timeout`](CmEngine::poll_timeout) (when to call
+//!   `handle_timeout`).
+//!
+//! The engine creates and modifies no QP. A [`CmEvent::ConnectRequest`] carries the whole REQ
+//! and a [`CmEvent::ConnectResponse`] the whole REP: the user applies them to its QP with
+//! modify_qp (`dest_qp_num` = the peer's `local_qpn`, `rq_psn` = its `starting_psn`,
+//! `path_mtu`, `max_dest_rd_atomic`/`max_rd_atomic` from responder resources and initiator
+//! depth, `timeout`, `retry_cnt`, `rnr_retry`), exactly as librdmacm's `ucma_modify_qp_rtr`
+//! and `_rts` do, then calls `accept` (passive) or `establish` (active, sends the RTU).
+//!
+//! # States (IBTA Vol 1 ch. 12 state diagrams, kernel `enum ib_cm_state`)
+//! Active: IDLE → REQ_SENT (connect) → (MRA_REQ_RCVD) → REP_RCVD (REP; event
+//! ConnectResponse) → ESTABLISHED (establish: RTU sent; event Established).
+//! Passive: REQ_RCVD (REQ; event ConnectRequest) → (MRA_REQ_SENT) → REP_SENT (accept) →
+//! (MRA_REP_RCVD) → ESTABLISHED (RTU; event Established).
+//! States in parentheses are passed only when an MRA is exchanged.
+//! Either side: ESTABLISHED → DREQ_SENT (disconnect) → TIMEWAIT (DREP or DREQ timeout; event
+//! Disconnected); ESTABLISHED → DREQ_RCVD (DREQ; event Disconnected) → TIMEWAIT (disconnect:
+//! DREP sent); TIMEWAIT → gone (timer; event TimewaitExit). SIDR: SIDR_REQ_SENT →
+//! gone (SIDR_REP; event SidrResponse), SIDR_REQ_RCVD → gone (sidr_reply).
+//! A connection that is rejected or unreachable is gone at once, after its event.
+//!
+//! # Timers (kernel `cm.c` `cm_convert_to_ms`, `cm_enter_timewait`; cma.c constants)
+//! Response timeout = 2 × packet lifetime + 4.096 µs × 2^(the peer's CM response timeout):
+//! REQ and DREQ wait for the peer's `remote_cm_response_timeout` we announce, REP for the
+//! REQ's `local_cm_response_timeout`. Each message is retransmitted up to `max_cm_retries`
+//! times (the REQ's for the REP); then the connection is UNREACHABLE (REQ, REP: a REJ with
+//! reason Timeout is sent) or goes to TIMEWAIT (DREQ). An MRA stretches the wait to 2 ×
+//! packet lifetime + its service timeout, without retries. TIMEWAIT lasts
+//! 4.096 µs × 2^(packet lifetime + 1).
+//!
+//! # Duplicates and stale messages (kernel `cm_dup_req_handler`, `cm_dup_rep_handler`,
+//! `cm_dreq_handler`, `cm_issue_rej`, `cm_issue_drep`)
+//! A duplicate REQ gets an MRA while the user decides (REQ_RCVD, MRA_REQ_SENT), the REP again
+//! in REP_SENT, a REJ(stale connection) in TIMEWAIT. A duplicate REP gets the RTU again in
+//! ESTABLISHED. A DREQ in TIMEWAIT gets the DREP again; a DREQ for an unknown ID gets a DREP;
+//! a REP for an unknown ID gets a REJ(invalid comm ID); a REQ for a service nobody listens
+//! on gets a REJ(invalid service ID). Everything else that matches nothing is dropped and
+//! counted by [`CmDropReason`].
+//!
+//! # Events and librdmacm
+//! ConnectRequest = RDMA_CM_EVENT_CONNECT_REQUEST, ConnectResponse =
+//! RDMA_CM_EVENT_CONNECT_RESPONSE (librdmacm with a QP attached applies it, sends the RTU and
+//! reports ESTABLISHED), Established = ESTABLISHED, Rejected = REJECTED (status = the REJ
+//! reason), Unreachable = UNREACHABLE (ETIMEDOUT), Disconnected = DISCONNECTED, TimewaitExit
+//! = TIMEWAIT_EXIT, SidrRequest = CONNECT_REQUEST on a UDP id, SidrResponse = ESTABLISHED
+//! (status 0, with the QPN and Q_Key) or UNREACHABLE (kernel `cma_sidr_rep_handler`).
+//!
+//! Source: IBTA Vol 1 ch. 12 (communication management); kernel `drivers/infiniband/core/
+//! cm.c` and `cma.c`; rdma-core `librdmacm/cma.c`. See also docs/cm.md.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod agent;
+mod counters;
+mod error;
+mod recv;
+#[cfg(test)]
+mod tests;
+
+pub use agent::{MadAgent, MadClassDrops};
+pub use counters::{CmCounters, CmDropReason};
+pub use error::{CmError, CmReject};
+
+use crate::transport::Instant;
+use crate::wire::cm::{
+    CmMadRepr, CmMsgRepr, CmPathRepr, CmaHdr, CmaHdrRepr, DrepRepr, DreqRepr, MraRepr, RejReason,
+    RejRepr, RepRepr, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip, msg_ref,
+};
+use crate::wire::mad::{
+    CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_LEN, MAD_METHOD_SEND, MGMT_CLASS_CM, MadHdrRepr,
+};
+use core::net::IpAddr;
+use core::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// rdma_cm's CM response timeout exponent (4.096 µs × 2^20 ≈ 4.3 s): `cma.c`
+/// `CMA_CM_RESPONSE_TIMEOUT`.
+pub const CMA_CM_RESPONSE_TIMEOUT: u8 = 20;
+/// rdma_cm's maximum CM retries: `cma.c` `CMA_MAX_CM_RETRIES`.
+pub const CMA_MAX_CM_RETRIES: u8 = 15;
+/// rdma_cm's packet lifetime exponent on RoCE: `cma.c` `CMA_IBOE_PACKET_LIFETIME`.
+pub const CMA_IBOE_PACKET_LIFETIME: u8 = 16;
+
+/// 4.096 µs × 2^`exp` (the IB time encoding), `exp` capped at 31.
+pub fn ib_time(exp: u8) -> Duration {
+    Duration::from_nanos(4096u64 << exp.min(31))
+}
+
+/// The flow label rdma_cm puts in a RoCE REQ: `(sport × 31 + dport) & 0xf_ffff`.
+/// Source: `cma.c` `cma_get_roce_udp_flow_label`; docs/wire-facts.md §2.1.
+pub const fn rdma_cm_flow_label(src_port: u16, dst_port: u16) -> u32 {
+    ((src_port as u32)
+        .wrapping_mul(31)
+        .wrapping_add(dst_port as u32))
+        & 0x000f_ffff
+}
+
+/// A local communication ID: names one connection of this engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CommId(pub u32);
+
+/// Configuration of a CM engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CmConfig {
+    /// This port's IP address (its GID on RoCE).
+    pub local_ip: IpAddr,
+    /// This CA's GUID (REQ/REP `local_ca_guid`).
+    pub local_ca_guid: u64,
+    /// Seed of the communication IDs and transaction IDs.
+    pub seed: u64,
+    /// CM response timeout we announce (REQ `remote_`/`local_cm_response_timeout`).
+    pub cm_response_timeout: u8,
+    /// Retransmissions of a REQ/REP/DREQ before giving up.
+    pub max_cm_retries: u8,
+    /// Packet lifetime exponent (response timeouts, TIMEWAIT).
+    pub packet_life_time: u8,
+    /// Service timeout exponent we put in an MRA.
+    pub mra_service_timeout: u8,
+    /// Most connections (all states, TIMEWAIT included) the engine holds.
+    pub max_connections: usize,
+}
+
+impl CmConfig {
+    /// rdma_cm's values: response timeout 20, 15 retries, packet lifetime 16, MRA 24.
+    pub fn new(local_ip: IpAddr, local_ca_guid: u64, seed: u64) -> CmConfig {
+        CmConfig {
+            local_ip,
+            local_ca_guid,
+            seed,
+            cm_response_timeout: CMA_CM_RESPONSE_TIMEOUT,
+            max_cm_retries: CMA_MAX_CM_RETRIES,
+            packet_life_time: CMA_IBOE_PACKET_LIFETIME,
+            mra_service_timeout: 24,
+            max_connections: 4096,
+        }
+    }
+}
+
+/// State of one connection. Source: kernel `include/rdma/ib_cm.h` `enum ib_cm_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum CmState {
+    Idle,
+    ReqSent,
+    ReqRcvd,
+    MraReqSent,
+    MraReqRcvd,
+    RepSent,
+    RepRcvd,
+    MraRepRcvd,
+    Established,
+    DreqSent,
+    DreqRcvd,
+    Timewait,
+    SidrReqSent,
+    SidrReqRcvd,
+}
+
+/// What the active side asks for in its REQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// The passive side's IP address.
+    pub peer: IpAddr,
+    /// Service ID (rdma_cm: port space << 16 | port).
+    pub service_id: u64,
+    /// Our RC QP.
+    pub local_qpn: u32,
+    /// Our QP's send PSN (24 bits).
+    pub starting_psn: u32,
+    /// RDMA READs/atomics we accept (`max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// RDMA READs/atomics we issue (`max_rd_atomic`).
+    pub initiator_depth: u8,
+    /// Path MTU (IB enum, 1 = 256 … 5 = 4096).
+    pub path_mtu: u8,
+    /// Transport retry count (3 bits).
+    pub retry_count: u8,
+    /// RNR retry count (3 bits).
+    pub rnr_retry_count: u8,
+    /// Local ACK timeout exponent (5 bits).
+    pub local_ack_timeout: u8,
+    /// Flow label (rdma_cm: [`rdma_cm_flow_label`]).
+    pub flow_label: u32,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Our QP uses an SRQ.
+    pub srq: bool,
+    /// Private data (rdma_cm: its IP header, then the user's), at most 92 bytes.
+    pub private_data: Vec<u8>,
+}
+
+/// What the passive side answers in its REP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptParams {
+    /// Our RC QP.
+    pub local_qpn: u32,
+    /// Our QP's send PSN.
+    pub starting_psn: u32,
+    /// RDMA READs/atomics we accept.
+    pub responder_resources: u8,
+    /// RDMA READs/atomics we issue.
+    pub initiator_depth: u8,
+    /// Target ACK delay exponent.
+    pub target_ack_delay: u8,
+    /// RNR retry count.
+    pub rnr_retry_count: u8,
+    /// Our QP uses an SRQ.
+    pub srq: bool,
+    /// Private data, at most 196 bytes.
+    pub private_data: Vec<u8>,
+}
+
+/// What the engine reports (the librdmacm event each maps to is in the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEvent {
+    /// A REQ for a service we listen on. Answer with `accept` or `reject`.
+    ConnectRequest {
+        /// The new connection.
+        id: CommId,
+        /// The peer's IP address.
+        peer: IpAddr,
+        /// The REQ: QP parameters, path and private data.
+        req: Box<ReqRepr>,
+        /// The rdma_cm IP header at the start of the private data, if it parses.
+        cma: Option<CmaHdrRepr>,
+    },
+    /// The REP to our REQ. Apply it to the QP (RTR, RTS), then `establish`.
+    ConnectResponse {
+        /// The connection.
+        id: CommId,
+        /// The REP.
+        rep: Box<RepRepr>,
+    },
+    /// The connection is established.
+    Established {
+        /// The connection.
+        id: CommId,
+    },
+    /// The peer rejected the connection.
+    Rejected {
+        /// The connection (gone).
+        id: CommId,
+        /// The REJ reason.
+        reason: RejReason,
+        /// The REJ private data.
+        private_data: Box<[u8; 148]>,
+    },
+    /// No response after all retries.
+    Unreachable {
+        /// The connection (gone).
+        id: CommId,
+    },
+    /// The connection is disconnected (DREQ received, DREP received, or DREQ timed out).
+    Disconnected {
+        /// The connection.
+        id: CommId,
+    },
+    /// TIMEWAIT is over; the connection is gone and its QP may be reused.
+    TimewaitExit {
+        /// The connection (gone).
+        id: CommId,
+    },
+    /// A SIDR_REQ for a service we listen on. Answer with `sidr_reply`.
+    SidrRequest {
+        /// The request.
+        id: CommId,
+        /// The peer's IP address.
+        peer: IpAddr,
+        /// The SIDR_REQ.
+        req: Box<SidrReqRepr>,
+    },
+    /// The SIDR_REP to our SIDR_REQ (status 0: `qpn`, `qkey` valid).
+    SidrResponse {
+        /// The request (gone).
+        id: CommId,
+        /// The SIDR_REP.
+        rep: Box<SidrRepRepr>,
+    },
+}
+
+impl CmEvent {
+    /// The connection the event is about.
+    pub fn id(&self) -> CommId {
+        match self {
+            CmEvent::ConnectRequest { id, .. }
+            | CmEvent::ConnectResponse { id, .. }
+            | CmEvent::Established { id }
+            | CmEvent::Rejected { id, .. }
+            | CmEvent::Unreachable { id }
+            | CmEvent::Disconnected { id }
+            | CmEvent::TimewaitExit { id }
+            | CmEvent::SidrRequest { id, .. }
+            | CmEvent::SidrResponse { id, .. } => *id,
+        }
+    }
+}
+
+/// A MAD to send: from QP1 to QP1 of `dst`, Q_Key 0x8001_0000.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MadTransmit {
+    /// The peer's IP address.
+    pub dst: IpAddr,
+    /// The 256-byte MAD.
+    pub mad: Box<[u8; MAD_LEN]>,
+}
+
+/// One connection's state.
+#[derive(Debug, Clone)]
+struct Conn {
+    state: CmState,
+    peer: IpAddr,
+    /// The peer's communication ID (0 until known).
+    remote_comm_id: u32,
+    /// The transaction ID of the exchange in progress.
+    tid: u64,
+    /// The peer's QPN (0 until known).
+    remote_qpn: u32,
+    /// The service ID of the REQ or SIDR_REQ.
+    service_id: u64,
+    /// The last message sent, for retransmission and for answering duplicates.
+    last_sent: Option<Box<[u8; MAD_LEN]>>,
+    /// When to retransmit or give up (or leave TIMEWAIT).
+    deadline: Option<Instant>,
+    retries_left: u8,
+    /// How long to wait for a response to what we send.
+    response_timeout: Duration,
+    /// Retries granted to each message of this connection.
+    max_cm_retries: u8,
+    /// Whether `(peer, remote_comm_id)` is in `by_remote` (passive side).
+    registered: bool,
+}
+
+/// The CM engine of one port. See the module documentation.
+#[derive(Debug)]
+pub struct CmEngine {
+    config: CmConfig,
+    rng: u64,
+    tid_hi: u32,
+    conns: BTreeMap<u32, Conn>,
+    /// (peer, remote comm ID or SIDR request ID) → local ID, for duplicate REQs/SIDR_REQs.
+    by_remote: BTreeMap<(IpAddr, u32), u32>,
+    listens: BTreeSet<u64>,
+    events: VecDeque<CmEvent>,
+    mads: VecDeque<MadTransmit>,
+    counters: CmCounters,
+}
+
+fn copy_pd<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
+    if data.len() > N {
+        return Err(CmError::PrivateDataTooLong {
+            given: data.len(),
+            max: N,
+        });
+    }
+    let mut a = [0u8; N];
+    a[..data.len()].copy_from_slice(data);
+    Ok(a)
+}
+
+impl CmEngine {
+    /// An engine with no connection and no listener.
+    pub fn new(config: CmConfig) -> CmEngine {
+        let mut e = CmEngine {
+            rng: config.seed ^ 0x00c0_ffee_0c0f_fee0,
+            tid_hi: 0,
+            config,
+            conns: BTreeMap::new(),
+            by_remote: BTreeMap::new(),
+            listens: BTreeSet::new(),
+            events: VecDeque::new(),
+            mads: VecDeque::new(),
+            counters: CmCounters::default(),
+        };
+        e.tid_hi = e.next_random() as u32;
+        e
+    }
+
+    // ---- getters ----
+
+    /// The configuration.
+    pub fn config(&self) -> &CmConfig {
+        &self.config
+    }
+    /// The counters.
+    pub fn counters(&self) -> &CmCounters {
+        &self.counters
+    }
+    /// The state of connection `id`, `None` once it is gone.
+    pub fn state(&self, id: CommId) -> Option<CmState> {
+        self.conns.get(&id.0).map(|c| c.state)
+    }
+    /// How many connections the engine holds (all states, TIMEWAIT included).
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+    /// Every connection and its state, by ID.
+    pub fn connections(&self) -> impl Iterator<Item = (CommId, CmState)> + '_ {
+        self.conns.iter().map(|(&id, c)| (CommId(id), c.state))
+    }
+    /// The peer's QPN of connection `id`, once known.
+    pub fn remote_qpn(&self, id: CommId) -> Option<u32> {
+        self.conns
+            .get(&id.0)
+            .map(|c| c.remote_qpn)
+            .filter(|&q| q != 0)
+    }
+
+    // ---- mutators ----
+
+    /// Accepts REQs and SIDR_REQs for `service_id`.
+    /// Errors: [`CmError::AddrInUse`] if someone already listens on it.
+    pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
+        if !self.listens.insert(service_id) {
+            return Err(CmError::AddrInUse);
+        }
+        Ok(())
+    }
+
+    /// Stops listening on `service_id`; connections already requested stay.
+    pub fn unlisten(&mut self, service_id: u64) -> bool {
+        self.listens.remove(&service_id)
+    }
+
+    /// Sends a REQ and returns the new connection's ID (state REQ_SENT).
+    /// Errors: [`CmError::NoMem`], [`CmError::PrivateDataTooLong`] (over 92 bytes).
+    pub fn connect(&mut self, now: Instant, p: &ConnectParams) -> Result<CommId, CmError> {
+        let private_data = copy_pd::<92>(&p.private_data)?;
+        let id = self.new_conn(p.peer, CmState::ReqSent)?;
+        let tid = (u64::from(self.tid_hi) << 32) | u64::from(id);
+        let c = &self.config;
+        let req = ReqRepr {
+            local_comm_id: id,
+            service_id: p.service_id,
+            local_ca_guid: c.local_ca_guid,
+            local_qkey: 0,
+            local_qpn: p.local_qpn & 0x00ff_ffff,
+            responder_resources: p.responder_resources,
+            local_eecn: 0,
+            initiator_depth: p.initiator_depth,
+            remote_eecn: 0,
+            remote_cm_response_timeout: c.cm_response_timeout,
+            transport_service_type: 0,
+            end_to_end_flow_control: false,
+            starting_psn: p.starting_psn & 0x00ff_ffff,
+            local_cm_response_timeout: c.cm_response_timeout,
+            retry_count: p.retry_count & 7,
+            pkey: crate::wire::DEFAULT_PKEY,
+            path_mtu: p.path_mtu & 0xf,
+            rdc_exists: false,
+            rnr_retry_count: p.rnr_retry_count & 7,
+            max_cm_retries: c.max_cm_retries & 0xf,
+            srq: p.srq,
+            extended_transport_type: 0,
+            primary_path: CmPathRepr {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: gid_of_ip(c.local_ip),
+                remote_gid: gid_of_ip(p.peer),
+                flow_label: p.flow_label & 0x000f_ffff,
+                packet_rate: 0,
+                traffic_class: p.traffic_class,
+                hop_limit: p.hop_limit,
+                sl: 0,
+                subnet_local: false,
+                local_ack_timeout: p.local_ack_timeout & 0x1f,
+            },
+            alternate_path: CmPathRepr::default(),
+            sap_supported: false,
+            private_data,
+        };
+        let timeout = self.response_timeout(c.cm_response_timeout);
+        let retries = c.max_cm_retries;
+        let conn = self.conn_mut(id);
+        conn.tid = tid;
+        conn.service_id = p.service_id;
+        conn.response_timeout = timeout;
+        conn.max_cm_retries = retries;
+        self.send_and_arm(now, id, CmMsgRepr::Req(req));
+        Ok(CommId(id))
+    }
+
+    /// Answers a ConnectRequest with a REP (state REP_SENT).
+    /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] unless REQ_RCVD or
+    /// MRA_REQ_SENT, [`CmError::PrivateDataTooLong`] (over 196 bytes).
+    pub fn accept(&mut self, now: Instant, id: CommId, p: &AcceptParams) -> Result<(), CmError> {
+        self.expect_state(id, "accept", &[CmState::ReqRcvd, CmState::MraReqSent])?;
+        let private_data = copy_pd::<196>(&p.private_data)?;
+        let conn = self.conn_mut(id.0);
+        conn.state = CmState::RepSent;
+        let rep = RepRepr {
+            local_comm_id: id.0,
+            remote_comm_id: conn.remote_comm_id,
+            local_qkey: 0,
+            local_qpn: p.local_qpn & 0x00ff_ffff,
+            local_eecn: 0,
+            starting_psn: p.starting_psn & 0x00ff_ffff,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            target_ack_delay: p.target_ack_delay & 0x1f,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: p.rnr_retry_count & 7,
+            srq: p.srq,
+            local_ca_guid: self.config.local_ca_guid,
+            private_data,
+        };
+        self.send_and_arm(now, id.0, CmMsgRepr::Rep(rep));
+        Ok(())
+    }
+
+    /// Sends the RTU after a ConnectResponse (state ESTABLISHED, event Established).
+    /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] unless REP_RCVD.
+    pub fn establish(&mut self, _now: Instant, id: CommId) -> Result<(), CmError> {
+        self.expect_state(id, "establish", &[CmState::RepRcvd])?;
+        let conn = self.conn_mut(id.0);
+        conn.state = CmState::Established;
+        let rtu = RtuRepr {
+            local_comm_id: id.0,
+            remote_comm_id: conn.remote_comm_id,
+            private_data: [0; 224],
+        };
+        self.send(id.0, CmMsgRepr::Rtu(rtu), true);
+        self.events.push_back(CmEvent::Established { id });
+        Ok(())
+    }
+
+    /// Refuses a ConnectRequest (REJ, reason consumer-defined) or a ConnectResponse; the
+    /// connection is gone.
+    /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] unless REQ_RCVD,
+    /// MRA_REQ_SENT or REP_RCVD, [`CmError::PrivateDataTooLong`] (over 148 bytes).
+    pub fn reject(
+        &mut self,
+        _now: Instant,
+        id: CommId,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let state = self.expect_state(
+            id,
+            "reject",
+            &[CmState::ReqRcvd, CmState::MraReqSent, CmState::RepRcvd],
+        )?;
+        let pd = copy_pd::<148>(private_data)?;
+        let which = if state == CmState::RepRcvd {
+            msg_ref::REP
+        } else {
+            msg_ref::REQ
+        };
+        let c = self.conn_mut(id.0);
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
+        self.send_rej_pd(peer, tid, id.0, remote, which, CmReject::Consumer, pd);
+        self.remove(id.0);
+        Ok(())
+    }
+
+    /// ESTABLISHED (or REP_SENT, MRA_REP_RCVD): sends a DREQ (state DREQ_SENT). DREQ_RCVD:
+    /// sends the DREP (state TIMEWAIT). As librdmacm's `rdma_disconnect`.
+    /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] in any other state.
+    pub fn disconnect(&mut self, now: Instant, id: CommId) -> Result<(), CmError> {
+        let state = self.expect_state(
+            id,
+            "disconnect",
+            &[
+                CmState::Established,
+                CmState::RepSent,
+                CmState::MraRepRcvd,
+                CmState::DreqRcvd,
+            ],
+        )?;
+        let own_tid = (u64::from(self.tid_hi) << 32) | u64::from(id.0);
+        let conn = self.conn_mut(id.0);
+        if state == CmState::DreqRcvd {
+            let drep = DrepRepr {
+                local_comm_id: id.0,
+                remote_comm_id: conn.remote_comm_id,
+                private_data: [0; 224],
+            };
+            self.send(id.0, CmMsgRepr::Drep(drep), true);
+            self.enter_timewait(now, id.0);
+            return Ok(());
+        }
+        conn.state = CmState::DreqSent;
+        // The active side keeps its connection's TID (as in 30-rping); the passive side
+        // forms one from its own ID (kernel `cm_form_tid`).
+        conn.tid = own_tid;
+        let dreq = DreqRepr {
+            local_comm_id: id.0,
+            remote_comm_id: conn.remote_comm_id,
+            remote_qpn_eecn: conn.remote_qpn,
+            private_data: [0; 220],
+        };
+        self.send_and_arm(now, id.0, CmMsgRepr::Dreq(dreq));
+        Ok(())
+    }
+
+    /// Sends a SIDR_REQ (state SIDR_REQ_SENT); the answer is a SidrResponse or Unreachable.
+    /// Errors: [`CmError::NoMem`], [`CmError::PrivateDataTooLong`] (over 216 bytes).
+    pub fn sidr_request(
+        &mut self,
+        now: Instant,
+        peer: IpAddr,
+        service_id: u64,
+        private_data: &[u8],
+    ) -> Result<CommId, CmError> {
+        let private_data = copy_pd::<216>(private_data)?;
+        let id = self.new_conn(peer, CmState::SidrReqSent)?;
+        let timeout = self.response_timeout(self.config.cm_response_timeout);
+        let retries = self.config.max_cm_retries;
+        let tid = (u64::from(self.tid_hi) << 32) | u64::from(id);
+        let conn = self.conn_mut(id);
+        conn.tid = tid;
+        conn.service_id = service_id;
+        conn.response_timeout = timeout;
+        conn.max_cm_retries = retries;
+        let req = SidrReqRepr {
+            request_id: id,
+            pkey: crate::wire::DEFAULT_PKEY,
+            service_id,
+            private_data,
+        };
+        self.send_and_arm(now, id, CmMsgRepr::SidrReq(req));
+        Ok(CommId(id))
+    }
+
+    /// Answers a SidrRequest with a SIDR_REP; the request is gone.
+    /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] unless SIDR_REQ_RCVD,
+    /// [`CmError::PrivateDataTooLong`] (over 136 bytes).
+    pub fn sidr_reply(
+        &mut self,
+        _now: Instant,
+        id: CommId,
+        status: SidrStatus,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        self.expect_state(id, "sidr_reply", &[CmState::SidrReqRcvd])?;
+        let private_data = copy_pd::<136>(private_data)?;
+        let c = self.conn_mut(id.0);
+        let (peer, tid, request_id, service_id) = (c.peer, c.tid, c.remote_comm_id, c.service_id);
+        let rep = SidrRepRepr {
+            request_id,
+            status,
+            additional_info_length: 0,
+            qpn: qpn & 0x00ff_ffff,
+            service_id,
+            qkey,
+            additional_info: [0; 72],
+            private_data,
+        };
+        self.push_mad(peer, tid, CmMsgRepr::SidrRep(rep));
+        self.remove(id.0);
+        Ok(())
+    }
+}

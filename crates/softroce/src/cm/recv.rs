@@ -1,0 +1,653 @@
+//! The CM engine's inputs (`handle_mad`, `handle_timeout`), outputs (`poll_*`) and the
+//! helpers that queue MADs and move connections between states. Source: kernel `cm.c`
+//! (`cm_req_handler`, `cm_rep_handler`, `cm_rtu_handler`, `cm_dreq_handler`,
+//! `cm_drep_handler`, `cm_rej_handler`, `cm_mra_handler`, `cm_sidr_*_handler`, the `cm_dup_*`
+//! helpers and `cm_process_send_error`).
+
+use super::*;
+
+impl CmEngine {
+    // ---- inputs ----
+
+    /// Handles a MAD received on QP1 from `src` (its first 256 bytes; a GRH must already be
+    /// stripped). Every MAD is acted on or counted as a drop.
+    pub fn handle_mad(&mut self, now: Instant, src: IpAddr, mad: &[u8]) {
+        self.counters.mads_received += 1;
+        let m = match CmMadRepr::parse(mad) {
+            Ok(m) => m,
+            Err(_) => return self.counters.drop(CmDropReason::Truncated),
+        };
+        let h = m.hdr;
+        let reason = if h.base_version != MAD_BASE_VERSION {
+            Some(CmDropReason::BadBaseVersion)
+        } else if h.mgmt_class != MGMT_CLASS_CM {
+            Some(CmDropReason::NotCmClass)
+        } else if h.class_version != CM_CLASS_VERSION {
+            Some(CmDropReason::BadClassVersion)
+        } else if h.method != MAD_METHOD_SEND {
+            Some(CmDropReason::BadMethod)
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            return self.counters.drop(r);
+        }
+        let result = match m.msg {
+            CmMsgRepr::Req(r) => self.on_req(src, h.tid, &r),
+            CmMsgRepr::Mra(r) => self.on_mra(now, src, &r),
+            CmMsgRepr::Rej(r) => self.on_rej(src, &r),
+            CmMsgRepr::Rep(r) => self.on_rep(src, h.tid, &r),
+            CmMsgRepr::Rtu(r) => self.on_rtu(src, &r),
+            CmMsgRepr::Dreq(r) => self.on_dreq(now, src, h.tid, &r),
+            CmMsgRepr::Drep(r) => self.on_drep(now, src, &r),
+            CmMsgRepr::SidrReq(r) => self.on_sidr_req(src, h.tid, &r),
+            CmMsgRepr::SidrRep(r) => self.on_sidr_rep(src, &r),
+            CmMsgRepr::Other(..) => Err(CmDropReason::UnsupportedAttribute),
+        };
+        if let Err(r) = result {
+            self.counters.drop(r);
+        }
+    }
+
+    /// Fires every timer due at `now`: retransmissions, give-ups, TIMEWAIT exits.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            self.fire(now, id);
+        }
+    }
+
+    // ---- outputs ----
+
+    /// The next event for the user.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    /// The next MAD to send.
+    #[must_use]
+    pub fn poll_mad(&mut self) -> Option<MadTransmit> {
+        self.mads.pop_front()
+    }
+
+    /// When `handle_timeout` must next be called, if ever.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conns.values().filter_map(|c| c.deadline).min()
+    }
+
+    // ---- message handlers: Ok = acted on (answered, state changed), Err = dropped ----
+
+    fn on_req(&mut self, src: IpAddr, tid: u64, r: &ReqRepr) -> Result<(), CmDropReason> {
+        if let Some(&id) = self.by_remote.get(&(src, r.local_comm_id)) {
+            return self.on_dup_req(id, tid, r);
+        }
+        if !self.listens.contains(&r.service_id) {
+            // IBTA C12: a REQ for a service nobody listens on gets REJ(invalid service ID);
+            // kernel cm_req_handler -> cm_issue_rej.
+            self.send_rej(
+                src,
+                tid,
+                0,
+                r.local_comm_id,
+                msg_ref::REQ,
+                CmReject::NoListener,
+            );
+            return Ok(());
+        }
+        // A new REQ from a peer QP that is still connected to us is stale (kernel
+        // cm_insert_remote_qpn).
+        let stale = self.conns.values().any(|c| {
+            c.peer == src
+                && c.remote_qpn == r.local_qpn
+                && matches!(c.state, CmState::Established | CmState::DreqSent)
+        });
+        if stale {
+            self.send_rej(
+                src,
+                tid,
+                0,
+                r.local_comm_id,
+                msg_ref::REQ,
+                CmReject::StaleConnection,
+            );
+            return Ok(());
+        }
+        let Ok(id) = self.new_conn(src, CmState::ReqRcvd) else {
+            self.send_rej(
+                src,
+                tid,
+                0,
+                r.local_comm_id,
+                msg_ref::REQ,
+                CmReject::NoResources,
+            );
+            return Err(CmDropReason::TooManyConnections);
+        };
+        let timeout = self.response_timeout(r.local_cm_response_timeout);
+        let c = self.conn_mut(id);
+        c.remote_comm_id = r.local_comm_id;
+        c.remote_qpn = r.local_qpn;
+        c.service_id = r.service_id;
+        c.tid = tid;
+        c.response_timeout = timeout;
+        c.max_cm_retries = r.max_cm_retries;
+        c.registered = true;
+        self.by_remote.insert((src, r.local_comm_id), id);
+        let cma = CmaHdr::new_checked(&r.private_data[..])
+            .map(|h| CmaHdrRepr::parse(&h))
+            .ok()
+            .filter(|h| h.cma_version == 0 && matches!(h.ip_version, 4 | 6));
+        self.events.push_back(CmEvent::ConnectRequest {
+            id: CommId(id),
+            peer: src,
+            req: Box::new(*r),
+            cma,
+        });
+        Ok(())
+    }
+
+    fn on_dup_req(&mut self, id: u32, tid: u64, r: &ReqRepr) -> Result<(), CmDropReason> {
+        let c = self.conn_mut(id);
+        match c.state {
+            // IBTA C12: a duplicate REQ while the consumer decides gets an MRA.
+            CmState::ReqRcvd => {
+                c.state = CmState::MraReqSent;
+                let mra = MraRepr {
+                    local_comm_id: id,
+                    remote_comm_id: r.local_comm_id,
+                    message_mraed: msg_ref::REQ,
+                    service_timeout: self.config.mra_service_timeout & 0x1f,
+                    private_data: [0; 222],
+                };
+                self.send(id, CmMsgRepr::Mra(mra), true);
+                self.counters.resends += 1;
+                Ok(())
+            }
+            // kernel cm_dup_req_handler: resend what we last sent (the MRA or the REP).
+            CmState::MraReqSent | CmState::RepSent | CmState::MraRepRcvd => {
+                self.resend(id);
+                Ok(())
+            }
+            CmState::Timewait => {
+                let peer = c.peer;
+                self.send_rej(
+                    peer,
+                    tid,
+                    id,
+                    r.local_comm_id,
+                    msg_ref::REQ,
+                    CmReject::StaleConnection,
+                );
+                Ok(())
+            }
+            _ => Err(CmDropReason::DuplicateReq),
+        }
+    }
+
+    fn on_mra(&mut self, now: Instant, src: IpAddr, r: &MraRepr) -> Result<(), CmDropReason> {
+        let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
+        let wait = self.response_timeout(r.service_timeout);
+        let c = self.conn_mut(id);
+        let next = match (c.state, r.message_mraed) {
+            (CmState::ReqSent | CmState::MraReqRcvd, msg_ref::REQ) => CmState::MraReqRcvd,
+            (CmState::RepSent | CmState::MraRepRcvd, msg_ref::REP) => CmState::MraRepRcvd,
+            _ => return Err(CmDropReason::UnexpectedResponse),
+        };
+        // IBTA C12: an MRA stops retransmission and stretches the wait by its service timeout.
+        c.state = next;
+        if c.remote_comm_id == 0 {
+            c.remote_comm_id = r.local_comm_id;
+        }
+        c.deadline = Some(now + wait);
+        c.retries_left = 0;
+        Ok(())
+    }
+
+    fn on_rej(&mut self, src: IpAddr, r: &RejRepr) -> Result<(), CmDropReason> {
+        let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
+        match self.conn_mut(id).state {
+            CmState::ReqSent
+            | CmState::MraReqRcvd
+            | CmState::RepRcvd
+            | CmState::ReqRcvd
+            | CmState::MraReqSent
+            | CmState::RepSent
+            | CmState::MraRepRcvd => {
+                self.events.push_back(CmEvent::Rejected {
+                    id: CommId(id),
+                    reason: r.reason,
+                    private_data: Box::new(r.private_data),
+                });
+                self.remove(id);
+                Ok(())
+            }
+            _ => Err(CmDropReason::WrongState),
+        }
+    }
+
+    fn on_rep(&mut self, src: IpAddr, tid: u64, r: &RepRepr) -> Result<(), CmDropReason> {
+        if !self.conns.contains_key(&r.remote_comm_id) {
+            // kernel cm_rep_handler: a REP for no connection gets REJ(invalid comm ID).
+            self.send_rej(
+                src,
+                tid,
+                r.remote_comm_id,
+                r.local_comm_id,
+                msg_ref::REP,
+                CmReject::InvalidCommId,
+            );
+            return Ok(());
+        }
+        let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
+        let c = self.conn_mut(id);
+        match c.state {
+            CmState::ReqSent | CmState::MraReqRcvd => {
+                c.state = CmState::RepRcvd;
+                c.remote_comm_id = r.local_comm_id;
+                c.remote_qpn = r.local_qpn;
+                c.deadline = None;
+                c.last_sent = None;
+                self.events.push_back(CmEvent::ConnectResponse {
+                    id: CommId(id),
+                    rep: Box::new(*r),
+                });
+                Ok(())
+            }
+            // kernel cm_dup_rep_handler: the RTU was lost; send it again.
+            CmState::Established => {
+                self.resend(id);
+                Ok(())
+            }
+            CmState::RepRcvd => Err(CmDropReason::DuplicateRep),
+            _ => Err(CmDropReason::WrongState),
+        }
+    }
+
+    fn on_rtu(&mut self, src: IpAddr, r: &RtuRepr) -> Result<(), CmDropReason> {
+        let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
+        let c = self.conn_mut(id);
+        match c.state {
+            CmState::RepSent | CmState::MraRepRcvd => {
+                c.state = CmState::Established;
+                c.deadline = None;
+                c.last_sent = None;
+                self.events
+                    .push_back(CmEvent::Established { id: CommId(id) });
+                Ok(())
+            }
+            CmState::Established => Err(CmDropReason::DuplicateRtu),
+            _ => Err(CmDropReason::WrongState),
+        }
+    }
+
+    fn on_dreq(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        tid: u64,
+        r: &DreqRepr,
+    ) -> Result<(), CmDropReason> {
+        let drep_for = |local, remote| DrepRepr {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            private_data: [0; 224],
+        };
+        if !self.conns.contains_key(&r.remote_comm_id) {
+            // kernel cm_dreq_handler -> cm_issue_drep: a DREQ for no connection gets a DREP.
+            let drep = drep_for(r.remote_comm_id, r.local_comm_id);
+            self.push_mad(src, tid, CmMsgRepr::Drep(drep));
+            return Ok(());
+        }
+        let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
+        let c = self.conn_mut(id);
+        match c.state {
+            CmState::Established | CmState::RepSent | CmState::MraRepRcvd | CmState::RepRcvd => {
+                c.state = CmState::DreqRcvd;
+                c.tid = tid;
+                c.deadline = None;
+                self.events
+                    .push_back(CmEvent::Disconnected { id: CommId(id) });
+                Ok(())
+            }
+            // Both sides sent a DREQ: answer, and wait out TIMEWAIT.
+            CmState::DreqSent => {
+                c.tid = tid;
+                self.send(id, CmMsgRepr::Drep(drep_for(id, r.local_comm_id)), true);
+                self.enter_timewait(now, id);
+                self.events
+                    .push_back(CmEvent::Disconnected { id: CommId(id) });
+                Ok(())
+            }
+            // kernel cm_dreq_handler: in TIMEWAIT the DREP is sent again.
+            CmState::Timewait => {
+                let peer = c.peer;
+                self.push_mad(peer, tid, CmMsgRepr::Drep(drep_for(id, r.local_comm_id)));
+                self.counters.resends += 1;
+                Ok(())
+            }
+            CmState::DreqRcvd => Err(CmDropReason::DuplicateDreq),
+            _ => Err(CmDropReason::WrongState),
+        }
+    }
+
+    fn on_drep(&mut self, now: Instant, src: IpAddr, r: &DrepRepr) -> Result<(), CmDropReason> {
+        let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
+        if self.conn_mut(id).state != CmState::DreqSent {
+            return Err(CmDropReason::UnexpectedResponse);
+        }
+        self.enter_timewait(now, id);
+        self.events
+            .push_back(CmEvent::Disconnected { id: CommId(id) });
+        Ok(())
+    }
+
+    fn on_sidr_req(&mut self, src: IpAddr, tid: u64, r: &SidrReqRepr) -> Result<(), CmDropReason> {
+        if self.by_remote.contains_key(&(src, r.request_id)) {
+            return Err(CmDropReason::DuplicateSidrReq);
+        }
+        let refuse = |why: CmReject| SidrRepRepr {
+            request_id: r.request_id,
+            status: why.sidr_status(),
+            additional_info_length: 0,
+            qpn: 0,
+            service_id: r.service_id,
+            qkey: 0,
+            additional_info: [0; 72],
+            private_data: [0; 136],
+        };
+        if !self.listens.contains(&r.service_id) {
+            // kernel cm_sidr_req_handler: no listener -> SIDR_REP(unsupported).
+            self.push_mad(src, tid, CmMsgRepr::SidrRep(refuse(CmReject::NoListener)));
+            return Ok(());
+        }
+        let Ok(id) = self.new_conn(src, CmState::SidrReqRcvd) else {
+            self.push_mad(src, tid, CmMsgRepr::SidrRep(refuse(CmReject::NoResources)));
+            return Err(CmDropReason::TooManyConnections);
+        };
+        let c = self.conn_mut(id);
+        c.remote_comm_id = r.request_id;
+        c.service_id = r.service_id;
+        c.tid = tid;
+        c.registered = true;
+        self.by_remote.insert((src, r.request_id), id);
+        self.events.push_back(CmEvent::SidrRequest {
+            id: CommId(id),
+            peer: src,
+            req: Box::new(*r),
+        });
+        Ok(())
+    }
+
+    fn on_sidr_rep(&mut self, src: IpAddr, r: &SidrRepRepr) -> Result<(), CmDropReason> {
+        let Some(c) = self.conns.get(&r.request_id) else {
+            return Err(CmDropReason::UnknownCommId);
+        };
+        if c.peer != src {
+            return Err(CmDropReason::WrongPeer);
+        }
+        if c.state != CmState::SidrReqSent {
+            return Err(CmDropReason::UnexpectedResponse);
+        }
+        self.events.push_back(CmEvent::SidrResponse {
+            id: CommId(r.request_id),
+            rep: Box::new(*r),
+        });
+        self.remove(r.request_id);
+        Ok(())
+    }
+
+    /// A timer of connection `id` is due.
+    fn fire(&mut self, now: Instant, id: u32) {
+        let c = self.conn_mut(id);
+        c.deadline = None;
+        let (state, retries_left) = (c.state, c.retries_left);
+        let resendable = matches!(
+            state,
+            CmState::ReqSent | CmState::RepSent | CmState::DreqSent | CmState::SidrReqSent
+        );
+        if resendable && retries_left > 0 {
+            let c = self.conn_mut(id);
+            c.retries_left -= 1;
+            c.deadline = Some(now + c.response_timeout);
+            self.counters.retransmits += 1;
+            self.resend_raw(id);
+            return;
+        }
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
+        match state {
+            // IBTA C12: no REP after all retries: REJ(timeout), UNREACHABLE.
+            CmState::ReqSent | CmState::MraReqRcvd => {
+                self.send_rej(peer, tid, id, remote, msg_ref::REQ, CmReject::Timeout);
+                self.events
+                    .push_back(CmEvent::Unreachable { id: CommId(id) });
+                self.remove(id);
+            }
+            // No RTU after all retries (kernel IB_CM_REP_ERROR -> cma UNREACHABLE).
+            CmState::RepSent | CmState::MraRepRcvd => {
+                self.send_rej(peer, tid, id, remote, msg_ref::REP, CmReject::Timeout);
+                self.events
+                    .push_back(CmEvent::Unreachable { id: CommId(id) });
+                self.remove(id);
+            }
+            // No DREP after all retries: TIMEWAIT anyway (kernel IB_CM_DREQ_ERROR).
+            CmState::DreqSent => {
+                self.enter_timewait(now, id);
+                self.events
+                    .push_back(CmEvent::Disconnected { id: CommId(id) });
+            }
+            CmState::SidrReqSent => {
+                self.events
+                    .push_back(CmEvent::Unreachable { id: CommId(id) });
+                self.remove(id);
+            }
+            CmState::Timewait => {
+                self.events
+                    .push_back(CmEvent::TimewaitExit { id: CommId(id) });
+                self.remove(id);
+            }
+            _ => {}
+        }
+    }
+
+    // ---- helpers ----
+
+    pub(super) fn next_random(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// 2 × packet lifetime + 4.096 µs × 2^`exp` (kernel `cm.c`: `cm_convert_to_ms`).
+    pub(super) fn response_timeout(&self, exp: u8) -> Duration {
+        ib_time(self.config.packet_life_time) * 2 + ib_time(exp)
+    }
+
+    pub(super) fn new_conn(&mut self, peer: IpAddr, state: CmState) -> Result<u32, CmError> {
+        if self.conns.len() >= self.config.max_connections {
+            return Err(CmError::NoMem);
+        }
+        // Bounded: with fewer than max_connections IDs in use out of 2^32 - 1, a free random
+        // ID is found at once in practice.
+        for _ in 0..64 {
+            let id = self.next_random() as u32;
+            if id == 0 || self.conns.contains_key(&id) {
+                continue;
+            }
+            self.conns.insert(
+                id,
+                Conn {
+                    state,
+                    peer,
+                    remote_comm_id: 0,
+                    tid: 0,
+                    remote_qpn: 0,
+                    service_id: 0,
+                    last_sent: None,
+                    deadline: None,
+                    retries_left: 0,
+                    response_timeout: Duration::ZERO,
+                    max_cm_retries: 0,
+                    registered: false,
+                },
+            );
+            return Ok(id);
+        }
+        Err(CmError::NoMem)
+    }
+
+    /// The connection `id`. Panics: if there is none (callers looked it up first).
+    pub(super) fn conn_mut(&mut self, id: u32) -> &mut Conn {
+        match self.conns.get_mut(&id) {
+            Some(c) => c,
+            None => panic!("CM connection {id:#x} vanished"),
+        }
+    }
+
+    pub(super) fn expect_state(
+        &self,
+        id: CommId,
+        op: &'static str,
+        ok: &[CmState],
+    ) -> Result<CmState, CmError> {
+        let state = self.conns.get(&id.0).ok_or(CmError::NoSuchId)?.state;
+        if ok.contains(&state) {
+            Ok(state)
+        } else {
+            Err(CmError::InvalidState { op, state })
+        }
+    }
+
+    /// The connection a message from `src` names: `our_id` is its remote comm ID field,
+    /// `their_id` its local one.
+    fn lookup(&self, src: IpAddr, our_id: u32, their_id: u32) -> Result<u32, CmDropReason> {
+        let c = self.conns.get(&our_id).ok_or(CmDropReason::UnknownCommId)?;
+        if c.peer != src || (c.remote_comm_id != 0 && their_id != 0 && c.remote_comm_id != their_id)
+        {
+            return Err(CmDropReason::WrongPeer);
+        }
+        Ok(our_id)
+    }
+
+    /// Queues `msg` on connection `id` with its TID; `remember` keeps it for resending.
+    pub(super) fn send(&mut self, id: u32, msg: CmMsgRepr, remember: bool) {
+        let c = self.conn_mut(id);
+        let bytes = Box::new(
+            CmMadRepr {
+                hdr: MadHdrRepr::cm(c.tid, msg.attr_id()),
+                msg,
+            }
+            .to_bytes(),
+        );
+        let peer = c.peer;
+        if remember {
+            c.last_sent = Some(bytes.clone());
+        }
+        self.counters.mads_sent += 1;
+        self.mads.push_back(MadTransmit {
+            dst: peer,
+            mad: bytes,
+        });
+    }
+
+    /// Sends `msg`, keeps it, and arms the response timer with all retries.
+    pub(super) fn send_and_arm(&mut self, now: Instant, id: u32, msg: CmMsgRepr) {
+        self.send(id, msg, true);
+        let c = self.conn_mut(id);
+        c.deadline = Some(now + c.response_timeout);
+        c.retries_left = c.max_cm_retries;
+    }
+
+    /// Sends the last message again because a duplicate asked for it.
+    fn resend(&mut self, id: u32) {
+        self.counters.resends += 1;
+        self.resend_raw(id);
+    }
+
+    fn resend_raw(&mut self, id: u32) {
+        let c = self.conn_mut(id);
+        if let Some(bytes) = c.last_sent.clone() {
+            let peer = c.peer;
+            self.counters.mads_sent += 1;
+            self.mads.push_back(MadTransmit {
+                dst: peer,
+                mad: bytes,
+            });
+        }
+    }
+
+    /// Queues a MAD that belongs to no connection.
+    pub(super) fn push_mad(&mut self, dst: IpAddr, tid: u64, msg: CmMsgRepr) {
+        let mad = Box::new(
+            CmMadRepr {
+                hdr: MadHdrRepr::cm(tid, msg.attr_id()),
+                msg,
+            }
+            .to_bytes(),
+        );
+        self.counters.mads_sent += 1;
+        self.mads.push_back(MadTransmit { dst, mad });
+    }
+
+    /// Queues a REJ: the one place a REJ reason is chosen is [`CmReject::rej_reason`].
+    pub(super) fn send_rej(
+        &mut self,
+        dst: IpAddr,
+        tid: u64,
+        local: u32,
+        remote: u32,
+        which: u8,
+        why: CmReject,
+    ) {
+        self.send_rej_pd(dst, tid, local, remote, which, why, [0; 148]);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_rej_pd(
+        &mut self,
+        dst: IpAddr,
+        tid: u64,
+        local: u32,
+        remote: u32,
+        which: u8,
+        why: CmReject,
+        private_data: [u8; 148],
+    ) {
+        let rej = RejRepr {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            message_rejected: which,
+            rejected_info_length: 0,
+            reason: why.rej_reason(),
+            ari: [0; 72],
+            private_data,
+        };
+        self.counters.rejects_sent += 1;
+        self.push_mad(dst, tid, CmMsgRepr::Rej(rej));
+    }
+
+    pub(super) fn enter_timewait(&mut self, now: Instant, id: u32) {
+        let wait = ib_time(self.config.packet_life_time.saturating_add(1));
+        let c = self.conn_mut(id);
+        c.state = CmState::Timewait;
+        c.deadline = Some(now + wait);
+        c.retries_left = 0;
+    }
+
+    pub(super) fn remove(&mut self, id: u32) {
+        if let Some(c) = self.conns.remove(&id)
+            && c.registered
+        {
+            self.by_remote.remove(&(c.peer, c.remote_comm_id));
+        }
+    }
+}

@@ -1,0 +1,606 @@
+//! State-machine tests of the CM engine: two engines, A (active, 10.0.0.1) and B (passive,
+//! 10.0.0.2), one constructor per state, MADs moved by hand so a test can lose, duplicate or
+//! reorder any of them. Names are `<state>_<event>_<outcome>`.
+
+use super::*;
+use crate::wire::cm::{attr, port_space, rdma_cm_service_id};
+
+const A_IP: IpAddr = IpAddr::V4(core::net::Ipv4Addr::new(10, 0, 0, 1));
+const B_IP: IpAddr = IpAddr::V4(core::net::Ipv4Addr::new(10, 0, 0, 2));
+const SERVICE: u64 = rdma_cm_service_id(port_space::TCP, 7174);
+
+struct Pair {
+    a: CmEngine,
+    b: CmEngine,
+    now: Instant,
+}
+
+fn config(ip: IpAddr, guid: u64) -> CmConfig {
+    let mut c = CmConfig::new(ip, guid, guid);
+    // Short timers keep the arithmetic readable: 2 × 4.2 ms + 4.2 ms per response.
+    c.cm_response_timeout = 10;
+    c.packet_life_time = 10;
+    c.max_cm_retries = 3;
+    c
+}
+
+fn connect_params() -> ConnectParams {
+    ConnectParams {
+        peer: B_IP,
+        service_id: SERVICE,
+        local_qpn: 0x11,
+        starting_psn: 0x12_3456,
+        responder_resources: 1,
+        initiator_depth: 1,
+        path_mtu: 3,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        local_ack_timeout: 19,
+        flow_label: rdma_cm_flow_label(0xd59c, 7174),
+        traffic_class: 0,
+        hop_limit: 64,
+        srq: false,
+        private_data: vec![1, 2, 3],
+    }
+}
+
+fn accept_params() -> AcceptParams {
+    AcceptParams {
+        local_qpn: 0x22,
+        starting_psn: 0x65_4321,
+        responder_resources: 1,
+        initiator_depth: 1,
+        target_ack_delay: 15,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data: vec![9],
+    }
+}
+
+fn attr_of(m: &MadTransmit) -> u16 {
+    u16::from_be_bytes([m.mad[16], m.mad[17]])
+}
+
+fn parse(m: &MadTransmit) -> CmMsgRepr {
+    CmMadRepr::parse(&m.mad[..]).unwrap().msg
+}
+
+impl Pair {
+    fn new() -> Pair {
+        let mut b = CmEngine::new(config(B_IP, 0xbbbb));
+        b.listen(SERVICE).unwrap();
+        Pair {
+            a: CmEngine::new(config(A_IP, 0xaaaa)),
+            b,
+            now: Instant::ZERO,
+        }
+    }
+    fn take_a(&mut self) -> Vec<MadTransmit> {
+        std::iter::from_fn(|| self.a.poll_mad()).collect()
+    }
+    fn take_b(&mut self) -> Vec<MadTransmit> {
+        std::iter::from_fn(|| self.b.poll_mad()).collect()
+    }
+    fn deliver_b(&mut self, mads: &[MadTransmit]) {
+        for m in mads {
+            assert_eq!(m.dst, B_IP);
+            self.b.handle_mad(self.now, A_IP, &m.mad[..]);
+        }
+    }
+    fn deliver_a(&mut self, mads: &[MadTransmit]) {
+        for m in mads {
+            assert_eq!(m.dst, A_IP);
+            self.a.handle_mad(self.now, B_IP, &m.mad[..]);
+        }
+    }
+    fn advance_to(&mut self, t: Instant) {
+        self.now = t;
+        self.a.handle_timeout(t);
+        self.b.handle_timeout(t);
+    }
+
+    /// A: REQ_SENT; B has not seen the REQ (it is returned).
+    fn req_sent() -> (Pair, CommId, Vec<MadTransmit>) {
+        let mut p = Pair::new();
+        let id = p.a.connect(p.now, &connect_params()).unwrap();
+        let req = p.take_a();
+        assert_eq!(req.len(), 1);
+        (p, id, req)
+    }
+    /// A: REQ_SENT, B: REQ_RCVD (event taken).
+    fn req_rcvd() -> (Pair, CommId, CommId, Vec<MadTransmit>) {
+        let (mut p, a_id, req) = Pair::req_sent();
+        p.deliver_b(&req);
+        let Some(CmEvent::ConnectRequest { id, .. }) = p.b.poll_event() else {
+            panic!()
+        };
+        (p, a_id, id, req)
+    }
+    /// A: REQ_SENT, B: REP_SENT (REP returned, not delivered).
+    fn rep_sent() -> (Pair, CommId, CommId, Vec<MadTransmit>, Vec<MadTransmit>) {
+        let (mut p, a_id, b_id, req) = Pair::req_rcvd();
+        p.b.accept(p.now, b_id, &accept_params()).unwrap();
+        let rep = p.take_b();
+        assert_eq!(rep.len(), 1);
+        (p, a_id, b_id, req, rep)
+    }
+    /// Both ESTABLISHED (events taken); returns the REP for duplicate tests.
+    fn established() -> (Pair, CommId, CommId, Vec<MadTransmit>) {
+        let (mut p, a_id, b_id, _, rep) = Pair::rep_sent();
+        p.deliver_a(&rep);
+        assert!(matches!(
+            p.a.poll_event(),
+            Some(CmEvent::ConnectResponse { .. })
+        ));
+        p.a.establish(p.now, a_id).unwrap();
+        assert_eq!(p.a.poll_event(), Some(CmEvent::Established { id: a_id }));
+        let rtu = p.take_a();
+        p.deliver_b(&rtu);
+        assert_eq!(p.b.poll_event(), Some(CmEvent::Established { id: b_id }));
+        (p, a_id, b_id, rep)
+    }
+    /// A: DREQ_SENT (DREQ returned), B: ESTABLISHED.
+    fn dreq_sent() -> (Pair, CommId, CommId, Vec<MadTransmit>) {
+        let (mut p, a_id, b_id, _) = Pair::established();
+        p.a.disconnect(p.now, a_id).unwrap();
+        let dreq = p.take_a();
+        assert_eq!(attr_of(&dreq[0]), attr::DREQ);
+        (p, a_id, b_id, dreq)
+    }
+    /// Both in TIMEWAIT after a clean DREQ/DREP; returns the DREQ.
+    fn timewait() -> (Pair, CommId, CommId, Vec<MadTransmit>) {
+        let (mut p, a_id, b_id, dreq) = Pair::dreq_sent();
+        p.deliver_b(&dreq);
+        assert_eq!(p.b.poll_event(), Some(CmEvent::Disconnected { id: b_id }));
+        p.b.disconnect(p.now, b_id).unwrap();
+        let drep = p.take_b();
+        p.deliver_a(&drep);
+        assert_eq!(p.a.poll_event(), Some(CmEvent::Disconnected { id: a_id }));
+        assert_eq!(p.a.state(a_id), Some(CmState::Timewait));
+        assert_eq!(p.b.state(b_id), Some(CmState::Timewait));
+        (p, a_id, b_id, dreq)
+    }
+}
+
+#[test]
+fn idle_connect_sends_req_with_the_qp_parameters() {
+    let (p, id, req) = Pair::req_sent();
+    assert_eq!(p.a.state(id), Some(CmState::ReqSent));
+    let CmMsgRepr::Req(r) = parse(&req[0]) else {
+        panic!()
+    };
+    assert_eq!((r.local_comm_id, r.service_id), (id.0, SERVICE));
+    assert_eq!(
+        (r.local_qpn, r.starting_psn, r.path_mtu),
+        (0x11, 0x12_3456, 3)
+    );
+    assert_eq!(r.primary_path.remote_gid, gid_of_ip(B_IP));
+    assert_eq!(r.primary_path.flow_label, rdma_cm_flow_label(0xd59c, 7174));
+    assert_eq!(&r.private_data[..3], &[1, 2, 3]);
+    assert_eq!(
+        p.a.poll_timeout(),
+        Some(Instant::ZERO + p.a.response_timeout(10))
+    );
+}
+
+// IBTA C12 (kernel cm_req_handler): a REQ for a service nobody listens on gets REJ reason 8.
+#[test]
+fn idle_req_for_unknown_service_rejects_invalid_service_id() {
+    let (mut p, a_id, req) = Pair::req_sent();
+    p.b.unlisten(SERVICE);
+    p.deliver_b(&req);
+    assert_eq!(p.b.connection_count(), 0);
+    let rej = p.take_b();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (RejReason::INVALID_SERVICE_ID, 0)
+    );
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (0, a_id.0));
+    // The REJ answers the REQ's transaction.
+    assert_eq!(rej[0].mad[8..16], req[0].mad[8..16]);
+    p.deliver_a(&rej);
+    let Some(CmEvent::Rejected { id, reason, .. }) = p.a.poll_event() else {
+        panic!()
+    };
+    assert_eq!((id, reason), (a_id, RejReason::INVALID_SERVICE_ID));
+    assert_eq!(p.a.connection_count(), 0);
+    assert_eq!(p.a.poll_timeout(), None);
+}
+
+#[test]
+fn req_sent_timeout_retransmits_max_cm_retries_then_unreachable() {
+    let (mut p, a_id, req) = Pair::req_sent();
+    let step = p.a.response_timeout(10);
+    for i in 1..=3u32 {
+        // Just under the deadline: nothing.
+        p.advance_to(Instant::ZERO + (step * i - Duration::from_nanos(1)));
+        assert!(p.take_a().is_empty());
+        p.advance_to(Instant::ZERO + step * i);
+        assert_eq!(p.take_a()[..], req[..], "retry {i}");
+    }
+    p.advance_to(Instant::ZERO + step * 4);
+    let rej = p.take_a();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!(r.reason, RejReason::TIMEOUT);
+    assert_eq!(p.a.poll_event(), Some(CmEvent::Unreachable { id: a_id }));
+    assert_eq!((p.a.connection_count(), p.a.counters().retransmits), (0, 3));
+}
+
+#[test]
+fn req_sent_rep_reports_connect_response_with_the_peer_qp() {
+    let (mut p, a_id, _, _, rep) = Pair::rep_sent();
+    p.deliver_a(&rep);
+    let Some(CmEvent::ConnectResponse { id, rep }) = p.a.poll_event() else {
+        panic!()
+    };
+    assert_eq!(
+        (id, rep.local_qpn, rep.starting_psn),
+        (a_id, 0x22, 0x65_4321)
+    );
+    assert_eq!(p.a.state(a_id), Some(CmState::RepRcvd));
+    assert_eq!(p.a.remote_qpn(a_id), Some(0x22));
+    assert_eq!(p.a.poll_timeout(), None);
+}
+
+#[test]
+fn req_rcvd_event_carries_req_and_rdma_cm_header() {
+    let mut p = Pair::new();
+    let mut cp = connect_params();
+    let mut pd = [0u8; 36];
+    crate::wire::cm::CmaHdrRepr::new(A_IP, 0xd59c, B_IP).emit(&mut pd);
+    cp.private_data = pd.to_vec();
+    p.a.connect(p.now, &cp).unwrap();
+    let req = p.take_a();
+    p.deliver_b(&req);
+    let Some(CmEvent::ConnectRequest { peer, req, cma, .. }) = p.b.poll_event() else {
+        panic!()
+    };
+    assert_eq!((peer, req.local_qpn), (A_IP, 0x11));
+    let cma = cma.unwrap();
+    assert_eq!(
+        (cma.src_ip(), cma.dst_ip(), cma.port),
+        (Some(A_IP), Some(B_IP), 0xd59c)
+    );
+}
+
+// IBTA C12: a duplicate REQ while the consumer has not answered gets an MRA.
+#[test]
+fn req_rcvd_duplicate_req_sends_mra() {
+    let (mut p, a_id, b_id, req) = Pair::req_rcvd();
+    p.deliver_b(&req);
+    let mra = p.take_b();
+    let CmMsgRepr::Mra(m) = parse(&mra[0]) else {
+        panic!()
+    };
+    assert_eq!((m.message_mraed, m.remote_comm_id), (0, a_id.0));
+    assert_eq!(p.b.state(b_id), Some(CmState::MraReqSent));
+    // A third copy gets the same MRA again.
+    p.deliver_b(&req);
+    assert_eq!(p.take_b()[..], mra[..]);
+    // The MRA stops A's retransmissions and stretches its wait.
+    p.deliver_a(&mra);
+    assert_eq!(p.a.state(a_id), Some(CmState::MraReqRcvd));
+    let wait = p.a.response_timeout(p.b.config().mra_service_timeout);
+    assert_eq!(p.a.poll_timeout(), Some(p.now + wait));
+    // accept still works from MRA_REQ_SENT.
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    let rep = p.take_b();
+    p.deliver_a(&rep);
+    assert!(matches!(
+        p.a.poll_event(),
+        Some(CmEvent::ConnectResponse { .. })
+    ));
+}
+
+#[test]
+fn rep_sent_duplicate_req_resends_rep() {
+    let (mut p, _, _, req, rep) = Pair::rep_sent();
+    p.deliver_b(&req);
+    assert_eq!(p.take_b()[..], rep[..]);
+    assert_eq!(p.b.counters().resends, 1);
+}
+
+#[test]
+fn rep_sent_timeout_rejects_and_reports_unreachable() {
+    let (mut p, _, b_id, _, rep) = Pair::rep_sent();
+    let step = p.b.response_timeout(10);
+    for i in 1..=3u32 {
+        p.advance_to(Instant::ZERO + step * i);
+        p.take_a();
+        assert_eq!(p.take_b()[..], rep[..]);
+    }
+    p.advance_to(Instant::ZERO + step * 4);
+    p.take_a();
+    let rej = p.take_b();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!((r.reason, r.message_rejected), (RejReason::TIMEOUT, 1));
+    assert_eq!(p.b.poll_event(), Some(CmEvent::Unreachable { id: b_id }));
+    assert_eq!(p.b.connection_count(), 0);
+}
+
+#[test]
+fn rep_sent_dreq_before_rtu_reports_disconnected() {
+    let (mut p, a_id, b_id, _, rep) = Pair::rep_sent();
+    p.deliver_a(&rep);
+    let _ = p.a.poll_event();
+    p.a.establish(p.now, a_id).unwrap();
+    p.take_a(); // the RTU is lost
+    p.a.disconnect(p.now, a_id).unwrap();
+    let dreq = p.take_a();
+    p.deliver_b(&dreq);
+    assert_eq!(p.b.poll_event(), Some(CmEvent::Disconnected { id: b_id }));
+    assert_eq!(p.b.state(b_id), Some(CmState::DreqRcvd));
+}
+
+#[test]
+fn established_duplicate_rep_resends_rtu() {
+    let (mut p, _, _, rep) = Pair::established();
+    p.deliver_a(&rep);
+    let rtu = p.take_a();
+    assert_eq!(attr_of(&rtu[0]), attr::RTU);
+    assert_eq!(p.a.counters().resends, 1);
+}
+
+#[test]
+fn established_duplicate_rtu_is_dropped_and_counted() {
+    let (mut p, a_id, b_id, _) = Pair::established();
+    let rtu = CmMadRepr {
+        hdr: MadHdrRepr::cm(1, attr::RTU),
+        msg: CmMsgRepr::Rtu(RtuRepr {
+            local_comm_id: a_id.0,
+            remote_comm_id: b_id.0,
+            private_data: [0; 224],
+        }),
+    };
+    p.b.handle_mad(p.now, A_IP, &rtu.to_bytes());
+    assert_eq!(p.b.counters().drops(CmDropReason::DuplicateRtu), 1);
+    // From another peer, the same bytes are a WrongPeer drop.
+    p.b.handle_mad(p.now, B_IP, &rtu.to_bytes());
+    assert_eq!(p.b.counters().drops(CmDropReason::WrongPeer), 1);
+}
+
+#[test]
+fn dreq_sent_drep_enters_timewait_then_exits_and_frees() {
+    let (mut p, a_id, b_id, _) = Pair::timewait();
+    let tw = ib_time(11);
+    p.advance_to(Instant::ZERO + (tw - Duration::from_nanos(1)));
+    assert_eq!(p.a.poll_event(), None);
+    p.advance_to(Instant::ZERO + tw);
+    assert_eq!(p.a.poll_event(), Some(CmEvent::TimewaitExit { id: a_id }));
+    assert_eq!(p.b.poll_event(), Some(CmEvent::TimewaitExit { id: b_id }));
+    assert_eq!((p.a.connection_count(), p.b.connection_count()), (0, 0));
+    assert_eq!((p.a.poll_timeout(), p.b.poll_timeout()), (None, None));
+}
+
+#[test]
+fn dreq_sent_timeout_enters_timewait_and_reports_disconnected() {
+    let (mut p, a_id, _, dreq) = Pair::dreq_sent();
+    let step = p.a.response_timeout(10);
+    for i in 1..=3u32 {
+        p.advance_to(Instant::ZERO + step * i);
+        assert_eq!(p.take_a()[..], dreq[..]);
+    }
+    p.advance_to(Instant::ZERO + step * 4);
+    assert_eq!(p.a.poll_event(), Some(CmEvent::Disconnected { id: a_id }));
+    assert_eq!(p.a.state(a_id), Some(CmState::Timewait));
+}
+
+#[test]
+fn dreq_sent_crossing_dreq_answers_drep_and_enters_timewait() {
+    let (mut p, a_id, b_id, dreq_a) = Pair::dreq_sent();
+    p.b.disconnect(p.now, b_id).unwrap();
+    let dreq_b = p.take_b();
+    p.deliver_b(&dreq_a);
+    p.deliver_a(&dreq_b);
+    assert_eq!(p.a.state(a_id), Some(CmState::Timewait));
+    assert_eq!(p.b.state(b_id), Some(CmState::Timewait));
+    let (drep_a, drep_b) = (p.take_a(), p.take_b());
+    assert_eq!(attr_of(&drep_a[0]), attr::DREP);
+    // Each DREP arrives in TIMEWAIT and answers nothing: counted.
+    p.deliver_a(&drep_b);
+    p.deliver_b(&drep_a);
+    assert_eq!(p.a.counters().drops(CmDropReason::UnexpectedResponse), 1);
+}
+
+#[test]
+fn dreq_rcvd_duplicate_dreq_is_dropped_and_counted() {
+    let (mut p, _, b_id, dreq) = Pair::dreq_sent();
+    p.deliver_b(&dreq);
+    p.deliver_b(&dreq);
+    assert_eq!(p.b.state(b_id), Some(CmState::DreqRcvd));
+    assert_eq!(p.b.counters().drops(CmDropReason::DuplicateDreq), 1);
+}
+
+// kernel cm_dreq_handler: a DREQ in TIMEWAIT gets the DREP again.
+#[test]
+fn timewait_duplicate_dreq_resends_drep() {
+    let (mut p, _, _, dreq) = Pair::timewait();
+    p.deliver_b(&dreq);
+    let drep = p.take_b();
+    assert_eq!(attr_of(&drep[0]), attr::DREP);
+    assert_eq!(drep[0].mad[8..16], dreq[0].mad[8..16]);
+}
+
+// kernel cm_dup_req_handler: a REQ for a connection in TIMEWAIT is stale.
+#[test]
+fn timewait_duplicate_req_rejects_stale_connection() {
+    let (mut p, a_id, b_id, req) = Pair::req_rcvd();
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    let rep = p.take_b();
+    p.deliver_a(&rep);
+    let _ = p.a.poll_event();
+    p.a.establish(p.now, a_id).unwrap();
+    let rtu = p.take_a();
+    p.deliver_b(&rtu);
+    p.b.disconnect(p.now, b_id).unwrap();
+    let dreq = p.take_b();
+    p.deliver_a(&dreq);
+    p.a.disconnect(p.now, a_id).unwrap();
+    let drep = p.take_a();
+    p.deliver_b(&drep);
+    assert_eq!(p.b.state(b_id), Some(CmState::Timewait));
+    p.deliver_b(&req);
+    let rej = p.take_b();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!(r.reason, RejReason::STALE_CONN);
+}
+
+// kernel cm_issue_drep / cm_issue_rej: answers for IDs nobody holds.
+#[test]
+fn idle_dreq_and_rep_for_unknown_ids_are_answered() {
+    // A fresh B (its state lost) gets A's DREQ: it answers with a DREP.
+    let (p, _, _, dreq) = Pair::dreq_sent();
+    let mut b2 = CmEngine::new(config(B_IP, 0xcccc));
+    b2.handle_mad(p.now, A_IP, &dreq[0].mad[..]);
+    let drep = b2.poll_mad().unwrap();
+    assert_eq!(attr_of(&drep), attr::DREP);
+    assert_eq!(drep.mad[8..16], dreq[0].mad[8..16]);
+    // A fresh A gets B's REP: REJ(invalid comm ID) for the REP.
+    let (q, _, _, _, rep) = Pair::rep_sent();
+    let mut a2 = CmEngine::new(config(A_IP, 0xdddd));
+    a2.handle_mad(q.now, B_IP, &rep[0].mad[..]);
+    let CmMsgRepr::Rej(r) = parse(&a2.poll_mad().unwrap()) else {
+        panic!()
+    };
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (RejReason::INVALID_COMM_ID, 1)
+    );
+    assert_eq!((a2.connection_count(), b2.connection_count()), (0, 0));
+}
+
+#[test]
+fn req_rcvd_reject_sends_consumer_rej_and_the_peer_reports_rejected() {
+    let (mut p, a_id, b_id, _) = Pair::req_rcvd();
+    p.b.reject(p.now, b_id, b"no").unwrap();
+    assert_eq!(p.b.connection_count(), 0);
+    let rej = p.take_b();
+    p.deliver_a(&rej);
+    let Some(CmEvent::Rejected {
+        id,
+        reason,
+        private_data,
+    }) = p.a.poll_event()
+    else {
+        panic!()
+    };
+    assert_eq!((id, reason), (a_id, RejReason::CONSUMER_DEFINED));
+    assert_eq!(&private_data[..2], b"no");
+}
+
+#[test]
+fn idle_api_calls_in_wrong_states_are_errors() {
+    let (mut p, a_id, _) = Pair::req_sent();
+    assert_eq!(
+        p.a.establish(p.now, a_id),
+        Err(CmError::InvalidState {
+            op: "establish",
+            state: CmState::ReqSent
+        })
+    );
+    assert_eq!(p.a.disconnect(p.now, CommId(0)), Err(CmError::NoSuchId));
+    assert_eq!(p.b.listen(SERVICE), Err(CmError::AddrInUse));
+    let mut cp = connect_params();
+    cp.private_data = vec![0; 93];
+    assert_eq!(
+        p.a.connect(p.now, &cp),
+        Err(CmError::PrivateDataTooLong { given: 93, max: 92 })
+    );
+}
+
+#[test]
+fn idle_bad_headers_are_dropped_and_counted() {
+    let (mut p, _, req) = Pair::req_sent();
+    let mut m = req[0].mad.clone();
+    m[2] = 1; // class version
+    p.b.handle_mad(p.now, A_IP, &m[..]);
+    m[2] = 2;
+    m[3] = 0x83; // a response method
+    p.b.handle_mad(p.now, A_IP, &m[..]);
+    p.b.handle_mad(p.now, A_IP, &m[..100]);
+    m[3] = 3;
+    m[16..18].copy_from_slice(&attr::LAP.to_be_bytes());
+    p.b.handle_mad(p.now, A_IP, &m[..]);
+    let c = p.b.counters();
+    assert_eq!(c.drops(CmDropReason::BadClassVersion), 1);
+    assert_eq!(c.drops(CmDropReason::BadMethod), 1);
+    assert_eq!(c.drops(CmDropReason::Truncated), 1);
+    assert_eq!(c.drops(CmDropReason::UnsupportedAttribute), 1);
+    assert_eq!((c.total_drops(), c.mads_received), (4, 4));
+    assert_eq!(p.b.connection_count(), 0);
+}
+
+#[test]
+fn sidr_req_sent_sidr_rep_reports_qpn_and_qkey() {
+    let mut p = Pair::new();
+    let udp = rdma_cm_service_id(port_space::UDP, 7174);
+    p.b.listen(udp).unwrap();
+    let id = p.a.sidr_request(p.now, B_IP, udp, b"hi").unwrap();
+    let req = p.take_a();
+    p.deliver_b(&req);
+    p.deliver_b(&req);
+    assert_eq!(p.b.counters().drops(CmDropReason::DuplicateSidrReq), 1);
+    let Some(CmEvent::SidrRequest {
+        id: b_id, req: r, ..
+    }) = p.b.poll_event()
+    else {
+        panic!()
+    };
+    assert_eq!((r.service_id, &r.private_data[..2]), (udp, &b"hi"[..]));
+    p.b.sidr_reply(p.now, b_id, SidrStatus::SUCCESS, 0x28, 0x0123_4567, &[])
+        .unwrap();
+    let rep = p.take_b();
+    p.deliver_a(&rep);
+    let Some(CmEvent::SidrResponse { id: got, rep }) = p.a.poll_event() else {
+        panic!()
+    };
+    assert_eq!(
+        (got, rep.status, rep.qpn, rep.qkey),
+        (id, SidrStatus::SUCCESS, 0x28, 0x0123_4567)
+    );
+    assert_eq!((p.a.connection_count(), p.b.connection_count()), (0, 0));
+}
+
+#[test]
+fn idle_sidr_req_for_unknown_service_gets_unsupported() {
+    let mut p = Pair::new();
+    let id = p.a.sidr_request(p.now, B_IP, 0x0111_0001, &[]).unwrap();
+    let req = p.take_a();
+    p.deliver_b(&req);
+    let rep = p.take_b();
+    p.deliver_a(&rep);
+    let Some(CmEvent::SidrResponse { id: got, rep }) = p.a.poll_event() else {
+        panic!()
+    };
+    assert_eq!((got, rep.status), (id, SidrStatus::UNSUPPORTED));
+}
+
+#[test]
+fn mad_agent_demultiplexes_by_class_and_strips_the_grh() {
+    let (p, _, req) = Pair::req_sent();
+    let mut b = CmEngine::new(config(B_IP, 0xbbbb));
+    b.listen(SERVICE).unwrap();
+    let mut agent = MadAgent::new(b);
+    let mut recv = vec![0u8; 40];
+    recv.extend_from_slice(&req[0].mad[..]);
+    agent.handle_recv(p.now, A_IP, &recv);
+    assert!(matches!(
+        agent.cm.poll_event(),
+        Some(CmEvent::ConnectRequest { .. })
+    ));
+    let mut sa = req[0].mad.clone();
+    sa[1] = 0x03; // subnet administration
+    agent.handle_mad(p.now, A_IP, &sa[..]);
+    agent.handle_recv(p.now, A_IP, &recv[..39]);
+    assert_eq!(agent.drops().by_class.get(&3), Some(&1));
+    assert_eq!(agent.drops().truncated, 1);
+}
