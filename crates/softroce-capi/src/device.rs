@@ -6,9 +6,9 @@ use crate::abi::*;
 use crate::{ffi, neg_errno, null_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::Mutex;
-use softroce::net::UdpDevice;
 use softroce::net::discover::{self, DeviceAddr};
-use softroce::verbs::{EventElement, PathMtu};
+use softroce::net::{UdpDevice, UdpOptions};
+use softroce::verbs::{DeviceConfig, EventElement, PathMtu};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -194,6 +194,15 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> &'a Context {
     unsafe { &*(ctx as *mut u8).sub(off).cast::<Context>() }
 }
 
+/// The environment variable that turns busy polling off (`0`) or on (anything else).
+pub const SOFTROCE_BUSY_POLL: &str = "SOFTROCE_BUSY_POLL";
+
+/// Whether devices open in busy-polling mode (`UdpOptions::busy_poll`): on unless
+/// `$SOFTROCE_BUSY_POLL` is `0`.
+fn busy_poll_from_env() -> bool {
+    std::env::var_os(SOFTROCE_BUSY_POLL).is_none_or(|v| v != "0")
+}
+
 /// Engine devices open in this process, by address: a second `ibv_open_device` of a device
 /// shares the first one's socket and driver thread.
 fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
@@ -202,7 +211,14 @@ fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
     if let Some(d) = open.get(&addr.ip).and_then(Weak::upgrade) {
         return Ok(d);
     }
-    let d = Arc::new(UdpDevice::open(&addr.name, addr.ip)?);
+    let opts = UdpOptions {
+        busy_poll: busy_poll_from_env(),
+        ..UdpOptions::process_default()
+    };
+    let d = Arc::new(UdpDevice::open_with_options(
+        DeviceConfig::new(&addr.name, addr.ip),
+        &opts,
+    )?);
     open.insert(addr.ip, Arc::downgrade(&d));
     Ok(d)
 }

@@ -321,16 +321,18 @@ pub(crate) extern "C" fn ibv_get_cq_event(
         }
         // SAFETY: a live channel.
         let ch = unsafe { obj::<CompChannel, _>(channel) };
+        // SAFETY: the channel's context is live.
+        let c: &Context = unsafe { context(ch.ibv.context) };
         let got = loop {
             if let Some(q) = ch.ch.try_get_cq_event() {
                 break q;
             }
+            // This thread blocks: in busy-polling mode the driver thread receives now.
+            c.dev.poller_sleeps();
             if let Err(e) = wait_readable(ch.ibv.fd) {
                 return neg_errno(e);
             }
         };
-        // SAFETY: the channel's context is live.
-        let c: &Context = unsafe { context(ch.ibv.context) };
         let Some(p) = c.cqs.lock().get(&got.cq_num()).copied() else {
             // The CQ was destroyed after its event was raised.
             return neg_errno(libc::EAGAIN);
