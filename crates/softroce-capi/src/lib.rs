@@ -25,6 +25,7 @@
 
 pub mod abi;
 mod device;
+mod ex;
 mod objects;
 mod post;
 mod strings;
@@ -33,6 +34,7 @@ mod strings;
 mod layout_tests;
 
 pub(crate) use device::*;
+pub(crate) use ex::ibv_qp_to_qp_ex;
 pub(crate) use objects::*;
 pub(crate) use strings::*;
 
