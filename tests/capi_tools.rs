@@ -238,3 +238,27 @@ fn pingpongs_with_completion_channels_and_uc() {
         }
     }
 }
+
+#[test]
+fn ibv_asyncwatch_sees_port_active() {
+    if !have("ibv_asyncwatch") {
+        println!("SKIPPED: ibv_asyncwatch not installed (apt-get install ibverbs-utils)");
+        return;
+    }
+    // It watches until killed: give it a moment, then kill it and read what it printed.
+    let mut child = exec("127.0.115.47", &["ibv_asyncwatch", "-d", "softroce0"])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("event_type IBV_EVENT_PORT_ACTIVE (9), port 1"),
+        "ibv_asyncwatch:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
