@@ -719,3 +719,11 @@ pub(crate) fn path_mtu(v: c_int) -> Option<PathMtu> {
         _ => None,
     }
 }
+
+/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED` (2). softroce reaches registered memory
+/// through the process's own address space, so after a `fork` the parent's MRs keep
+/// working with no `MADV_DONTFORK` (what `ibv_fork_init` sets up on a real device); the
+/// child may not use the parent's verbs objects (its engine threads did not fork).
+pub(crate) extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
+}

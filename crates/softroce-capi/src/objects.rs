@@ -202,6 +202,21 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
+/// `ibv_rereg_mr`: not supported. Its failures are `enum ibv_rereg_mr_err_code` values with
+/// errno saying why (not an errno value): `IBV_REREG_MR_ERR_CMD` (-4) and errno
+/// `EOPNOTSUPP`, what libibverbs returns for a provider without rereg.
+pub(crate) extern "C" fn ibv_rereg_mr(
+    _mr: *mut ibv_mr,
+    _flags: c_int,
+    _pd: *mut ibv_pd,
+    _addr: *mut c_void,
+    _length: usize,
+    _access: c_int,
+) -> c_int {
+    crate::set_errno(libc::EOPNOTSUPP);
+    -4
+}
+
 pub(crate) extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     ffi!(libc::EIO, {
         if mr.is_null() {
@@ -255,7 +270,7 @@ pub(crate) extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     ffi!(std::ptr::null_mut(), {
         if ctx.is_null() || cqe <= 0 {
@@ -264,6 +279,14 @@ pub(crate) extern "C" fn ibv_create_cq(
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
         let dev = c.dev.device();
+        // Past the `max_cqe` ibv_query_device reports, or a completion vector the context
+        // lacks: EINVAL, as rxe.
+        let max_cqe = dev.query_device().max_cqe - 1;
+        if cqe as u64 > u64::from(max_cqe)
+            || !(0..c.vctx.context.num_comp_vectors).contains(&comp_vector)
+        {
+            return null_errno(libc::EINVAL);
+        }
         let cq = if channel.is_null() {
             dev.create_cq(cqe as u32)
         } else {
