@@ -6,9 +6,9 @@ use crate::abi::*;
 use crate::{ffi, neg_errno, null_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::Mutex;
-use softroce::net::UdpDevice;
 use softroce::net::discover::{self, DeviceAddr};
-use softroce::verbs::{EventElement, PathMtu};
+use softroce::net::{UdpDevice, UdpOptions};
+use softroce::verbs::{DeviceConfig, EventElement, PathMtu};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -194,6 +194,15 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> &'a Context {
     unsafe { &*(ctx as *mut u8).sub(off).cast::<Context>() }
 }
 
+/// The environment variable that turns busy polling off (`0`) or on (anything else).
+pub const SOFTROCE_BUSY_POLL: &str = "SOFTROCE_BUSY_POLL";
+
+/// Whether devices open in busy-polling mode (`UdpOptions::busy_poll`): on unless
+/// `$SOFTROCE_BUSY_POLL` is `0`.
+fn busy_poll_from_env() -> bool {
+    std::env::var_os(SOFTROCE_BUSY_POLL).is_none_or(|v| v != "0")
+}
+
 /// Engine devices open in this process, by address: a second `ibv_open_device` of a device
 /// shares the first one's socket and driver thread.
 fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
@@ -202,7 +211,14 @@ fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
     if let Some(d) = open.get(&addr.ip).and_then(Weak::upgrade) {
         return Ok(d);
     }
-    let d = Arc::new(UdpDevice::open(&addr.name, addr.ip)?);
+    let opts = UdpOptions {
+        busy_poll: busy_poll_from_env(),
+        ..UdpOptions::process_default()
+    };
+    let d = Arc::new(UdpDevice::open_with_options(
+        DeviceConfig::new(&addr.name, addr.ip),
+        &opts,
+    )?);
     open.insert(addr.ip, Arc::downgrade(&d));
     Ok(d)
 }
@@ -247,7 +263,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
                 modify_wq: None,
                 create_wq: None,
                 query_rt_values: None,
-                create_cq_ex: None,
+                create_cq_ex: Some(crate::ex::create_cq_ex),
                 priv_: std::ptr::null_mut(),
                 query_device_ex: Some(query_device_ex_op),
                 ibv_destroy_flow: None,
@@ -255,7 +271,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
                 ibv_create_flow: None,
                 abi_placeholder1: None,
                 open_qp: None,
-                create_qp_ex: None,
+                create_qp_ex: Some(crate::ex::create_qp_ex),
                 get_srq_num: None,
                 create_srq_ex: None,
                 open_xrcd: None,
@@ -702,4 +718,12 @@ pub(crate) fn path_mtu(v: c_int) -> Option<PathMtu> {
         5 => Some(PathMtu::Mtu4096),
         _ => None,
     }
+}
+
+/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED` (2). softroce reaches registered memory
+/// through the process's own address space, so after a `fork` the parent's MRs keep
+/// working with no `MADV_DONTFORK` (what `ibv_fork_init` sets up on a real device); the
+/// child may not use the parent's verbs objects (its engine threads did not fork).
+pub(crate) extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
 }

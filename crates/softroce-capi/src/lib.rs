@@ -8,7 +8,13 @@
 //!
 //! - Devices: one per address in `$SOFTROCE_IP` (`softroce::net::discover`), named
 //!   `softroce0`, `softroce1`, …; `ibv_open_device` binds the address's UDP port 4791 (two
-//!   opens of one device in a process share the engine device).
+//!   opens of one device in a process share the engine device). Devices open in
+//!   busy-polling mode (`UdpOptions::busy_poll`: the thread in `ibv_poll_cq` receives from the
+//!   socket itself) unless `$SOFTROCE_BUSY_POLL` is `0`; `ibv_get_cq_event` hands receiving
+//!   back to the driver thread before it blocks (`UdpDevice::poller_sleeps`).
+//! - Extended objects (`ex.rs`): every QP is a `struct ibv_qp_ex` and every CQ a
+//!   `struct ibv_cq_ex`; `ibv_create_qp_ex` with send ops fills the `ibv_wr_*` builder,
+//!   `ibv_create_cq_ex` the `ibv_start_poll` / `ibv_wc_read_*` functions.
 //! - Handles: every object is one `Box` of a `#[repr(C)]` struct whose first field is the C
 //!   struct libibverbs defines (`*mut ibv_qp` and `*mut Qp` convert by cast), freed by its
 //!   `ibv_destroy_*`. The context is a `verbs_context` (whose last field is the `ibv_context`
@@ -25,6 +31,7 @@
 
 pub mod abi;
 mod device;
+mod ex;
 mod objects;
 mod post;
 mod strings;
@@ -33,6 +40,7 @@ mod strings;
 mod layout_tests;
 
 pub(crate) use device::*;
+pub(crate) use ex::ibv_qp_to_qp_ex;
 pub(crate) use objects::*;
 pub(crate) use strings::*;
 

@@ -34,19 +34,27 @@ pub(crate) struct CompChannel {
     pub ch: verbs::CompChannel,
 }
 
-/// A completion queue.
+/// A completion queue. Every CQ is a `struct ibv_cq_ex` (whose first fields are
+/// `struct ibv_cq`); those made by `ibv_create_cq_ex` have its polling functions set.
 #[repr(C)]
 pub(crate) struct Cq {
-    pub ibv: ibv_cq,
+    pub ibv: ibv_cq_ex,
     pub cq: verbs::Cq,
+    /// The completion `ibv_start_poll` / `ibv_next_poll` last took.
+    pub current: Mutex<ibv_wc>,
 }
 
 /// A queue pair, with what `ibv_query_qp` reports that the engine does not keep: the
-/// attributes last set by `ibv_modify_qp`, and the creation attributes.
+/// attributes last set by `ibv_modify_qp`, and the creation attributes. Every QP is a
+/// `struct ibv_qp_ex` (whose first field is the `struct ibv_qp`); those made by
+/// `ibv_create_qp_ex` with send ops have its `ibv_wr_*` functions set and `is_ex`.
 #[repr(C)]
 pub(crate) struct Qp {
-    pub ibv: ibv_qp,
+    pub ibv: ibv_qp_ex,
     pub qp: verbs::Qp,
+    pub is_ex: bool,
+    /// The WRs of an `ibv_wr_start` … `ibv_wr_complete` sequence.
+    pub build: Mutex<crate::ex::WrBuild>,
     pub cap: ibv_qp_cap,
     pub sq_sig_all: c_int,
     pub attr: Mutex<ibv_qp_attr>,
@@ -194,6 +202,21 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
+/// `ibv_rereg_mr`: not supported. Its failures are `enum ibv_rereg_mr_err_code` values with
+/// errno saying why (not an errno value): `IBV_REREG_MR_ERR_CMD` (-4) and errno
+/// `EOPNOTSUPP`, what libibverbs returns for a provider without rereg.
+pub(crate) extern "C" fn ibv_rereg_mr(
+    _mr: *mut ibv_mr,
+    _flags: c_int,
+    _pd: *mut ibv_pd,
+    _addr: *mut c_void,
+    _length: usize,
+    _access: c_int,
+) -> c_int {
+    crate::set_errno(libc::EOPNOTSUPP);
+    -4
+}
+
 pub(crate) extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     ffi!(libc::EIO, {
         if mr.is_null() {
@@ -247,7 +270,7 @@ pub(crate) extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     ffi!(std::ptr::null_mut(), {
         if ctx.is_null() || cqe <= 0 {
@@ -256,6 +279,14 @@ pub(crate) extern "C" fn ibv_create_cq(
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
         let dev = c.dev.device();
+        // Past the `max_cqe` ibv_query_device reports, or a completion vector the context
+        // lacks: EINVAL, as rxe.
+        let max_cqe = dev.query_device().max_cqe - 1;
+        if cqe as u64 > u64::from(max_cqe)
+            || !(0..c.vctx.context.num_comp_vectors).contains(&comp_vector)
+        {
+            return null_errno(libc::EINVAL);
+        }
         let cq = if channel.is_null() {
             dev.create_cq(cqe as u32)
         } else {
@@ -271,19 +302,19 @@ pub(crate) extern "C" fn ibv_create_cq(
             unsafe { (*channel).refcnt += 1 };
         }
         let num = cq.cq_num();
+        // SAFETY: all zeros is a valid `ibv_cq_ex` (NULL function pointers, numbers).
+        let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
+        ibv.context = ctx;
+        ibv.channel = channel;
+        ibv.cq_context = cq_context;
+        ibv.handle = num;
+        ibv.cqe = cqe;
+        ibv.mutex = mutex();
+        ibv.cond = cond();
         let p = Box::into_raw(Box::new(Cq {
-            ibv: ibv_cq {
-                context: ctx,
-                channel,
-                cq_context,
-                handle: num,
-                cqe,
-                mutex: mutex(),
-                cond: cond(),
-                comp_events_completed: 0,
-                async_events_completed: 0,
-            },
+            ibv,
             cq,
+            current: Mutex::new(ibv_wc::default()),
         }));
         c.cqs.lock().insert(num, p as usize);
         p.cast()
@@ -321,16 +352,18 @@ pub(crate) extern "C" fn ibv_get_cq_event(
         }
         // SAFETY: a live channel.
         let ch = unsafe { obj::<CompChannel, _>(channel) };
+        // SAFETY: the channel's context is live.
+        let c: &Context = unsafe { context(ch.ibv.context) };
         let got = loop {
             if let Some(q) = ch.ch.try_get_cq_event() {
                 break q;
             }
+            // This thread blocks: in busy-polling mode the driver thread receives now.
+            c.dev.poller_sleeps();
             if let Err(e) = wait_readable(ch.ibv.fd) {
                 return neg_errno(e);
             }
         };
-        // SAFETY: the channel's context is live.
-        let c: &Context = unsafe { context(ch.ibv.context) };
         let Some(p) = c.cqs.lock().get(&got.cq_num()).copied() else {
             // The CQ was destroyed after its event was raised.
             return neg_errno(libc::EAGAIN);
@@ -428,23 +461,28 @@ pub(crate) extern "C" fn ibv_create_qp(
             init.cap.max_recv_sge = 0;
         }
         let num = qp.qp_num();
+        // SAFETY: all zeros is a valid `ibv_qp_ex` (NULL function pointers, numbers).
+        let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+        ibv.qp_base = ibv_qp {
+            context: p.ibv.context,
+            qp_context: init.qp_context,
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            handle: num,
+            qp_num: num,
+            state: 0,
+            qp_type: init.qp_type,
+            mutex: mutex(),
+            cond: cond(),
+            events_completed: 0,
+        };
         let q = Box::into_raw(Box::new(Qp {
-            ibv: ibv_qp {
-                context: p.ibv.context,
-                qp_context: init.qp_context,
-                pd,
-                send_cq: init.send_cq,
-                recv_cq: init.recv_cq,
-                srq: init.srq,
-                handle: num,
-                qp_num: num,
-                state: 0,
-                qp_type: init.qp_type,
-                mutex: mutex(),
-                cond: cond(),
-                events_completed: 0,
-            },
+            ibv,
             qp,
+            is_ex: false,
+            build: Mutex::new(Default::default()),
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
             attr: Mutex::new(ibv_qp_attr {
@@ -586,12 +624,12 @@ pub(crate) extern "C" fn ibv_query_qp(
         unsafe {
             *attr = a;
             *init = ibv_qp_init_attr {
-                qp_context: q.ibv.qp_context,
-                send_cq: q.ibv.send_cq,
-                recv_cq: q.ibv.recv_cq,
-                srq: q.ibv.srq,
+                qp_context: q.ibv.qp_base.qp_context,
+                send_cq: q.ibv.qp_base.send_cq,
+                recv_cq: q.ibv.qp_base.recv_cq,
+                srq: q.ibv.qp_base.srq,
                 cap: q.cap,
-                qp_type: q.ibv.qp_type,
+                qp_type: q.ibv.qp_base.qp_type,
                 sq_sig_all: q.sq_sig_all,
             };
             (*qp).state = state;
@@ -607,10 +645,10 @@ pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: a live QP; its context outlives it.
         let q = unsafe { obj::<Qp, _>(qp) };
-        unsafe { context(q.ibv.context) }
+        unsafe { context(q.ibv.qp_base.context) }
             .qps
             .lock()
-            .remove(&q.ibv.qp_num);
+            .remove(&q.ibv.qp_base.qp_num);
         // SAFETY: the caller gives the QP up.
         unsafe { free::<Qp, _>(qp) };
         0

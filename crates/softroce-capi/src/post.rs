@@ -151,7 +151,7 @@ unsafe extern "C" fn post_send(
             // SAFETY: the program's WR list, readable as ibv_post_send requires.
             let w = unsafe { &*p };
             // SAFETY: as above.
-            match unsafe { send_wr(w, q.ibv.qp_type) } {
+            match unsafe { send_wr(w, q.ibv.qp_base.qp_type) } {
                 Ok(e) => {
                     wrs.push(e);
                     ptrs.push(p);

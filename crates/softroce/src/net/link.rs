@@ -124,6 +124,10 @@ pub struct UdpLink {
     pub(super) busy_poll: bool,
     /// Count of busy polls; the driver thread stays off the socket while it moves.
     pub(super) polls: AtomicU64,
+    /// Set by [`UdpDevice::poller_sleeps`](super::UdpDevice::poller_sleeps), cleared by the
+    /// next busy poll: the polling thread blocks, so the driver thread receives again at
+    /// once instead of napping.
+    pub(super) poller_asleep: AtomicBool,
     /// ACKs held back by a busy poll until its completions are handed out.
     pub(super) deferred: Mutex<Vec<Transmit>>,
     /// Set while received datagrams are delivered ([`deliver`], by whoever holds `rx`): the
@@ -187,6 +191,7 @@ impl UdpLink {
             rx: Mutex::new(RecvBatch::new(if offload { RECV_BATCH } else { 1 })),
             busy_poll,
             polls: AtomicU64::new(0),
+            poller_asleep: AtomicBool::new(false),
             deferred: Mutex::new(Vec::new()),
             holding_acks: AtomicBool::new(false),
         })

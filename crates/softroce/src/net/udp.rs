@@ -121,6 +121,22 @@ impl UdpDevice {
     pub fn poll_cq(&self, cq: &Cq, out: &mut [Wc]) -> usize {
         cq.poll(out)
     }
+
+    /// In busy-polling mode, says that the thread that has been polling is about to block
+    /// (on a completion channel, say): the ACKs its polls held back leave now and the
+    /// driver thread goes back to receiving at once, instead of after the nap it takes while
+    /// polls come in (up to [`BUSY_DRIVER_NAP`]). The next poll undoes it. Does nothing
+    /// outside busy-polling mode.
+    pub fn poller_sleeps(&self) {
+        if !self.link.busy_poll {
+            return;
+        }
+        self.link.poller_asleep.store(true, Ordering::SeqCst);
+        self.link.flush_deferred();
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
 }
 
 /// The CQ poll hook of a device opened with [`UdpOptions::busy_poll`]: a weak handle on its
@@ -151,6 +167,9 @@ impl BusyPoller {
     fn poll(&self, cq: &Cq, out: &mut [Wc]) -> usize {
         let link = &*self.link;
         link.polls.fetch_add(1, Ordering::Relaxed);
+        if link.poller_asleep.load(Ordering::Relaxed) {
+            link.poller_asleep.store(false, Ordering::Relaxed);
+        }
         // Completions already in the CQ come back without a receive system call (≈ 1 µs
         // on an empty socket): the application acts on them first, and its answer can
         // still carry the ACKs held back.
@@ -231,10 +250,11 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
             // ACKs a poller held back and has not sent yet (it may have stopped polling).
             link.flush_deferred();
             let polls = link.polls.load(Ordering::Relaxed);
-            if polls != polls_seen {
-                // A thread is busy-polling: it receives; we only serve timers.
+            if polls != polls_seen && !link.poller_asleep.load(Ordering::SeqCst) {
+                // A thread is busy-polling: it receives; we only serve timers (woken early
+                // by `UdpDevice::poller_sleeps`).
                 polls_seen = polls;
-                std::thread::sleep(park.min(BUSY_DRIVER_NAP));
+                std::thread::park_timeout(park.min(BUSY_DRIVER_NAP));
                 device.handle_timeouts();
                 continue;
             }

@@ -111,7 +111,11 @@ pub struct AsyncEvent {
 const MAX_ASYNC_EVENTS: usize = 4096;
 
 /// A Linux eventfd used as a level signal: readable (counter non-zero) while its queue is
-/// not empty.
+/// not empty. Blocking (no `EFD_NONBLOCK`): the descriptor is handed out (a completion
+/// channel's `fd` in C) and its `O_NONBLOCK` flag is the holder's to set, as on the
+/// kernel's uverbs file; `ibv_get_cq_event` blocks on a blocking one and fails with EAGAIN
+/// on a non-blocking one. The queue only writes and reads it under its lock, reading only
+/// when it is readable, so it never blocks itself.
 #[derive(Debug)]
 pub(super) struct EventFd(OwnedFd);
 
@@ -119,7 +123,7 @@ impl EventFd {
     pub(super) fn new() -> std::io::Result<EventFd> {
         // SAFETY: eventfd takes no pointers; a non-negative return is a new descriptor that
         // nothing else owns, so OwnedFd may take it.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -130,8 +134,9 @@ impl EventFd {
     /// Makes the descriptor readable.
     fn set(&self) {
         let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It cannot block
-        // (EFD_NONBLOCK); a saturated counter (EAGAIN) is still readable, which is all we need.
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It would block only at a
+        // counter of 2^64 - 2, which one write per queued item between two clears never
+        // reaches.
         let _ = unsafe {
             libc::write(
                 self.0.as_raw_fd(),
@@ -143,9 +148,18 @@ impl EventFd {
 
     /// Makes the descriptor unreadable (resets the counter).
     fn clear(&self) {
+        let mut p = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, timeout 0. A read of a zero counter would block: read
+        // only what is there (writers and readers hold the queue's lock).
+        if unsafe { libc::poll(&raw mut p, 1, 0) } != 1 {
+            return;
+        }
         let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our own eventfd; EFD_NONBLOCK, so an
-        // already-zero counter returns EAGAIN instead of blocking.
+        // SAFETY: reads 8 bytes into a live u64 from our own eventfd, which is readable.
         let _ = unsafe {
             libc::read(
                 self.0.as_raw_fd(),

@@ -1,0 +1,485 @@
+//! The extended QP and CQ: `verbs_context.create_qp_ex` (what verbs.h's inline
+//! `ibv_create_qp_ex` calls), `ibv_qp_to_qp_ex` and the work request builder of
+//! `struct ibv_qp_ex` (`ibv_wr_start` … `ibv_wr_complete`); `verbs_context.create_cq_ex`
+//! and the polling functions of `struct ibv_cq_ex` (`ibv_start_poll`, `ibv_next_poll`,
+//! `ibv_end_poll`, `ibv_wc_read_*`). Behaviour follows rdma-core's rxe provider
+//! (providers/rxe/rxe.c): the builder queues WRs from `wr_start` and posts them all in
+//! `wr_complete`, which returns the first error met while building (posting none of them);
+//! `wr_abort` drops them.
+
+use crate::abi::*;
+use crate::objects::{Ah, Cq, Qp, obj};
+use crate::post::wc_to_c;
+use crate::{ffi, null_errno};
+use core::ffi::{c_int, c_uint, c_void};
+use softroce::verbs::{SendFlags, SendWr, Sge, Wc, WrOpcode};
+
+/// The WRs a `wr_start` … `wr_complete` sequence builds, and the first error met.
+#[derive(Default)]
+pub(crate) struct WrBuild {
+    wrs: Vec<SendWr>,
+    err: c_int,
+}
+
+/// The `IBV_QP_EX_WITH_*` operations softroce builds (all of rxe's but BIND_MW, and TSO and
+/// ATOMIC_WRITE, which rxe does not offer either).
+const SEND_OPS_SUPPORTED: u64 = (1 << 0) // RDMA_WRITE
+    | (1 << 1) // RDMA_WRITE_WITH_IMM
+    | (1 << 2) // SEND
+    | (1 << 3) // SEND_WITH_IMM
+    | (1 << 4) // RDMA_READ
+    | (1 << 5) // ATOMIC_CMP_AND_SWP
+    | (1 << 6) // ATOMIC_FETCH_AND_ADD
+    | (1 << 7) // LOCAL_INV
+    | (1 << 9); // SEND_WITH_INV
+
+/// `verbs_context.create_qp_ex`. Accepts a PD and, optionally, `send_ops_flags` (which make
+/// the QP an extended one) and zero `create_flags`; anything else is EOPNOTSUPP (XRC, RSS,
+/// TSO, source QPN).
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    ffi!(std::ptr::null_mut(), {
+        if attr.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: a readable, writable init attr (the caller's contract).
+        let a = unsafe { &mut *attr };
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        let send_ops =
+            (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
+        if send_ops.is_some_and(|f| f & !SEND_OPS_SUPPORTED != 0) {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr` (verbs.h's
+        // inline ibv_create_qp_ex makes the same cast).
+        let qp = crate::objects::ibv_create_qp(a.pd, attr.cast());
+        if !qp.is_null() && send_ops.is_some() {
+            // SAFETY: just made by ibv_create_qp: a live `Qp`.
+            unsafe { enable_qp_ex(qp.cast()) };
+        }
+        qp
+    })
+}
+
+/// Makes `qp` an extended QP: fills the builder's function table.
+///
+/// # Safety
+/// `qp` is a live `Qp` no other thread uses yet.
+unsafe fn enable_qp_ex(qp: *mut Qp) {
+    // SAFETY: our caller's contract.
+    let q = unsafe { &mut *qp };
+    q.is_ex = true;
+    let x = &mut q.ibv;
+    x.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    x.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    x.wr_local_inv = Some(wr_local_inv);
+    x.wr_rdma_read = Some(wr_rdma_read);
+    x.wr_rdma_write = Some(wr_rdma_write);
+    x.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    x.wr_send = Some(wr_send);
+    x.wr_send_imm = Some(wr_send_imm);
+    x.wr_send_inv = Some(wr_send_inv);
+    x.wr_set_ud_addr = Some(wr_set_ud_addr);
+    x.wr_set_inline_data = Some(wr_set_inline_data);
+    x.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    x.wr_set_sge = Some(wr_set_sge);
+    x.wr_set_sge_list = Some(wr_set_sge_list);
+    x.wr_start = Some(wr_start);
+    x.wr_complete = Some(wr_complete);
+    x.wr_abort = Some(wr_abort);
+}
+
+/// `ibv_qp_to_qp_ex`: the QP as a `struct ibv_qp_ex` when it was made extended
+/// (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`), else NULL.
+pub(crate) extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    ffi!(std::ptr::null_mut(), {
+        if qp.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: a live QP of this library.
+        if unsafe { obj::<Qp, _>(qp) }.is_ex {
+            qp.cast()
+        } else {
+            std::ptr::null_mut()
+        }
+    })
+}
+
+/// Runs `f` on the builder of the extended QP `qp` (the `ibv_wr_*` functions return
+/// nothing: a panic is swallowed, and the next `wr_complete` reports EIO).
+fn with_build(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut WrBuild)) {
+    ffi!((), {
+        if qp.is_null() {
+            return;
+        }
+        // SAFETY: an extended QP of this library (the caller's contract).
+        let q = unsafe { obj::<Qp, _>(qp) };
+        let mut b = q.build.lock();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(q, &mut b)));
+        if r.is_err() && b.err == 0 {
+            b.err = libc::EIO;
+        }
+    })
+}
+
+/// Starts a new WR of `opcode` with the QP's current `wr_id` and `wr_flags`.
+fn new_wr(qp: *mut ibv_qp_ex, opcode: WrOpcode, fill: impl FnOnce(&mut SendWr)) {
+    with_build(qp, |q, b| {
+        let mut wr = SendWr::new(q.ibv.wr_id, opcode, Vec::new());
+        wr.send_flags = SendFlags(q.ibv.wr_flags & 0xf);
+        fill(&mut wr);
+        b.wrs.push(wr);
+    });
+}
+
+/// Sets something on the WR last started; EINVAL at `wr_complete` if there is none.
+fn last_wr(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut SendWr) -> Result<(), c_int>) {
+    with_build(qp, |q, b| {
+        let r = match b.wrs.last_mut() {
+            Some(wr) => f(q, wr),
+            None => Err(libc::EINVAL),
+        };
+        if let Err(e) = r
+            && b.err == 0
+        {
+            b.err = e;
+        }
+    });
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    new_wr(qp, WrOpcode::AtomicCmpAndSwp, |w| {
+        (w.rkey, w.remote_addr, w.compare_add, w.swap) = (rkey, remote_addr, compare, swap);
+    });
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    new_wr(qp, WrOpcode::AtomicFetchAndAdd, |w| {
+        (w.rkey, w.remote_addr, w.compare_add) = (rkey, remote_addr, add);
+    });
+}
+
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    new_wr(qp, WrOpcode::LocalInv, |w| {
+        w.invalidate_rkey = invalidate_rkey
+    });
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    new_wr(qp, WrOpcode::RdmaRead, |w| {
+        (w.rkey, w.remote_addr) = (rkey, remote_addr);
+    });
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    new_wr(qp, WrOpcode::RdmaWrite, |w| {
+        (w.rkey, w.remote_addr) = (rkey, remote_addr);
+    });
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    new_wr(qp, WrOpcode::RdmaWriteWithImm, |w| {
+        (w.rkey, w.remote_addr) = (rkey, remote_addr);
+        // `imm` is in network order; the engine holds the wire bytes as a BE number.
+        w.imm_data = u32::from_be(imm);
+    });
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    new_wr(qp, WrOpcode::Send, |_| {});
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    new_wr(qp, WrOpcode::SendWithImm, |w| {
+        w.imm_data = u32::from_be(imm)
+    });
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    new_wr(qp, WrOpcode::SendWithInv, |w| {
+        w.invalidate_rkey = invalidate_rkey
+    });
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    last_wr(qp, |_, w| {
+        if ah.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a live AH of this library (the caller's contract).
+        let ah = unsafe { obj::<Ah, _>(ah) };
+        w.ud = Some(ah.ah.dest(remote_qpn, remote_qkey));
+        Ok(())
+    });
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    last_wr(qp, |_, w| {
+        w.sg_list = vec![Sge { addr, length, lkey }];
+        Ok(())
+    });
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    last_wr(qp, |q, w| {
+        if num_sge > q.cap.max_send_sge as usize || (num_sge > 0 && sg_list.is_null()) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: `sg_list` holds `num_sge` entries (the caller's contract).
+        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge) };
+        w.sg_list = list
+            .iter()
+            .map(|s| Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        Ok(())
+    });
+}
+
+/// Inline data: SGEs without a key, copied when `wr_complete` posts them.
+fn set_inline(qp: *mut ibv_qp_ex, bufs: &[(u64, usize)]) {
+    last_wr(qp, |q, w| {
+        let total: usize = bufs.iter().map(|b| b.1).sum();
+        if total > q.cap.max_inline_data as usize {
+            return Err(libc::ENOMEM);
+        }
+        w.sg_list = bufs
+            .iter()
+            .map(|&(addr, length)| Sge {
+                addr,
+                length: length as u32,
+                lkey: 0,
+            })
+            .collect();
+        w.send_flags = SendFlags(w.send_flags.0 | SendFlags::INLINE.0);
+        Ok(())
+    });
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    set_inline(qp, &[(addr as u64, length)]);
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    num_buf: usize,
+    buf_list: *const ibv_data_buf,
+) {
+    if num_buf > 0 && buf_list.is_null() {
+        return set_inline(qp, &[(0, usize::MAX)]);
+    }
+    // SAFETY: `buf_list` holds `num_buf` entries (the caller's contract).
+    let list = unsafe { std::slice::from_raw_parts(buf_list, num_buf) };
+    let bufs: Vec<(u64, usize)> = list.iter().map(|b| (b.addr as u64, b.length)).collect();
+    set_inline(qp, &bufs);
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    with_build(qp, |_, b| {
+        b.wrs.clear();
+        b.err = 0;
+    });
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    ffi!(libc::EIO, {
+        if qp.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: an extended QP of this library (the caller's contract).
+        let q = unsafe { obj::<Qp, _>(qp) };
+        let mut b = q.build.lock();
+        let wrs = std::mem::take(&mut b.wrs);
+        let err = std::mem::take(&mut b.err);
+        drop(b);
+        if err != 0 {
+            return err;
+        }
+        if wrs.is_empty() {
+            return 0;
+        }
+        match q.qp.post_send(&wrs) {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    with_build(qp, |_, b| {
+        b.wrs.clear();
+        b.err = 0;
+    });
+}
+
+/// `IBV_WC_STANDARD_FLAGS`: what an extended CQ of softroce can report (as rxe).
+const WC_STANDARD_FLAGS: u64 = 0x7f;
+/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
+const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (a hint).
+const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+
+/// `verbs_context.create_cq_ex`: a CQ whose completions are also read with
+/// `ibv_start_poll` … `ibv_end_poll`. `wc_flags` beyond `IBV_WC_STANDARD_FLAGS`
+/// (timestamps, CVLAN, flow tag, TM info) are EOPNOTSUPP.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    ffi!(std::ptr::null_mut(), {
+        if attr.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: a readable init attr (the caller's contract).
+        let a = unsafe { &*attr };
+        if a.wc_flags & !WC_STANDARD_FLAGS != 0
+            || a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
+            || (a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
+                && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0)
+        {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        let Ok(cqe) = c_int::try_from(a.cqe) else {
+            return null_errno(libc::EINVAL);
+        };
+        let cq = crate::objects::ibv_create_cq(
+            ctx,
+            cqe,
+            a.cq_context,
+            a.channel,
+            a.comp_vector as c_int,
+        );
+        if cq.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: just made by ibv_create_cq: a live `Cq` no other thread knows yet.
+        let x = unsafe { &mut (*cq.cast::<Cq>()).ibv };
+        x.start_poll = Some(start_poll);
+        x.next_poll = Some(next_poll);
+        x.end_poll = Some(end_poll);
+        x.read_opcode = Some(read_opcode);
+        x.read_vendor_err = Some(read_vendor_err);
+        x.read_byte_len = Some(read_byte_len);
+        x.read_imm_data = Some(read_imm_data);
+        x.read_qp_num = Some(read_qp_num);
+        x.read_src_qp = Some(read_src_qp);
+        x.read_wc_flags = Some(read_wc_flags);
+        x.read_slid = Some(read_slid);
+        x.read_sl = Some(read_sl);
+        x.read_dlid_path_bits = Some(read_dlid_path_bits);
+        cq.cast()
+    })
+}
+
+/// Takes the next completion of `cq` as the current one: 0, or ENOENT when it is empty.
+fn advance(cq: *mut ibv_cq_ex) -> c_int {
+    ffi!(libc::EIO, {
+        if cq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: a live CQ of this library (the caller's contract).
+        let q = unsafe { obj::<Cq, _>(cq) };
+        // SAFETY: its context is live while it is.
+        let c = unsafe { crate::device::context(q.ibv.context) };
+        let mut one = [Wc::default()];
+        if c.dev.poll_cq(&q.cq, &mut one) == 0 {
+            return libc::ENOENT;
+        }
+        let w = wc_to_c(&one[0]);
+        // SAFETY: the program's own CQ struct, which it reads between polls; only the
+        // polling thread writes it (the API's rule).
+        unsafe {
+            (*cq).status = w.status;
+            (*cq).wr_id = w.wr_id;
+        }
+        *q.current.lock() = w;
+        0
+    })
+}
+
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: NULL or readable (the caller's contract).
+    if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
+        return libc::EINVAL;
+    }
+    advance(cq)
+}
+
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    advance(cq)
+}
+
+unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
+
+/// A field of the current completion of `cq`.
+fn current<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&ibv_wc) -> T) -> T {
+    ffi!(T::default(), {
+        if cq.is_null() {
+            return T::default();
+        }
+        // SAFETY: a live CQ of this library (the caller's contract).
+        let q = unsafe { obj::<Cq, _>(cq) };
+        f(&q.current.lock())
+    })
+}
+
+unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> c_int {
+    current(cq, |w| w.opcode)
+}
+unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.vendor_err)
+}
+unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.byte_len)
+}
+unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.imm_data)
+}
+unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.qp_num)
+}
+unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| w.src_qp)
+}
+unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+    current(cq, |w| w.wc_flags)
+}
+unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    current(cq, |w| u32::from(w.slid))
+}
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    current(cq, |w| w.sl)
+}
+unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    current(cq, |w| w.dlid_path_bits)
+}

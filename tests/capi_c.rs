@@ -1,0 +1,70 @@
+//! The project's own C program (tests/c/verbs_edges.c), compiled with `cc` against the
+//! installed `<infiniband/verbs.h>` and run through `softroce exec` on softroce's
+//! libibverbs.so.1: a server spinning on a flag byte that the client's RDMA WRITE sets, two
+//! threads on separate QPs of one context, `ibv_fork_init` and a fork, and the error paths
+//! (wrong lkey, wrong rkey, a QP in the wrong state, a too-small CQ) with rxe's statuses and
+//! errnos. Skipped, saying why, only when `cc` or the header is missing (CI installs
+//! libibverbs-dev). Killed after a deadline.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
+
+#[test]
+fn c_program_edges_through_softroce_exec() {
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        println!(
+            "SKIPPED: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)"
+        );
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/verbs_edges.c");
+    let dir = std::env::temp_dir().join(format!("softroce-capi-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("verbs_edges");
+    let cc = match Command::new("cc")
+        .args(["-Wall", "-Wextra", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-libverbs", "-lpthread"])
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIPPED: cannot run cc: {e}");
+            return;
+        }
+    };
+    assert!(
+        cc.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let mut child = Command::new(SOFTROCE)
+        .args(["exec", "--ip", "127.0.115.51,127.0.115.52", "--"])
+        .arg(&exe)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("all passed"),
+        "verbs_edges ({}):\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+}
