@@ -5,7 +5,7 @@
 //!
 //! The library directory is `$SOFTROCE_LIB_DIR` when set, else `softroce-libs/` next to this
 //! executable (`target/<profile>/softroce-libs/libibverbs.so.1`, the link
-//! crates/softroce-capi/build.rs makes to `target/<profile>/libsoftroce_capi.so`).
+//! crates/softroce-capi/build.rs makes to `target/<profile>/deps/libsoftroce_capi.so`).
 
 use crate::BoxError;
 use softroce::net::discover::{SOFTROCE_IP, parse_device_list};

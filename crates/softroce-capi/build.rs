@@ -135,8 +135,10 @@ fn main() {
         map_path.display()
     );
 
-    // target/<profile>/softroce-libs/libibverbs.so.1 -> ../libsoftroce_capi.so (dangling until
-    // the library is linked, a moment after this script).
+    // target/<profile>/softroce-libs/libibverbs.so.1 -> ../deps/libsoftroce_capi.so (dangling
+    // until the library is linked, a moment after this script). deps/ holds the library
+    // whether cargo built it for `cargo build` (which also copies it up to target/<profile>/)
+    // or only for `cargo test`.
     if let Some(profile_dir) = out.ancestors().nth(3) {
         link_library(profile_dir);
     }
@@ -146,7 +148,7 @@ fn link_library(profile_dir: &Path) {
     let dir = profile_dir.join("softroce-libs");
     let _ = std::fs::create_dir_all(&dir);
     let link = dir.join("libibverbs.so.1");
-    let target = Path::new("../libsoftroce_capi.so");
+    let target = Path::new("../deps/libsoftroce_capi.so");
     if std::fs::read_link(&link).ok().as_deref() != Some(target) {
         let _ = std::fs::remove_file(&link);
         let _ = std::os::unix::fs::symlink(target, &link);

@@ -9,14 +9,11 @@ use std::process::Command;
 
 const SYSTEM_LIB: &str = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";
 
-/// target/<profile>/libsoftroce_capi.so, from this test binary's target/<profile>/deps/.
+/// target/<profile>/deps/libsoftroce_capi.so, beside this test binary (where cargo builds
+/// the library for `cargo test` as well as for `cargo build`).
 fn built_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("libsoftroce_capi.so")
+    exe.parent().unwrap().join("libsoftroce_capi.so")
 }
 
 fn objdump(args: &[&str], lib: &Path) -> Option<String> {
@@ -113,7 +110,12 @@ fn soname_is_libibverbs_so_1() {
         "no SONAME libibverbs.so.1 in {}",
         ours.display()
     );
-    let link = ours.parent().unwrap().join("softroce-libs/libibverbs.so.1");
+    // target/<profile>/softroce-libs/, beside deps/.
+    let link = ours
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("softroce-libs/libibverbs.so.1");
     assert_eq!(
         std::fs::canonicalize(&link).unwrap(),
         std::fs::canonicalize(&ours).unwrap(),
