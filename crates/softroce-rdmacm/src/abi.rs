@@ -189,3 +189,27 @@ pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
 pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
 pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
 pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+
+/// `struct rdma_addrinfo`.
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: libc::socklen_t,
+    pub ai_dst_len: libc::socklen_t,
+    pub ai_src_addr: *mut libc::sockaddr,
+    pub ai_dst_addr: *mut libc::sockaddr,
+    pub ai_src_canonname: *mut core::ffi::c_char,
+    pub ai_dst_canonname: *mut core::ffi::c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+/// `rdma_addrinfo.ai_flags` bits.
+pub const RAI_PASSIVE: c_int = 1;
+pub const RAI_NUMERICHOST: c_int = 2;

@@ -29,9 +29,11 @@
 #![cfg_attr(test, allow(dead_code, unused_imports, unused_macros))]
 
 pub mod abi;
+mod addrinfo;
 mod cma;
 mod ibv;
 
+pub(crate) use addrinfo::*;
 pub(crate) use cma::*;
 
 /// Runs an `extern "C"` body, turning a panic into `$on_panic` with errno `EIO`.
