@@ -1,11 +1,13 @@
-//! `softroce exec`: runs an unmodified, dynamically linked verbs program on softroce devices.
-//! It puts the directory holding softroce's `libibverbs.so.1` (crates/softroce-capi) first in
+//! `softroce exec`: runs an unmodified, dynamically linked verbs or rdma_cm program on
+//! softroce devices. It puts the directory holding softroce's `libibverbs.so.1`
+//! (crates/softroce-capi) and `librdmacm.so.1` (crates/softroce-rdmacm) first in
 //! `LD_LIBRARY_PATH`, sets `SOFTROCE_IP` when `--ip` is given, and replaces itself with the
-//! program (`execvp`), which then loads softroce's library instead of rdma-core's.
+//! program (`execvp`), which then loads softroce's libraries instead of rdma-core's.
 //!
 //! The library directory is `$SOFTROCE_LIB_DIR` when set, else `softroce-libs/` next to this
-//! executable (`target/<profile>/softroce-libs/libibverbs.so.1`, the link
-//! crates/softroce-capi/build.rs makes to `target/<profile>/deps/libsoftroce_capi.so`).
+//! executable (`target/<profile>/softroce-libs/libibverbs.so.1` and `librdmacm.so.1`, the
+//! links the two crates' build.rs make to `target/<profile>/deps/libsoftroce_capi.so` and
+//! `libsoftroce_rdmacm.so`).
 
 use crate::BoxError;
 use softroce::net::discover::{SOFTROCE_IP, parse_device_list};
@@ -43,6 +45,15 @@ pub fn lib_dir() -> Result<PathBuf, BoxError> {
             dir.display()
         )
         .into());
+    }
+    // Without softroce's librdmacm.so.1 an rdma_cm program would load rdma-core's, which
+    // cannot drive softroce devices: say so, but verbs-only programs still run.
+    if !dir.join("librdmacm.so.1").exists() {
+        eprintln!(
+            "softroce exec: {}/librdmacm.so.1 not found (build it with \
+             `cargo build -p softroce-rdmacm`); rdma_cm programs will not work",
+            dir.display()
+        );
     }
     Ok(dir)
 }

@@ -22,6 +22,8 @@ const NODES: &[(&str, Option<&str>)] = &[
     ("IBVERBS_1.13", Some("IBVERBS_1.12")),
     ("IBVERBS_1.14", Some("IBVERBS_1.13")),
     ("IBVERBS_PRIVATE_34", None),
+    // softroce's own: the raw QP1 entry points its librdmacm.so.1 uses (src/mad.rs).
+    ("SOFTROCE_PRIVATE_1", None),
 ];
 
 struct Export {

@@ -32,6 +32,7 @@
 pub mod abi;
 mod device;
 mod ex;
+mod mad;
 mod objects;
 mod post;
 mod strings;
@@ -41,6 +42,7 @@ mod layout_tests;
 
 pub(crate) use device::*;
 pub(crate) use ex::ibv_qp_to_qp_ex;
+pub(crate) use mad::{softroce_mad_recv, softroce_mad_send};
 pub(crate) use objects::*;
 pub(crate) use strings::*;
 

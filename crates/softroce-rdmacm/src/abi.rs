@@ -1,0 +1,215 @@
+//! The C structs of `<rdma/rdma_cma.h>` (rdma-core 44), and those of `<infiniband/verbs.h>`
+//! they use, shared with softroce-capi by source (not by linking: this library must not carry
+//! a second libibverbs). Layouts are checked against the installed headers by
+//! tests/layout.rs.
+
+#![allow(non_camel_case_types, missing_docs)]
+
+use core::ffi::{c_int, c_void};
+
+#[path = "../../softroce-capi/src/abi.rs"]
+mod verbs_abi;
+pub use verbs_abi::*;
+
+/// `struct rdma_event_channel`.
+#[repr(C)]
+pub struct rdma_event_channel {
+    pub fd: c_int,
+}
+
+/// `struct rdma_ib_addr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct rdma_ib_addr {
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+    pub pkey: u16,
+}
+
+/// `struct rdma_addr`: source and destination as `sockaddr_storage`, then the GIDs.
+#[repr(C)]
+pub struct rdma_addr {
+    pub src_storage: libc::sockaddr_storage,
+    pub dst_storage: libc::sockaddr_storage,
+    pub ibaddr: rdma_ib_addr,
+}
+
+/// `struct ibv_sa_path_rec` (`<infiniband/sa.h>`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_sa_path_rec {
+    pub dgid: ibv_gid,
+    pub sgid: ibv_gid,
+    pub dlid: u16,
+    pub slid: u16,
+    pub raw_traffic: c_int,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reversible: c_int,
+    pub numb_path: u8,
+    pub pkey: u16,
+    pub sl: u8,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub preference: u8,
+}
+
+/// `struct rdma_route`.
+#[repr(C)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut ibv_sa_path_rec,
+    pub num_paths: c_int,
+}
+
+/// `struct rdma_cm_id`.
+#[repr(C)]
+pub struct rdma_cm_id {
+    pub verbs: *mut ibv_context,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut c_void,
+    pub qp: *mut ibv_qp,
+    pub route: rdma_route,
+    pub ps: c_int,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut ibv_comp_channel,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq_channel: *mut ibv_comp_channel,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub pd: *mut ibv_pd,
+    pub qp_type: c_int,
+}
+
+/// `struct rdma_conn_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_conn_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// `struct rdma_ud_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ud_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+/// The `param` union of `struct rdma_cm_event`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union rdma_cm_event_param {
+    pub conn: rdma_conn_param,
+    pub ud: rdma_ud_param,
+}
+
+/// `struct rdma_cm_event`.
+#[repr(C)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: c_int,
+    pub status: c_int,
+    pub param: rdma_cm_event_param,
+}
+
+/// `enum rdma_cm_event_type`.
+pub mod event {
+    pub const ADDR_RESOLVED: i32 = 0;
+    pub const ADDR_ERROR: i32 = 1;
+    pub const ROUTE_RESOLVED: i32 = 2;
+    pub const ROUTE_ERROR: i32 = 3;
+    pub const CONNECT_REQUEST: i32 = 4;
+    pub const CONNECT_RESPONSE: i32 = 5;
+    pub const CONNECT_ERROR: i32 = 6;
+    pub const UNREACHABLE: i32 = 7;
+    pub const REJECTED: i32 = 8;
+    pub const ESTABLISHED: i32 = 9;
+    pub const DISCONNECTED: i32 = 10;
+    pub const DEVICE_REMOVAL: i32 = 11;
+    pub const MULTICAST_JOIN: i32 = 12;
+    pub const MULTICAST_ERROR: i32 = 13;
+    pub const ADDR_CHANGE: i32 = 14;
+    pub const TIMEWAIT_EXIT: i32 = 15;
+}
+
+/// `enum rdma_port_space`.
+pub const RDMA_PS_IPOIB: c_int = 0x0002;
+pub const RDMA_PS_TCP: c_int = 0x0106;
+pub const RDMA_PS_UDP: c_int = 0x0111;
+pub const RDMA_PS_IB: c_int = 0x013f;
+
+/// `enum ibv_qp_type` values used here.
+pub const IBV_QPT_RC: c_int = 2;
+pub const IBV_QPT_UD: c_int = 4;
+/// `enum ibv_qp_state` values used here.
+pub const IBV_QPS_INIT: c_int = 1;
+pub const IBV_QPS_RTR: c_int = 2;
+pub const IBV_QPS_RTS: c_int = 3;
+pub const IBV_QPS_ERR: c_int = 6;
+/// `enum ibv_qp_attr_mask` bits used here.
+pub mod mask {
+    pub const STATE: i32 = 1 << 0;
+    pub const ACCESS_FLAGS: i32 = 1 << 3;
+    pub const PKEY_INDEX: i32 = 1 << 4;
+    pub const PORT: i32 = 1 << 5;
+    pub const QKEY: i32 = 1 << 6;
+    pub const AV: i32 = 1 << 7;
+    pub const PATH_MTU: i32 = 1 << 8;
+    pub const TIMEOUT: i32 = 1 << 9;
+    pub const RETRY_CNT: i32 = 1 << 10;
+    pub const RNR_RETRY: i32 = 1 << 11;
+    pub const RQ_PSN: i32 = 1 << 12;
+    pub const MAX_QP_RD_ATOMIC: i32 = 1 << 13;
+    pub const MIN_RNR_TIMER: i32 = 1 << 15;
+    pub const SQ_PSN: i32 = 1 << 16;
+    pub const MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
+    pub const DEST_QPN: i32 = 1 << 20;
+}
+/// `enum ibv_access_flags` bits used here.
+pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
+pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
+pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+
+/// `struct rdma_addrinfo`.
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: libc::socklen_t,
+    pub ai_dst_len: libc::socklen_t,
+    pub ai_src_addr: *mut libc::sockaddr,
+    pub ai_dst_addr: *mut libc::sockaddr,
+    pub ai_src_canonname: *mut core::ffi::c_char,
+    pub ai_dst_canonname: *mut core::ffi::c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+/// `rdma_addrinfo.ai_flags` bits.
+pub const RAI_PASSIVE: c_int = 1;
+pub const RAI_NUMERICHOST: c_int = 2;

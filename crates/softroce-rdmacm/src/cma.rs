@@ -1,0 +1,1681 @@
+//! The rdma_cm objects (event channels, ids, events), the per-device CM driver, and the
+//! `rdma_*` entry points.
+//!
+//! All state lives in one [`State`] behind one lock: the devices (each opened device has a
+//! `CmEngine` and a driver thread), the ids (`IdState`, keyed by the `rdma_cm_id` address),
+//! and the bound ports. Entry points and driver threads take the lock, call the engine, then
+//! [`pump`] its events (into rdma_cm events, applying REQ/REP to the id's QP) and MADs (onto
+//! QP1 through `softroce_mad_send`). The ibv_* calls made under the lock never call back.
+//!
+//! Sources: rdma-core `librdmacm/cma.c` (rdma_create_qp's default CQs and INIT, the
+//! RTR/RTS sequence of `ucma_modify_qp_rtr`/`_rts`, rdma_disconnect moving the QP to ERR,
+//! events and their private data), kernel `drivers/infiniband/core/cma.c` (service IDs, the
+//! cma header, CONNECT_REQUEST parameters as the passive side sees them).
+
+use crate::abi::*;
+use crate::ibv::{Ibv, ibv};
+use crate::{ffi, neg_errno};
+use core::ffi::{c_char, c_int, c_void};
+use parking_lot::{Mutex, MutexGuard};
+use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
+use softroce::transport::Instant;
+use softroce::wire::cm::{CmaHdrRepr, ReqRepr, gid_of_ip, rdma_cm_service_id};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::OnceLock;
+
+/// Length of rdma_cm's IP header at the start of a REQ's private data (`struct cma_hdr`).
+const CMA_HDR_LEN: usize = 36;
+/// The REQ/REP/REJ private data sizes (IBTA).
+const REQ_PRIVATE: usize = 92;
+const REP_PRIVATE: usize = 196;
+const REJ_PRIVATE: usize = 148;
+/// The GID index of a device's IP address (softroce::net::discover: index 1, as rxe).
+const SGID_INDEX: u8 = 1;
+/// QP local ACK timeout we ask for (4.096 µs × 2^14 ≈ 67 ms).
+const LOCAL_ACK_TIMEOUT: u8 = 14;
+/// RNR NAK timer of our QPs (IB encoding 12 = 0.64 ms).
+const MIN_RNR_TIMER: u8 = 12;
+/// Longest a driver thread waits on QP1 between timer checks, in ms.
+const DRIVER_TICK_MS: u64 = 20;
+
+// ---------------------------------------------------------------------------------------
+// State
+
+struct OpenDev {
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    cm: CmEngine,
+    /// Connection → the `rdma_cm_id` it belongs to.
+    comms: HashMap<CommId, usize>,
+    /// The port's active MTU (IB enum).
+    mtu: u8,
+}
+
+struct Dev {
+    name: String,
+    ip: IpAddr,
+    ibv_dev: *mut ibv_device,
+    open: Option<OpenDev>,
+}
+
+#[derive(Default)]
+struct IdState {
+    dev: Option<usize>,
+    local: Option<SocketAddr>,
+    remote: Option<SocketAddr>,
+    listening: bool,
+    comm: Option<CommId>,
+    /// The listening id a passive id came from.
+    listen_id: usize,
+    /// Passive: the REQ.
+    req: Option<Box<ReqRepr>>,
+    starting_psn: u32,
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    /// Active: the REP's private data, for the ESTABLISHED event.
+    rep_private: Option<Vec<u8>>,
+    /// rdma_create_qp made the CQs (and their channels): rdma_destroy_qp frees them.
+    own_cqs: bool,
+    /// Events handed out and not acked.
+    events_out: usize,
+    /// rdma_destroy_id ran while events were out: freed at the last ack.
+    destroyed: bool,
+}
+
+struct State {
+    devs: Vec<Dev>,
+    ids: HashMap<usize, IdState>,
+    rng: u64,
+}
+
+// SAFETY: the raw pointers are libibverbs handles (contexts, PDs) and our own boxes, used only
+// under the state's lock; libibverbs objects may be used from any thread.
+unsafe impl Send for State {}
+
+fn state() -> Result<MutexGuard<'static, State>, c_int> {
+    static STATE: OnceLock<Result<Mutex<State>, c_int>> = OnceLock::new();
+    let s = STATE.get_or_init(|| init_state().map(Mutex::new));
+    match s {
+        Ok(m) => Ok(m.lock()),
+        Err(e) => Err(*e),
+    }
+}
+
+fn init_state() -> Result<State, c_int> {
+    let ibv = ibv()?;
+    let addrs = softroce::net::discover::devices_from_env().map_err(|e| {
+        eprintln!("softroce librdmacm: {e}");
+        e.errno()
+    })?;
+    let mut devs = Vec::new();
+    let mut n = 0;
+    // SAFETY: libibverbs' device list: `n` device pointers, NULL-terminated, valid for the
+    // life of the process (softroce's devices are never freed); the list itself is freed.
+    unsafe {
+        let list = (ibv.get_device_list)(&mut n);
+        if list.is_null() {
+            return Err(libc::ENODEV);
+        }
+        for i in 0..n.max(0) as usize {
+            let d = *list.add(i);
+            let name = std::ffi::CStr::from_ptr((ibv.get_device_name)(d))
+                .to_string_lossy()
+                .into_owned();
+            if let Some(a) = addrs.iter().find(|a| a.name == name) {
+                devs.push(Dev {
+                    name,
+                    ip: a.ip,
+                    ibv_dev: d,
+                    open: None,
+                });
+            }
+        }
+        (ibv.free_device_list)(list);
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        ^ (u64::from(std::process::id()) << 32);
+    Ok(State {
+        devs,
+        ids: HashMap::new(),
+        rng: seed | 1,
+    })
+}
+
+impl State {
+    fn random(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn dev_of_ip(&self, ip: IpAddr) -> Option<usize> {
+        self.devs.iter().position(|d| d.ip == ip)
+    }
+
+    /// Opens device `i` (context, PD, CM engine, QP1 port, driver thread) if not yet open.
+    fn open(&mut self, i: usize) -> Result<&mut OpenDev, c_int> {
+        if self.devs[i].open.is_none() {
+            let ibv = ibv()?;
+            let d = &self.devs[i];
+            // SAFETY: `ibv_dev` is from libibverbs' list; the calls follow their prototypes.
+            let (ctx, pd, guid, mtu) = unsafe {
+                let ctx = (ibv.open_device)(d.ibv_dev);
+                if ctx.is_null() {
+                    return Err(errno_or(libc::ENODEV));
+                }
+                let pd = (ibv.alloc_pd)(ctx);
+                if pd.is_null() {
+                    return Err(errno_or(libc::ENOMEM));
+                }
+                let mut pa: ibv_port_attr = std::mem::zeroed();
+                let mtu = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
+                    pa.active_mtu as u8
+                } else {
+                    3
+                };
+                // Makes QP1's port (its receives posted) before anyone can send us a REQ.
+                let mut mad = [0u8; 256];
+                let mut src: libc::sockaddr_storage = std::mem::zeroed();
+                let _ = (ibv.mad_recv)(ctx, mad.as_mut_ptr().cast(), &mut src, 0);
+                (ctx, pd, u64::from_be((ibv.get_device_guid)(d.ibv_dev)), mtu)
+            };
+            let seed = self.random();
+            let cm = CmEngine::new(CmConfig::new(self.devs[i].ip, guid, seed));
+            self.devs[i].open = Some(OpenDev {
+                ctx,
+                pd,
+                cm,
+                comms: HashMap::new(),
+                mtu,
+            });
+            let ctx = ctx as usize;
+            let name = format!("softroce-cm-{}", self.devs[i].name);
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || driver(i, ctx))
+                .map_err(|_| libc::EAGAIN)?;
+        }
+        self.devs[i].open.as_mut().ok_or(libc::ENODEV)
+    }
+
+    fn id_mut(&mut self, id: *mut rdma_cm_id) -> Result<&mut IdState, c_int> {
+        self.ids
+            .get_mut(&(id as usize))
+            .filter(|s| !s.destroyed)
+            .ok_or(libc::EINVAL)
+    }
+
+    /// A free port of port space `ps` (librdmacm: the kernel picks one in the local range).
+    fn ephemeral_port(&mut self, ps: c_int) -> u16 {
+        loop {
+            let p = 32768 + (self.random() % 28232) as u16;
+            if !self.port_taken(ps, p, None) {
+                return p;
+            }
+        }
+    }
+
+    fn port_taken(&self, ps: c_int, port: u16, ip: Option<IpAddr>) -> bool {
+        self.ids.iter().any(|(&addr, s)| {
+            let Some(l) = s.local else { return false };
+            // SAFETY: every key of `ids` is a live boxed rdma_cm_id.
+            let id_ps = unsafe { (*(addr as *mut rdma_cm_id)).ps };
+            !s.destroyed
+                && s.listen_id == 0
+                && id_ps == ps
+                && l.port() == port
+                && (s.listening || s.comm.is_none())
+                && (ip.is_none() || l.ip().is_unspecified() || Some(l.ip()) == ip)
+        })
+    }
+}
+
+fn errno_or(default: c_int) -> c_int {
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(e) if e != 0 => e,
+        _ => default,
+    }
+}
+
+fn now() -> Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    let e = *EPOCH.get_or_init(std::time::Instant::now);
+    Instant::from_nanos(e.elapsed().as_nanos() as u64 + 1)
+}
+
+// ---------------------------------------------------------------------------------------
+// Addresses
+
+fn sockaddr_of(sa: *const libc::sockaddr) -> Result<SocketAddr, c_int> {
+    if sa.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller passes a sockaddr of the size its family says.
+    unsafe {
+        match c_int::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let s = &*sa.cast::<libc::sockaddr_in>();
+                Ok(SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
+                    u16::from_be(s.sin_port),
+                ))
+            }
+            libc::AF_INET6 => {
+                let s = &*sa.cast::<libc::sockaddr_in6>();
+                Ok(SocketAddr::new(
+                    IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)),
+                    u16::from_be(s.sin6_port),
+                ))
+            }
+            _ => Err(libc::EAFNOSUPPORT),
+        }
+    }
+}
+
+fn write_sockaddr(out: &mut libc::sockaddr_storage, a: SocketAddr) {
+    // SAFETY: sockaddr_storage is plain data, large and aligned enough for both families.
+    unsafe {
+        *out = std::mem::zeroed();
+        match a {
+            SocketAddr::V4(v4) => {
+                let s = &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                s.sin_family = libc::AF_INET as libc::sa_family_t;
+                s.sin_port = v4.port().to_be();
+                s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            }
+            SocketAddr::V6(v6) => {
+                let s = &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                s.sin6_port = v6.port().to_be();
+                s.sin6_addr.s6_addr = v6.ip().octets();
+            }
+        }
+    }
+}
+
+/// Fills the id's addresses, GIDs and (with a remote) its one path record.
+fn set_route(id: *mut rdma_cm_id, local: SocketAddr, remote: Option<SocketAddr>, mtu: u8) {
+    // SAFETY: `id` is a live boxed rdma_cm_id (checked by the caller under the lock).
+    let id = unsafe { &mut *id };
+    write_sockaddr(&mut id.route.addr.src_storage, local);
+    id.route.addr.ibaddr.sgid.raw = gid_of_ip(local.ip());
+    id.route.addr.ibaddr.pkey = 0xffff_u16.to_be();
+    if let Some(r) = remote {
+        write_sockaddr(&mut id.route.addr.dst_storage, r);
+        id.route.addr.ibaddr.dgid.raw = gid_of_ip(r.ip());
+        let path = ibv_sa_path_rec {
+            dgid: ibv_gid {
+                raw: gid_of_ip(r.ip()),
+            },
+            sgid: ibv_gid {
+                raw: gid_of_ip(local.ip()),
+            },
+            dlid: 0xffff,
+            slid: 0xffff,
+            flow_label: softroce::cm::rdma_cm_flow_label(local.port(), r.port()).to_be(),
+            hop_limit: 64,
+            reversible: 1,
+            numb_path: 1,
+            pkey: 0xffff_u16.to_be(),
+            mtu_selector: 2,
+            mtu,
+            rate_selector: 2,
+            rate: 3,
+            packet_life_time_selector: 2,
+            packet_life_time: softroce::cm::CMA_IBOE_PACKET_LIFETIME,
+            ..Default::default()
+        };
+        if id.route.path_rec.is_null() {
+            id.route.path_rec = Box::into_raw(Box::new(path));
+        } else {
+            // SAFETY: a path record we boxed earlier.
+            unsafe { *id.route.path_rec = path };
+        }
+        id.route.num_paths = 1;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Channels and events
+
+/// An event channel: the C struct (its fd an eventfd in semaphore mode, one count per queued
+/// event), then the queue.
+#[repr(C)]
+struct Channel {
+    ch: rdma_event_channel,
+    queue: Mutex<VecDeque<usize>>,
+}
+
+/// An event handed out: the C struct, then the private data its `param` points at, inline
+/// as in librdmacm's `struct cma_event`. Inline matters: programs read the private data after
+/// `rdma_ack_cm_event` has freed the event (the seed's rdma_client does), which works with
+/// librdmacm because free(3) clobbers only the first bytes of a block; a separate buffer
+/// would be clobbered at its start, where the data is.
+#[repr(C)]
+struct Event {
+    ev: rdma_cm_event,
+    data: [u8; 256],
+}
+
+fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<Event> {
+    Box::new(Event {
+        ev: rdma_cm_event {
+            id,
+            listen_id: std::ptr::null_mut(),
+            event: kind,
+            status,
+            // SAFETY: the union of plain C structs; all zeros (NULL pointers) is valid.
+            param: unsafe { std::mem::zeroed() },
+        },
+        data: [0; 256],
+    })
+}
+
+/// Sets a connection event's private data (copied into the event).
+fn set_private(ev: &mut Event, data: &[u8]) {
+    let n = data.len().min(ev.data.len());
+    ev.data[..n].copy_from_slice(&data[..n]);
+    // Writing a member of the union (the `conn` one) needs no unsafe.
+    ev.ev.param.conn.private_data = if n == 0 {
+        std::ptr::null()
+    } else {
+        ev.data.as_ptr().cast()
+    };
+    ev.ev.param.conn.private_data_len = n.min(255) as u8;
+}
+
+/// Queues `ev` on its id's channel.
+fn post(ev: Box<Event>) {
+    // SAFETY: the event's id is live (callers hold the lock and checked it) and its channel
+    // outlives it (rdma_destroy_event_channel requires its ids destroyed first).
+    let ch = unsafe { (*ev.ev.id).channel };
+    if ch.is_null() {
+        return;
+    }
+    let chan = ch.cast::<Channel>();
+    // SAFETY: every channel of an id is one of our boxed `Channel`s.
+    let chan = unsafe { &*chan };
+    chan.queue.lock().push_back(Box::into_raw(ev) as usize);
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes to our eventfd.
+    let _ = unsafe { libc::write(chan.ch.fd, (&one as *const u64).cast(), 8) };
+}
+
+// ---------------------------------------------------------------------------------------
+// QP transitions (librdmacm's ucma_init_conn_qp, ucma_modify_qp_rtr/_rts/_err)
+
+fn modify(ibv: &Ibv, qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: c_int) -> Result<(), c_int> {
+    // SAFETY: `qp` is the id's live QP; `attr` a valid ibv_qp_attr.
+    match unsafe { (ibv.modify_qp)(qp, attr, mask) } {
+        0 => Ok(()),
+        e if e > 0 => Err(e),
+        _ => Err(errno_or(libc::EINVAL)),
+    }
+}
+
+fn qp_init(ibv: &Ibv, qp: *mut ibv_qp, qp_type: c_int) -> Result<(), c_int> {
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_INIT,
+        pkey_index: 0,
+        port_num: 1,
+        ..Default::default()
+    };
+    let mut m = mask::STATE | mask::PKEY_INDEX | mask::PORT;
+    if qp_type == IBV_QPT_UD {
+        a.qkey = RDMA_UDP_QKEY;
+        m |= mask::QKEY;
+    } else {
+        // Deviation: librdmacm grants remote READ/atomics only when responder resources
+        // are negotiated; softroce grants them at INIT (the engine still bounds READs by
+        // max_dest_rd_atomic).
+        a.qp_access_flags =
+            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+        m |= mask::ACCESS_FLAGS;
+    }
+    modify(ibv, qp, &mut a, m)
+}
+
+/// rdma_cm's Q_Key for UDP port space ids.
+const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+struct Rtr {
+    dest_qpn: u32,
+    rq_psn: u32,
+    mtu: u8,
+    max_dest_rd_atomic: u8,
+    peer: IpAddr,
+    flow_label: u32,
+}
+
+fn qp_rtr(ibv: &Ibv, qp: *mut ibv_qp, r: &Rtr) -> Result<(), c_int> {
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_RTR,
+        path_mtu: c_int::from(r.mtu),
+        dest_qp_num: r.dest_qpn,
+        rq_psn: r.rq_psn,
+        max_dest_rd_atomic: r.max_dest_rd_atomic,
+        min_rnr_timer: MIN_RNR_TIMER,
+        ..Default::default()
+    };
+    a.ah_attr.is_global = 1;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.dlid = 0;
+    a.ah_attr.grh.dgid.raw = gid_of_ip(r.peer);
+    a.ah_attr.grh.sgid_index = SGID_INDEX;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.grh.flow_label = r.flow_label;
+    let m = mask::STATE
+        | mask::AV
+        | mask::PATH_MTU
+        | mask::DEST_QPN
+        | mask::RQ_PSN
+        | mask::MAX_DEST_RD_ATOMIC
+        | mask::MIN_RNR_TIMER;
+    modify(ibv, qp, &mut a, m)
+}
+
+fn qp_rts(
+    ibv: &Ibv,
+    qp: *mut ibv_qp,
+    sq_psn: u32,
+    timeout: u8,
+    retry: u8,
+    rnr_retry: u8,
+    max_rd_atomic: u8,
+) -> Result<(), c_int> {
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_RTS,
+        sq_psn,
+        timeout,
+        retry_cnt: retry & 7,
+        rnr_retry: rnr_retry & 7,
+        max_rd_atomic,
+        ..Default::default()
+    };
+    let m = mask::STATE
+        | mask::SQ_PSN
+        | mask::TIMEOUT
+        | mask::RETRY_CNT
+        | mask::RNR_RETRY
+        | mask::MAX_QP_RD_ATOMIC;
+    modify(ibv, qp, &mut a, m)
+}
+
+fn qp_err(ibv: &Ibv, qp: *mut ibv_qp) {
+    if qp.is_null() {
+        return;
+    }
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_ERR,
+        ..Default::default()
+    };
+    let _ = modify(ibv, qp, &mut a, mask::STATE);
+}
+
+// ---------------------------------------------------------------------------------------
+// The CM driver
+
+/// A device's driver thread: waits on QP1 up to the engine's next timer, feeds MADs and
+/// timers to the engine, and pumps.
+fn driver(dev: usize, ctx: usize) {
+    let Ok(ibv) = ibv() else { return };
+    let mut mad = [0u8; 256];
+    loop {
+        let timeout_ms = {
+            let Ok(mut st) = state() else { return };
+            let Some(o) = st.devs[dev].open.as_mut() else {
+                return;
+            };
+            match o.cm.poll_timeout() {
+                Some(t) => {
+                    (t.as_nanos().saturating_sub(now().as_nanos()) / 1_000_000).min(DRIVER_TICK_MS)
+                }
+                None => DRIVER_TICK_MS,
+            }
+        };
+        // SAFETY: zeroed sockaddr_storage is valid.
+        let mut src: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is the device's context, open for the life of the process; `mad`
+        // holds 256 bytes.
+        let got = unsafe {
+            (ibv.mad_recv)(
+                ctx as *mut ibv_context,
+                mad.as_mut_ptr().cast(),
+                &mut src,
+                timeout_ms as c_int,
+            )
+        };
+        if got < 0 {
+            std::thread::sleep(std::time::Duration::from_millis(DRIVER_TICK_MS));
+        }
+        let Ok(mut st) = state() else { return };
+        let t = now();
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            if got == 1
+                && let Ok(from) = sockaddr_of((&src as *const libc::sockaddr_storage).cast())
+            {
+                o.cm.handle_mad(t, from.ip(), &mad);
+            }
+            if o.cm.poll_timeout().is_some_and(|d| d <= t) {
+                o.cm.handle_timeout(t);
+            }
+        }
+        pump(&mut st, dev);
+    }
+}
+
+/// Drains device `dev`'s engine: its events into rdma_cm events, then its MADs onto QP1.
+fn pump(st: &mut State, dev: usize) {
+    loop {
+        let Some(o) = st.devs[dev].open.as_mut() else {
+            return;
+        };
+        let Some(ev) = o.cm.poll_event() else { break };
+        on_event(st, dev, ev);
+    }
+    let Ok(ibv) = ibv() else { return };
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return;
+    };
+    while let Some(m) = o.cm.poll_mad() {
+        // SAFETY: zeroed sockaddr_storage is valid.
+        let mut dst: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        write_sockaddr(&mut dst, SocketAddr::new(m.dst, 0));
+        // SAFETY: the device's live context, a sockaddr, 256 bytes.
+        let _ = unsafe {
+            (ibv.mad_send)(
+                o.ctx,
+                (&dst as *const libc::sockaddr_storage).cast(),
+                m.mad.as_ptr().cast(),
+                m.mad.len(),
+            )
+        };
+    }
+}
+
+fn listener_for(st: &State, dev: usize, service_id: u64) -> Option<usize> {
+    st.ids.iter().find_map(|(&addr, s)| {
+        let l = s.local?;
+        // SAFETY: every key of `ids` is a live boxed rdma_cm_id.
+        let ps = unsafe { (*(addr as *mut rdma_cm_id)).ps };
+        (s.listening
+            && !s.destroyed
+            && rdma_cm_service_id(ps as u16, l.port()) == service_id
+            && (s.dev.is_none() || s.dev == Some(dev)))
+        .then_some(addr)
+    })
+}
+
+fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
+    let Ok(ibv) = ibv() else { return };
+    let t = now();
+    let comm = ev.id();
+    if let CmEvent::ConnectRequest {
+        id: comm,
+        peer,
+        req,
+        cma,
+    } = ev
+    {
+        return connect_request(st, dev, comm, peer, req, cma);
+    }
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return;
+    };
+    let Some(&addr) = o.comms.get(&comm) else {
+        return; // its id is gone
+    };
+    let id = addr as *mut rdma_cm_id;
+    // SAFETY: ids in `comms` are live boxes (rdma_destroy_id removes them).
+    let qp = unsafe { (*id).qp };
+    let mtu = o.mtu;
+    match ev {
+        CmEvent::ConnectRequest { .. } => {}
+        CmEvent::ConnectResponse { rep, .. } => {
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            s.rep_private = Some(rep.private_data.to_vec());
+            if qp.is_null() {
+                let mut e = new_event(id, event::CONNECT_RESPONSE, 0);
+                set_private(&mut e, &rep.private_data[..REP_PRIVATE]);
+                e.ev.param.conn.responder_resources = rep.initiator_depth;
+                e.ev.param.conn.initiator_depth = rep.responder_resources;
+                e.ev.param.conn.qp_num = rep.local_qpn;
+                return post(e);
+            }
+            let peer = s
+                .remote
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            let r = Rtr {
+                dest_qpn: rep.local_qpn,
+                rq_psn: rep.starting_psn,
+                mtu,
+                max_dest_rd_atomic: s.responder_resources,
+                peer,
+                flow_label: 0,
+            };
+            let (psn, retry, ini) = (s.starting_psn, s.retry_count, s.initiator_depth);
+            let ok = qp_rtr(ibv, qp, &r).and_then(|()| {
+                qp_rts(
+                    ibv,
+                    qp,
+                    psn,
+                    LOCAL_ACK_TIMEOUT,
+                    retry,
+                    rep.rnr_retry_count,
+                    ini.min(rep.responder_resources),
+                )
+            });
+            let Some(o) = st.devs[dev].open.as_mut() else {
+                return;
+            };
+            match ok {
+                // The engine reports Established, which carries the REP's private data.
+                Ok(()) => {
+                    let _ = o.cm.establish(t, comm);
+                }
+                Err(e) => {
+                    let _ = o.cm.reject(t, comm, &[]);
+                    o.comms.remove(&comm);
+                    if let Some(s) = st.ids.get_mut(&addr) {
+                        s.comm = None;
+                    }
+                    post(new_event(id, event::CONNECT_ERROR, -e));
+                }
+            }
+        }
+        CmEvent::Established { .. } => {
+            let mut e = new_event(id, event::ESTABLISHED, 0);
+            if let Some(p) = st.ids.get_mut(&addr).and_then(|s| s.rep_private.take()) {
+                set_private(&mut e, &p);
+            }
+            post(e);
+        }
+        CmEvent::Rejected {
+            reason,
+            private_data,
+            ..
+        } => {
+            o.comms.remove(&comm);
+            if let Some(s) = st.ids.get_mut(&addr) {
+                s.comm = None;
+            }
+            let mut e = new_event(id, event::REJECTED, c_int::from(reason.0));
+            set_private(&mut e, &private_data[..REJ_PRIVATE]);
+            post(e);
+        }
+        CmEvent::Unreachable { .. } => {
+            o.comms.remove(&comm);
+            if let Some(s) = st.ids.get_mut(&addr) {
+                s.comm = None;
+            }
+            post(new_event(id, event::UNREACHABLE, -libc::ETIMEDOUT));
+        }
+        CmEvent::Disconnected { .. } => post(new_event(id, event::DISCONNECTED, 0)),
+        CmEvent::TimewaitExit { .. } => {
+            o.comms.remove(&comm);
+            if let Some(s) = st.ids.get_mut(&addr) {
+                s.comm = None;
+            }
+            post(new_event(id, event::TIMEWAIT_EXIT, 0));
+        }
+        // UD (SIDR) is not supported yet: nobody listens on a UDP port space through the
+        // engine, and rdma_connect refuses UD ids.
+        CmEvent::SidrRequest { .. } | CmEvent::SidrResponse { .. } => {}
+    }
+}
+
+/// A REQ for a listening id: a new id on the device, and CONNECT_REQUEST on the listener's
+/// channel (private data after the cma header; responder resources and initiator depth as
+/// the passive side sees them, kernel `cm_format_req_event`).
+fn connect_request(
+    st: &mut State,
+    dev: usize,
+    comm: CommId,
+    peer: IpAddr,
+    req: Box<ReqRepr>,
+    cma: Option<CmaHdrRepr>,
+) {
+    let t = now();
+    let Some(lid) = listener_for(st, dev, req.service_id) else {
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            let _ = o.cm.reject(t, comm, &[]);
+        }
+        return;
+    };
+    let dev_ip = st.devs[dev].ip;
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return;
+    };
+    let (ctx, pd, mtu) = (o.ctx, o.pd, o.mtu);
+    let listen = lid as *mut rdma_cm_id;
+    // SAFETY: `lid` is a live id (listener_for checked).
+    let (channel, context, ps) = unsafe { ((*listen).channel, (*listen).context, (*listen).ps) };
+    let id = new_id(channel, context, ps);
+    // SAFETY: just made.
+    unsafe {
+        (*id).verbs = ctx;
+        (*id).pd = pd;
+        (*id).port_num = 1;
+    }
+    let local_port = st
+        .ids
+        .get(&lid)
+        .and_then(|s| s.local)
+        .map_or(0, |l| l.port());
+    let local = SocketAddr::new(dev_ip, local_port);
+    let remote = SocketAddr::new(
+        cma.and_then(|c| c.src_ip()).unwrap_or(peer),
+        cma.map_or(0, |c| c.port),
+    );
+    set_route(id, local, Some(remote), mtu.min(req.path_mtu));
+    let mut e = new_event(id, event::CONNECT_REQUEST, 0);
+    e.ev.listen_id = listen;
+    set_private(&mut e, &req.private_data[CMA_HDR_LEN..REQ_PRIVATE]);
+    // SAFETY: writing the conn member.
+    unsafe {
+        let c = &mut e.ev.param.conn;
+        c.responder_resources = req.initiator_depth;
+        c.initiator_depth = req.responder_resources;
+        c.flow_control = u8::from(req.end_to_end_flow_control);
+        c.retry_count = req.retry_count;
+        c.rnr_retry_count = req.rnr_retry_count;
+        c.srq = u8::from(req.srq);
+        c.qp_num = req.local_qpn;
+    }
+    o.comms.insert(comm, id as usize);
+    st.ids.insert(
+        id as usize,
+        IdState {
+            dev: Some(dev),
+            local: Some(local),
+            remote: Some(remote),
+            comm: Some(comm),
+            listen_id: lid,
+            req: Some(req),
+            ..Default::default()
+        },
+    );
+    post(e);
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry points
+
+fn new_id(channel: *mut rdma_event_channel, context: *mut c_void, ps: c_int) -> *mut rdma_cm_id {
+    // SAFETY: rdma_cm_id is plain C data; all zeros (NULL pointers) is valid.
+    let mut id: Box<rdma_cm_id> = Box::new(unsafe { std::mem::zeroed() });
+    id.channel = channel;
+    id.context = context;
+    id.ps = ps;
+    id.qp_type = if ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB {
+        IBV_QPT_UD
+    } else {
+        IBV_QPT_RC
+    };
+    Box::into_raw(id)
+}
+
+/// Frees a boxed id and its path record.
+fn free_id(id: *mut rdma_cm_id) {
+    // SAFETY: `id` came from new_id and is freed once (its state was just removed).
+    unsafe {
+        let b = Box::from_raw(id);
+        if !b.route.path_rec.is_null() {
+            drop(Box::from_raw(b.route.path_rec));
+        }
+    }
+}
+
+pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    ffi!(std::ptr::null_mut(), {
+        if let Err(e) = state() {
+            crate::set_errno(e);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: plain eventfd creation.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return std::ptr::null_mut();
+        }
+        let ch = Box::new(Channel {
+            ch: rdma_event_channel { fd },
+            queue: Mutex::new(VecDeque::new()),
+        });
+        Box::into_raw(ch).cast()
+    })
+}
+
+pub(crate) extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    ffi!((), {
+        if channel.is_null() {
+            return;
+        }
+        // SAFETY: a channel from rdma_create_event_channel, destroyed once.
+        let ch = unsafe { Box::from_raw(channel.cast::<Channel>()) };
+        for e in ch.queue.lock().drain(..) {
+            // SAFETY: queued events are boxes nobody was handed.
+            drop(unsafe { Box::from_raw(e as *mut Event) });
+        }
+        // SAFETY: our eventfd.
+        unsafe { libc::close(ch.ch.fd) };
+    })
+}
+
+pub(crate) extern "C" fn rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: c_int,
+) -> c_int {
+    ffi!(-1, {
+        if id.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        if ![RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IPOIB, RDMA_PS_IB].contains(&ps) {
+            return neg_errno(libc::EINVAL);
+        }
+        if channel.is_null() {
+            // librdmacm then makes a synchronous channel of its own: not supported yet.
+            return neg_errno(libc::ENOSYS);
+        }
+        let mut st = match state() {
+            Ok(s) => s,
+            Err(e) => return neg_errno(e),
+        };
+        let new = new_id(channel, context, ps);
+        st.ids.insert(new as usize, IdState::default());
+        // SAFETY: the caller passes a writable pointer.
+        unsafe { *id = new };
+        0
+    })
+}
+
+pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    ffi!(-1, {
+        let mut st = match state() {
+            Ok(s) => s,
+            Err(e) => return neg_errno(e),
+        };
+        let Some(s) = st.ids.get_mut(&(id as usize)).filter(|s| !s.destroyed) else {
+            return neg_errno(libc::EINVAL);
+        };
+        s.destroyed = true;
+        s.listening = false;
+        let (dev, comm, out) = (s.dev, s.comm.take(), s.events_out);
+        let unanswered = s.req.take().is_some();
+        if let (Some(d), Some(c)) = (dev, comm)
+            && let Some(o) = st.devs[d].open.as_mut()
+        {
+            o.comms.remove(&c);
+            // A request never answered: reject it (rdma-core's kernel does the same).
+            if unanswered {
+                let _ = o.cm.reject(now(), c, &[]);
+            }
+            pump(&mut st, d);
+        }
+        // Events queued for it and not yet taken go with it.
+        // SAFETY: `id` is live until freed below.
+        let ch = unsafe { (*id).channel };
+        if !ch.is_null() {
+            // SAFETY: our channel.
+            let chan = unsafe { &*ch.cast::<Channel>() };
+            let mut q = chan.queue.lock();
+            let before = q.len();
+            q.retain(|&e| {
+                // SAFETY: queued events are live boxes.
+                let mine = unsafe { (*(e as *mut Event)).ev.id } == id;
+                if mine {
+                    // SAFETY: removed from the queue, so freed once.
+                    drop(unsafe { Box::from_raw(e as *mut Event) });
+                }
+                !mine
+            });
+            for _ in q.len()..before {
+                take_count(chan.ch.fd);
+            }
+        }
+        if out == 0 {
+            st.ids.remove(&(id as usize));
+            free_id(id);
+        }
+        // Else freed by the last rdma_ack_cm_event.
+        0
+    })
+}
+
+/// Takes one count from a channel's eventfd without blocking.
+fn take_count(fd: c_int) {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut v = 0u64;
+    // SAFETY: poll on one pollfd, then an 8-byte read from our eventfd, which is ready.
+    unsafe {
+        if libc::poll(&mut p, 1, 0) == 1 {
+            let _ = libc::read(fd, (&mut v as *mut u64).cast(), 8);
+        }
+    }
+}
+
+/// Binds `id` to `addr` (port 0: an ephemeral one); a specific address binds the device.
+fn bind(st: &mut State, id: *mut rdma_cm_id, addr: SocketAddr) -> Result<(), c_int> {
+    // SAFETY: `id` is live (the caller checked it under the lock).
+    let ps = unsafe { (*id).ps };
+    let dev = if addr.ip().is_unspecified() {
+        None
+    } else {
+        Some(st.dev_of_ip(addr.ip()).ok_or(libc::EADDRNOTAVAIL)?)
+    };
+    let port = match addr.port() {
+        0 => st.ephemeral_port(ps),
+        p if st.port_taken(ps, p, Some(addr.ip())) => return Err(libc::EADDRINUSE),
+        p => p,
+    };
+    let local = SocketAddr::new(addr.ip(), port);
+    let mut mtu = 3;
+    if let Some(d) = dev {
+        let o = st.open(d)?;
+        mtu = o.mtu;
+        let (ctx, pd) = (o.ctx, o.pd);
+        // SAFETY: live id.
+        unsafe {
+            (*id).verbs = ctx;
+            (*id).pd = pd;
+            (*id).port_num = 1;
+        }
+    }
+    set_route(id, local, None, mtu);
+    let s = st.id_mut(id)?;
+    s.dev = dev;
+    s.local = Some(local);
+    Ok(())
+}
+
+pub(crate) extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let a = sockaddr_of(addr)?;
+            let mut st = state()?;
+            if st.id_mut(id)?.local.is_some() {
+                return Err(libc::EINVAL);
+            }
+            bind(&mut st, id, a)
+        })();
+        result(r)
+    })
+}
+
+fn result(r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => neg_errno(e),
+    }
+}
+
+pub(crate) extern "C" fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src_addr: *mut libc::sockaddr,
+    dst_addr: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let dst = sockaddr_of(dst_addr)?;
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            let bound = s.local;
+            let bound_dev = s.dev;
+            match (bound, src_addr.is_null()) {
+                (None, false) => bind(&mut st, id, sockaddr_of(src_addr)?)?,
+                (None, true) => {
+                    // Source by "routing": the device that has the destination's address
+                    // (a loopback connection), else the first device.
+                    let d = st.dev_of_ip(dst.ip()).unwrap_or(0);
+                    let ip = st.devs.get(d).ok_or(libc::ENODEV)?.ip;
+                    bind(&mut st, id, SocketAddr::new(ip, 0))?;
+                }
+                (Some(l), _) if bound_dev.is_none() => {
+                    // Bound to a port only: take the first device's address, keep the port.
+                    st.id_mut(id)?.local = None;
+                    let ip = st.devs.first().ok_or(libc::ENODEV)?.ip;
+                    bind(&mut st, id, SocketAddr::new(ip, l.port()))?;
+                }
+                (Some(_), _) => {}
+            }
+            let s = st.id_mut(id)?;
+            s.remote = Some(dst);
+            // SAFETY: live id.
+            unsafe { write_sockaddr(&mut (*id).route.addr.dst_storage, dst) };
+            // SAFETY: live id.
+            unsafe { (*id).route.addr.ibaddr.dgid.raw = gid_of_ip(dst.ip()) };
+            post(new_event(id, event::ADDR_RESOLVED, 0));
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
+                return Err(libc::EINVAL);
+            };
+            let mtu = st.open(dev)?.mtu;
+            set_route(id, local, Some(remote), mtu);
+            post(new_event(id, event::ROUTE_RESOLVED, 0));
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let mut st = state()?;
+            if st.id_mut(id)?.local.is_none() {
+                bind(
+                    &mut st,
+                    id,
+                    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+                )?;
+            }
+            let s = st.id_mut(id)?;
+            if s.listening {
+                return Ok(());
+            }
+            let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
+            // SAFETY: live id.
+            let ps = unsafe { (*id).ps };
+            if ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB {
+                return Err(libc::ENOSYS); // SIDR service: not yet
+            }
+            let sid = rdma_cm_service_id(ps as u16, port);
+            let devs: Vec<usize> = match dev {
+                Some(d) => vec![d],
+                None => (0..st.devs.len()).collect(),
+            };
+            for d in devs {
+                let o = st.open(d)?;
+                // Another id of this process may listen on the same service on another
+                // address of the device set: the engine listens once per device.
+                let _ = o.cm.listen(sid);
+            }
+            st.id_mut(id)?.listening = true;
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let ibv = ibv()?;
+            if attr.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            // SAFETY: live id; `attr` is the caller's init attributes.
+            let (idr, a) = unsafe { (&mut *id, &mut *attr) };
+            if idr.verbs.is_null() || s.dev.is_none() {
+                return Err(libc::EINVAL);
+            }
+            let pd = if pd.is_null() { idr.pd } else { pd };
+            if pd.is_null() {
+                return Err(libc::EINVAL);
+            }
+            // Default CQs, each with its completion channel (librdmacm's ucma_create_cqs).
+            let mut own = false;
+            // SAFETY: calls on the id's live context.
+            unsafe {
+                if a.send_cq.is_null() {
+                    let ch = (ibv.create_comp_channel)(idr.verbs);
+                    let cq = (ibv.create_cq)(
+                        idr.verbs,
+                        a.cap.max_send_wr.max(1) as c_int,
+                        id.cast(),
+                        ch,
+                        0,
+                    );
+                    if cq.is_null() {
+                        return Err(errno_or(libc::ENOMEM));
+                    }
+                    idr.send_cq_channel = ch;
+                    idr.send_cq = cq;
+                    a.send_cq = cq;
+                    own = true;
+                }
+                if a.recv_cq.is_null() {
+                    let ch = (ibv.create_comp_channel)(idr.verbs);
+                    let cq = (ibv.create_cq)(
+                        idr.verbs,
+                        a.cap.max_recv_wr.max(1) as c_int,
+                        id.cast(),
+                        ch,
+                        0,
+                    );
+                    if cq.is_null() {
+                        return Err(errno_or(libc::ENOMEM));
+                    }
+                    idr.recv_cq_channel = ch;
+                    idr.recv_cq = cq;
+                    a.recv_cq = cq;
+                    own = true;
+                }
+                if idr.send_cq.is_null() {
+                    idr.send_cq = a.send_cq;
+                }
+                if idr.recv_cq.is_null() {
+                    idr.recv_cq = a.recv_cq;
+                }
+            }
+            s.own_cqs = own;
+            // SAFETY: the PD and attributes as the caller gave them.
+            let qp = unsafe { (ibv.create_qp)(pd, a) };
+            if qp.is_null() {
+                return Err(errno_or(libc::ENOMEM));
+            }
+            if let Err(e) = qp_init(ibv, qp, a.qp_type) {
+                // SAFETY: the QP just made.
+                unsafe { (ibv.destroy_qp)(qp) };
+                return Err(e);
+            }
+            idr.qp = qp;
+            idr.pd = pd;
+            idr.srq = a.srq;
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+    ffi!((), {
+        let Ok(ibv) = ibv() else { return };
+        let Ok(mut st) = state() else { return };
+        let Ok(s) = st.id_mut(id) else { return };
+        let own = std::mem::take(&mut s.own_cqs);
+        // SAFETY: live id; its QP and (if ours) CQs and channels.
+        unsafe {
+            let idr = &mut *id;
+            if !idr.qp.is_null() {
+                (ibv.destroy_qp)(idr.qp);
+                idr.qp = std::ptr::null_mut();
+            }
+            if own {
+                for (cq, ch) in [
+                    (&mut idr.send_cq, &mut idr.send_cq_channel),
+                    (&mut idr.recv_cq, &mut idr.recv_cq_channel),
+                ] {
+                    if !cq.is_null() {
+                        (ibv.destroy_cq)(*cq);
+                    }
+                    if !ch.is_null() {
+                        (ibv.destroy_comp_channel)(*ch);
+                    }
+                    *cq = std::ptr::null_mut();
+                    *ch = std::ptr::null_mut();
+                }
+            }
+        }
+    })
+}
+
+/// The private data of a conn_param.
+///
+/// # Safety
+/// `p` is NULL or a valid rdma_conn_param whose private data has its length.
+unsafe fn private_of<'a>(p: *const rdma_conn_param) -> &'a [u8] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match p.as_ref() {
+            Some(c) if !c.private_data.is_null() && c.private_data_len > 0 => {
+                std::slice::from_raw_parts(c.private_data.cast(), c.private_data_len.into())
+            }
+            _ => &[],
+        }
+    }
+}
+
+pub(crate) extern "C" fn rdma_connect(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let mut st = state()?;
+            let psn = (st.random() & 0x00ff_ffff) as u32;
+            let s = st.id_mut(id)?;
+            let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
+                return Err(libc::EINVAL);
+            };
+            if s.comm.is_some() {
+                return Err(libc::EISCONN);
+            }
+            // SAFETY: live id; conn_param NULL or the caller's.
+            let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
+            if idr.qp_type != IBV_QPT_RC {
+                return Err(libc::ENOSYS); // UD (SIDR): not yet
+            }
+            // SAFETY: as above.
+            let user = unsafe { private_of(conn_param) };
+            if user.len() > REQ_PRIVATE - CMA_HDR_LEN {
+                return Err(libc::EINVAL);
+            }
+            let qpn = if idr.qp.is_null() {
+                cp.map_or(0, |c| c.qp_num)
+            } else {
+                // SAFETY: the id's live QP.
+                unsafe { (*idr.qp).qp_num }
+            };
+            let rr = cp.map_or(0, |c| c.responder_resources);
+            let ini = cp.map_or(0, |c| c.initiator_depth);
+            let retry = cp.map_or(7, |c| c.retry_count) & 7;
+            let rnr = cp.map_or(7, |c| c.rnr_retry_count) & 7;
+            s.starting_psn = psn;
+            s.responder_resources = rr;
+            s.initiator_depth = ini;
+            s.retry_count = retry;
+            let mut pd = vec![0u8; CMA_HDR_LEN];
+            CmaHdrRepr::new(local.ip(), local.port(), remote.ip()).emit(&mut pd);
+            pd.extend_from_slice(user);
+            let o = st.open(dev)?;
+            let p = ConnectParams {
+                peer: remote.ip(),
+                service_id: rdma_cm_service_id(idr.ps as u16, remote.port()),
+                local_qpn: qpn,
+                starting_psn: psn,
+                responder_resources: rr,
+                initiator_depth: ini,
+                path_mtu: o.mtu,
+                retry_count: retry,
+                rnr_retry_count: rnr,
+                local_ack_timeout: LOCAL_ACK_TIMEOUT,
+                flow_label: softroce::cm::rdma_cm_flow_label(local.port(), remote.port()),
+                traffic_class: 0,
+                hop_limit: 64,
+                srq: !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0),
+                private_data: pd,
+            };
+            let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
+            o.comms.insert(comm, id as usize);
+            st.id_mut(id)?.comm = Some(comm);
+            pump(&mut st, dev);
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_accept(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let ibv = ibv()?;
+            let mut st = state()?;
+            let psn = (st.random() & 0x00ff_ffff) as u32;
+            let s = st.id_mut(id)?;
+            let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.take()) else {
+                return Err(libc::EINVAL);
+            };
+            let peer = s
+                .remote
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            // SAFETY: live id; conn_param NULL or the caller's.
+            let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
+            // Without a conn_param, librdmacm answers with what the REQ asked for.
+            let rr = cp.map_or(req.initiator_depth, |c| c.responder_resources);
+            let ini = cp.map_or(req.responder_resources, |c| c.initiator_depth);
+            let rnr = cp.map_or(7, |c| c.rnr_retry_count) & 7;
+            // SAFETY: as above.
+            let user = unsafe { private_of(conn_param) };
+            if user.len() > REP_PRIVATE {
+                return Err(libc::EINVAL);
+            }
+            s.starting_psn = psn;
+            let mtu = st.open(dev)?.mtu.min(req.path_mtu);
+            let qpn = if idr.qp.is_null() {
+                cp.map_or(0, |c| c.qp_num)
+            } else {
+                let r = Rtr {
+                    dest_qpn: req.local_qpn,
+                    rq_psn: req.starting_psn,
+                    mtu,
+                    max_dest_rd_atomic: rr,
+                    peer,
+                    flow_label: req.primary_path.flow_label,
+                };
+                qp_rtr(ibv, idr.qp, &r)?;
+                qp_rts(
+                    ibv,
+                    idr.qp,
+                    psn,
+                    req.primary_path.local_ack_timeout.max(LOCAL_ACK_TIMEOUT),
+                    req.retry_count,
+                    req.rnr_retry_count,
+                    ini.min(req.responder_resources),
+                )?;
+                // SAFETY: the id's live QP.
+                unsafe { (*idr.qp).qp_num }
+            };
+            let p = AcceptParams {
+                local_qpn: qpn,
+                starting_psn: psn,
+                responder_resources: rr,
+                initiator_depth: ini,
+                target_ack_delay: 0,
+                rnr_retry_count: rnr,
+                srq: !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0),
+                private_data: user.to_vec(),
+            };
+            let o = st.open(dev)?;
+            o.cm.accept(now(), comm, &p).map_err(|e| e.errno())?;
+            pump(&mut st, dev);
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
+                return Err(libc::EINVAL);
+            };
+            s.req = None;
+            let data = if private_data.is_null() {
+                &[][..]
+            } else {
+                // SAFETY: the caller passes private_data_len readable bytes.
+                unsafe { std::slice::from_raw_parts(private_data.cast(), private_data_len.into()) }
+            };
+            let o = st.open(dev)?;
+            o.comms.remove(&comm);
+            o.cm.reject(now(), comm, data).map_err(|e| e.errno())?;
+            pump(&mut st, dev);
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    rdma_reject(id, private_data, private_data_len)
+}
+
+pub(crate) extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
+                return Err(libc::EINVAL);
+            };
+            let o = st.open(dev)?;
+            o.cm.establish(now(), comm).map_err(|e| e.errno())?;
+            pump(&mut st, dev);
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let ibv = ibv()?;
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
+                return Err(libc::EINVAL);
+            };
+            // SAFETY: live id.
+            qp_err(ibv, unsafe { (*id).qp });
+            let o = st.open(dev)?;
+            let r = o.cm.disconnect(now(), comm).map_err(|e| e.errno());
+            pump(&mut st, dev);
+            r
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    ffi!(-1, {
+        if channel.is_null() || event.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        // SAFETY: our channel (the caller's contract).
+        let chan = unsafe { &*channel.cast::<Channel>() };
+        loop {
+            let mut v = 0u64;
+            // SAFETY: an 8-byte read from our eventfd; blocks unless made non-blocking.
+            let n = unsafe { libc::read(chan.ch.fd, (&mut v as *mut u64).cast(), 8) };
+            if n != 8 {
+                let e = errno_or(libc::EIO);
+                if e == libc::EINTR {
+                    continue;
+                }
+                return neg_errno(e);
+            }
+            // The id's state is updated under the state lock, before the queue.
+            let Ok(mut st) = state() else {
+                return neg_errno(libc::ENODEV);
+            };
+            let Some(e) = chan.queue.lock().pop_front() else {
+                continue; // its id was destroyed meanwhile
+            };
+            let ev = e as *mut Event;
+            // SAFETY: a live queued event.
+            let id = unsafe { (*ev).ev.id };
+            if let Some(s) = st.ids.get_mut(&(id as usize)) {
+                s.events_out += 1;
+            }
+            // SAFETY: the caller's out pointer.
+            unsafe { *event = ev.cast() };
+            return 0;
+        }
+    })
+}
+
+pub(crate) extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    ffi!(-1, {
+        if event.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        // SAFETY: an event from rdma_get_cm_event, acked once.
+        let ev = unsafe { Box::from_raw(event.cast::<Event>()) };
+        let Ok(mut st) = state() else { return 0 };
+        let id = ev.ev.id as usize;
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.events_out = s.events_out.saturating_sub(1);
+            if s.destroyed && s.events_out == 0 {
+                st.ids.remove(&id);
+                free_id(id as *mut rdma_cm_id);
+            }
+        }
+        0
+    })
+}
+
+pub(crate) extern "C" fn rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            let mut st = state()?;
+            st.id_mut(id)?;
+            if channel.is_null() {
+                return Err(libc::ENOSYS);
+            }
+            // SAFETY: live id.
+            unsafe { (*id).channel = channel };
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            state()?.id_mut(id)?;
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+pub(crate) extern "C" fn rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    _optval: *mut c_void,
+    _optlen: usize,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            state()?.id_mut(id)?;
+            // RDMA_OPTION_ID: TOS, REUSEADDR, AFONLY, ACK_TIMEOUT are accepted and have no
+            // effect on softroce's loopback paths.
+            match (level, optname) {
+                (0, 0..=3) => Ok(()),
+                _ => Err(libc::ENOSYS),
+            }
+        })();
+        result(r)
+    })
+}
+
+fn port_of(id: *mut rdma_cm_id, dst: bool) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's live id; the storage holds a sockaddr_in/in6 or zeros.
+    unsafe {
+        let st = if dst {
+            &(*id).route.addr.dst_storage
+        } else {
+            &(*id).route.addr.src_storage
+        };
+        sockaddr_of((st as *const libc::sockaddr_storage).cast()).map_or(0, |a| a.port().to_be())
+    }
+}
+
+pub(crate) extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    ffi!(0, { port_of(id, false) })
+}
+
+pub(crate) extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    ffi!(0, { port_of(id, true) })
+}
+
+pub(crate) extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
+    ffi!(std::ptr::null_mut(), {
+        let mut st = match state() {
+            Ok(s) => s,
+            Err(e) => {
+                crate::set_errno(e);
+                return std::ptr::null_mut();
+            }
+        };
+        let mut list = Vec::new();
+        for i in 0..st.devs.len() {
+            match st.open(i) {
+                Ok(o) => list.push(o.ctx),
+                Err(e) => {
+                    crate::set_errno(e);
+                    return std::ptr::null_mut();
+                }
+            }
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the caller's int.
+            unsafe { *num_devices = list.len() as c_int };
+        }
+        list.push(std::ptr::null_mut());
+        Box::into_raw(list.into_boxed_slice()).cast()
+    })
+}
+
+pub(crate) extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
+    ffi!((), {
+        if list.is_null() {
+            return;
+        }
+        let mut n = 0;
+        // SAFETY: a NULL-terminated boxed slice from rdma_get_devices, freed once.
+        unsafe {
+            while !(*list.add(n)).is_null() {
+                n += 1;
+            }
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                list,
+                n + 1,
+            )));
+        }
+    })
+}
+
+pub(crate) extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
+    const NAMES: [&std::ffi::CStr; 16] = [
+        c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        c"RDMA_CM_EVENT_ADDR_ERROR",
+        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        c"RDMA_CM_EVENT_ROUTE_ERROR",
+        c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        c"RDMA_CM_EVENT_CONNECT_ERROR",
+        c"RDMA_CM_EVENT_UNREACHABLE",
+        c"RDMA_CM_EVENT_REJECTED",
+        c"RDMA_CM_EVENT_ESTABLISHED",
+        c"RDMA_CM_EVENT_DISCONNECTED",
+        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        c"RDMA_CM_EVENT_ADDR_CHANGE",
+        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    ];
+    usize::try_from(event)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .map_or(c"UNKNOWN EVENT".as_ptr(), |n| n.as_ptr())
+}

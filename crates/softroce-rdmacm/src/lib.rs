@@ -1,0 +1,86 @@
+//! `librdmacm.so.1` over softroce: a drop-in for rdma-core's librdmacm that runs unmodified
+//! rdma_cm programs (the seed's rdma_server/rdma_client, rping, …) on the devices of
+//! softroce's `libibverbs.so.1` (crates/softroce-capi).
+//!
+//! Layer: a frontend over the sans-IO CM engine (`softroce::cm::CmEngine`). It owns no
+//! device: like rdma-core's librdmacm it reaches devices, PDs, CQs and QPs through
+//! libibverbs.so.1's C ABI ([`ibv`]), so an `rdma_cm_id`'s `verbs`, `pd` and `qp` are the very
+//! objects `ibv_*` calls take, and the process has one device registry and engine (those of
+//! libibverbs.so.1). QP1 is reached through two private entry points of softroce's
+//! libibverbs.so.1 (`softroce_mad_send` / `softroce_mad_recv`, version node
+//! `SOFTROCE_PRIVATE_1`), which carry 256-byte MADs and an IP address: no Rust type crosses
+//! between the two libraries.
+//!
+//! - CM driver ([`cma`]): per opened device, a `CmEngine` and one thread that waits on QP1
+//!   (`softroce_mad_recv` with the engine's next timer as timeout), feeds the MADs and timers
+//!   to the engine, and turns its events into rdma_cm events (applying REQ/REP to the id's
+//!   QP as librdmacm does: INIT at `rdma_create_qp`, RTR/RTS at accept and at the REP).
+//! - Event channels: an eventfd in semaphore mode per channel plus a queue;
+//!   `rdma_get_cm_event` blocks in `read(2)` on it (EAGAIN when the program made the fd
+//!   non-blocking), so the fd works with poll/select as librdmacm's does.
+//! - Addresses: `$SOFTROCE_IP` (`softroce::net::discover`, the devices of libibverbs.so.1);
+//!   binding or resolving to an IP picks the device with that address; route resolution is a
+//!   local lookup (RoCE: GIDs are the IPv4-mapped addresses, MTU the port's active MTU).
+//! - Symbols: `exports.txt` lists every symbol of rdma-core 44's librdmacm.so.1 with its
+//!   version node; what softroce does not implement returns -1 with errno ENOSYS.
+//! - Errors: every entry point runs inside [`ffi!`]: a panic becomes the error return with
+//!   errno EIO, never an unwind into C.
+
+#![cfg_attr(test, allow(dead_code, unused_imports, unused_macros))]
+
+pub mod abi;
+mod addrinfo;
+mod cma;
+mod ibv;
+
+pub(crate) use addrinfo::*;
+pub(crate) use cma::*;
+
+/// Runs an `extern "C"` body, turning a panic into `$on_panic` with errno `EIO`.
+macro_rules! ffi {
+    ($on_panic:expr, $body:block) => {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
+            Ok(v) => v,
+            Err(_) => {
+                $crate::set_errno(libc::EIO);
+                $on_panic
+            }
+        }
+    };
+}
+pub(crate) use ffi;
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// -1 with errno `e`: librdmacm's failure return.
+pub(crate) fn neg_errno(e: i32) -> i32 {
+    set_errno(e);
+    -1
+}
+
+/// The tail jump of an export trampoline to its Rust function `{f}`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! jump {
+    () => {
+        "jmp {f}"
+    };
+}
+#[cfg(target_arch = "aarch64")]
+macro_rules! jump {
+    () => {
+        "b {f}"
+    };
+}
+#[cfg(not(test))]
+pub(crate) use jump;
+
+// The versioned symbols (generated from exports.txt by build.rs); not in the unit-test
+// binary, which is an executable without the version script.
+#[cfg(not(test))]
+mod exports {
+    include!(concat!(env!("OUT_DIR"), "/exports.rs"));
+}

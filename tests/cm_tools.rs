@@ -1,0 +1,170 @@
+//! rdma-core's and perftest's unmodified rdma_cm tools (Debian's rdmacm-utils and perftest)
+//! through `softroce exec` on softroce's librdmacm.so.1 and libibverbs.so.1, each a server and
+//! a client process on two addresses of 127.0.117.0/24: `rping` (10 pings with data
+//! verification: SEND, RDMA READ and WRITE), `ucmatose` (connect, SENDs both ways,
+//! disconnect) and `ib_send_bw -R` (perftest's connection through rdma_cm). Skipped, saying
+//! why, only when a tool is not installed (CI installs them). Every program is killed after
+//! a deadline.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
+
+fn have(tool: &str) -> bool {
+    Path::new("/usr/bin").join(tool).exists()
+}
+
+fn exec(ip: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(SOFTROCE);
+    c.args(["exec", "--ip", ip, "--"]).args(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child` up to `limit`, killing it past that.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits (up to 10 s) until a device owns `ip`'s RoCEv2 port (/proc/net/udp), then a moment
+/// for the server's rdma_listen to follow its device's opening.
+fn wait_server(ip: &str) {
+    let ip: Ipv4Addr = ip.parse().unwrap();
+    let want = format!("{:08X}:12B7", u32::from_ne_bytes(ip.octets()));
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if table
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(&want))
+        {
+            break;
+        }
+        assert!(Instant::now() < end, "no device on {ip} within 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// Runs `server` on `sip` and `client` on `cip`; both must exit 0. Returns their stdouts.
+fn pair(sip: &str, server: &[&str], cip: &str, client: &[&str]) -> (String, String) {
+    let s = exec(sip, server).spawn().unwrap();
+    wait_server(sip);
+    let c = exec(cip, client).spawn().unwrap();
+    let c = wait(c, Duration::from_secs(30), client[0]);
+    let s = wait(s, Duration::from_secs(30), server[0]);
+    let text = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let report = format!(
+        "client ({}):\n{}{}\nserver ({}):\n{}{}",
+        c.status,
+        text(&c),
+        String::from_utf8_lossy(&c.stderr),
+        s.status,
+        text(&s),
+        String::from_utf8_lossy(&s.stderr)
+    );
+    assert!(c.status.success() && s.status.success(), "{report}");
+    (text(&s), text(&c))
+}
+
+#[test]
+fn rping_ten_pings_with_verification() {
+    if !have("rping") {
+        println!("SKIPPED: rping not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let (s, c) = pair(
+        "127.0.117.11",
+        &[
+            "rping",
+            "-s",
+            "-a",
+            "127.0.117.11",
+            "-p",
+            "7480",
+            "-C",
+            "10",
+            "-v",
+        ],
+        "127.0.117.12",
+        &[
+            "rping",
+            "-c",
+            "-a",
+            "127.0.117.11",
+            "-p",
+            "7480",
+            "-C",
+            "10",
+            "-v",
+            "-V",
+        ],
+    );
+    assert!(c.contains("ping data: rdma-ping-9: "), "{c}");
+    assert!(s.contains("server ping data: rdma-ping-9: "), "{s}");
+}
+
+#[test]
+fn ucmatose_connects_transfers_and_disconnects() {
+    if !have("ucmatose") {
+        println!("SKIPPED: ucmatose not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let (s, c) = pair(
+        "127.0.117.21",
+        &["ucmatose", "-p", "7481"],
+        "127.0.117.22",
+        &["ucmatose", "-s", "127.0.117.21", "-p", "7481"],
+    );
+    for out in [&s, &c] {
+        assert!(out.contains("data transfers complete"), "{out}");
+        assert!(out.contains("return status 0"), "{out}");
+    }
+    assert!(s.contains("disconnected"), "{s}");
+}
+
+#[test]
+fn ib_send_bw_over_rdma_cm() {
+    if !have("ib_send_bw") {
+        println!("SKIPPED: ib_send_bw not installed (apt-get install perftest)");
+        return;
+    }
+    let common = [
+        "ib_send_bw",
+        "-R",
+        "-d",
+        "softroce0",
+        "-p",
+        "7482",
+        "-n",
+        "100",
+    ];
+    let mut client = common.to_vec();
+    client.push("127.0.117.31");
+    let (s, c) = pair("127.0.117.31", &common, "127.0.117.32", &client);
+    for out in [&s, &c] {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().take(2).eq(["65536", "100"])),
+            "{out}"
+        );
+    }
+}
