@@ -182,6 +182,11 @@ pub(crate) struct Context {
     pub qps: Mutex<HashMap<u32, usize>>,
     /// SRQ number → `*mut Srq`, for SRQ async events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// `ibv_context.cmd_fd`: softroce has no uverbs command file, so this is `/dev/null`,
+    /// open for the context's life. Programs that only `dup` it (pyverbs' shared-PD test,
+    /// before `ibv_import_device`) get a valid descriptor, and `ibv_import_device` then says
+    /// EOPNOTSUPP, as rdma-core does for a device that cannot import.
+    pub cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The `Context` an `ibv_context` pointer (from `ibv_open_device`) belongs to.
@@ -236,6 +241,12 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             }
         };
         let async_fd = udp.device().as_raw_fd();
+        let cmd_fd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .ok()
+            .map(std::os::fd::OwnedFd::from);
         let ctx = Box::new(Context {
             vctx: verbs_context {
                 query_port: Some(query_port_op),
@@ -281,7 +292,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
                 context: ibv_context {
                     device: &device.ibv as *const ibv_device as *mut ibv_device,
                     ops: crate::post::context_ops(),
-                    cmd_fd: -1,
+                    cmd_fd: cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
                     async_fd,
                     num_comp_vectors: 1,
                     mutex: libc::PTHREAD_MUTEX_INITIALIZER,
@@ -293,6 +304,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             cqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
+            cmd_fd,
         });
         let ctx = Box::into_raw(ctx);
         // SAFETY: just allocated; the field lives as long as the box.
