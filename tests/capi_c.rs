@@ -4,7 +4,7 @@
 //! threads on separate QPs of one context, `ibv_fork_init` and a fork, and the error paths
 //! (wrong lkey, wrong rkey, a QP in the wrong state, a too-small CQ) with rxe's statuses and
 //! errnos, memory windows of both types (bind, WRITE through, LOCAL_INV), `ibv_resize_cq`,
-//! and `cmd_fd` / `ibv_import_device`. Skipped, saying why, only when `cc` or the header is missing (CI installs
+//! `cmd_fd` / `ibv_import_device`, and an empty entry of the GID table. Skipped, saying why, only when `cc` or the header is missing (CI installs
 //! libibverbs-dev). Killed after a deadline.
 
 use std::path::Path;

@@ -14,7 +14,9 @@
  *      request, peers' WRITEs through them, LOCAL_INV of the type 2 window, a wrong type;
  *   6. ibv_resize_cq down, up, and below the completions it holds (EINVAL);
  *   7. the context's cmd_fd is a descriptor that dup() accepts, and ibv_import_device says
- *      EOPNOTSUPP (pyverbs' shared-PD test skips on that).
+ *      EOPNOTSUPP (pyverbs' shared-PD test skips on that);
+ *   8. the GID table is rxe's 1024 entries, the first two filled: an empty entry reads as
+ *      zeros with ibv_query_gid and is ENODATA for ibv_query_gid_ex.
  *
  * Prints "ok - ..." per check, "FAIL - ..." and exits 1 at the first failure. Compiled and
  * run by tests/capi_c.rs through `softroce exec`; every wait has a deadline.
@@ -429,6 +431,28 @@ static void import_device(void)
 	OK("cmd_fd dups; ibv_import_device: %s", strerror(EOPNOTSUPP));
 }
 
+/* 8: an empty GID table entry. */
+static void gid_table(void)
+{
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx[0], 1, &pa) == 0, "ibv_query_port");
+	CHECK(pa.gid_tbl_len == 1024, "gid_tbl_len %d, want rxe's 1024", pa.gid_tbl_len);
+	union ibv_gid gid;
+	memset(&gid, 0xa5, sizeof(gid));
+	CHECK(ibv_query_gid(ctx[0], 1, 7, &gid) == 0, "ibv_query_gid of empty index 7");
+	for (int i = 0; i < 16; i++)
+		CHECK(gid.raw[i] == 0, "empty GID 7: byte %d is %#x", i, gid.raw[i]);
+	struct ibv_gid_entry e;
+	int r = ibv_query_gid_ex(ctx[0], 1, 7, &e, 0);
+	CHECK(r == ENODATA, "ibv_query_gid_ex of empty index 7: %d (%s), want ENODATA", r,
+	      strerror(r));
+	CHECK(ibv_query_gid_ex(ctx[0], 1, 1, &e, 0) == 0 && e.gid_index == 1 &&
+	      e.gid_type == IBV_GID_TYPE_ROCE_V2, "ibv_query_gid_ex of index 1");
+	CHECK(ibv_query_gid(ctx[0], 1, 1024, &gid) != 0, "ibv_query_gid past the table");
+	OK("GID table of %d entries: index 7 empty (zeros, ibv_query_gid_ex %s)",
+	   pa.gid_tbl_len, strerror(ENODATA));
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -461,6 +485,7 @@ int main(void)
 	memory_windows();
 	resize_cq();
 	import_device();
+	gid_table();
 
 	for (int i = 0; i < 2; i++) {
 		ibv_dealloc_pd(pd[i]);

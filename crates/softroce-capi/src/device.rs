@@ -428,7 +428,7 @@ fn port_attr(c: &Context, port_num: u8) -> Result<ibv_port_attr, i32> {
         state: c_int::from(p.state),
         max_mtu: p.max_mtu as c_int,
         active_mtu: p.active_mtu as c_int,
-        gid_tbl_len: p.gid_tbl_len as c_int,
+        gid_tbl_len: GID_TBL_LEN.max(p.gid_tbl_len) as c_int,
         // rxe: RXE_PORT_CAP_FLAGS = IBV_PORT_CM_SUP
         port_cap_flags: 1 << 16,
         max_msg_sz: a.max_msg_sz.min(u64::from(u32::MAX)) as u32,
@@ -490,10 +490,27 @@ pub(crate) extern "C" fn ibv_query_port(
     unsafe { query_port_op(ctx, port_num, attr, n) }
 }
 
-fn gid_entry(c: &Context, port_num: u32, index: u32) -> Result<softroce::verbs::GidEntry, i32> {
+/// Entries of the port's GID table that `ibv_query_port` reports (`gid_tbl_len`): rxe's
+/// `RXE_PORT_GID_TBL_LEN`. softroce fills the first few (the device's GIDs); the rest are
+/// empty, as on rxe: `ibv_query_gid` reads them as zeros, `ibv_query_gid_ex` says ENODATA.
+pub(crate) const GID_TBL_LEN: u32 = 1024;
+
+/// GID `index` of port `port_num`: `Ok(None)` for an empty entry of the table, EINVAL for a
+/// port other than 1 or an index past [`GID_TBL_LEN`].
+fn gid_slot(
+    c: &Context,
+    port_num: u32,
+    index: u32,
+) -> Result<Option<softroce::verbs::GidEntry>, i32> {
     let port = u8::try_from(port_num).map_err(|_| libc::EINVAL)?;
-    let index = u8::try_from(index).map_err(|_| libc::EINVAL)?;
-    c.dev.device().query_gid(port, index).map_err(|e| e.errno())
+    c.dev.device().query_port(port).map_err(|e| e.errno())?;
+    if index >= GID_TBL_LEN {
+        return Err(libc::EINVAL);
+    }
+    let Ok(index) = u8::try_from(index) else {
+        return Ok(None);
+    };
+    Ok(c.dev.device().query_gid(port, index).ok())
 }
 
 pub(crate) extern "C" fn ibv_query_gid(
@@ -508,10 +525,11 @@ pub(crate) extern "C" fn ibv_query_gid(
         }
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
-        match gid_entry(c, u32::from(port_num), index as u32) {
+        // An empty entry reads as zeros (rdma-core: "preserve API behavior for empty GID").
+        match gid_slot(c, u32::from(port_num), index as u32) {
             Ok(e) => {
                 // SAFETY: `gid` is writable (the caller's contract).
-                unsafe { (*gid).raw = e.gid.0 };
+                unsafe { (*gid).raw = e.map_or([0; 16], |e| e.gid.0) };
                 0
             }
             Err(e) => neg_errno(e),
@@ -533,10 +551,11 @@ pub(crate) extern "C" fn ibv_query_gid_type(
         }
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
-        match gid_entry(c, u32::from(port_num), index) {
-            Ok(_) => {
+        // An empty entry is IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0), as rdma-core says for one.
+        match gid_slot(c, u32::from(port_num), index) {
+            Ok(e) => {
                 // SAFETY: writable (the caller's contract).
-                unsafe { *gid_type = 1 };
+                unsafe { *gid_type = u32::from(e.is_some()) };
                 0
             }
             Err(e) => neg_errno(e),
@@ -564,8 +583,10 @@ pub(crate) extern "C" fn _ibv_query_gid_ex(
         }
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
-        match gid_entry(c, port_num, gid_index) {
-            Ok(e) => {
+        match gid_slot(c, port_num, gid_index) {
+            Ok(None) => libc::ENODATA,
+            Err(e) => e,
+            Ok(Some(e)) => {
                 // SAFETY: `entry` is writable for `entry_size` bytes.
                 unsafe {
                     *entry = ibv_gid_entry {
@@ -578,7 +599,6 @@ pub(crate) extern "C" fn _ibv_query_gid_ex(
                 };
                 0
             }
-            Err(_) => libc::ENODATA,
         }
     })
 }
