@@ -3,7 +3,8 @@
 //! libibverbs.so.1: a server spinning on a flag byte that the client's RDMA WRITE sets, two
 //! threads on separate QPs of one context, `ibv_fork_init` and a fork, and the error paths
 //! (wrong lkey, wrong rkey, a QP in the wrong state, a too-small CQ) with rxe's statuses and
-//! errnos. Skipped, saying why, only when `cc` or the header is missing (CI installs
+//! errnos, memory windows of both types (bind, WRITE through, LOCAL_INV), `ibv_resize_cq`,
+//! `cmd_fd` / `ibv_import_device`, and an empty entry of the GID table. Skipped, saying why, only when `cc` or the header is missing (CI installs
 //! libibverbs-dev). Killed after a deadline.
 
 use std::path::Path;

@@ -9,12 +9,20 @@
  *   3. ibv_fork_init, then a fork, then RDMA still landing in the parent's memory;
  *   4. the error paths: wrong lkey (IBV_WC_LOC_PROT_ERR), wrong rkey (IBV_WC_REM_ACCESS_ERR),
  *      a QP in the wrong state (ibv_post_send and ibv_modify_qp fail with EINVAL), a too-small
- *      CQ (IBV_EVENT_CQ_ERR on the context's async fd, the CQ holds what fits).
+ *      CQ (IBV_EVENT_CQ_ERR on the context's async fd, the CQ holds what fits);
+ *   5. memory windows: type 1 bound with ibv_bind_mw, type 2 with an IBV_WR_BIND_MW work
+ *      request, peers' WRITEs through them, LOCAL_INV of the type 2 window, a wrong type;
+ *   6. ibv_resize_cq down, up, and below the completions it holds (EINVAL);
+ *   7. the context's cmd_fd is a descriptor that dup() accepts, and ibv_import_device says
+ *      EOPNOTSUPP (pyverbs' shared-PD test skips on that);
+ *   8. the GID table is rxe's 1024 entries, the first two filled: an empty entry reads as
+ *      zeros with ibv_query_gid and is ENODATA for ibv_query_gid_ex.
  *
  * Prints "ok - ..." per check, "FAIL - ..." and exits 1 at the first failure. Compiled and
  * run by tests/capi_c.rs through `softroce exec`; every wait has a deadline.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -313,6 +321,138 @@ static void small_cq(void)
 	free_side(&c);
 }
 
+/* Polls one completion and checks its status and opcode. */
+static void want_wc(struct ibv_cq *cq, enum ibv_wc_status st, enum ibv_wc_opcode op,
+		    const char *what)
+{
+	struct ibv_wc wc = poll_one(cq, what);
+	CHECK(wc.status == st && (st != IBV_WC_SUCCESS || wc.opcode == op),
+	      "%s: status %s (%d), opcode %d; want %s, opcode %d", what,
+	      ibv_wc_status_str(wc.status), wc.status, wc.opcode, ibv_wc_status_str(st), op);
+}
+
+/* 5: the server's windows over an MR with MW_BIND; the client WRITEs through them. */
+static void memory_windows(void)
+{
+	struct side s, c;
+	make_pair(&s, &c, 16, 16);
+	struct ibv_mr *mr = ibv_reg_mr(s.pd, s.buf, BUF, IBV_ACCESS_LOCAL_WRITE |
+				       IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND);
+	CHECK(mr, "ibv_reg_mr with IBV_ACCESS_MW_BIND: %s", strerror(errno));
+	errno = 0;
+	CHECK(!ibv_alloc_mw(s.pd, 3) && errno == EINVAL, "ibv_alloc_mw of type 3: errno %s",
+	      strerror(errno));
+
+	struct ibv_mw *mw1 = ibv_alloc_mw(s.pd, IBV_MW_TYPE_1);
+	CHECK(mw1 && mw1->type == IBV_MW_TYPE_1 && mw1->pd == s.pd, "ibv_alloc_mw type 1: %s",
+	      strerror(errno));
+	uint32_t old = mw1->rkey;
+	struct ibv_mw_bind b = { .wr_id = 21, .send_flags = IBV_SEND_SIGNALED,
+		.bind_info = { .mr = mr, .addr = (uintptr_t)s.buf, .length = 64,
+			       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE } };
+	int r = ibv_bind_mw(s.qp, mw1, &b);
+	CHECK(r == 0, "ibv_bind_mw: %s", strerror(r));
+	CHECK(mw1->rkey == ibv_inc_rkey(old), "ibv_bind_mw: rkey %#x, want %#x", mw1->rkey,
+	      ibv_inc_rkey(old));
+	want_wc(s.cq, IBV_WC_SUCCESS, IBV_WC_BIND_MW, "type 1 bind");
+	CHECK(post_write(&c, c.mr->lkey, (uintptr_t)s.buf, mw1->rkey, 64, 22) == 0, "post WRITE");
+	want_wc(c.cq, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "WRITE through the type 1 window");
+	OK("type 1 window: ibv_bind_mw (rkey %#x -> %#x), IBV_WC_BIND_MW, a WRITE through it",
+	   old, mw1->rkey);
+
+	struct ibv_mw *mw2 = ibv_alloc_mw(s.pd, IBV_MW_TYPE_2);
+	CHECK(mw2, "ibv_alloc_mw type 2: %s", strerror(errno));
+	uint32_t rkey2 = ibv_inc_rkey(mw2->rkey);
+	struct ibv_send_wr wr = { .wr_id = 23, .opcode = IBV_WR_BIND_MW,
+		.send_flags = IBV_SEND_SIGNALED }, *bad;
+	wr.bind_mw.mw = mw2;
+	wr.bind_mw.rkey = rkey2;
+	wr.bind_mw.bind_info = (struct ibv_mw_bind_info){ .mr = mr,
+		.addr = (uintptr_t)s.buf + 64, .length = 64,
+		.mw_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	CHECK(ibv_post_send(s.qp, &wr, &bad) == 0, "post IBV_WR_BIND_MW");
+	want_wc(s.cq, IBV_WC_SUCCESS, IBV_WC_BIND_MW, "type 2 bind");
+	CHECK(post_write(&c, c.mr->lkey, (uintptr_t)s.buf + 64, rkey2, 64, 24) == 0, "post WRITE");
+	want_wc(c.cq, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "WRITE through the type 2 window");
+	struct ibv_send_wr inv = { .wr_id = 25, .opcode = IBV_WR_LOCAL_INV,
+		.send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = rkey2 };
+	CHECK(ibv_post_send(s.qp, &inv, &bad) == 0, "post IBV_WR_LOCAL_INV");
+	want_wc(s.cq, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV, "LOCAL_INV of the type 2 window");
+	CHECK(post_write(&c, c.mr->lkey, (uintptr_t)s.buf + 64, rkey2, 64, 26) == 0, "post WRITE");
+	want_wc(c.cq, IBV_WC_REM_ACCESS_ERR, 0, "WRITE through the invalidated window");
+	OK("type 2 window: IBV_WR_BIND_MW, a WRITE through it, LOCAL_INV, then %s",
+	   ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR));
+
+	CHECK(ibv_dealloc_mw(mw1) == 0 && ibv_dealloc_mw(mw2) == 0, "ibv_dealloc_mw");
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	free_side(&s);
+	free_side(&c);
+}
+
+/* 6: resize the client's CQ; below its queued completions is EINVAL. */
+static void resize_cq(void)
+{
+	struct side s, c;
+	make_pair(&s, &c, 16, 4);
+	int r = ibv_resize_cq(c.cq, 1);
+	CHECK(r == 0 && c.cq->cqe >= 1, "ibv_resize_cq to 1: %s, cqe %d", strerror(r), c.cq->cqe);
+	CHECK(ibv_resize_cq(c.cq, 0) == EINVAL, "ibv_resize_cq to 0 is not EINVAL");
+	r = ibv_resize_cq(c.cq, 8);
+	CHECK(r == 0 && c.cq->cqe >= 8, "ibv_resize_cq to 8: %s, cqe %d", strerror(r), c.cq->cqe);
+	memset(s.buf, 0, 64);
+	for (int i = 0; i < 3; i++) {
+		c.buf[63] = (char)(i + 1);
+		CHECK(post_write(&c, c.mr->lkey, (uintptr_t)s.buf, s.mr->rkey, 64, i) == 0,
+		      "post WRITE %d", i);
+	}
+	/* The last WRITE landed; its ACK (and so its completion) follows within microseconds. */
+	double end = now() + 5;
+	while (((volatile char *)s.buf)[63] != 3)
+		CHECK(now() < end, "the third WRITE did not land within 5 s");
+	usleep(200 * 1000);
+	CHECK(ibv_resize_cq(c.cq, 2) == EINVAL, "ibv_resize_cq below 3 queued completions");
+	struct ibv_wc wc[8];
+	int n = ibv_poll_cq(c.cq, 8, wc);
+	CHECK(n == 3, "the resized CQ held %d completions, want 3", n);
+	OK("ibv_resize_cq: 4 -> 1 -> 8 entries, EINVAL for 0 and below 3 queued completions");
+	free_side(&s);
+	free_side(&c);
+}
+
+/* 7: cmd_fd and device import. */
+static void import_device(void)
+{
+	int fd = dup(ctx[0]->cmd_fd);
+	CHECK(fd >= 0, "dup(cmd_fd %d): %s", ctx[0]->cmd_fd, strerror(errno));
+	errno = 0;
+	CHECK(!ibv_import_device(fd) && errno == EOPNOTSUPP, "ibv_import_device: errno %s",
+	      strerror(errno));
+	close(fd);
+	OK("cmd_fd dups; ibv_import_device: %s", strerror(EOPNOTSUPP));
+}
+
+/* 8: an empty GID table entry. */
+static void gid_table(void)
+{
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx[0], 1, &pa) == 0, "ibv_query_port");
+	CHECK(pa.gid_tbl_len == 1024, "gid_tbl_len %d, want rxe's 1024", pa.gid_tbl_len);
+	union ibv_gid gid;
+	memset(&gid, 0xa5, sizeof(gid));
+	CHECK(ibv_query_gid(ctx[0], 1, 7, &gid) == 0, "ibv_query_gid of empty index 7");
+	for (int i = 0; i < 16; i++)
+		CHECK(gid.raw[i] == 0, "empty GID 7: byte %d is %#x", i, gid.raw[i]);
+	struct ibv_gid_entry e;
+	int r = ibv_query_gid_ex(ctx[0], 1, 7, &e, 0);
+	CHECK(r == ENODATA, "ibv_query_gid_ex of empty index 7: %d (%s), want ENODATA", r,
+	      strerror(r));
+	CHECK(ibv_query_gid_ex(ctx[0], 1, 1, &e, 0) == 0 && e.gid_index == 1 &&
+	      e.gid_type == IBV_GID_TYPE_ROCE_V2, "ibv_query_gid_ex of index 1");
+	CHECK(ibv_query_gid(ctx[0], 1, 1024, &gid) != 0, "ibv_query_gid past the table");
+	OK("GID table of %d entries: index 7 empty (zeros, ibv_query_gid_ex %s)",
+	   pa.gid_tbl_len, strerror(ENODATA));
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -342,6 +482,10 @@ int main(void)
 	wrong_rkey();
 	wrong_state();
 	small_cq();
+	memory_windows();
+	resize_cq();
+	import_device();
+	gid_table();
 
 	for (int i = 0; i < 2; i++) {
 		ibv_dealloc_pd(pd[i]);

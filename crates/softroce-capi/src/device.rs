@@ -182,6 +182,11 @@ pub(crate) struct Context {
     pub qps: Mutex<HashMap<u32, usize>>,
     /// SRQ number → `*mut Srq`, for SRQ async events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// `ibv_context.cmd_fd`: softroce has no uverbs command file, so this is `/dev/null`,
+    /// open for the context's life. Programs that only `dup` it (pyverbs' shared-PD test,
+    /// before `ibv_import_device`) get a valid descriptor, and `ibv_import_device` then says
+    /// EOPNOTSUPP, as rdma-core does for a device that cannot import.
+    pub cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The `Context` an `ibv_context` pointer (from `ibv_open_device`) belongs to.
@@ -236,6 +241,12 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             }
         };
         let async_fd = udp.device().as_raw_fd();
+        let cmd_fd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .ok()
+            .map(std::os::fd::OwnedFd::from);
         let ctx = Box::new(Context {
             vctx: verbs_context {
                 query_port: Some(query_port_op),
@@ -281,7 +292,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
                 context: ibv_context {
                     device: &device.ibv as *const ibv_device as *mut ibv_device,
                     ops: crate::post::context_ops(),
-                    cmd_fd: -1,
+                    cmd_fd: cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
                     async_fd,
                     num_comp_vectors: 1,
                     mutex: libc::PTHREAD_MUTEX_INITIALIZER,
@@ -293,6 +304,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             cqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
+            cmd_fd,
         });
         let ctx = Box::into_raw(ctx);
         // SAFETY: just allocated; the field lives as long as the box.
@@ -416,7 +428,7 @@ fn port_attr(c: &Context, port_num: u8) -> Result<ibv_port_attr, i32> {
         state: c_int::from(p.state),
         max_mtu: p.max_mtu as c_int,
         active_mtu: p.active_mtu as c_int,
-        gid_tbl_len: p.gid_tbl_len as c_int,
+        gid_tbl_len: GID_TBL_LEN.max(p.gid_tbl_len) as c_int,
         // rxe: RXE_PORT_CAP_FLAGS = IBV_PORT_CM_SUP
         port_cap_flags: 1 << 16,
         max_msg_sz: a.max_msg_sz.min(u64::from(u32::MAX)) as u32,
@@ -478,10 +490,27 @@ pub(crate) extern "C" fn ibv_query_port(
     unsafe { query_port_op(ctx, port_num, attr, n) }
 }
 
-fn gid_entry(c: &Context, port_num: u32, index: u32) -> Result<softroce::verbs::GidEntry, i32> {
+/// Entries of the port's GID table that `ibv_query_port` reports (`gid_tbl_len`): rxe's
+/// `RXE_PORT_GID_TBL_LEN`. softroce fills the first few (the device's GIDs); the rest are
+/// empty, as on rxe: `ibv_query_gid` reads them as zeros, `ibv_query_gid_ex` says ENODATA.
+pub(crate) const GID_TBL_LEN: u32 = 1024;
+
+/// GID `index` of port `port_num`: `Ok(None)` for an empty entry of the table, EINVAL for a
+/// port other than 1 or an index past [`GID_TBL_LEN`].
+fn gid_slot(
+    c: &Context,
+    port_num: u32,
+    index: u32,
+) -> Result<Option<softroce::verbs::GidEntry>, i32> {
     let port = u8::try_from(port_num).map_err(|_| libc::EINVAL)?;
-    let index = u8::try_from(index).map_err(|_| libc::EINVAL)?;
-    c.dev.device().query_gid(port, index).map_err(|e| e.errno())
+    c.dev.device().query_port(port).map_err(|e| e.errno())?;
+    if index >= GID_TBL_LEN {
+        return Err(libc::EINVAL);
+    }
+    let Ok(index) = u8::try_from(index) else {
+        return Ok(None);
+    };
+    Ok(c.dev.device().query_gid(port, index).ok())
 }
 
 pub(crate) extern "C" fn ibv_query_gid(
@@ -496,10 +525,11 @@ pub(crate) extern "C" fn ibv_query_gid(
         }
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
-        match gid_entry(c, u32::from(port_num), index as u32) {
+        // An empty entry reads as zeros (rdma-core: "preserve API behavior for empty GID").
+        match gid_slot(c, u32::from(port_num), index as u32) {
             Ok(e) => {
                 // SAFETY: `gid` is writable (the caller's contract).
-                unsafe { (*gid).raw = e.gid.0 };
+                unsafe { (*gid).raw = e.map_or([0; 16], |e| e.gid.0) };
                 0
             }
             Err(e) => neg_errno(e),
@@ -521,10 +551,11 @@ pub(crate) extern "C" fn ibv_query_gid_type(
         }
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
-        match gid_entry(c, u32::from(port_num), index) {
-            Ok(_) => {
+        // An empty entry is IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0), as rdma-core says for one.
+        match gid_slot(c, u32::from(port_num), index) {
+            Ok(e) => {
                 // SAFETY: writable (the caller's contract).
-                unsafe { *gid_type = 1 };
+                unsafe { *gid_type = u32::from(e.is_some()) };
                 0
             }
             Err(e) => neg_errno(e),
@@ -552,8 +583,10 @@ pub(crate) extern "C" fn _ibv_query_gid_ex(
         }
         // SAFETY: a live context.
         let c = unsafe { context(ctx) };
-        match gid_entry(c, port_num, gid_index) {
-            Ok(e) => {
+        match gid_slot(c, port_num, gid_index) {
+            Ok(None) => libc::ENODATA,
+            Err(e) => e,
+            Ok(Some(e)) => {
                 // SAFETY: `entry` is writable for `entry_size` bytes.
                 unsafe {
                     *entry = ibv_gid_entry {
@@ -566,7 +599,6 @@ pub(crate) extern "C" fn _ibv_query_gid_ex(
                 };
                 0
             }
-            Err(_) => libc::ENODATA,
         }
     })
 }

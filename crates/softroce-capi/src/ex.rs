@@ -21,8 +21,7 @@ pub(crate) struct WrBuild {
     err: c_int,
 }
 
-/// The `IBV_QP_EX_WITH_*` operations softroce builds (all of rxe's but BIND_MW, and TSO and
-/// ATOMIC_WRITE, which rxe does not offer either).
+/// The `IBV_QP_EX_WITH_*` operations softroce builds (rxe's: all but TSO and ATOMIC_WRITE).
 const SEND_OPS_SUPPORTED: u64 = (1 << 0) // RDMA_WRITE
     | (1 << 1) // RDMA_WRITE_WITH_IMM
     | (1 << 2) // SEND
@@ -31,6 +30,7 @@ const SEND_OPS_SUPPORTED: u64 = (1 << 0) // RDMA_WRITE
     | (1 << 5) // ATOMIC_CMP_AND_SWP
     | (1 << 6) // ATOMIC_FETCH_AND_ADD
     | (1 << 7) // LOCAL_INV
+    | (1 << 8) // BIND_MW
     | (1 << 9); // SEND_WITH_INV
 
 /// `verbs_context.create_qp_ex`. Accepts a PD and, optionally, `send_ops_flags` (which make
@@ -83,6 +83,7 @@ unsafe fn enable_qp_ex(qp: *mut Qp) {
     let x = &mut q.ibv;
     x.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
     x.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    x.wr_bind_mw = Some(wr_bind_mw);
     x.wr_local_inv = Some(wr_local_inv);
     x.wr_rdma_read = Some(wr_rdma_read);
     x.wr_rdma_write = Some(wr_rdma_write);
@@ -178,6 +179,28 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 ) {
     new_wr(qp, WrOpcode::AtomicFetchAndAdd, |w| {
         (w.rkey, w.remote_addr, w.compare_add) = (rkey, remote_addr, add);
+    });
+}
+
+/// `ibv_wr_bind_mw`: binds `mw` (type 2) with R_Key `rkey` over `info`.
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    with_build(qp, |q, b| {
+        let r = if info.is_null() {
+            Err(libc::EINVAL)
+        } else {
+            // SAFETY: live objects of this library (the caller's contract).
+            unsafe { crate::mw::bind_wr(q.ibv.wr_id, q.ibv.wr_flags, mw, rkey, &*info) }
+        };
+        match r {
+            Ok(wr) => b.wrs.push(wr),
+            Err(e) if b.err == 0 => b.err = e,
+            Err(_) => {}
+        }
     });
 }
 

@@ -89,6 +89,12 @@ fn rust_layouts() -> Vec<Layout> {
             wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr,
             remote_srqn as "qp_type", bind_mw
         }
+        ibv_mw { context, pd, rkey, handle, type_ as "type" }
+        ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+        ibv_mw_bind { wr_id, send_flags, bind_info }
+        ibv_send_wr_bind_mw as "__typeof__(((struct ibv_send_wr *)0)->bind_mw)" {
+            mw, rkey, bind_info
+        }
         ibv_send_wr_rdma as "__typeof__(((struct ibv_send_wr *)0)->wr.rdma)" { remote_addr, rkey }
         ibv_send_wr_atomic as "__typeof__(((struct ibv_send_wr *)0)->wr.atomic)" {
             remote_addr, compare_add, swap, rkey

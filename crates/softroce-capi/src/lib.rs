@@ -33,6 +33,7 @@ pub mod abi;
 mod device;
 mod ex;
 mod mad;
+mod mw;
 mod objects;
 mod post;
 mod strings;

@@ -87,7 +87,7 @@ pub(crate) unsafe fn obj<'a, T, C>(p: *mut C) -> &'a T {
 ///
 /// # Safety
 /// As [`obj`], and the handle must not be used afterwards.
-unsafe fn free<T, C>(p: *mut C) {
+pub(crate) unsafe fn free<T, C>(p: *mut C) {
     // SAFETY: our caller's contract.
     drop(unsafe { Box::from_raw(p.cast::<T>()) });
 }
@@ -318,6 +318,37 @@ pub(crate) extern "C" fn ibv_create_cq(
         }));
         c.cqs.lock().insert(num, p as usize);
         p.cast()
+    })
+}
+
+/// `ibv_resize_cq`: the CQ holds `cqe` completions from now on (`cq->cqe` says so), keeping
+/// those it holds. EINVAL for 0, past `max_cqe`, or fewer than the completions waiting to be
+/// polled (as rxe).
+pub(crate) extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    ffi!(libc::EIO, {
+        if cq.is_null() || cqe <= 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: a live CQ.
+        let q = unsafe { obj::<Cq, _>(cq) };
+        // SAFETY: a live CQ has a live context.
+        let max_cqe = unsafe { context((*cq).context) }
+            .dev
+            .device()
+            .query_device()
+            .max_cqe
+            - 1;
+        if cqe as u64 > u64::from(max_cqe) {
+            return libc::EINVAL;
+        }
+        match q.cq.resize(cqe as u32) {
+            Ok(()) => {
+                // SAFETY: a live CQ; `cqe` is the program's to read, ours to write.
+                unsafe { (*cq).cqe = cqe };
+                0
+            }
+            Err(e) => e.errno(),
+        }
     })
 }
 

@@ -21,9 +21,9 @@ pub(crate) fn context_ops() -> ibv_context_ops {
         _compat_reg_mr: None,
         _compat_rereg_mr: None,
         _compat_dereg_mr: None,
-        alloc_mw: None,
-        bind_mw: None,
-        dealloc_mw: None,
+        alloc_mw: Some(crate::mw::alloc_mw),
+        bind_mw: Some(crate::mw::bind_mw),
+        dealloc_mw: Some(crate::mw::dealloc_mw),
         _compat_create_cq: None,
         poll_cq: Some(poll_cq),
         req_notify_cq: Some(req_notify_cq),
@@ -84,8 +84,9 @@ fn wr_opcode(v: c_int) -> Option<WrOpcode> {
         5 => WrOpcode::AtomicCmpAndSwp,
         6 => WrOpcode::AtomicFetchAndAdd,
         7 => WrOpcode::LocalInv,
+        8 => WrOpcode::BindMw,
         9 => WrOpcode::SendWithInv,
-        // BIND_MW (8) needs ibv_mw objects, TSO (10) and DRIVER1 (11) a raw packet QP.
+        // TSO (10) and DRIVER1 (11) need a raw packet QP.
         _ => return None,
     })
 }
@@ -96,6 +97,11 @@ fn wr_opcode(v: c_int) -> Option<WrOpcode> {
 /// `w` is a readable WR whose pointers (SGE list, AH) are valid, as `ibv_post_send` requires.
 unsafe fn send_wr(w: &ibv_send_wr, qp_type: c_int) -> Result<SendWr, c_int> {
     let opcode = wr_opcode(w.opcode).ok_or(libc::EINVAL)?;
+    if opcode == WrOpcode::BindMw {
+        let b = w.bind_mw;
+        // SAFETY: our caller's contract (the window and MR are live objects).
+        return unsafe { crate::mw::bind_wr(w.wr_id, w.send_flags, b.mw, b.rkey, &b.bind_info) };
+    }
     // SAFETY: our caller's contract.
     let mut wr = SendWr::new(w.wr_id, opcode, unsafe { sges(w.sg_list, w.num_sge)? });
     wr.send_flags = SendFlags(w.send_flags & 0xf);

@@ -24,7 +24,8 @@ pub(super) struct CqShared {
     pub(super) ring_rx: crossbeam_channel::Receiver<Wc>,
     /// Completions pushed and not yet polled; at most `cqe` (the rest overflow).
     pub(super) queued: std::sync::atomic::AtomicUsize,
-    pub(super) cqe: usize,
+    /// Capacity: set at creation, changed by [`Cq::resize`].
+    pub(super) cqe: std::sync::atomic::AtomicUsize,
     pub(super) overflows: AtomicU64,
     pub(super) notify: CqNotify,
     /// The device's poll hook, if its link installed one ([`PollHook`]).
@@ -54,7 +55,7 @@ impl CqShared {
             ring_tx,
             ring_rx,
             queued: std::sync::atomic::AtomicUsize::new(0),
-            cqe: cqe as usize,
+            cqe: std::sync::atomic::AtomicUsize::new(cqe as usize),
             overflows: AtomicU64::new(0),
             notify: Default::default(),
             hook: OnceLock::new(),
@@ -66,7 +67,7 @@ impl CqShared {
     pub(super) fn push(self: &Arc<Self>, wc: Wc, solicited: bool) -> bool {
         // Counted before it is queued, uncounted after it is polled: `queued` never
         // undercounts, so the CQ never holds more than `cqe`.
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.cqe {
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.cqe.load(Ordering::Acquire) {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             self.overflows.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -93,7 +94,9 @@ pub struct Cq {
 
 impl core::fmt::Debug for Cq {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Cq").field("cqe", &self.shared.cqe).finish()
+        f.debug_struct("Cq")
+            .field("cqe", &self.shared.cqe.load(Ordering::Relaxed))
+            .finish()
     }
 }
 
@@ -169,6 +172,28 @@ impl Cq {
     /// ([`EventElement::Cq`](super::EventElement::Cq)).
     pub fn cq_num(&self) -> u32 {
         self.shared.handle
+    }
+
+    /// The CQ's capacity: completions it holds before the next overflows.
+    pub fn cqe(&self) -> u32 {
+        self.shared.cqe.load(Ordering::Relaxed) as u32
+    }
+
+    /// `ibv_resize_cq`: the CQ holds up to `cqe` completions from now on, keeping those it
+    /// holds. Errors: `EINVAL` for 0, more than the device's `max_cqe`, or fewer than the
+    /// completions queued now (rxe: `rxe_cq_chk_attr`).
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        if cqe == 0 || cqe > super::base::MAX_CQE {
+            return Err(Error::new(ErrorKind::Inval, "resize_cq: cqe out of range"));
+        }
+        if (cqe as usize) < self.shared.queued.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "resize_cq: fewer entries than completions queued",
+            ));
+        }
+        self.shared.cqe.store(cqe as usize, Ordering::Release);
+        Ok(())
     }
 
     /// Completions dropped because the CQ was full; each raised `IBV_EVENT_CQ_ERR`.

@@ -1,0 +1,42 @@
+//! rdma-core's pyverbs test suite (Debian's python3-pyverbs) through `softroce exec`, by
+//! `scripts/pyverbs.sh --check`: 0 errors, 0 failures, and at least the 86 tests kernel rxe
+//! 6.1 passes (docs/pyverbs.md). About a second. Skipped, saying why, when the suite or
+//! pyverbs is not installed (the script exits 77). Killed after a deadline.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn pyverbs_suite_through_softroce_exec() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pyverbs.sh");
+    let mut child = Command::new("bash")
+        .arg(&script)
+        .args(["--check", "--ip", "127.0.121.9"])
+        .env("SOFTROCE", env!("CARGO_BIN_EXE_softroce"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() == Some(77) {
+        println!("SKIPPED: {text}");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "pyverbs ({}):\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{}", text.lines().last().unwrap_or(""));
+}
