@@ -1,10 +1,10 @@
 //! rdma-core's and perftest's unmodified rdma_cm tools (Debian's rdmacm-utils and perftest)
 //! through `softroce exec` on softroce's librdmacm.so.1 and libibverbs.so.1, each a server and
-//! a client process on two addresses of 127.0.117.0/24: `rping` (10 pings with data
-//! verification: SEND, RDMA READ and WRITE), `ucmatose` (connect, SENDs both ways,
-//! disconnect) and `ib_send_bw -R` (perftest's connection through rdma_cm). Skipped, saying
-//! why, only when a tool is not installed (CI installs them). Every program is killed after
-//! a deadline.
+//! a client process on two addresses of 127.0.117.0/24 or 127.0.119.0/24: `rping` (10 pings
+//! with data verification: SEND, RDMA READ and WRITE), `ucmatose` (connect, SENDs both ways,
+//! disconnect) and perftest's `ib_send_bw`, `ib_write_bw`, `ib_write_lat` and `ib_read_lat`
+//! with `-R` (their connection through rdma_cm). Skipped, saying why, only when a tool is
+//! not installed (CI installs them). Every program is killed after a deadline.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -141,30 +141,69 @@ fn ucmatose_connects_transfers_and_disconnects() {
     assert!(s.contains("disconnected"), "{s}");
 }
 
-#[test]
-fn ib_send_bw_over_rdma_cm() {
-    if !have("ib_send_bw") {
-        println!("SKIPPED: ib_send_bw not installed (apt-get install perftest)");
+/// Runs perftest's `tool -R -n 100` (server on `sip`, client on `cip`); both must print the
+/// result line of `bytes` × 100 iterations (`ib_*_lat` reports on the client only).
+fn perftest(tool: &str, port: &str, sip: &str, cip: &str, bytes: &str, server_reports: bool) {
+    if !have(tool) {
+        println!("SKIPPED: {tool} not installed (apt-get install perftest)");
         return;
     }
-    let common = [
-        "ib_send_bw",
-        "-R",
-        "-d",
-        "softroce0",
-        "-p",
-        "7482",
-        "-n",
-        "100",
-    ];
+    let common = [tool, "-R", "-d", "softroce0", "-p", port, "-n", "100"];
     let mut client = common.to_vec();
-    client.push("127.0.117.31");
-    let (s, c) = pair("127.0.117.31", &common, "127.0.117.32", &client);
-    for out in [&s, &c] {
-        assert!(
-            out.lines()
-                .any(|l| l.split_whitespace().take(2).eq(["65536", "100"])),
-            "{out}"
-        );
-    }
+    client.push(sip);
+    let (s, c) = pair(sip, &common, cip, &client);
+    let reported = |out: &str| {
+        out.lines()
+            .any(|l| l.split_whitespace().take(2).eq([bytes, "100"]))
+    };
+    assert!(reported(&c), "{c}");
+    assert!(!server_reports || reported(&s), "{s}");
+}
+
+#[test]
+fn ib_send_bw_over_rdma_cm() {
+    perftest(
+        "ib_send_bw",
+        "7482",
+        "127.0.117.31",
+        "127.0.117.32",
+        "65536",
+        true,
+    );
+}
+
+#[test]
+fn ib_write_bw_over_rdma_cm() {
+    perftest(
+        "ib_write_bw",
+        "7483",
+        "127.0.119.31",
+        "127.0.119.32",
+        "65536",
+        true,
+    );
+}
+
+#[test]
+fn ib_write_lat_over_rdma_cm() {
+    perftest(
+        "ib_write_lat",
+        "7484",
+        "127.0.119.33",
+        "127.0.119.34",
+        "2",
+        true,
+    );
+}
+
+#[test]
+fn ib_read_lat_over_rdma_cm() {
+    perftest(
+        "ib_read_lat",
+        "7485",
+        "127.0.119.35",
+        "127.0.119.36",
+        "2",
+        false,
+    );
 }
