@@ -2,9 +2,10 @@
 //! through `softroce exec` on softroce's librdmacm.so.1 and libibverbs.so.1, each a server and
 //! a client process on two addresses of 127.0.117.0/24 or 127.0.119.0/24: `rping` (10 pings
 //! with data verification: SEND, RDMA READ and WRITE), `ucmatose` (connect, SENDs both ways,
-//! disconnect) and perftest's `ib_send_bw`, `ib_write_bw`, `ib_write_lat` and `ib_read_lat`
-//! with `-R` (their connection through rdma_cm). Skipped, saying why, only when a tool is
-//! not installed (CI installs them). Every program is killed after a deadline.
+//! disconnect), `udaddy` (UD ids: SIDR through rdma_cm, datagrams both ways) and perftest's
+//! `ib_send_bw`, `ib_write_bw`, `ib_write_lat` and `ib_read_lat` with `-R` (their connection
+//! through rdma_cm). Skipped, saying why, only when a tool is not installed (CI installs
+//! them). Every program is killed after a deadline.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -206,4 +207,25 @@ fn ib_read_lat_over_rdma_cm() {
         "2",
         false,
     );
+}
+
+#[test]
+fn udaddy_resolves_ud_and_exchanges_datagrams() {
+    if !have("udaddy") {
+        println!("SKIPPED: udaddy not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    // SIDR_REQ/SIDR_REP on the UDP port space (udaddy's port is 7174), then 10 datagrams
+    // each way, the server answering through an AH made from the receive's GRH.
+    let (s, c) = pair(
+        "127.0.119.41",
+        &["udaddy", "-c", "2"],
+        "127.0.119.42",
+        &["udaddy", "-s", "127.0.119.41", "-c", "2"],
+    );
+    for out in [&s, &c] {
+        assert!(out.contains("data transfers complete"), "{out}");
+        assert!(out.contains("return status 0"), "{out}");
+    }
+    assert!(s.contains("sending replies"), "{s}");
 }
