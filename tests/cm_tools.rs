@@ -2,7 +2,8 @@
 //! through `softroce exec` on softroce's librdmacm.so.1 and libibverbs.so.1, each a server and
 //! a client process on two addresses of 127.0.117.0/24 or 127.0.119.0/24: `rping` (10 pings
 //! with data verification: SEND, RDMA READ and WRITE), `ucmatose` (connect, SENDs both ways,
-//! disconnect), `udaddy` (UD ids: SIDR through rdma_cm, datagrams both ways) and perftest's
+//! disconnect), `udaddy` (UD ids: SIDR through rdma_cm, datagrams both ways), `rdma_server`/
+//! `rdma_client` (synchronous ids: rdma_create_ep, rdma_get_request) and perftest's
 //! `ib_send_bw`, `ib_write_bw`, `ib_write_lat` and `ib_read_lat` with `-R` (their connection
 //! through rdma_cm). Skipped, saying why, only when a tool is not installed (CI installs
 //! them). Every program is killed after a deadline.
@@ -228,4 +229,22 @@ fn udaddy_resolves_ud_and_exchanges_datagrams() {
         assert!(out.contains("return status 0"), "{out}");
     }
     assert!(s.contains("sending replies"), "{s}");
+}
+
+#[test]
+fn rdma_server_and_rdma_client_synchronous() {
+    if !have("rdma_server") || !have("rdma_client") {
+        println!("SKIPPED: rdma_server/rdma_client not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    // Synchronous ids (rdma_create_ep, rdma_get_request; every call waits for its event),
+    // one inline SEND each way from unregistered buffers, then rdma_disconnect.
+    let (s, c) = pair(
+        "127.0.119.51",
+        &["rdma_server", "-p", "7486"],
+        "127.0.119.52",
+        &["rdma_client", "-s", "127.0.119.51", "-p", "7486"],
+    );
+    assert!(s.contains("rdma_server: end 0"), "{s}");
+    assert!(c.contains("rdma_client: end 0"), "{c}");
 }

@@ -90,6 +90,11 @@ struct IdState {
     events_out: usize,
     /// rdma_destroy_id ran while events were out: freed at the last ack.
     destroyed: bool,
+    /// Synchronous: made without a channel, the id has one of its own (destroyed with it)
+    /// and its calls wait for their events (librdmacm's `id_priv->sync`).
+    sync: bool,
+    /// rdma_create_ep of a passive id: the QP rdma_get_request makes for each request.
+    qp_init_attr: Option<Box<ibv_qp_init_attr>>,
 }
 
 struct State {
@@ -405,6 +410,12 @@ fn post(ev: Box<Event>) {
     // SAFETY: the event's id is live (callers hold the lock and checked it) and its channel
     // outlives it (rdma_destroy_event_channel requires its ids destroyed first).
     let ch = unsafe { (*ev.ev.id).channel };
+    post_on(ch, ev);
+}
+
+/// Queues `ev` on channel `ch` (a request goes to its listener's channel, which is not the
+/// new id's when the listener is synchronous).
+fn post_on(ch: *mut rdma_event_channel, ev: Box<Event>) {
     if ch.is_null() {
         return;
     }
@@ -840,7 +851,8 @@ fn sidr_request(st: &mut State, dev: usize, comm: CommId, peer: IpAddr, req: Box
         u.ah_attr = ud_ah_attr(peer);
         u.qkey = RDMA_UDP_QKEY;
     }
-    post(e);
+    // SAFETY: the listener is live (listener_for checked it).
+    post_on(unsafe { (*e.ev.listen_id).channel }, e);
 }
 
 /// A new passive id for connection `comm` of device `dev`, made from listening id `lid`
@@ -861,11 +873,17 @@ fn passive_id(
         .get(&lid)
         .and_then(|s| s.local)
         .map_or(0, |l| l.port());
-    let o = st.devs[dev].open.as_mut()?;
+    let o = st.devs[dev].open.as_ref()?;
     let (ctx, pd, mtu) = (o.ctx, o.pd, o.mtu);
     let listen = lid as *mut rdma_cm_id;
     // SAFETY: `lid` is a live id (listener_for checked).
-    let (channel, context, ps) = unsafe { ((*listen).channel, (*listen).context, (*listen).ps) };
+    let (mut channel, context, ps) =
+        unsafe { ((*listen).channel, (*listen).context, (*listen).ps) };
+    let sync = st.ids.get(&lid).is_some_and(|s| s.sync);
+    if sync {
+        channel = new_channel()?;
+    }
+    let o = st.devs[dev].open.as_mut()?;
     let id = new_id(channel, context, ps);
     // SAFETY: just made.
     unsafe {
@@ -890,6 +908,7 @@ fn passive_id(
             comm: Some(comm),
             listen_id: lid,
             req,
+            sync,
             ..Default::default()
         },
     );
@@ -931,7 +950,8 @@ fn connect_request(
         return;
     };
     e.ev.id = id;
-    post(e);
+    // SAFETY: the listener is live (listener_for checked it).
+    post_on(unsafe { (*e.ev.listen_id).channel }, e);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -962,22 +982,27 @@ fn free_id(id: *mut rdma_cm_id) {
     }
 }
 
+/// A new channel: an eventfd in semaphore mode and an empty queue (None: errno is set).
+fn new_channel() -> Option<*mut rdma_event_channel> {
+    // SAFETY: plain eventfd creation.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    if fd < 0 {
+        return None;
+    }
+    let ch = Box::new(Channel {
+        ch: rdma_event_channel { fd },
+        queue: Mutex::new(VecDeque::new()),
+    });
+    Some(Box::into_raw(ch).cast())
+}
+
 pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     ffi!(std::ptr::null_mut(), {
         if let Err(e) = state() {
             crate::set_errno(e);
             return std::ptr::null_mut();
         }
-        // SAFETY: plain eventfd creation.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return std::ptr::null_mut();
-        }
-        let ch = Box::new(Channel {
-            ch: rdma_event_channel { fd },
-            queue: Mutex::new(VecDeque::new()),
-        });
-        Box::into_raw(ch).cast()
+        new_channel().unwrap_or(std::ptr::null_mut())
     })
 }
 
@@ -1010,16 +1035,28 @@ pub(crate) extern "C" fn rdma_create_id(
         if ![RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IPOIB, RDMA_PS_IB].contains(&ps) {
             return neg_errno(libc::EINVAL);
         }
-        if channel.is_null() {
-            // librdmacm then makes a synchronous channel of its own: not supported yet.
-            return neg_errno(libc::ENOSYS);
-        }
         let mut st = match state() {
             Ok(s) => s,
             Err(e) => return neg_errno(e),
         };
+        // Without a channel the id is synchronous, with a channel of its own.
+        let sync = channel.is_null();
+        let channel = if sync {
+            match new_channel() {
+                Some(c) => c,
+                None => return neg_errno(errno_or(libc::EMFILE)),
+            }
+        } else {
+            channel
+        };
         let new = new_id(channel, context, ps);
-        st.ids.insert(new as usize, IdState::default());
+        st.ids.insert(
+            new as usize,
+            IdState {
+                sync,
+                ..Default::default()
+            },
+        );
         // SAFETY: the caller passes a writable pointer.
         unsafe { *id = new };
         0
@@ -1028,6 +1065,14 @@ pub(crate) extern "C" fn rdma_create_id(
 
 pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     ffi!(-1, {
+        // A synchronous id's last event goes first (librdmacm acks `id->event`).
+        if !id.is_null() && is_sync(id) {
+            // SAFETY: a live id (is_sync checked).
+            let ev = unsafe { std::mem::replace(&mut (*id).event, std::ptr::null_mut()) };
+            if !ev.is_null() {
+                rdma_ack_cm_event(ev);
+            }
+        }
         let mut st = match state() {
             Ok(s) => s,
             Err(e) => return neg_errno(e),
@@ -1037,7 +1082,8 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         };
         s.destroyed = true;
         s.listening = false;
-        let (dev, comm, out) = (s.dev, s.comm.take(), s.events_out);
+        s.qp_init_attr = None;
+        let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
         let unanswered = s.req.take().is_some();
         let sidr_unanswered = std::mem::take(&mut s.sidr_pending);
         if let (Some(d), Some(c)) = (dev, comm)
@@ -1073,6 +1119,11 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             for _ in q.len()..before {
                 take_count(chan.ch.fd);
             }
+        }
+        if sync {
+            // SAFETY: live id; the channel is its own, now without events.
+            unsafe { (*id).channel = std::ptr::null_mut() };
+            rdma_destroy_event_channel(ch);
         }
         if out == 0 {
             st.ids.remove(&(id as usize));
@@ -1154,6 +1205,45 @@ fn result(r: Result<(), c_int>) -> c_int {
     }
 }
 
+/// Whether `id` is a live synchronous id.
+fn is_sync(id: *mut rdma_cm_id) -> bool {
+    state().is_ok_and(|mut st| st.id_mut(id).is_ok_and(|s| s.sync))
+}
+
+/// An entry point's return: on success, a synchronous id then waits for its event.
+fn sync_result(id: *mut rdma_cm_id, r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) if is_sync(id) => complete(id),
+        r => result(r),
+    }
+}
+
+/// librdmacm's `ucma_complete`: acks the id's last event, waits on its own channel for the
+/// next one and keeps it in `id->event`; an event with a status is the call's error
+/// (ECONNREFUSED for REJECTED). Called without the state lock.
+fn complete(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: a live synchronous id; its `event` is one we handed out (or NULL).
+    let prev = unsafe { std::mem::replace(&mut (*id).event, std::ptr::null_mut()) };
+    if !prev.is_null() {
+        rdma_ack_cm_event(prev);
+    }
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: the id's own channel.
+    if rdma_get_cm_event(unsafe { (*id).channel }, &mut ev) != 0 {
+        return -1;
+    }
+    // SAFETY: live id; `ev` the event just taken.
+    let (kind, status) = unsafe {
+        (*id).event = ev;
+        ((*ev).event, (*ev).status)
+    };
+    match status {
+        0 => 0,
+        _ if kind == event::REJECTED => neg_errno(libc::ECONNREFUSED),
+        s => neg_errno(s.abs()),
+    }
+}
+
 pub(crate) extern "C" fn rdma_resolve_addr(
     id: *mut rdma_cm_id,
     src_addr: *mut libc::sockaddr,
@@ -1193,7 +1283,7 @@ pub(crate) extern "C" fn rdma_resolve_addr(
             post(new_event(id, event::ADDR_RESOLVED, 0));
             Ok(())
         })();
-        result(r)
+        sync_result(id, r)
     })
 }
 
@@ -1210,7 +1300,7 @@ pub(crate) extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
             post(new_event(id, event::ROUTE_RESOLVED, 0));
             Ok(())
         })();
-        result(r)
+        sync_result(id, r)
     })
 }
 
@@ -1476,7 +1566,7 @@ pub(crate) extern "C" fn rdma_connect(
             pump(&mut st, dev);
             Ok(())
         })();
-        result(r)
+        sync_result(id, r)
     })
 }
 
@@ -1551,7 +1641,11 @@ pub(crate) extern "C" fn rdma_accept(
             pump(&mut st, dev);
             Ok(())
         })();
-        result(r)
+        // SAFETY: NULL or a live id (checked by the call).
+        if !id.is_null() && unsafe { (*id).qp_type } == IBV_QPT_UD {
+            return result(r); // a SIDR_REP: nothing to wait for
+        }
+        sync_result(id, r)
     })
 }
 
@@ -1664,7 +1758,179 @@ pub(crate) extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             pump(&mut st, dev);
             r
         })();
-        result(r)
+        sync_result(id, r)
+    })
+}
+
+/// rdma_get_request: a synchronous listener's next CONNECT_REQUEST, with the QP its
+/// rdma_create_ep attributes ask for; the event stays in the new id's `event` (acked by its
+/// rdma_accept). Errors: EINVAL for an asynchronous listener or another event (kept in
+/// the listener's `event`), ECONNREFUSED for REJECTED, an event's status.
+pub(crate) extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    ffi!(-1, {
+        if id.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        let attr = {
+            let mut st = match state() {
+                Ok(s) => s,
+                Err(e) => return neg_errno(e),
+            };
+            match st.id_mut(listen) {
+                Ok(s) if s.sync => s.qp_init_attr.as_deref().map(|a| {
+                    // SAFETY: a plain C struct we copied in rdma_create_ep.
+                    unsafe { std::ptr::read(a) }
+                }),
+                _ => return neg_errno(libc::EINVAL),
+            }
+        };
+        // SAFETY: a live synchronous listener.
+        let prev = unsafe { std::mem::replace(&mut (*listen).event, std::ptr::null_mut()) };
+        if !prev.is_null() {
+            rdma_ack_cm_event(prev);
+        }
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the listener's own channel.
+        if rdma_get_cm_event(unsafe { (*listen).channel }, &mut ev) != 0 {
+            return -1;
+        }
+        // SAFETY: the event just taken.
+        let (kind, status, new) = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
+        let err = if kind == event::REJECTED {
+            libc::ECONNREFUSED
+        } else if status != 0 {
+            status.abs()
+        } else if kind != event::CONNECT_REQUEST {
+            libc::EINVAL
+        } else {
+            0
+        };
+        if err == 0
+            && let Some(mut a) = attr
+            // SAFETY: a live listener.
+            && rdma_create_qp(new, unsafe { (*listen).pd }, &mut a) != 0
+        {
+            // SAFETY: a live listener keeps the event.
+            unsafe { (*listen).event = ev };
+            return -1;
+        }
+        if err != 0 {
+            // SAFETY: as above.
+            unsafe { (*listen).event = ev };
+            return neg_errno(err);
+        }
+        // SAFETY: the new id (live: its event is out) and the caller's out pointer.
+        unsafe {
+            (*new).event = ev;
+            *id = new;
+        }
+        0
+    })
+}
+
+/// rdma_create_ep: a synchronous id for `res` (librdmacm's). Passive (`RAI_PASSIVE`): bound
+/// to the source address, `pd` and the QP attributes kept for rdma_get_request. Active:
+/// address and route resolved (waiting for each), then its QP if `qp_init_attr` is given.
+/// On an error the id is destroyed and errno says why.
+pub(crate) extern "C" fn rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi!(-1, {
+        if id.is_null() || res.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        // SAFETY: the caller's addrinfo.
+        let res = unsafe { &*res };
+        let mut new = std::ptr::null_mut();
+        if rdma_create_id(
+            std::ptr::null_mut(),
+            &mut new,
+            std::ptr::null_mut(),
+            res.ai_port_space,
+        ) != 0
+        {
+            return -1;
+        }
+        // SAFETY: the id just made.
+        unsafe { (*new).qp_type = res.ai_qp_type };
+        let r = if res.ai_flags & RAI_PASSIVE != 0 {
+            passive_ep(new, res, pd, qp_init_attr)
+        } else {
+            active_ep(new, res, pd, qp_init_attr)
+        };
+        if r != 0 {
+            let e = errno_or(libc::EINVAL);
+            rdma_destroy_ep(new);
+            return neg_errno(e);
+        }
+        // SAFETY: the caller's out pointer.
+        unsafe { *id = new };
+        0
+    })
+}
+
+fn passive_ep(
+    id: *mut rdma_cm_id,
+    res: &rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if rdma_bind_addr(id, res.ai_src_addr) != 0 {
+        return -1;
+    }
+    if !pd.is_null() {
+        // SAFETY: the live id.
+        unsafe { (*id).pd = pd };
+    }
+    // SAFETY: NULL or the caller's attributes, a plain C struct.
+    if let Some(a) = unsafe { qp_init_attr.as_ref() } {
+        // SAFETY: as above.
+        let mut a = Box::new(unsafe { std::ptr::read(a) });
+        a.qp_type = res.ai_qp_type;
+        match state() {
+            Ok(mut st) => match st.id_mut(id) {
+                Ok(s) => s.qp_init_attr = Some(a),
+                Err(e) => return neg_errno(e),
+            },
+            Err(e) => return neg_errno(e),
+        }
+    }
+    0
+}
+
+fn active_ep(
+    id: *mut rdma_cm_id,
+    res: &rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if rdma_resolve_addr(id, res.ai_src_addr, res.ai_dst_addr, 2000) != 0
+        || rdma_resolve_route(id, 2000) != 0
+    {
+        return -1;
+    }
+    if !qp_init_attr.is_null() {
+        // SAFETY: the caller's attributes.
+        unsafe { (*qp_init_attr).qp_type = res.ai_qp_type };
+        return rdma_create_qp(id, pd, qp_init_attr);
+    }
+    0
+}
+
+/// rdma_destroy_ep: the id's QP (and the CQs rdma_create_qp made), then the id.
+pub(crate) extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+    ffi!((), {
+        if id.is_null() {
+            return;
+        }
+        rdma_destroy_qp(id);
+        rdma_destroy_id(id);
     })
 }
 
