@@ -129,6 +129,38 @@ fn post_recv(s: &Side, mr: &Mr, id: u64, len: u32) {
 // Inline data
 // ---------------------------------------------------------------------------------------------
 
+/// A C frontend gathers inline data itself (libibverbs reads plain memory, registered or
+/// not): `post_send_gathered` posts an inline SEND whose SGE lies outside every MR and the
+/// peer receives the caller's bytes; data of another length than the SGEs' is EINVAL with
+/// `bad_wr` naming the WR.
+#[test]
+fn inline_data_gathered_by_the_caller_needs_no_mr() {
+    let (a, b) = pair(15);
+    let dst = b.pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let wr = |id| {
+        let sge = Sge {
+            addr: 0x10,
+            length: 8,
+            lkey: 0,
+        };
+        let mut w = SendWr::new(id, WrOpcode::Send, vec![sge]);
+        w.send_flags = SendFlags::SIGNALED | SendFlags::INLINE;
+        w
+    };
+    let e =
+        a.qp.post_send_gathered(&[wr(1)], vec![Some(vec![7; 5])])
+            .unwrap_err();
+    assert_eq!((e.kind(), e.bad_wr()), (ErrorKind::Inval, Some(0)));
+    let data = pattern(8, 3);
+    a.qp.post_send_gathered(&[wr(2)], vec![Some(data.clone())])
+        .unwrap();
+    post_recv(&b, &dst, 100, 64);
+    assert_eq!((wait_one(&a.cq).wr_id, wait_one(&b.cq).byte_len), (2, 8));
+    let mut got = vec![0u8; 8];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+}
+
 /// IBV_SEND_INLINE with 0, 1 and 512 bytes (rxe's largest `max_inline_data`) arrives intact
 /// although the sender overwrites its buffer right after posting (the data was copied at
 /// post time: the receiver posts its buffer only afterwards, so the SEND is RNR-retried from

@@ -845,6 +845,95 @@ pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     })
 }
 
+/// `IBV_WC_GRH`: the receive buffer starts with the 40-byte network header.
+const IBV_WC_GRH: c_uint = 1 << 1;
+
+/// `ibv_init_ah_from_wc`: the address handle attributes that answer a UD receive. On RoCE the
+/// GRH area holds the datagram's network header (IPv4 in its last 20 bytes, as rxe writes
+/// it, or an IPv6 header): the answer goes to its source, from the GID index of its
+/// destination (libibverbs `ibv_init_ah_from_wc`: hop limit 0xff, the IPv6 flow label and
+/// traffic class). Errors (-1, errno): EINVAL without a GRH (a RoCE address needs one) or
+/// when no GID of the port is the datagram's destination.
+pub(crate) extern "C" fn ibv_init_ah_from_wc(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    ffi!(neg_errno(libc::EIO), {
+        if ctx.is_null() || wc.is_null() || grh.is_null() || ah_attr.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        // SAFETY: a live context, the caller's work completion and its 40-byte GRH area.
+        let (c, wc, g) = unsafe { (context(ctx), &*wc, std::slice::from_raw_parts(grh, 40)) };
+        if wc.wc_flags & IBV_WC_GRH == 0 {
+            return neg_errno(libc::EINVAL);
+        }
+        let v4 = g[..20].iter().all(|&b| b == 0) && g[20] >> 4 == 4;
+        let (src, dst, flow_label, traffic_class) = if v4 {
+            let v4 = |a: &[u8]| std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]).to_ipv6_mapped();
+            (v4(&g[32..36]), v4(&g[36..40]), 0, g[21] >> 2)
+        } else {
+            let head = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+            let v6 = |a: &[u8]| std::net::Ipv6Addr::from(<[u8; 16]>::try_from(a).unwrap());
+            (
+                v6(&g[8..24]),
+                v6(&g[24..40]),
+                head & 0x000f_ffff,
+                (head >> 20) as u8,
+            )
+        };
+        let dev = c.dev.device();
+        let Some(sgid_index) = (0..=u8::MAX)
+            .map_while(|i| dev.query_gid(port_num, i).ok().map(|e| (i, e)))
+            .find(|(_, e)| e.gid.0 == dst.octets())
+            .map(|(i, _)| i)
+        else {
+            return neg_errno(libc::EINVAL);
+        };
+        let a = ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: ibv_gid { raw: src.octets() },
+                flow_label,
+                sgid_index,
+                hop_limit: 0xff,
+                traffic_class,
+            },
+            dlid: wc.slid,
+            sl: wc.sl,
+            src_path_bits: wc.dlid_path_bits,
+            static_rate: 0,
+            is_global: 1,
+            port_num,
+        };
+        // SAFETY: writable (the caller's contract).
+        unsafe { *ah_attr = a };
+        0
+    })
+}
+
+/// `ibv_create_ah_from_wc`: [`ibv_init_ah_from_wc`], then `ibv_create_ah`.
+pub(crate) extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    port_num: u8,
+) -> *mut ibv_ah {
+    ffi!(std::ptr::null_mut(), {
+        if pd.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        let mut a = ibv_ah_attr::default();
+        // SAFETY: a live PD.
+        let ctx = unsafe { (*pd).context };
+        if ibv_init_ah_from_wc(ctx, port_num, wc, grh, &mut a) != 0 {
+            return std::ptr::null_mut();
+        }
+        ibv_create_ah(pd, &mut a)
+    })
+}
+
 pub(crate) extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     ffi!(libc::EIO, {
         if ah.is_null() {

@@ -137,6 +137,29 @@ unsafe fn send_wr(w: &ibv_send_wr, qp_type: c_int) -> Result<SendWr, c_int> {
     Ok(wr)
 }
 
+/// The data of an IBV_SEND_INLINE WR, read from its SGEs' addresses (rxe's provider copies
+/// them the same way: the buffer need not be registered). None for other WRs and for more
+/// than softroce's inline limit (the engine then refuses the WR).
+///
+/// # Safety
+/// For an inline WR, each SGE addresses `length` readable bytes.
+unsafe fn inline_bytes(wr: &SendWr) -> Option<Vec<u8>> {
+    let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    if !wr.send_flags.contains(SendFlags::INLINE)
+        || length > u64::from(softroce::verbs::MAX_INLINE_DATA)
+    {
+        return None;
+    }
+    let mut data = Vec::with_capacity(length as usize);
+    for s in wr.sg_list.iter().filter(|s| s.length > 0) {
+        // SAFETY: our caller's contract.
+        data.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+        });
+    }
+    Some(data)
+}
+
 /// `ops.post_send`. Returns 0, or an errno with `*bad_wr` at the first WR not posted.
 unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
@@ -151,6 +174,7 @@ unsafe extern "C" fn post_send(
         let q = unsafe { obj::<Qp, _>(qp) };
         let mut ptrs = Vec::new();
         let mut wrs = Vec::new();
+        let mut inline = Vec::new();
         let mut failed = None;
         let mut p = wr;
         while !p.is_null() {
@@ -159,6 +183,9 @@ unsafe extern "C" fn post_send(
             // SAFETY: as above.
             match unsafe { send_wr(w, q.ibv.qp_base.qp_type) } {
                 Ok(e) => {
+                    // SAFETY: an inline WR's SGEs address readable bytes (libibverbs'
+                    // contract: the provider copies them before ibv_post_send returns).
+                    inline.push(unsafe { inline_bytes(&e) });
                     wrs.push(e);
                     ptrs.push(p);
                 }
@@ -171,7 +198,7 @@ unsafe extern "C" fn post_send(
         }
         let mut ret = 0;
         if !wrs.is_empty()
-            && let Err(e) = q.qp.post_send(&wrs)
+            && let Err(e) = q.qp.post_send_gathered(&wrs, inline)
         {
             let i = e.bad_wr().unwrap_or(0).min(ptrs.len() - 1);
             failed = Some((ptrs[i], e.errno()));

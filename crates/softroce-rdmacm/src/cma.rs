@@ -19,7 +19,10 @@ use core::ffi::{c_char, c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
 use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
 use softroce::transport::Instant;
-use softroce::wire::cm::{CmaHdrRepr, ReqRepr, gid_of_ip, rdma_cm_service_id};
+use softroce::wire::cm::{
+    CmaHdr, CmaHdrRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip,
+    rdma_cm_service_id,
+};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
@@ -30,6 +33,9 @@ const CMA_HDR_LEN: usize = 36;
 const REQ_PRIVATE: usize = 92;
 const REP_PRIVATE: usize = 196;
 const REJ_PRIVATE: usize = 148;
+/// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
+const SIDR_REQ_PRIVATE: usize = 216;
+const SIDR_REP_PRIVATE: usize = 136;
 /// The GID index of a device's IP address (softroce::net::discover: index 1, as rxe).
 const SGID_INDEX: u8 = 1;
 /// QP local ACK timeout we ask for (4.096 µs × 2^14 ≈ 67 ms).
@@ -70,6 +76,8 @@ struct IdState {
     listen_id: usize,
     /// Passive: the REQ.
     req: Option<Box<ReqRepr>>,
+    /// Passive UD: a SIDR_REQ not answered yet (its request is `comm`).
+    sidr_pending: bool,
     starting_psn: u32,
     responder_resources: u8,
     initiator_depth: u8,
@@ -82,6 +90,11 @@ struct IdState {
     events_out: usize,
     /// rdma_destroy_id ran while events were out: freed at the last ack.
     destroyed: bool,
+    /// Synchronous: made without a channel, the id has one of its own (destroyed with it)
+    /// and its calls wait for their events (librdmacm's `id_priv->sync`).
+    sync: bool,
+    /// rdma_create_ep of a passive id: the QP rdma_get_request makes for each request.
+    qp_init_attr: Option<Box<ibv_qp_init_attr>>,
 }
 
 struct State {
@@ -397,6 +410,12 @@ fn post(ev: Box<Event>) {
     // SAFETY: the event's id is live (callers hold the lock and checked it) and its channel
     // outlives it (rdma_destroy_event_channel requires its ids destroyed first).
     let ch = unsafe { (*ev.ev.id).channel };
+    post_on(ch, ev);
+}
+
+/// Queues `ev` on channel `ch` (a request goes to its listener's channel, which is not the
+/// new id's when the listener is synchronous).
+fn post_on(ch: *mut rdma_event_channel, ev: Box<Event>) {
     if ch.is_null() {
         return;
     }
@@ -507,6 +526,21 @@ fn qp_rts(
         | mask::RNR_RETRY
         | mask::MAX_QP_RD_ATOMIC;
     modify(ibv, qp, &mut a, m)
+}
+
+/// A UD QP goes on to RTR and RTS at once (librdmacm's `ucma_init_ud_qp`: SQ PSN 0).
+fn ud_qp_rts(ibv: &Ibv, qp: *mut ibv_qp) -> Result<(), c_int> {
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_RTR,
+        ..Default::default()
+    };
+    modify(ibv, qp, &mut a, mask::STATE)?;
+    let mut a = ibv_qp_attr {
+        qp_state: IBV_QPS_RTS,
+        sq_psn: 0,
+        ..Default::default()
+    };
+    modify(ibv, qp, &mut a, mask::STATE | mask::SQ_PSN)
 }
 
 fn qp_err(ibv: &Ibv, qp: *mut ibv_qp) {
@@ -627,6 +661,14 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
     {
         return connect_request(st, dev, comm, peer, req, cma);
     }
+    if let CmEvent::SidrRequest {
+        id: comm,
+        peer,
+        req,
+    } = ev
+    {
+        return sidr_request(st, dev, comm, peer, req);
+    }
     let Some(o) = st.devs[dev].open.as_mut() else {
         return;
     };
@@ -638,7 +680,7 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
     let qp = unsafe { (*id).qp };
     let mtu = o.mtu;
     match ev {
-        CmEvent::ConnectRequest { .. } => {}
+        CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {}
         CmEvent::ConnectResponse { rep, .. } => {
             let Some(s) = st.ids.get_mut(&addr) else {
                 return;
@@ -728,10 +770,149 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             }
             post(new_event(id, event::TIMEWAIT_EXIT, 0));
         }
-        // UD (SIDR) is not supported yet: nobody listens on a UDP port space through the
-        // engine, and rdma_connect refuses UD ids.
-        CmEvent::SidrRequest { .. } | CmEvent::SidrResponse { .. } => {}
+        CmEvent::SidrResponse { rep, .. } => {
+            o.comms.remove(&comm);
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            s.comm = None;
+            let peer = s
+                .remote
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            post(sidr_response(id, peer, &rep));
+        }
     }
+}
+
+/// The answer to our SIDR_REQ as rdma_cm reports it (kernel `cma_sidr_rep_handler`):
+/// ESTABLISHED with the peer's QPN, Q_Key, the address handle attributes of the route and
+/// the SIDR_REP's private data; UNREACHABLE when the peer refused (status: the SIDR status)
+/// or answered with another Q_Key than rdma_cm's (-EINVAL).
+fn sidr_response(id: *mut rdma_cm_id, peer: IpAddr, rep: &SidrRepRepr) -> Box<Event> {
+    if rep.status != SidrStatus::SUCCESS {
+        return new_event(id, event::UNREACHABLE, c_int::from(rep.status.0));
+    }
+    if rep.qkey != RDMA_UDP_QKEY {
+        return new_event(id, event::UNREACHABLE, -libc::EINVAL);
+    }
+    let mut e = new_event(id, event::ESTABLISHED, 0);
+    set_private(&mut e, &rep.private_data[..SIDR_REP_PRIVATE]);
+    // SAFETY: writing the ud member (its private data fields were just set, at the same
+    // offsets as conn's).
+    unsafe {
+        let u = &mut e.ev.param.ud;
+        u.qp_num = rep.qpn;
+        u.qkey = rep.qkey;
+        u.ah_attr = ud_ah_attr(peer);
+    }
+    e
+}
+
+/// The address handle attributes of the route to `peer` (RoCE: a GRH to its GID).
+fn ud_ah_attr(peer: IpAddr) -> ibv_ah_attr {
+    let mut a = ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    a.grh.dgid.raw = gid_of_ip(peer);
+    a.grh.sgid_index = SGID_INDEX;
+    a.grh.hop_limit = 64;
+    a
+}
+
+/// A SIDR_REQ for a listening UD id: a new id on the device, and CONNECT_REQUEST on the
+/// listener's channel with the request's private data after the cma header (kernel
+/// `cma_sidr_req_handler`). No listener: SIDR_REP(unsupported).
+fn sidr_request(st: &mut State, dev: usize, comm: CommId, peer: IpAddr, req: Box<SidrReqRepr>) {
+    let Some(lid) = listener_for(st, dev, req.service_id) else {
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            let _ =
+                o.cm.sidr_reply(now(), comm, SidrStatus::UNSUPPORTED, 0, 0, &[]);
+        }
+        return;
+    };
+    let cma = CmaHdr::new_checked(&req.private_data[..])
+        .map(|h| CmaHdrRepr::parse(&h))
+        .ok()
+        .filter(|h| h.cma_version == 0 && matches!(h.ip_version, 4 | 6));
+    let Some(id) = passive_id(st, dev, lid, comm, peer, cma, None) else {
+        return;
+    };
+    if let Some(s) = st.ids.get_mut(&(id as usize)) {
+        s.sidr_pending = true;
+    }
+    let mut e = new_event(id, event::CONNECT_REQUEST, 0);
+    e.ev.listen_id = lid as *mut rdma_cm_id;
+    set_private(&mut e, &req.private_data[CMA_HDR_LEN..SIDR_REQ_PRIVATE]);
+    // SAFETY: writing the ud member.
+    unsafe {
+        let u = &mut e.ev.param.ud;
+        u.ah_attr = ud_ah_attr(peer);
+        u.qkey = RDMA_UDP_QKEY;
+    }
+    // SAFETY: the listener is live (listener_for checked it).
+    post_on(unsafe { (*e.ev.listen_id).channel }, e);
+}
+
+/// A new passive id for connection `comm` of device `dev`, made from listening id `lid`
+/// (its channel, context and port space; its local port; the peer's address from the cma
+/// header, else `peer`), registered in the state. None when the device is gone.
+fn passive_id(
+    st: &mut State,
+    dev: usize,
+    lid: usize,
+    comm: CommId,
+    peer: IpAddr,
+    cma: Option<CmaHdrRepr>,
+    req: Option<Box<ReqRepr>>,
+) -> Option<*mut rdma_cm_id> {
+    let dev_ip = st.devs[dev].ip;
+    let local_port = st
+        .ids
+        .get(&lid)
+        .and_then(|s| s.local)
+        .map_or(0, |l| l.port());
+    let o = st.devs[dev].open.as_ref()?;
+    let (ctx, pd, mtu) = (o.ctx, o.pd, o.mtu);
+    let listen = lid as *mut rdma_cm_id;
+    // SAFETY: `lid` is a live id (listener_for checked).
+    let (mut channel, context, ps) =
+        unsafe { ((*listen).channel, (*listen).context, (*listen).ps) };
+    let sync = st.ids.get(&lid).is_some_and(|s| s.sync);
+    if sync {
+        channel = new_channel()?;
+    }
+    let o = st.devs[dev].open.as_mut()?;
+    let id = new_id(channel, context, ps);
+    // SAFETY: just made.
+    unsafe {
+        (*id).verbs = ctx;
+        (*id).pd = pd;
+        (*id).port_num = 1;
+    }
+    let local = SocketAddr::new(dev_ip, local_port);
+    let remote = SocketAddr::new(
+        cma.and_then(|c| c.src_ip()).unwrap_or(peer),
+        cma.map_or(0, |c| c.port),
+    );
+    let mtu = req.as_ref().map_or(mtu, |r| mtu.min(r.path_mtu));
+    set_route(id, local, Some(remote), mtu);
+    o.comms.insert(comm, id as usize);
+    st.ids.insert(
+        id as usize,
+        IdState {
+            dev: Some(dev),
+            local: Some(local),
+            remote: Some(remote),
+            comm: Some(comm),
+            listen_id: lid,
+            req,
+            sync,
+            ..Default::default()
+        },
+    );
+    Some(id)
 }
 
 /// A REQ for a listening id: a new id on the device, and CONNECT_REQUEST on the listener's
@@ -745,41 +926,14 @@ fn connect_request(
     req: Box<ReqRepr>,
     cma: Option<CmaHdrRepr>,
 ) {
-    let t = now();
     let Some(lid) = listener_for(st, dev, req.service_id) else {
         if let Some(o) = st.devs[dev].open.as_mut() {
-            let _ = o.cm.reject(t, comm, &[]);
+            let _ = o.cm.reject(now(), comm, &[]);
         }
         return;
     };
-    let dev_ip = st.devs[dev].ip;
-    let Some(o) = st.devs[dev].open.as_mut() else {
-        return;
-    };
-    let (ctx, pd, mtu) = (o.ctx, o.pd, o.mtu);
-    let listen = lid as *mut rdma_cm_id;
-    // SAFETY: `lid` is a live id (listener_for checked).
-    let (channel, context, ps) = unsafe { ((*listen).channel, (*listen).context, (*listen).ps) };
-    let id = new_id(channel, context, ps);
-    // SAFETY: just made.
-    unsafe {
-        (*id).verbs = ctx;
-        (*id).pd = pd;
-        (*id).port_num = 1;
-    }
-    let local_port = st
-        .ids
-        .get(&lid)
-        .and_then(|s| s.local)
-        .map_or(0, |l| l.port());
-    let local = SocketAddr::new(dev_ip, local_port);
-    let remote = SocketAddr::new(
-        cma.and_then(|c| c.src_ip()).unwrap_or(peer),
-        cma.map_or(0, |c| c.port),
-    );
-    set_route(id, local, Some(remote), mtu.min(req.path_mtu));
-    let mut e = new_event(id, event::CONNECT_REQUEST, 0);
-    e.ev.listen_id = listen;
+    let mut e = new_event(std::ptr::null_mut(), event::CONNECT_REQUEST, 0);
+    e.ev.listen_id = lid as *mut rdma_cm_id;
     set_private(&mut e, &req.private_data[CMA_HDR_LEN..REQ_PRIVATE]);
     // SAFETY: writing the conn member.
     unsafe {
@@ -792,20 +946,12 @@ fn connect_request(
         c.srq = u8::from(req.srq);
         c.qp_num = req.local_qpn;
     }
-    o.comms.insert(comm, id as usize);
-    st.ids.insert(
-        id as usize,
-        IdState {
-            dev: Some(dev),
-            local: Some(local),
-            remote: Some(remote),
-            comm: Some(comm),
-            listen_id: lid,
-            req: Some(req),
-            ..Default::default()
-        },
-    );
-    post(e);
+    let Some(id) = passive_id(st, dev, lid, comm, peer, cma, Some(req)) else {
+        return;
+    };
+    e.ev.id = id;
+    // SAFETY: the listener is live (listener_for checked it).
+    post_on(unsafe { (*e.ev.listen_id).channel }, e);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -836,22 +982,27 @@ fn free_id(id: *mut rdma_cm_id) {
     }
 }
 
+/// A new channel: an eventfd in semaphore mode and an empty queue (None: errno is set).
+fn new_channel() -> Option<*mut rdma_event_channel> {
+    // SAFETY: plain eventfd creation.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    if fd < 0 {
+        return None;
+    }
+    let ch = Box::new(Channel {
+        ch: rdma_event_channel { fd },
+        queue: Mutex::new(VecDeque::new()),
+    });
+    Some(Box::into_raw(ch).cast())
+}
+
 pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     ffi!(std::ptr::null_mut(), {
         if let Err(e) = state() {
             crate::set_errno(e);
             return std::ptr::null_mut();
         }
-        // SAFETY: plain eventfd creation.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return std::ptr::null_mut();
-        }
-        let ch = Box::new(Channel {
-            ch: rdma_event_channel { fd },
-            queue: Mutex::new(VecDeque::new()),
-        });
-        Box::into_raw(ch).cast()
+        new_channel().unwrap_or(std::ptr::null_mut())
     })
 }
 
@@ -884,16 +1035,28 @@ pub(crate) extern "C" fn rdma_create_id(
         if ![RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IPOIB, RDMA_PS_IB].contains(&ps) {
             return neg_errno(libc::EINVAL);
         }
-        if channel.is_null() {
-            // librdmacm then makes a synchronous channel of its own: not supported yet.
-            return neg_errno(libc::ENOSYS);
-        }
         let mut st = match state() {
             Ok(s) => s,
             Err(e) => return neg_errno(e),
         };
+        // Without a channel the id is synchronous, with a channel of its own.
+        let sync = channel.is_null();
+        let channel = if sync {
+            match new_channel() {
+                Some(c) => c,
+                None => return neg_errno(errno_or(libc::EMFILE)),
+            }
+        } else {
+            channel
+        };
         let new = new_id(channel, context, ps);
-        st.ids.insert(new as usize, IdState::default());
+        st.ids.insert(
+            new as usize,
+            IdState {
+                sync,
+                ..Default::default()
+            },
+        );
         // SAFETY: the caller passes a writable pointer.
         unsafe { *id = new };
         0
@@ -902,6 +1065,14 @@ pub(crate) extern "C" fn rdma_create_id(
 
 pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     ffi!(-1, {
+        // A synchronous id's last event goes first (librdmacm acks `id->event`).
+        if !id.is_null() && is_sync(id) {
+            // SAFETY: a live id (is_sync checked).
+            let ev = unsafe { std::mem::replace(&mut (*id).event, std::ptr::null_mut()) };
+            if !ev.is_null() {
+                rdma_ack_cm_event(ev);
+            }
+        }
         let mut st = match state() {
             Ok(s) => s,
             Err(e) => return neg_errno(e),
@@ -911,8 +1082,10 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         };
         s.destroyed = true;
         s.listening = false;
-        let (dev, comm, out) = (s.dev, s.comm.take(), s.events_out);
+        s.qp_init_attr = None;
+        let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
         let unanswered = s.req.take().is_some();
+        let sidr_unanswered = std::mem::take(&mut s.sidr_pending);
         if let (Some(d), Some(c)) = (dev, comm)
             && let Some(o) = st.devs[d].open.as_mut()
         {
@@ -920,6 +1093,9 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             // A request never answered: reject it (rdma-core's kernel does the same).
             if unanswered {
                 let _ = o.cm.reject(now(), c, &[]);
+            }
+            if sidr_unanswered {
+                let _ = o.cm.sidr_reply(now(), c, SidrStatus::REJECT, 0, 0, &[]);
             }
             pump(&mut st, d);
         }
@@ -943,6 +1119,11 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             for _ in q.len()..before {
                 take_count(chan.ch.fd);
             }
+        }
+        if sync {
+            // SAFETY: live id; the channel is its own, now without events.
+            unsafe { (*id).channel = std::ptr::null_mut() };
+            rdma_destroy_event_channel(ch);
         }
         if out == 0 {
             st.ids.remove(&(id as usize));
@@ -1024,6 +1205,45 @@ fn result(r: Result<(), c_int>) -> c_int {
     }
 }
 
+/// Whether `id` is a live synchronous id.
+fn is_sync(id: *mut rdma_cm_id) -> bool {
+    state().is_ok_and(|mut st| st.id_mut(id).is_ok_and(|s| s.sync))
+}
+
+/// An entry point's return: on success, a synchronous id then waits for its event.
+fn sync_result(id: *mut rdma_cm_id, r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) if is_sync(id) => complete(id),
+        r => result(r),
+    }
+}
+
+/// librdmacm's `ucma_complete`: acks the id's last event, waits on its own channel for the
+/// next one and keeps it in `id->event`; an event with a status is the call's error
+/// (ECONNREFUSED for REJECTED). Called without the state lock.
+fn complete(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: a live synchronous id; its `event` is one we handed out (or NULL).
+    let prev = unsafe { std::mem::replace(&mut (*id).event, std::ptr::null_mut()) };
+    if !prev.is_null() {
+        rdma_ack_cm_event(prev);
+    }
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: the id's own channel.
+    if rdma_get_cm_event(unsafe { (*id).channel }, &mut ev) != 0 {
+        return -1;
+    }
+    // SAFETY: live id; `ev` the event just taken.
+    let (kind, status) = unsafe {
+        (*id).event = ev;
+        ((*ev).event, (*ev).status)
+    };
+    match status {
+        0 => 0,
+        _ if kind == event::REJECTED => neg_errno(libc::ECONNREFUSED),
+        s => neg_errno(s.abs()),
+    }
+}
+
 pub(crate) extern "C" fn rdma_resolve_addr(
     id: *mut rdma_cm_id,
     src_addr: *mut libc::sockaddr,
@@ -1063,7 +1283,7 @@ pub(crate) extern "C" fn rdma_resolve_addr(
             post(new_event(id, event::ADDR_RESOLVED, 0));
             Ok(())
         })();
-        result(r)
+        sync_result(id, r)
     })
 }
 
@@ -1080,7 +1300,7 @@ pub(crate) extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
             post(new_event(id, event::ROUTE_RESOLVED, 0));
             Ok(())
         })();
-        result(r)
+        sync_result(id, r)
     })
 }
 
@@ -1102,9 +1322,7 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
             let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
             // SAFETY: live id.
             let ps = unsafe { (*id).ps };
-            if ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB {
-                return Err(libc::ENOSYS); // SIDR service: not yet
-            }
+            // UD port spaces listen for SIDR_REQs on the same service ID.
             let sid = rdma_cm_service_id(ps as u16, port);
             let devs: Vec<usize> = match dev {
                 Some(d) => vec![d],
@@ -1196,7 +1414,14 @@ pub(crate) extern "C" fn rdma_create_qp(
             if qp.is_null() {
                 return Err(errno_or(libc::ENOMEM));
             }
-            if let Err(e) = qp_init(ibv, qp, a.qp_type) {
+            let ready = qp_init(ibv, qp, a.qp_type).and_then(|()| {
+                if a.qp_type == IBV_QPT_UD {
+                    ud_qp_rts(ibv, qp)
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(e) = ready {
                 // SAFETY: the QP just made.
                 unsafe { (ibv.destroy_qp)(qp) };
                 return Err(e);
@@ -1275,13 +1500,30 @@ pub(crate) extern "C" fn rdma_connect(
             }
             // SAFETY: live id; conn_param NULL or the caller's.
             let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
-            if idr.qp_type != IBV_QPT_RC {
-                return Err(libc::ENOSYS); // UD (SIDR): not yet
-            }
             // SAFETY: as above.
             let user = unsafe { private_of(conn_param) };
-            if user.len() > REQ_PRIVATE - CMA_HDR_LEN {
+            let max = if idr.qp_type == IBV_QPT_UD {
+                SIDR_REQ_PRIVATE
+            } else {
+                REQ_PRIVATE
+            };
+            if user.len() > max - CMA_HDR_LEN {
                 return Err(libc::EINVAL);
+            }
+            if idr.qp_type == IBV_QPT_UD {
+                // A SIDR_REQ (kernel cma_resolve_ib_udp): the cma header, then the user's.
+                let mut pd = vec![0u8; CMA_HDR_LEN];
+                CmaHdrRepr::new(local.ip(), local.port(), remote.ip()).emit(&mut pd);
+                pd.extend_from_slice(user);
+                let sid = rdma_cm_service_id(idr.ps as u16, remote.port());
+                let o = st.open(dev)?;
+                let comm =
+                    o.cm.sidr_request(now(), remote.ip(), sid, &pd)
+                        .map_err(|e| e.errno())?;
+                o.comms.insert(comm, id as usize);
+                st.id_mut(id)?.comm = Some(comm);
+                pump(&mut st, dev);
+                return Ok(());
             }
             let qpn = if idr.qp.is_null() {
                 cp.map_or(0, |c| c.qp_num)
@@ -1324,7 +1566,7 @@ pub(crate) extern "C" fn rdma_connect(
             pump(&mut st, dev);
             Ok(())
         })();
-        result(r)
+        sync_result(id, r)
     })
 }
 
@@ -1338,6 +1580,9 @@ pub(crate) extern "C" fn rdma_accept(
             let mut st = state()?;
             let psn = (st.random() & 0x00ff_ffff) as u32;
             let s = st.id_mut(id)?;
+            if std::mem::take(&mut s.sidr_pending) {
+                return sidr_accept(&mut st, id, conn_param);
+            }
             let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.take()) else {
                 return Err(libc::EINVAL);
             };
@@ -1396,8 +1641,44 @@ pub(crate) extern "C" fn rdma_accept(
             pump(&mut st, dev);
             Ok(())
         })();
-        result(r)
+        // SAFETY: NULL or a live id (checked by the call).
+        if !id.is_null() && unsafe { (*id).qp_type } == IBV_QPT_UD {
+            return result(r); // a SIDR_REP: nothing to wait for
+        }
+        sync_result(id, r)
     })
+}
+
+/// rdma_accept of a SIDR request: a SIDR_REP with the id's QP (or conn_param's qp_num),
+/// rdma_cm's Q_Key and the private data; the request is then answered and gone (the
+/// passive side of a UD id gets no ESTABLISHED, as with the kernel).
+fn sidr_accept(
+    st: &mut State,
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> Result<(), c_int> {
+    let s = st.id_mut(id)?;
+    let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: live id; conn_param NULL or the caller's, its private data its length.
+    let (idr, cp, user) = unsafe { (&*id, conn_param.as_ref(), private_of(conn_param)) };
+    if user.len() > SIDR_REP_PRIVATE {
+        return Err(libc::EINVAL);
+    }
+    let qpn = if idr.qp.is_null() {
+        cp.map_or(0, |c| c.qp_num)
+    } else {
+        // SAFETY: the id's live QP.
+        unsafe { (*idr.qp).qp_num }
+    };
+    let o = st.open(dev)?;
+    o.comms.remove(&comm);
+    let r =
+        o.cm.sidr_reply(now(), comm, SidrStatus::SUCCESS, qpn, RDMA_UDP_QKEY, user)
+            .map_err(|e| e.errno());
+    pump(st, dev);
+    r
 }
 
 pub(crate) extern "C" fn rdma_reject(
@@ -1413,6 +1694,7 @@ pub(crate) extern "C" fn rdma_reject(
                 return Err(libc::EINVAL);
             };
             s.req = None;
+            let sidr = std::mem::take(&mut s.sidr_pending);
             let data = if private_data.is_null() {
                 &[][..]
             } else {
@@ -1421,7 +1703,13 @@ pub(crate) extern "C" fn rdma_reject(
             };
             let o = st.open(dev)?;
             o.comms.remove(&comm);
-            o.cm.reject(now(), comm, data).map_err(|e| e.errno())?;
+            if sidr {
+                let data = &data[..data.len().min(SIDR_REP_PRIVATE)];
+                o.cm.sidr_reply(now(), comm, SidrStatus::REJECT, 0, 0, data)
+            } else {
+                o.cm.reject(now(), comm, data)
+            }
+            .map_err(|e| e.errno())?;
             pump(&mut st, dev);
             Ok(())
         })();
@@ -1470,7 +1758,179 @@ pub(crate) extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             pump(&mut st, dev);
             r
         })();
-        result(r)
+        sync_result(id, r)
+    })
+}
+
+/// rdma_get_request: a synchronous listener's next CONNECT_REQUEST, with the QP its
+/// rdma_create_ep attributes ask for; the event stays in the new id's `event` (acked by its
+/// rdma_accept). Errors: EINVAL for an asynchronous listener or another event (kept in
+/// the listener's `event`), ECONNREFUSED for REJECTED, an event's status.
+pub(crate) extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    ffi!(-1, {
+        if id.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        let attr = {
+            let mut st = match state() {
+                Ok(s) => s,
+                Err(e) => return neg_errno(e),
+            };
+            match st.id_mut(listen) {
+                Ok(s) if s.sync => s.qp_init_attr.as_deref().map(|a| {
+                    // SAFETY: a plain C struct we copied in rdma_create_ep.
+                    unsafe { std::ptr::read(a) }
+                }),
+                _ => return neg_errno(libc::EINVAL),
+            }
+        };
+        // SAFETY: a live synchronous listener.
+        let prev = unsafe { std::mem::replace(&mut (*listen).event, std::ptr::null_mut()) };
+        if !prev.is_null() {
+            rdma_ack_cm_event(prev);
+        }
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the listener's own channel.
+        if rdma_get_cm_event(unsafe { (*listen).channel }, &mut ev) != 0 {
+            return -1;
+        }
+        // SAFETY: the event just taken.
+        let (kind, status, new) = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
+        let err = if kind == event::REJECTED {
+            libc::ECONNREFUSED
+        } else if status != 0 {
+            status.abs()
+        } else if kind != event::CONNECT_REQUEST {
+            libc::EINVAL
+        } else {
+            0
+        };
+        if err == 0
+            && let Some(mut a) = attr
+            // SAFETY: a live listener.
+            && rdma_create_qp(new, unsafe { (*listen).pd }, &mut a) != 0
+        {
+            // SAFETY: a live listener keeps the event.
+            unsafe { (*listen).event = ev };
+            return -1;
+        }
+        if err != 0 {
+            // SAFETY: as above.
+            unsafe { (*listen).event = ev };
+            return neg_errno(err);
+        }
+        // SAFETY: the new id (live: its event is out) and the caller's out pointer.
+        unsafe {
+            (*new).event = ev;
+            *id = new;
+        }
+        0
+    })
+}
+
+/// rdma_create_ep: a synchronous id for `res` (librdmacm's). Passive (`RAI_PASSIVE`): bound
+/// to the source address, `pd` and the QP attributes kept for rdma_get_request. Active:
+/// address and route resolved (waiting for each), then its QP if `qp_init_attr` is given.
+/// On an error the id is destroyed and errno says why.
+pub(crate) extern "C" fn rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi!(-1, {
+        if id.is_null() || res.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        // SAFETY: the caller's addrinfo.
+        let res = unsafe { &*res };
+        let mut new = std::ptr::null_mut();
+        if rdma_create_id(
+            std::ptr::null_mut(),
+            &mut new,
+            std::ptr::null_mut(),
+            res.ai_port_space,
+        ) != 0
+        {
+            return -1;
+        }
+        // SAFETY: the id just made.
+        unsafe { (*new).qp_type = res.ai_qp_type };
+        let r = if res.ai_flags & RAI_PASSIVE != 0 {
+            passive_ep(new, res, pd, qp_init_attr)
+        } else {
+            active_ep(new, res, pd, qp_init_attr)
+        };
+        if r != 0 {
+            let e = errno_or(libc::EINVAL);
+            rdma_destroy_ep(new);
+            return neg_errno(e);
+        }
+        // SAFETY: the caller's out pointer.
+        unsafe { *id = new };
+        0
+    })
+}
+
+fn passive_ep(
+    id: *mut rdma_cm_id,
+    res: &rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if rdma_bind_addr(id, res.ai_src_addr) != 0 {
+        return -1;
+    }
+    if !pd.is_null() {
+        // SAFETY: the live id.
+        unsafe { (*id).pd = pd };
+    }
+    // SAFETY: NULL or the caller's attributes, a plain C struct.
+    if let Some(a) = unsafe { qp_init_attr.as_ref() } {
+        // SAFETY: as above.
+        let mut a = Box::new(unsafe { std::ptr::read(a) });
+        a.qp_type = res.ai_qp_type;
+        match state() {
+            Ok(mut st) => match st.id_mut(id) {
+                Ok(s) => s.qp_init_attr = Some(a),
+                Err(e) => return neg_errno(e),
+            },
+            Err(e) => return neg_errno(e),
+        }
+    }
+    0
+}
+
+fn active_ep(
+    id: *mut rdma_cm_id,
+    res: &rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if rdma_resolve_addr(id, res.ai_src_addr, res.ai_dst_addr, 2000) != 0
+        || rdma_resolve_route(id, 2000) != 0
+    {
+        return -1;
+    }
+    if !qp_init_attr.is_null() {
+        // SAFETY: the caller's attributes.
+        unsafe { (*qp_init_attr).qp_type = res.ai_qp_type };
+        return rdma_create_qp(id, pd, qp_init_attr);
+    }
+    0
+}
+
+/// rdma_destroy_ep: the id's QP (and the CQs rdma_create_qp made), then the id.
+pub(crate) extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+    ffi!((), {
+        if id.is_null() {
+            return;
+        }
+        rdma_destroy_qp(id);
+        rdma_destroy_id(id);
     })
 }
 

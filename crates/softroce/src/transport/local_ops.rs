@@ -110,6 +110,30 @@ impl QpEngine {
         self.post_send_inner(wr, Some(data))
     }
 
+    /// Queues an IBV_SEND_INLINE WR whose data the caller has already gathered from its
+    /// SGEs (`data`, their bytes in order): a C frontend reads the program's plain memory as
+    /// libibverbs' providers do (rxe `copy_inline_data_to_wqe`), registered or not. A WR
+    /// that is not inline (no flag, an opcode without data, or data over
+    /// `max_inline_data`) is posted as by [`QpEngine::post_send`], `data` unused.
+    ///
+    /// Errors: those of [`QpEngine::post_send`]; [`PostError::Invalid`] when `data`'s length
+    /// is not the SGEs' total length.
+    pub fn post_send_gathered(&mut self, wr: SendWr, data: Vec<u8>) -> Result<(), PostError> {
+        let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let inline = wr.send_flags.contains(SendFlags::INLINE)
+            && wr.opcode.takes_inline()
+            && length <= u64::from(self.cap.max_inline_data);
+        if !inline {
+            return self.post_send_inner(wr, None);
+        }
+        if data.len() as u64 != length {
+            return Err(PostError::Invalid(
+                "inline data of another length than the SGEs",
+            ));
+        }
+        self.post_send_inner(wr, Some(data))
+    }
+
     /// The post-time checks of inline data, local operations and SEND_WITH_INV.
     pub(super) fn check_post_extensions(
         &self,

@@ -320,6 +320,35 @@ impl Qp {
         result
     }
 
+    /// [`Qp::post_send`] for a C frontend: `inline[i]`, when given, is the data of WR `i`'s
+    /// SGEs already read from the program's memory (IBV_SEND_INLINE from a buffer that
+    /// need not be registered, as with libibverbs); other WRs are posted as by
+    /// [`Qp::post_send`]. Errors as [`Qp::post_send`].
+    pub fn post_send_gathered(&self, wrs: &[SendWr], inline: Vec<Option<Vec<u8>>>) -> Result<()> {
+        let now = self.dev.now();
+        let mut st = self.dev.shared.state.lock();
+        let State { mrs, qps, .. } = &mut *st;
+        let slot = qps
+            .get_mut(&self.qpn)
+            .ok_or_else(|| Error::new(ErrorKind::NoEnt, "post_send: QP destroyed"))?;
+        let mut result = Ok(());
+        let mut inline = inline.into_iter();
+        for (i, wr) in wrs.iter().enumerate() {
+            let r = match inline.next().flatten() {
+                Some(data) => slot.engine.post_send_gathered(wr.clone(), data),
+                None => slot.engine.post_send_mem(wr.clone(), mrs),
+            };
+            if let Err(e) = r {
+                result = Err(post_error("post_send", e, slot.engine.state()).at_wr(i));
+                break;
+            }
+        }
+        self.dev.pump(&mut st, self.qpn, now);
+        drop(st);
+        self.dev.shared.link.wake();
+        result
+    }
+
     /// `ibv_post_recv`. Errors as [`Qp::post_send`] (RESET refuses; INIT and later accept).
     pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
         let now = self.dev.now();
