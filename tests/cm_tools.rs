@@ -46,6 +46,20 @@ fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
     }
 }
 
+/// Waits for `child` up to `limit`; past that kills it (by its pid) and returns None.
+fn wait_or_kill(mut child: Child, limit: Duration) -> Option<Output> {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
 /// The server while the client runs: killed (by its pid) if the test panics first, so that
 /// no server outlives its test holding its address.
 struct Reaper(Option<Child>);
@@ -96,13 +110,18 @@ fn pair(sip: &str, server: &[&str], cip: &str, client: &[&str]) -> (String, Stri
     wait_server(sip);
     let mut attempts = 0;
     let c = loop {
-        let c = exec(cip, client).spawn().unwrap();
-        let c = wait(c, Duration::from_secs(30), client[0]);
         attempts += 1;
-        if c.status.success() || attempts == 3 || s.exited() {
-            break c;
+        let c = exec(cip, client).spawn().unwrap();
+        if attempts == 3 {
+            break wait(c, Duration::from_secs(30), client[0]);
         }
-        std::thread::sleep(Duration::from_millis(500));
+        // A client whose REQ came before `rdma_listen` is rejected; perftest's then hangs
+        // instead of exiting: either way it is started again while the server waits.
+        match wait_or_kill(c, Duration::from_secs(15)) {
+            Some(c) if c.status.success() || s.exited() => break c,
+            None if s.exited() => panic!("{}: hung, and the server exited", client[0]),
+            _ => std::thread::sleep(Duration::from_millis(500)),
+        }
     };
     let s = wait(s.0.take().unwrap(), Duration::from_secs(30), server[0]);
     let text = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
