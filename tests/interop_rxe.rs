@@ -1447,17 +1447,14 @@ fn target_wc(v: &serde_json::Value) -> WcFields {
         byte_len: v["byte_len"].as_u64().unwrap_or(0),
         grh: v["grh"].as_bool().unwrap_or(false),
         with_imm: v["with_imm"].as_bool().unwrap_or(false),
-        imm_data: if v["with_imm"].as_bool().unwrap_or(false) {
-            v["imm_data"].as_u64().unwrap_or(0)
-        } else {
-            0
-        },
+        imm_data: v["imm_data"].as_u64().unwrap_or(0),
     }
 }
 
 /// The completions rxe (kernel 6.1) gives: at the requester (rxe_comp.c `make_send_cqe`)
 /// `byte_len` is the message length and SEND_WITH_IMM / RDMA_WRITE_WITH_IMM carry
-/// IBV_WC_WITH_IMM; at the responder (rxe_resp.c `do_complete`, user CQ) every receive has
+/// IBV_WC_WITH_IMM with `imm_data` left 0 (seen in this scenario's first run); at the
+/// responder (rxe_resp.c `do_complete`, user CQ) every receive has
 /// IBV_WC_GRH, plus IBV_WC_WITH_IMM and the immediate when the message had one.
 fn fields_expected(requester: bool) -> Vec<WcFields> {
     let ok = "IBV_WC_SUCCESS".to_string();
@@ -1477,7 +1474,11 @@ fn fields_expected(requester: bool) -> Vec<WcFields> {
                 byte_len: u64::from(len),
                 grh: !requester,
                 with_imm: imm.is_some(),
-                imm_data: u64::from(imm.unwrap_or(0)),
+                imm_data: if requester {
+                    0
+                } else {
+                    u64::from(imm.unwrap_or(0))
+                },
             }
         })
         .collect()
@@ -1955,9 +1956,12 @@ fn capi_tool(name: &str) -> CapiTool {
     }
 }
 
-/// RoCE packets (UDP 4791) of an Ethernet/IPv4 pcap: (source address, IP total length, capture
-/// time in µs).
-fn pcap_roce(path: &Path) -> Res<Vec<([u8; 4], u16, u64)>> {
+/// One RoCE packet of a capture: source address, IP total length, capture time in µs, UDP
+/// checksum.
+type RocePkt = ([u8; 4], u16, u64, u16);
+
+/// The RoCE packets (UDP 4791) of an Ethernet/IPv4 pcap.
+fn pcap_roce(path: &Path) -> Res<Vec<RocePkt>> {
     let data = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
     ensure!(data.len() >= 24, "{}: no pcap header", path.display());
     let le = data[..4] == [0xd4, 0xc3, 0xb2, 0xa1] || data[..4] == [0x4d, 0x3c, 0xb2, 0xa1];
@@ -1985,7 +1989,7 @@ fn pcap_roce(path: &Path) -> Res<Vec<([u8; 4], u16, u64)>> {
         }
         let ihl = usize::from(pkt[14] & 0x0f) * 4;
         let udp = &pkt[14 + ihl..];
-        if udp.len() < 4 || u16::from_be_bytes([udp[2], udp[3]]) != 4791 {
+        if udp.len() < 8 || u16::from_be_bytes([udp[2], udp[3]]) != 4791 {
             continue;
         }
         let t = sec * 1_000_000 + if nano { frac / 1000 } else { frac };
@@ -1993,6 +1997,7 @@ fn pcap_roce(path: &Path) -> Res<Vec<([u8; 4], u16, u64)>> {
             [pkt[26], pkt[27], pkt[28], pkt[29]],
             u16::from_be_bytes([pkt[16], pkt[17]]),
             t,
+            u16::from_be_bytes([udp[6], udp[7]]),
         ));
     }
     Ok(out)
@@ -2009,6 +2014,8 @@ fn host_capture(rig: &Rig, file: &Path) -> Res<HostProc> {
             "-n".into(),
             "-Z".into(),
             "root".into(),
+            "--immediate-mode".into(),
+            "-U".into(),
             "-B".into(),
             "8192".into(),
             "-s".into(),
@@ -2031,7 +2038,7 @@ fn host_capture(rig: &Rig, file: &Path) -> Res<HostProc> {
 
 /// Stops a capture (SIGINT, so it flushes) and waits for it.
 fn stop_capture(p: HostProc) -> HostExit {
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(500));
     let _ = Command::new("kill")
         .args(["-INT", &p.child.id().to_string()])
         .status();
@@ -2091,6 +2098,23 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         cap.stderr
     );
     let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    // tcpdump's closing statistics: every packet the filter took must be in the file.
+    let stat = |what: &str| {
+        cap.stderr.lines().find_map(|l| {
+            l.strip_suffix(what)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+    };
+    let (captured, filtered, dropped) = (
+        stat(" packets captured"),
+        stat(" packets received by filter"),
+        stat(" packets dropped by kernel"),
+    );
+    ensure!(
+        captured.is_some() && captured == filtered && dropped == Some(0),
+        "the tap's capture is incomplete: {}",
+        cap.stderr
+    );
     ensure!(
         p.guest_rc == 0,
         "{} on rxe exited {}:\n{}",
@@ -2107,10 +2131,10 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         p.host.stderr
     );
     let shape = if perftest {
-        let (col, what) = if t.tool.ends_with("_lat") {
-            (5, "t_avg")
+        let (col, what, unit) = if t.tool.ends_with("_lat") {
+            (5, "t_avg", "µs")
         } else {
-            (3, "BW average")
+            (3, "BW average", "MB/s")
         };
         let row = |out: &str| -> Res<Vec<String>> {
             let rows = result_rows(out, what)?;
@@ -2141,7 +2165,7 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
             );
         }
         format!(
-            "{} × {} B: {} {what} (client)",
+            "{} × {} B: {what} {} {unit} (client)",
             t.iters, t.size, client[col]
         )
     } else {
@@ -2167,7 +2191,8 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         .parse::<std::net::Ipv4Addr>()
         .map_err(|e| e.to_string())?
         .octets();
-    let from_softroce: Vec<&([u8; 4], u16, u64)> = pkts.iter().filter(|p| p.0 == host).collect();
+    let from_softroce: Vec<&RocePkt> = pkts.iter().filter(|p| p.0 == host).collect();
+    let csum_zero = from_softroce.iter().filter(|p| p.3 == 0).count();
     let sent = from_softroce.len() as u64;
     let rxe_sent = (pkts.len() - from_softroce.len()) as u64;
     let oversized = from_softroce.iter().filter(|p| p.1 > 1500).count();
@@ -2199,8 +2224,8 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         ensure!(g(&rxe, k) == 0, "rxe {k} = {}", g(&rxe, k));
     }
     Ok(format!(
-        "{shape}; softroce's library sent {sent} packets, rxe accepted {rcvd}{}; rxe sent \
-         {rxe_sent}; rxe retransmit timeouts {}",
+        "{shape}; softroce's library sent {sent} packets (UDP checksum 0 on {csum_zero} on the \
+         tap), rxe accepted {rcvd}{}; rxe sent {rxe_sent}; rxe retransmit timeouts {}",
         if sent > rcvd {
             format!(" ({} sent after rxe's last packet)", sent - rcvd)
         } else {
@@ -2558,9 +2583,13 @@ fn interop_rxe() {
     let stamp = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    // run.sh's cleanup recognises its own run by the owner suffix.
+    let owner = std::env::var("SOFTROCE_INTEROP_OWNER")
+        .map(|o| format!("-o{o}"))
+        .unwrap_or_default();
     let run = cache
         .join("runs")
-        .join(format!("{stamp}-{}", std::process::id()));
+        .join(format!("{stamp}-{}{owner}", std::process::id()));
     std::fs::create_dir_all(run.join("logs")).expect("create the run directory");
     prune_runs(&cache.join("runs"), 5);
 

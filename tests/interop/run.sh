@@ -44,11 +44,17 @@ rc=$?
 set -e
 [[ $rc == 0 ]] || exit "$rc"
 
-# If the test process dies (timeout, signal) its guest and namespace must not outlive it.
+# If the test process dies (timeout, signal) its guest and namespace must not outlive it. Only
+# a run this script started: the test names its run directory ...-o<this PID> (from
+# SOFTROCE_INTEROP_OWNER). A second suite started while one runs finds the namespace in use
+# and fails; its cleanup must not power off the first one's guest (it once did).
+export SOFTROCE_INTEROP_OWNER=$$
 cleanup() {
   local run
   run=$(cat "$CACHE/active-run" 2>/dev/null || true)
-  if [[ -n $run ]]; then
+  if [[ -n $run && $run != *-o$$ ]]; then
+    echo "interop: leaving $run alone (another suite's run)" >&2
+  elif [[ -n $run ]]; then
     echo "interop: cleaning up after an interrupted run ($run)" >&2
     $RIG down "$run" || true
   fi

@@ -299,7 +299,7 @@ def wc_opcode_name(e, op):
 
 
 def print_wc(e, wc, extra=''):
-    imm = socket.ntohl(wc.imm_data) if wc.wc_flags & e.IBV_WC_WITH_IMM else 0
+    imm = socket.ntohl(wc.imm_data)
     print(f'wc wr_id={wc.wr_id} status={wc_status_name(e, wc.status)} '
           f'opcode={wc_opcode_name(e, wc.opcode)} byte_len={wc.byte_len} '
           f'wc_flags=0x{wc.wc_flags:x} grh={int(bool(wc.wc_flags & e.IBV_WC_GRH))} '
