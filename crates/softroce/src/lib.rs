@@ -38,7 +38,7 @@
 //!     a.rq_psn = Psn::new(0x100);
 //!     a.sq_psn = Psn::new(0x100);
 //!     a.qp_access_flags = AccessFlags::REMOTE_WRITE;
-//!     e.set_path(Path { local, remote, src_port: 0xc000 });
+//!     e.set_path(Path { local, remote, src_port: 0xc000, ip: Default::default() });
 //!     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
 //!         e.set_state(s);
 //!     }
