@@ -103,6 +103,23 @@ const MALFORMED_DROPS: [&str; 10] = [
     "wrong_source",
 ];
 
+/// The counters of drops before rxe (the guest's UDP layer and NIC, the host's tap), for
+/// failure messages: "name=delta" of each that is not zero, or "none".
+fn path_drops(rxe: &BTreeMap<String, u64>) -> String {
+    let v: Vec<String> = rxe
+        .iter()
+        .filter(|(k, v)| {
+            **v > 0 && (k.starts_with("udp_") || k.starts_with("if_") || k.starts_with("tap_"))
+        })
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(" ")
+    }
+}
+
 /// Errs naming the first of [`MALFORMED_DROPS`] that softroce counted (`sr`: its counters).
 fn no_malformed_drops(sr: &BTreeMap<String, u64>) -> Result<(), String> {
     for k in MALFORMED_DROPS {
@@ -198,11 +215,22 @@ impl Rig {
         })
     }
 
-    /// rxe's hw_counters of the guest's device.
+    /// rxe's hw_counters of the guest's device, the guest's UDP and NIC drop counters
+    /// (`udp_*`, `if_*`: lib.sh `counters`) and the packets the tap could not hand to the
+    /// guest (`tap_tx_dropped`).
     fn rxe_counters(&self) -> Res<BTreeMap<String, u64>> {
         let (rc, out) = self.guest_run("counters", "counters", Duration::from_secs(30))?;
         ensure!(rc == 0, "reading rxe counters failed: {out}");
-        Ok(parse_pairs(out.split_whitespace()))
+        let mut m = parse_pairs(out.split_whitespace());
+        let tap = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "cat"])
+            .arg("/sys/class/net/srtap0/statistics/tx_dropped")
+            .output()
+            .map_err(|e| format!("tap statistics: {e}"))?;
+        if let Ok(v) = String::from_utf8_lossy(&tap.stdout).trim().parse() {
+            m.insert("tap_tx_dropped".into(), v);
+        }
+        Ok(m)
     }
 }
 
@@ -1885,9 +1913,14 @@ fn perftest_sizes(rig: &Rig, log: &mut String, role: Role, test: &str, all: bool
         g(&rxe, "rcvd_pkts") >= g(&sr, "sent_pkts")
             && g(&rxe, "rcvd_pkts") - g(&sr, "sent_pkts") <= late,
         "rxe accepted {} packets but softroce sent {} (and at most {late} after reading its \
-         counters)",
+         counters); softroce retransmitted {} after {} timeouts, rxe counted {} duplicates; \
+         drops on the way: {}",
         g(&rxe, "rcvd_pkts"),
-        g(&sr, "sent_pkts")
+        g(&sr, "sent_pkts"),
+        g(&sr, "retransmitted_pkts"),
+        g(&sr, "completer_retry_err"),
+        g(&rxe, "duplicate_request"),
+        path_drops(&rxe)
     );
     ensure!(
         g(&sr, "rx_datagrams") <= g(&rxe, "sent_pkts") && g(&sr, "icrc_errors") == 0,
@@ -2213,7 +2246,8 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     ensure!(
         sent > 0 && rcvd <= sent && sent - rcvd <= slack,
         "rxe accepted {rcvd} packets, softroce's library sent {sent} (the tap's capture; \
-         {after_rxe} of them after rxe's last packet)"
+         {after_rxe} of them after rxe's last packet); drops on the way: {}",
+        path_drops(&rxe)
     );
     ensure!(
         rxe_sent == g(&rxe, "sent_pkts"),
