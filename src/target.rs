@@ -12,9 +12,9 @@
 //!
 //! | command | args | reply |
 //! |---|---|---|
-//! | `connect` | `dest_qpn`, `dest_gid` (GID or IP), `dest_psn` (default 0), `timeout` (14), `retry_cnt` (7), `rnr_retry` (7) | QP through INIT/RTR/RTS (from RESET first if needed); receives posted |
+//! | `connect` | `dest_qpn`, `dest_gid` (GID or IP), `dest_psn` (default 0), `timeout` (14), `retry_cnt` (7), `rnr_retry` (7), `traffic_class` (0: the IPv4 TOS / IPv6 traffic class of the QP's packets, e.g. 0xb8 for DSCP 46), `hop_limit` (64) | QP through INIT/RTR/RTS (from RESET first if needed); receives posted |
 //! | `post_recv` | `count` (1), `length` (`--recv-size`) | `wr_ids` posted |
-//! | `post_send` | `opcode` (`send`, `write` or `read`), `index` (MR, 0), `offset` (0), `length` (rest of the MR), `remote_addr` + `rkey` (write, read), `wr_id` (1) | one signaled WR posted; its `wc` line follows |
+//! | `post_send` | `opcode` (`send`, `send_imm`, `write`, `write_imm` or `read`), `index` (MR, 0), `offset` (0), `length` (rest of the MR), `remote_addr` + `rkey` (write, write_imm, read), `imm_data` (send_imm, write_imm: the 32 bits as on the wire, 0), `wr_id` (1) | one signaled WR posted; its `wc` line follows |
 //! | `dump_mr` | `index` (or `"recv"`), `offset` (0), `length` (rest of the MR) | `hex` |
 //! | `write_mr` | `index`, `offset` (0), `hex`, or `fill` + `length` | bytes written |
 //! | `counters` | — | device counters (rxe names), drop reasons, datagrams |
@@ -440,6 +440,8 @@ fn on_wc(t: &Target, wc: &Wc) -> Value {
         "byte_len": wc.byte_len,
         "imm_data": wc.imm_data,
         "with_imm": wc.wc_flags.contains(WcFlags::WITH_IMM),
+        "grh": wc.wc_flags.contains(WcFlags::GRH),
+        "wc_flags": wc.wc_flags.0,
         "qp_num": wc.qp_num,
         "src_qp": wc.src_qp,
         "vendor_err": wc.vendor_err,
@@ -717,9 +719,11 @@ fn handle_line(t: &Target, text: &str) -> Result<Outcome, CmdError> {
         "help" => {
             a.only(&[])?;
             json!({"help": {"commands": [
-                "connect {dest_qpn, dest_gid, dest_psn?, timeout?, retry_cnt?, rnr_retry?}",
+                "connect {dest_qpn, dest_gid, dest_psn?, timeout?, retry_cnt?, rnr_retry?, \
+                 traffic_class?, hop_limit?}",
                 "post_recv {count?, length?}",
-                "post_send {opcode, index?, offset?, length?, remote_addr?, rkey?, wr_id?}",
+                "post_send {opcode, index?, offset?, length?, remote_addr?, rkey?, imm_data?, \
+                 wr_id?}",
                 "dump_mr {index, offset?, length?}",
                 "write_mr {index, offset?, hex | fill + length}",
                 "counters {}",
@@ -751,6 +755,8 @@ fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
         "timeout",
         "retry_cnt",
         "rnr_retry",
+        "traffic_class",
+        "hop_limit",
     ])?;
     let dest_qpn = a.need_uint("dest_qpn", 0x00ff_ffff)? as u32;
     // The requester's retry settings (ibv_qp_attr): 5-bit local ACK timeout code, 3-bit
@@ -759,6 +765,9 @@ fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
     let retry_cnt = a.uint("retry_cnt", 7)?.unwrap_or(7) as u8;
     let rnr_retry = a.uint("rnr_retry", 7)?.unwrap_or(7) as u8;
     let dest_psn = a.uint("dest_psn", 0x00ff_ffff)?.unwrap_or(0) as u32;
+    // The address vector's IP header fields (IPv4 TOS / IPv6 traffic class, TTL / hop limit).
+    let traffic_class = a.uint("traffic_class", 0xff)?.unwrap_or(0) as u8;
+    let hop_limit = a.uint("hop_limit", 0xff)?.unwrap_or(64) as u8;
     let gid_text = a
         .string("dest_gid")?
         .ok_or_else(|| a.err("missing field \"dest_gid\""))?;
@@ -790,6 +799,8 @@ fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
             min_rnr_timer: s.min_rnr_timer,
             max_rd_atomic: 1,
             max_dest_rd_atomic: s.max_dest_rd_atomic,
+            traffic_class,
+            hop_limit,
             ..RcConnect::new(dest_qpn, dgid, dest_psn, s.sq_psn)
         };
         t.qp.connect_rc(&c).map_err(|e| e.to_string())
@@ -821,6 +832,8 @@ fn cmd_connect(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
         "timeout": timeout,
         "retry_cnt": retry_cnt,
         "rnr_retry": rnr_retry,
+        "traffic_class": traffic_class,
+        "hop_limit": hop_limit,
         "recv_posted": posted.len(),
     }}))
 }
@@ -857,17 +870,29 @@ fn cmd_post_send(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
         "length",
         "remote_addr",
         "rkey",
+        "imm_data",
         "wr_id",
     ])?;
-    let op_text = a
-        .string("opcode")?
-        .ok_or_else(|| a.err("missing field \"opcode\" (send, write or read)"))?;
+    let op_text = a.string("opcode")?.ok_or_else(|| {
+        a.err("missing field \"opcode\" (send, send_imm, write, write_imm or read)")
+    })?;
     let opcode = match op_text {
         "send" => WrOpcode::Send,
+        "send_imm" => WrOpcode::SendWithImm,
         "write" => WrOpcode::RdmaWrite,
+        "write_imm" => WrOpcode::RdmaWriteWithImm,
         "read" => WrOpcode::RdmaRead,
-        other => return Err(a.err(format!("opcode {other:?}: use send, write or read"))),
+        other => {
+            return Err(a.err(format!(
+                "opcode {other:?}: use send, send_imm, write, write_imm or read"
+            )));
+        }
     };
+    let with_imm = matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+    if !with_imm && a.map.contains_key("imm_data") {
+        return Err(a.err("only send_imm and write_imm take imm_data"));
+    }
+    let imm_data = a.uint("imm_data", u64::from(u32::MAX))?.unwrap_or(0) as u32;
     let (mr, index) = if a.map.contains_key("index") {
         mr_arg(t, a)?
     } else {
@@ -880,7 +905,7 @@ fn cmd_post_send(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
     let (offset, length) = range_arg(a, mr, None)?;
     let length32 = u32::try_from(length)
         .map_err(|_| a.err(format!("length {length} does not fit in 32 bits")))?;
-    let remote = opcode != WrOpcode::Send;
+    let remote = !matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm);
     let (remote_addr, rkey) = if remote {
         (
             a.need_uint("remote_addr", u64::MAX)?,
@@ -896,6 +921,7 @@ fn cmd_post_send(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
     let mut wr = SendWr::new(wr_id, opcode, vec![mr.sge(offset as usize, length32)]);
     wr.remote_addr = remote_addr;
     wr.rkey = rkey;
+    wr.imm_data = imm_data;
     t.qp.post_send(&[wr]).map_err(|e| a.err(e.to_string()))?;
     Ok(json!({"post_send": {
         "wr_id": wr_id,
@@ -905,6 +931,7 @@ fn cmd_post_send(t: &Target, a: &CmdArgs<'_>) -> Result<Value, CmdError> {
         "length": length,
         "remote_addr": remote_addr,
         "rkey": rkey,
+        "imm_data": imm_data,
     }}))
 }
 

@@ -103,6 +103,23 @@ const MALFORMED_DROPS: [&str; 10] = [
     "wrong_source",
 ];
 
+/// The counters of drops before rxe (the guest's UDP layer and NIC, the host's tap), for
+/// failure messages: "name=delta" of each that is not zero, or "none".
+fn path_drops(rxe: &BTreeMap<String, u64>) -> String {
+    let v: Vec<String> = rxe
+        .iter()
+        .filter(|(k, v)| {
+            **v > 0 && (k.starts_with("udp_") || k.starts_with("if_") || k.starts_with("tap_"))
+        })
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(" ")
+    }
+}
+
 /// Errs naming the first of [`MALFORMED_DROPS`] that softroce counted (`sr`: its counters).
 fn no_malformed_drops(sr: &BTreeMap<String, u64>) -> Result<(), String> {
     for k in MALFORMED_DROPS {
@@ -198,11 +215,22 @@ impl Rig {
         })
     }
 
-    /// rxe's hw_counters of the guest's device.
+    /// rxe's hw_counters of the guest's device, the guest's UDP and NIC drop counters
+    /// (`udp_*`, `if_*`: lib.sh `counters`) and the packets the tap could not hand to the
+    /// guest (`tap_tx_dropped`).
     fn rxe_counters(&self) -> Res<BTreeMap<String, u64>> {
         let (rc, out) = self.guest_run("counters", "counters", Duration::from_secs(30))?;
         ensure!(rc == 0, "reading rxe counters failed: {out}");
-        Ok(parse_pairs(out.split_whitespace()))
+        let mut m = parse_pairs(out.split_whitespace());
+        let tap = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "cat"])
+            .arg("/sys/class/net/srtap0/statistics/tx_dropped")
+            .output()
+            .map_err(|e| format!("tap statistics: {e}"))?;
+        if let Ok(v) = String::from_utf8_lossy(&tap.stdout).trim().parse() {
+            m.insert("tap_tx_dropped".into(), v);
+        }
+        Ok(m)
     }
 }
 
@@ -317,6 +345,42 @@ impl HostProc {
         Ok(())
     }
 
+    fn stderr(&self) -> String {
+        self.err.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Waits until something listens on TCP `port` in the namespace (for programs that print
+    /// nothing before their exchange: stdout into a pipe is block-buffered). Fails if the
+    /// process exits first.
+    fn wait_listen(&mut self, rig: &Rig, port: u16, timeout: Duration) -> Res<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ss = Command::new("ip")
+                .args(["netns", "exec", &rig.netns, "ss", "-Hltn"])
+                .arg(format!("sport = :{port}"))
+                .output()
+                .map_err(|e| format!("ss: {e}"))?;
+            if !String::from_utf8_lossy(&ss.stdout).trim().is_empty() {
+                return Ok(());
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(50));
+                return Err(format!(
+                    "`{}` exited ({st}) before listening on TCP {port}:\n{}{}",
+                    self.cmd,
+                    self.stdout(),
+                    self.stderr()
+                ));
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "`{}` did not listen on TCP {port} in {timeout:?}",
+                self.cmd
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits for the exit; kills the process after `timeout`.
     fn wait(mut self, timeout: Duration) -> HostExit {
         let deadline = Instant::now() + timeout;
@@ -394,7 +458,12 @@ fn run_pair(
     let (host, job) = match role {
         Role::SoftroceServer => {
             let mut host = rig.host(host_prog, host_args)?;
-            if let Err(e) = host.wait_for(host_ready, Duration::from_secs(30)) {
+            let ready = if host_ready.is_empty() {
+                host.wait_listen(rig, 18515, Duration::from_secs(30))
+            } else {
+                host.wait_for(host_ready, Duration::from_secs(30))
+            };
+            if let Err(e) = ready {
                 let _ = host.wait(Duration::ZERO);
                 return Err(e);
             }
@@ -1341,6 +1410,327 @@ fn hex_of(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+// ------------------------------------------------------------- IP header and WC fields
+
+/// IPv4 TOS both sides' QPs use in the WC-fields scenario: DSCP 46 (expedited forwarding),
+/// ECN 0.
+const FIELDS_TCLASS: u8 = 0xb8;
+/// What each requester posts in the WC-fields scenario (as pyverbs_peer.py's FIELDS_WRS):
+/// target opcode, length, immediate (wire value), offset of a WRITE in the peer's region.
+const FIELDS_WRS: [(&str, u32, Option<u32>, Option<u64>); 4] = [
+    ("send_imm", 3000, Some(0x5eed_1234), None),
+    ("send", 5, None, None),
+    ("write", 100, None, Some(0)),
+    ("write_imm", 2500, Some(0xc0ff_ee01), Some(1024)),
+];
+
+/// pyverbs_peer.py's PATTERN: what both sides send.
+fn fields_pattern() -> Vec<u8> {
+    (0..4096u32).map(|i| ((i * 7 + 3) & 0xff) as u8).collect()
+}
+
+/// One completion, as either side reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WcFields {
+    status: String,
+    opcode: String,
+    byte_len: u64,
+    grh: bool,
+    with_imm: bool,
+    imm_data: u64,
+}
+
+/// pyverbs_peer.py's `wc ...` lines.
+fn rxe_wcs(out: &str) -> Vec<WcFields> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("wc "))
+        .map(|l| {
+            let kv: BTreeMap<&str, &str> = l
+                .split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .collect();
+            let num = |k: &str| {
+                kv.get(k).map_or(0, |v| match v.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16).unwrap_or(0),
+                    None => v.parse().unwrap_or(0),
+                })
+            };
+            WcFields {
+                status: kv.get("status").unwrap_or(&"?").to_string(),
+                opcode: kv.get("opcode").unwrap_or(&"?").to_string(),
+                byte_len: num("byte_len"),
+                grh: num("grh") == 1,
+                with_imm: num("with_imm") == 1,
+                imm_data: num("imm_data"),
+            }
+        })
+        .collect()
+}
+
+/// A `softroce target` `wc` line.
+fn target_wc(v: &serde_json::Value) -> WcFields {
+    WcFields {
+        status: v["status"].as_str().unwrap_or("?").to_string(),
+        opcode: v["opcode"].as_str().unwrap_or("?").to_string(),
+        byte_len: v["byte_len"].as_u64().unwrap_or(0),
+        grh: v["grh"].as_bool().unwrap_or(false),
+        with_imm: v["with_imm"].as_bool().unwrap_or(false),
+        imm_data: v["imm_data"].as_u64().unwrap_or(0),
+    }
+}
+
+/// The completions rxe (kernel 6.1) gives: at the requester (rxe_comp.c `make_send_cqe`)
+/// `byte_len` is the message length and SEND_WITH_IMM / RDMA_WRITE_WITH_IMM carry
+/// IBV_WC_WITH_IMM with `imm_data` left 0 (seen in this scenario's first run); at the
+/// responder (rxe_resp.c `do_complete`, user CQ) every receive has
+/// IBV_WC_GRH, plus IBV_WC_WITH_IMM and the immediate when the message had one.
+fn fields_expected(requester: bool) -> Vec<WcFields> {
+    let ok = "IBV_WC_SUCCESS".to_string();
+    FIELDS_WRS
+        .iter()
+        .filter(|(op, ..)| requester || *op != "write")
+        .map(|&(op, len, imm, _)| {
+            let opcode = match (requester, op) {
+                (true, "send" | "send_imm") => "IBV_WC_SEND",
+                (true, _) => "IBV_WC_RDMA_WRITE",
+                (false, "write_imm") => "IBV_WC_RECV_RDMA_WITH_IMM",
+                (false, _) => "IBV_WC_RECV",
+            };
+            WcFields {
+                status: ok.clone(),
+                opcode: opcode.to_string(),
+                byte_len: u64::from(len),
+                grh: !requester,
+                with_imm: imm.is_some(),
+                imm_data: if requester {
+                    0
+                } else {
+                    u64::from(imm.unwrap_or(0))
+                },
+            }
+        })
+        .collect()
+}
+
+/// Issue 14's scenario: `softroce target` with traffic class 0xb8 against pyverbs on rxe (with
+/// the same), SEND_WITH_IMM, SEND, RDMA WRITE and RDMA_WRITE_WITH_IMM from the requester.
+/// Checks, in a capture on the guest NIC, that every softroce packet carries TOS 0xb8, records
+/// the UDP checksums the guest sees, checks rxe accepted every packet, and compares both
+/// sides' completions (byte_len, IBV_WC_GRH, IBV_WC_WITH_IMM, immediate) with what rxe gives.
+fn wc_fields(rig: &Rig, log: &mut String, role: Role) -> Res<String> {
+    use serde_json::json;
+    let before = rig.rxe_counters()?;
+    let ex = format!("fields-{}", rig.seq.load(Ordering::Relaxed));
+    let host_ex = |suffix: &str| rig.run.join("jobs").join(format!("{ex}.{suffix}"));
+    let softroce_requester = role == Role::SoftroceClient;
+    let pattern = fields_pattern();
+    let args: Vec<String> = [
+        "--ip",
+        &rig.host_ip,
+        "--mr-size",
+        "4096",
+        "--path-mtu",
+        "1024",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut t = TargetProc::start(rig, &args)?;
+    let result = (|| -> Res<String> {
+        let ready = t.wait_kind("ready", Duration::from_secs(30))?;
+        let mr = ready["mrs"][0].clone();
+        let side = if softroce_requester {
+            "responder"
+        } else {
+            "requester"
+        };
+        let body = format!(
+            "capture_start /tmp/f.pcap || exit 98\n\
+             python3 /share/pyverbs_peer.py fields {side} --ex /share/jobs/{ex} \
+             --tclass {FIELDS_TCLASS:#x}\nrc=$?\ncapture_stop\n\
+             echo '--- pcap:'; python3 /share/pyverbs_peer.py pcap-summary /tmp/f.pcap\nexit $rc"
+        );
+        let _ = writeln!(log, "## guest:\n{body}");
+        let job = rig.guest("fields", &body)?;
+        let theirs: serde_json::Value = serde_json::from_str(&wait_share_file(
+            rig,
+            &job,
+            &host_ex("rxe"),
+            Duration::from_secs(60),
+        )?)
+        .map_err(|e| format!("the guest's endpoint: {e}"))?;
+        let c = t.cmd(
+            "connect",
+            json!({"dest_qpn": theirs["qpn"], "dest_psn": theirs["psn"],
+                   "dest_gid": rig.guest_ip, "traffic_class": FIELDS_TCLASS}),
+        )?;
+        ensure!(
+            c["state"] == "RTS" && c["traffic_class"] == FIELDS_TCLASS,
+            "target connect: {c}"
+        );
+        if softroce_requester {
+            t.cmd("write_mr", json!({"index": 0, "hex": hex_of(&pattern)}))?;
+        }
+        put_share_file(
+            &host_ex("host"),
+            &json!({"qpn": ready["qpn"], "psn": ready["psn"], "gid": ready["gid"],
+                    "va": mr["va"], "rkey": mr["rkey"], "len": mr["length"]})
+            .to_string(),
+        )?;
+        wait_share_file(rig, &job, &host_ex("rxe-ready"), Duration::from_secs(60))?;
+        let mut ours = Vec::new();
+        if softroce_requester {
+            let va = theirs["va"].as_u64().unwrap_or(0) + theirs["write_off"].as_u64().unwrap_or(0);
+            for (i, &(op, len, imm, off)) in FIELDS_WRS.iter().enumerate() {
+                let mut wr = json!({"opcode": op, "length": len, "wr_id": i + 1});
+                if let Some(imm) = imm {
+                    wr["imm_data"] = imm.into();
+                }
+                if let Some(off) = off {
+                    wr["remote_addr"] = (va + off).into();
+                    wr["rkey"] = theirs["rkey"].clone();
+                }
+                t.cmd("post_send", wr)?;
+            }
+            for _ in FIELDS_WRS {
+                ours.push(t.wait_kind("wc", Duration::from_secs(60))?);
+            }
+        } else {
+            for _ in 0..3 {
+                let wc = t.wait_kind("wc", Duration::from_secs(60))?;
+                if wc["opcode"] == "IBV_WC_RECV" {
+                    let len = wc["byte_len"].as_u64().unwrap_or(0) as usize;
+                    let want = hex_of(&pattern[..len.min(pattern.len())]);
+                    ensure!(
+                        wc["data"].as_str() == Some(want.as_str()),
+                        "softroce received other bytes than rxe sent: {wc}"
+                    );
+                }
+                ours.push(wc);
+            }
+            for &(op, len, _, off) in &FIELDS_WRS {
+                let Some(off) = off else { continue };
+                let d = t.cmd("dump_mr", json!({"index": 0, "offset": off, "length": len}))?;
+                ensure!(
+                    d["hex"].as_str() == Some(hex_of(&pattern[..len as usize]).as_str()),
+                    "rxe's {op} of {len} B did not land in softroce's MR at +{off}"
+                );
+            }
+        }
+        put_share_file(&host_ex("done"), "done\n")?;
+        let (grc, gout) = job.wait(rig, TOOL_TIMEOUT)?;
+        let _ = writeln!(log, "## guest exit {grc}:\n{gout}");
+        ensure!(grc == 0, "pyverbs peer exited {grc}:\n{gout}");
+        let sr = t.counters()?;
+        let _ = writeln!(log, "## softroce counters: {sr:?}");
+        let after = rig.rxe_counters()?;
+        let rxe = delta(&before, &after);
+        let _ = writeln!(log, "## rxe counters (delta): {rxe:?}");
+        let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+
+        // Both sides' completions against rxe's (the requester's in posting order; the
+        // responder's in arrival order, which RC keeps).
+        let ours: Vec<WcFields> = ours.iter().map(target_wc).collect();
+        let rxe_side = rxe_wcs(&gout);
+        let (sr_want, rxe_want) = (
+            fields_expected(softroce_requester),
+            fields_expected(!softroce_requester),
+        );
+        ensure!(
+            ours == sr_want,
+            "softroce's completions differ from rxe's:\n got {ours:#?}\nwant {sr_want:#?}"
+        );
+        ensure!(
+            rxe_side == rxe_want,
+            "rxe's completions are not as expected:\n got {rxe_side:#?}\nwant {rxe_want:#?}\n{gout}"
+        );
+
+        // The IP and UDP headers as the guest's tcpdump sees them.
+        let pcap: Vec<&str> = gout
+            .split("--- pcap:")
+            .nth(1)
+            .unwrap_or("")
+            .lines()
+            .filter(|l| l.contains(" opcode="))
+            .collect();
+        let field = |l: &str, k: &str| -> Option<u64> {
+            let v = l
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))?;
+            match v.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16).ok(),
+                None => v.parse().ok(),
+            }
+        };
+        let from_host = format!("{} > {} ", rig.host_ip, rig.guest_ip);
+        let (sr_pkts, rxe_pkts): (Vec<&str>, Vec<&str>) =
+            pcap.iter().partition(|l| l.starts_with(&from_host));
+        let sent_by_softroce = sr_pkts.len() as u64;
+        ensure!(
+            sent_by_softroce > 0
+                && g(&rxe, "rcvd_pkts") == sent_by_softroce
+                && g(&sr, "sent_pkts") == sent_by_softroce,
+            "rxe accepted {} packets, the guest saw {sent_by_softroce} from softroce, softroce \
+             counted {} sent",
+            g(&rxe, "rcvd_pkts"),
+            g(&sr, "sent_pkts")
+        );
+        no_malformed_drops(&sr)?;
+        let bad_tos: Vec<&&str> = sr_pkts
+            .iter()
+            .filter(|l| field(l, "tos") != Some(u64::from(FIELDS_TCLASS)))
+            .collect();
+        ensure!(
+            bad_tos.is_empty(),
+            "softroce packets without TOS {FIELDS_TCLASS:#04x}: {bad_tos:#?}"
+        );
+        let tos_set = |pkts: &[&str]| {
+            let mut v: Vec<String> = pkts
+                .iter()
+                .filter_map(|l| field(l, "tos"))
+                .map(|t| format!("{t:#04x}"))
+                .collect();
+            v.sort();
+            v.dedup();
+            v.join("/")
+        };
+        let zero = |pkts: &[&str]| {
+            pkts.iter()
+                .filter(|l| field(l, "udpcsum") == Some(0))
+                .count()
+        };
+        let ttls = |pkts: &[&str]| {
+            let mut v: Vec<u64> = pkts.iter().filter_map(|l| field(l, "ttl")).collect();
+            v.sort();
+            v.dedup();
+            format!("{v:?}")
+        };
+        let who = if softroce_requester {
+            "softroce requester (4 WRs), rxe responder"
+        } else {
+            "rxe requester (4 WRs), softroce responder"
+        };
+        Ok(format!(
+            "{who}: softroce's {sent_by_softroce} packets all TOS {FIELDS_TCLASS:#04x} (TTL \
+             {}), UDP checksum 0 on {} of them as the guest sees them; rxe's {} packets TOS {} \
+             (checksum 0 on {}); rxe accepted {sent_by_softroce} of {sent_by_softroce}; \
+             completions as rxe gives them on both sides (requester: byte_len = message \
+             length, IBV_WC_WITH_IMM on the _WITH_IMM opcodes; responder: IBV_WC_GRH on every \
+             receive, IBV_WC_WITH_IMM and the immediate), data intact",
+            ttls(&sr_pkts),
+            zero(&sr_pkts),
+            rxe_pkts.len(),
+            tos_set(&rxe_pkts),
+            zero(&rxe_pkts)
+        ))
+    })();
+    let (code, transcript) = t.quit();
+    let _ = writeln!(log, "## softroce target (exit {code:?}):\n{transcript}");
+    let summary = result?;
+    ensure!(code == Some(0), "softroce target exited {code:?}");
+    Ok(summary)
+}
+
 /// Prefix of the error of a scenario whose softroce side does not exist yet (the row then says
 /// so instead of pass or FAIL).
 const NOT_IMPLEMENTED: &str = "not implemented: ";
@@ -1523,9 +1913,14 @@ fn perftest_sizes(rig: &Rig, log: &mut String, role: Role, test: &str, all: bool
         g(&rxe, "rcvd_pkts") >= g(&sr, "sent_pkts")
             && g(&rxe, "rcvd_pkts") - g(&sr, "sent_pkts") <= late,
         "rxe accepted {} packets but softroce sent {} (and at most {late} after reading its \
-         counters)",
+         counters); softroce retransmitted {} after {} timeouts, rxe counted {} duplicates; \
+         drops on the way: {}",
         g(&rxe, "rcvd_pkts"),
-        g(&sr, "sent_pkts")
+        g(&sr, "sent_pkts"),
+        g(&sr, "retransmitted_pkts"),
+        g(&sr, "completer_retry_err"),
+        g(&rxe, "duplicate_request"),
+        path_drops(&rxe)
     );
     ensure!(
         g(&sr, "rx_datagrams") <= g(&rxe, "sent_pkts") && g(&sr, "icrc_errors") == 0,
@@ -1561,6 +1956,316 @@ fn perftest_sizes(rig: &Rig, log: &mut String, role: Role, test: &str, all: bool
         "{shape}: {measured}; softroce sent {} packets, rxe accepted {}",
         g(&sr, "sent_pkts"),
         g(&rxe, "rcvd_pkts")
+    ))
+}
+
+// ------------------------------------------------- the C library (softroce exec) vs rxe
+
+/// One rdma-core / perftest tool run through `softroce exec` on the host against the same tool
+/// on rxe: the tool, its arguments on both sides (the GID index and device are added), and
+/// what it prints (pingpong result lines, or perftest's table with its value column).
+struct CapiTool {
+    tool: &'static str,
+    args: &'static str,
+    size: u32,
+    iters: u32,
+}
+
+fn capi_tool(name: &str) -> CapiTool {
+    let (tool, args, size, iters) = match name {
+        "rc" => ("ibv_rc_pingpong", "-s 4096 -n 500 -m 1024 -c", 4096, 500),
+        "ud" => ("ibv_ud_pingpong", "-s 1024 -n 500 -c", 1024, 500),
+        "srq" => ("ibv_srq_pingpong", "-s 4096 -n 500 -m 1024 -c", 4096, 500),
+        "write_bw" => ("ib_write_bw", "-s 16384 -n 200 -m 1024 -F", 16384, 200),
+        "read_bw" => ("ib_read_bw", "-s 16384 -n 200 -m 1024 -F", 16384, 200),
+        "send_lat" => ("ib_send_lat", "-s 64 -n 200 -m 1024 -F", 64, 200),
+        _ => ("ib_atomic_bw", "-n 200 -m 1024 -F", 8, 200),
+    };
+    CapiTool {
+        tool,
+        args,
+        size,
+        iters,
+    }
+}
+
+/// One RoCE packet of a capture: source address, IP total length, capture time in µs, UDP
+/// checksum.
+type RocePkt = ([u8; 4], u16, u64, u16);
+
+/// The RoCE packets (UDP 4791) of an Ethernet/IPv4 pcap.
+fn pcap_roce(path: &Path) -> Res<Vec<RocePkt>> {
+    let data = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    ensure!(data.len() >= 24, "{}: no pcap header", path.display());
+    let le = data[..4] == [0xd4, 0xc3, 0xb2, 0xa1] || data[..4] == [0x4d, 0x3c, 0xb2, 0xa1];
+    let nano = data[..4] == [0x4d, 0x3c, 0xb2, 0xa1] || data[..4] == [0xa1, 0xb2, 0x3c, 0x4d];
+    let u32_at = |b: &[u8]| {
+        let a = [b[0], b[1], b[2], b[3]];
+        if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
+    };
+    let mut out = Vec::new();
+    let mut off = 24;
+    while off + 16 <= data.len() {
+        let (sec, frac, incl) = (
+            u64::from(u32_at(&data[off..])),
+            u64::from(u32_at(&data[off + 4..])),
+            u32_at(&data[off + 8..]) as usize,
+        );
+        let pkt = &data[(off + 16).min(data.len())..(off + 16 + incl).min(data.len())];
+        off += 16 + incl;
+        if pkt.len() < 14 + 20 + 8 || pkt[12..14] != [0x08, 0x00] || pkt[23] != 17 {
+            continue;
+        }
+        let ihl = usize::from(pkt[14] & 0x0f) * 4;
+        let udp = &pkt[14 + ihl..];
+        if udp.len() < 8 || u16::from_be_bytes([udp[2], udp[3]]) != 4791 {
+            continue;
+        }
+        let t = sec * 1_000_000 + if nano { frac / 1000 } else { frac };
+        out.push((
+            [pkt[26], pkt[27], pkt[28], pkt[29]],
+            u16::from_be_bytes([pkt[16], pkt[17]]),
+            t,
+            u16::from_be_bytes([udp[6], udp[7]]),
+        ));
+    }
+    Ok(out)
+}
+
+/// tcpdump on the tap, in the namespace (the host's side of the wire, where the kernel has
+/// already cut softroce's GSO batches into packets).
+fn host_capture(rig: &Rig, file: &Path) -> Res<HostProc> {
+    let mut p = rig.host(
+        Path::new("tcpdump"),
+        &[
+            "-i".into(),
+            "srtap0".into(),
+            "-n".into(),
+            "-Z".into(),
+            "root".into(),
+            "--immediate-mode".into(),
+            "-U".into(),
+            "-B".into(),
+            "8192".into(),
+            "-s".into(),
+            "128".into(),
+            "-w".into(),
+            file.display().to_string(),
+            "udp port 4791".into(),
+        ],
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !p.stderr().contains("listening on") {
+        if let Ok(Some(st)) = p.child.try_wait() {
+            return Err(format!("tcpdump exited ({st}): {}", p.stderr()));
+        }
+        ensure!(Instant::now() < deadline, "tcpdump did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(p)
+}
+
+/// Stops a capture (SIGINT, so it flushes) and waits for it.
+fn stop_capture(p: HostProc) -> HostExit {
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = Command::new("kill")
+        .args(["-INT", &p.child.id().to_string()])
+        .status();
+    p.wait(Duration::from_secs(10))
+}
+
+/// Issue 15 acceptance 5: the unmodified rdma-core / perftest tool through softroce's
+/// libibverbs.so.1 (`softroce exec`) on the host against the same tool on kernel rxe. Checks
+/// both exit statuses, both sides' result lines (pingpong: bytes and iterations, `-c` page
+/// checks; perftest: a row of the size and iterations, and the bandwidth servers print the
+/// client's numbers), and, from a capture on the tap, that rxe accepted every packet
+/// softroce's library sent (ibv_srq_pingpong: all but those sent after rxe's last packet,
+/// when its tool may already have destroyed its QPs), without a PSN gap on either side.
+fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
+    let t = capi_tool(name);
+    let perftest = t.tool.starts_with("ib_");
+    let lib = softroce_bin()
+        .parent()
+        .map(|d| d.join("softroce-libs/libibverbs.so.1"))
+        .ok_or("no target directory")?;
+    ensure!(
+        lib.exists(),
+        "{} is missing: run `cargo build --release`",
+        lib.display()
+    );
+    ensure!(
+        Path::new("/usr/bin").join(t.tool).exists(),
+        "/usr/bin/{} is missing: apt-get install ibverbs-utils perftest",
+        t.tool
+    );
+    let gid_flag = if perftest { "-x" } else { "-g" };
+    let mut args: Vec<String> = ["exec", "--ip", &rig.host_ip, "--", t.tool, gid_flag, "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(t.args.split_whitespace().map(str::to_string));
+    let mut tool = format!("{} -d $DEV {gid_flag} $GIDX {}", t.tool, t.args);
+    if role == Role::SoftroceClient {
+        args.push(rig.guest_ip.clone());
+    } else {
+        tool.push_str(" $HOST_IP");
+    }
+    let pcap = rig.run.join(format!(
+        "capi-{}.pcap",
+        rig.seq.fetch_add(1, Ordering::Relaxed)
+    ));
+    let before = rig.rxe_counters()?;
+    let cap = host_capture(rig, &pcap)?;
+    let p = run_pair(rig, log, role, &softroce_bin(), &args, "", &tool);
+    let cap = stop_capture(cap);
+    let p = p?;
+    let after = rig.rxe_counters()?;
+    let rxe = delta(&before, &after);
+    let _ = writeln!(
+        log,
+        "## rxe counters (delta): {rxe:?}\n## tcpdump: {}",
+        cap.stderr
+    );
+    let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    // tcpdump's closing statistics: every packet the filter took must be in the file.
+    let stat = |what: &str| {
+        cap.stderr.lines().find_map(|l| {
+            l.strip_suffix(what)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+    };
+    let (captured, filtered, dropped) = (
+        stat(" packets captured"),
+        stat(" packets received by filter"),
+        stat(" packets dropped by kernel"),
+    );
+    ensure!(
+        captured.is_some() && captured == filtered && dropped == Some(0),
+        "the tap's capture is incomplete: {}",
+        cap.stderr
+    );
+    ensure!(
+        p.guest_rc == 0,
+        "{} on rxe exited {}:\n{}",
+        t.tool,
+        p.guest_rc,
+        p.guest_out
+    );
+    ensure!(
+        p.host.code == Some(0),
+        "{} on softroce exited {:?}:\n{}{}",
+        t.tool,
+        p.host.code,
+        p.host.stdout,
+        p.host.stderr
+    );
+    let shape = if perftest {
+        let (col, what, unit) = if t.tool.ends_with("_lat") {
+            (5, "t_avg", "µs")
+        } else {
+            (3, "BW average", "MB/s")
+        };
+        let row = |out: &str| -> Res<Vec<String>> {
+            let rows = result_rows(out, what)?;
+            let r = rows[0].clone();
+            ensure!(
+                r.len() > col
+                    && r[0] == t.size.to_string()
+                    && r[1] == t.iters.to_string()
+                    && r[col].parse::<f64>().is_ok_and(|v| v > 0.0),
+                "result row {r:?}: expected {} bytes × {} with a {what}",
+                t.size,
+                t.iters
+            );
+            Ok(r)
+        };
+        let theirs = row(&p.guest_out).map_err(|e| format!("{} on rxe: {e}", t.tool))?;
+        let ours = row(&p.host.stdout).map_err(|e| format!("{} on softroce: {e}", t.tool))?;
+        let client = if role == Role::SoftroceClient {
+            &ours
+        } else {
+            &theirs
+        };
+        if t.tool.ends_with("_bw") {
+            ensure!(
+                ours == theirs,
+                "the server does not print the client's results: softroce {ours:?}, rxe \
+                 {theirs:?}"
+            );
+        }
+        format!(
+            "{} × {} B: {what} {} {unit} (client)",
+            t.iters, t.size, client[col]
+        )
+    } else {
+        let (mbit, usec) = result_lines(&p.guest_out, t.size, t.iters)
+            .map_err(|e| format!("{} on rxe: {e}", t.tool))?;
+        result_lines(&p.host.stdout, t.size, t.iters)
+            .map_err(|e| format!("{} on softroce: {e}", t.tool))?;
+        for (side, out) in [("rxe", &p.guest_out), ("softroce", &p.host.stdout)] {
+            ensure!(
+                !out.contains("invalid data"),
+                "{} -c on {side} found invalid data:\n{out}",
+                t.tool
+            );
+        }
+        format!(
+            "{} × {} B, {mbit:.2} Mbit/s, {usec:.0} µs/iter (rxe's side), -c passed on both",
+            t.iters, t.size
+        )
+    };
+    let pkts = pcap_roce(&pcap)?;
+    let host: [u8; 4] = rig
+        .host_ip
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|e| e.to_string())?
+        .octets();
+    let from_softroce: Vec<&RocePkt> = pkts.iter().filter(|p| p.0 == host).collect();
+    let csum_zero = from_softroce.iter().filter(|p| p.3 == 0).count();
+    let sent = from_softroce.len() as u64;
+    let rxe_sent = (pkts.len() - from_softroce.len()) as u64;
+    let oversized = from_softroce.iter().filter(|p| p.1 > 1500).count();
+    ensure!(
+        oversized == 0,
+        "{oversized} packets from softroce longer than the link MTU in the capture (a GSO \
+         batch not cut into packets?)"
+    );
+    // After rxe's last packet its tool may already be destroying its QPs (srq_pingpong stops
+    // as soon as its own counts are reached): rxe drops what reaches a destroyed QP uncounted.
+    let rxe_last = pkts.iter().filter(|p| p.0 != host).map(|p| p.2).max();
+    let after_rxe = from_softroce
+        .iter()
+        .filter(|p| rxe_last.is_some_and(|t| p.2 > t))
+        .count() as u64;
+    let slack = if name == "srq" { after_rxe } else { 0 };
+    let rcvd = g(&rxe, "rcvd_pkts");
+    ensure!(
+        sent > 0 && rcvd <= sent && sent - rcvd <= slack,
+        "rxe accepted {rcvd} packets, softroce's library sent {sent} (the tap's capture; \
+         {after_rxe} of them after rxe's last packet); drops on the way: {}",
+        path_drops(&rxe)
+    );
+    ensure!(
+        rxe_sent == g(&rxe, "sent_pkts"),
+        "rxe counted {} packets sent, the tap carried {rxe_sent}",
+        g(&rxe, "sent_pkts")
+    );
+    for k in ["out_of_seq_request", "rcvd_seq_err"] {
+        ensure!(g(&rxe, k) == 0, "rxe {k} = {}", g(&rxe, k));
+    }
+    Ok(format!(
+        "{shape}; softroce's library sent {sent} packets (UDP checksum 0 on {csum_zero} on the \
+         tap), rxe accepted {rcvd}{}; rxe sent {rxe_sent}; rxe retransmit timeouts {}",
+        if sent > rcvd {
+            format!(" ({} sent after rxe's last packet)", sent - rcvd)
+        } else {
+            String::new()
+        },
+        g(&rxe, "completer_retry_err")
     ))
 }
 
@@ -1791,6 +2496,61 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             |r, l, role| negative(r, l, role, Neg::RnrExceeded),
         ),
         (
+            "IP TOS, UDP checksum and WC fields",
+            "softroce target vs pyverbs on rxe, both QPs with traffic class 0xb8 (DSCP 46): the \
+             requester posts SEND_WITH_IMM 3000 B, SEND 5 B, RDMA WRITE 100 B and \
+             RDMA_WRITE_WITH_IMM 2500 B; every softroce packet in the guest's capture has TOS \
+             0xb8, the UDP checksums the guest sees are recorded (softroce sends 0 except on \
+             GSO bulk segments; the ICRC protects the packet), rxe accepts every packet; the \
+             requester's completions carry byte_len (the message length) and IBV_WC_WITH_IMM \
+             on the _WITH_IMM opcodes, the responder's receives IBV_WC_GRH (and WITH_IMM with \
+             the immediate), on both sides as rxe gives them",
+            |r, l, role| wc_fields(r, l, role),
+        ),
+        (
+            "C library: ibv_rc_pingpong 4096 B",
+            "Debian's ibv_rc_pingpong -s 4096 -n 500 -m 1024 -c through softroce's \
+             libibverbs.so.1 (`softroce exec`) vs ibv_rc_pingpong on rxe; rxe accepts every \
+             packet the tap carried from softroce",
+            |r, l, role| capi(r, l, role, "rc"),
+        ),
+        (
+            "C library: ibv_ud_pingpong 1024 B",
+            "ibv_ud_pingpong -s 1024 -n 500 -c through softroce exec vs ibv_ud_pingpong on rxe",
+            |r, l, role| capi(r, l, role, "ud"),
+        ),
+        (
+            "C library: ibv_srq_pingpong 4096 B",
+            "ibv_srq_pingpong -s 4096 -n 500 -m 1024 -c through softroce exec vs \
+             ibv_srq_pingpong on rxe; rxe accepts every softroce packet but those sent after \
+             rxe's last packet (its tool destroys its 16 QPs as soon as its own counts are \
+             reached)",
+            |r, l, role| capi(r, l, role, "srq"),
+        ),
+        (
+            "C library: ib_write_bw",
+            "perftest's ib_write_bw -s 16384 -n 200 -m 1024 through softroce exec vs ib_write_bw \
+             on rxe; the server prints the client's row",
+            |r, l, role| capi(r, l, role, "write_bw"),
+        ),
+        (
+            "C library: ib_read_bw",
+            "ib_read_bw -s 16384 -n 200 -m 1024 through softroce exec vs ib_read_bw on rxe",
+            |r, l, role| capi(r, l, role, "read_bw"),
+        ),
+        (
+            "C library: ib_send_lat",
+            "ib_send_lat -s 64 -n 200 -m 1024 through softroce exec vs ib_send_lat on rxe; both \
+             print a latency row",
+            |r, l, role| capi(r, l, role, "send_lat"),
+        ),
+        (
+            "C library: ib_atomic_bw",
+            "ib_atomic_bw -n 200 -m 1024 (8-byte FETCH_AND_ADD) through softroce exec vs \
+             ib_atomic_bw on rxe",
+            |r, l, role| capi(r, l, role, "atomic_bw"),
+        ),
+        (
             "perftest ib_write_bw",
             "ib_write_bw -s 16384 -n 200 -m 1024 vs softroce perf write_bw; both print the \
              client's results",
@@ -1857,9 +2617,13 @@ fn interop_rxe() {
     let stamp = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    // run.sh's cleanup recognises its own run by the owner suffix.
+    let owner = std::env::var("SOFTROCE_INTEROP_OWNER")
+        .map(|o| format!("-o{o}"))
+        .unwrap_or_default();
     let run = cache
         .join("runs")
-        .join(format!("{stamp}-{}", std::process::id()));
+        .join(format!("{stamp}-{}{owner}", std::process::id()));
     std::fs::create_dir_all(run.join("logs")).expect("create the run directory");
     prune_runs(&cache.join("runs"), 5);
 

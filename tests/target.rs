@@ -389,6 +389,59 @@ fn post_send_drives_a_second_target() {
     );
     let (_, d) = req.send(r#"{"dump_mr": {"index": 0, "offset": 16, "length": 4}}"#);
     assert_eq!(d["hex"], "a1b2c3d4");
+
+    // SEND_WITH_IMM and RDMA_WRITE_WITH_IMM: byte_len the message length and IBV_WC_WITH_IMM
+    // at the requester; at the responder IBV_WC_GRH, IBV_WC_WITH_IMM and the immediate as on
+    // the wire (rxe's make_send_cqe / do_complete).
+    let (kind, _) = resp.send(r#"{"post_recv": {"count": 2}}"#);
+    assert_eq!(kind, "post_recv");
+    let (kind, p) = req.send(
+        r#"{"post_send": {"opcode": "send_imm", "length": 5, "imm_data": "0x5eed1234", "wr_id": 10}}"#,
+    );
+    assert_eq!(
+        (kind.as_str(), &p["imm_data"]),
+        ("post_send", &0x5eed_1234.into()),
+        "{p}"
+    );
+    let (kind, p) = req.send(&format!(
+        r#"{{"post_send": {{"opcode": "write_imm", "length": 3, "remote_addr": {}, "rkey": {rkey}, "imm_data": 3237998081, "wr_id": 11}}}}"#,
+        va + 100
+    ));
+    assert_eq!(kind, "post_send", "{p}");
+    for (wr_id, len, imm, recv_opcode) in [
+        (10, 5, 0x5eed_1234u32, "IBV_WC_RECV"),
+        (11, 3, 0xc0ff_ee01, "IBV_WC_RECV_RDMA_WITH_IMM"),
+    ] {
+        let wc = next_send_wc(&req);
+        assert_eq!(
+            (
+                &wc["wr_id"],
+                &wc["status"],
+                &wc["byte_len"],
+                &wc["with_imm"]
+            ),
+            (
+                &wr_id.into(),
+                &"IBV_WC_SUCCESS".into(),
+                &len.into(),
+                &true.into()
+            ),
+            "{wc}"
+        );
+        let wc = next_of(&resp, "wc");
+        assert_eq!(
+            (&wc["opcode"], &wc["byte_len"], &wc["grh"], &wc["with_imm"]),
+            (&recv_opcode.into(), &len.into(), &true.into(), &true.into()),
+            "{wc}"
+        );
+        assert_eq!(
+            (&wc["imm_data"], &wc["wc_flags"]),
+            (&imm.into(), &3.into()),
+            "{wc}"
+        );
+    }
+    let (_, d) = resp.send(r#"{"dump_mr": {"index": 0, "offset": 100, "length": 3}}"#);
+    assert_eq!(d["hex"], "53656e");
     let (_, p) = req.send(&format!(
         r#"{{"post_send": {{"opcode": "read", "length": 8, "remote_addr": {}, "rkey": {rkey}, "wr_id": 9}}}}"#,
         va + 252
@@ -409,6 +462,7 @@ fn post_send_drives_a_second_target() {
         r#"{"post_send": {"opcode": "atomic"}}"#,
         r#"{"post_send": {"opcode": "read", "length": 4}}"#,
         r#"{"post_send": {"opcode": "send", "rkey": 1}}"#,
+        r#"{"post_send": {"opcode": "send", "imm_data": 1}}"#,
         r#"{"post_send": {"opcode": "send", "offset": 250, "length": 7}}"#,
         r#"{"post_send": {"opcode": "send", "index": 3}}"#,
     ] {

@@ -33,7 +33,10 @@ TAP=srtap0
 HOST_IP=10.66.0.1
 GUEST_IP=10.66.0.2
 PREFIX=24
-HOST_TOOLS=(qemu-system-x86 debootstrap busybox-static cpio kmod e2fsprogs zstd iproute2)
+# tcpdump captures the tap for the C-library scenarios; ibverbs-utils and perftest are the
+# tools those run through softroce's libibverbs.so.1 on the host.
+HOST_TOOLS=(qemu-system-x86 debootstrap busybox-static cpio kmod e2fsprogs zstd iproute2 tcpdump
+  ibverbs-utils perftest)
 G=$CACHE/guest
 
 die() { echo "rig.sh: $*" >&2; exit 1; }

@@ -8,7 +8,9 @@
 # 2. rig.sh install: apt-get installs the missing host tools.
 # 3. rig.sh build: builds the guest image into $SOFTROCE_INTEROP_CACHE (default
 #    /var/cache/softroce-interop), or reuses it (about 2 min from nothing, seconds after).
-# 4. cargo build --release --examples (the WRITE scenarios use examples/rdma_write_*), then
+# 4. cargo build --release (the C-library scenarios run the tools through `softroce exec` and
+#    target/release/softroce-libs/libibverbs.so.1) and --examples (the WRITE scenarios use
+#    examples/rdma_write_*), then
 #    cargo test --release --test interop_rxe -- --ignored: boots the guest, runs each scenario in both
 #    roles, prints the scenario × role table, powers the guest off and deletes the namespace.
 #    --update-docs rewrites docs/interop.md with the table.
@@ -42,11 +44,17 @@ rc=$?
 set -e
 [[ $rc == 0 ]] || exit "$rc"
 
-# If the test process dies (timeout, signal) its guest and namespace must not outlive it.
+# If the test process dies (timeout, signal) its guest and namespace must not outlive it. Only
+# a run this script started: the test names its run directory ...-o<this PID> (from
+# SOFTROCE_INTEROP_OWNER). A second suite started while one runs finds the namespace in use
+# and fails; its cleanup must not power off the first one's guest (it once did).
+export SOFTROCE_INTEROP_OWNER=$$
 cleanup() {
   local run
   run=$(cat "$CACHE/active-run" 2>/dev/null || true)
-  if [[ -n $run ]]; then
+  if [[ -n $run && $run != *-o$$ ]]; then
+    echo "interop: leaving $run alone (another suite's run)" >&2
+  elif [[ -n $run ]]; then
     echo "interop: cleaning up after an interrupted run ($run)" >&2
     $RIG down "$run" || true
   fi
@@ -59,7 +67,8 @@ step "guest image"
 $RIG build
 # Release build: an unoptimised softroce keeps up with rxe's pingpong but not with a bulk
 # ib_write_bw pipeline, whose go-back-N retransmissions then pile up (see README.md).
-step "build softroce (release), its examples and the suite"
+step "build softroce (release), its C library, its examples and the suite"
+cargo build --release --quiet   # also target/release/softroce-libs/libibverbs.so.1 (softroce exec)
 cargo build --release --examples --quiet
 cargo test --release --test interop_rxe --no-run --quiet
 step "suite"

@@ -1,10 +1,21 @@
 # lib.sh — helpers for the host's guest jobs (source /share/lib.sh).  Runs INSIDE the guest;
 # the agent exports DEV, GIDX, HOST_IP, GUEST_IP and IF.
 
-# rxe's hw_counters of device $1 (default $DEV), one "name=value" per line.
+# rxe's hw_counters of device $1 (default $DEV), one "name=value" per line; then, for the
+# diagnosis of packets rxe never saw, the guest's UDP error counters (udp_InErrors,
+# udp_InCsumErrors, udp_RcvbufErrors from /proc/net/snmp) and its NIC's rx_dropped /
+# rx_missed_errors / rx_crc_errors (if_*).
 counters() {
   local d=/sys/class/infiniband/${1:-$DEV}/ports/1/hw_counters f v
   for f in "$d"/*; do read -r v < "$f"; echo "${f##*/}=$v"; done
+  local names vals i
+  { read -ra names && read -ra vals; } < <(grep '^Udp:' /proc/net/snmp)
+  for i in "${!names[@]}"; do
+    case ${names[$i]} in InErrors|InCsumErrors|RcvbufErrors) echo "udp_${names[$i]}=${vals[$i]}" ;; esac
+  done
+  for f in rx_dropped rx_missed_errors rx_crc_errors; do
+    read -r v < "/sys/class/net/$IF/statistics/$f" 2>/dev/null && echo "if_$f=$v"
+  done
 }
 
 # Wait until something listens on TCP port $1 (default 18515); fail after ~20 s.

@@ -28,9 +28,17 @@ usage:
       responder: read-oob waits for PREFIX.done; send posts no receive until its rxe counter
         send_rnr_err has grown (it has RNR NAKed the SEND), then posts one and checks that
         MESSAGE lands; with --no-recv it never posts one and waits for PREFIX.done.
+  pyverbs_peer.py fields requester|responder --ex PREFIX [--tclass TC]
+      the rxe side of the WC-fields scenario against `softroce target`, endpoints exchanged as
+      for neg (PREFIX.rxe also gives write_off, where the requester's WRITEs go), both QPs
+      with traffic class TC.  requester: SEND_WITH_IMM 3000 B, SEND 5 B, RDMA WRITE 100 B to
+      the peer's MR 0 at 0 and RDMA_WRITE_WITH_IMM 2500 B at 1024, then one "wc ..." line per
+      completion; responder: three receives, one "wc ..." line each with the data checked,
+      then (after PREFIX.done) the two WRITE regions checked.  Exit 0 when every completion
+      succeeded and all data arrived.
   pyverbs_peer.py pcap-summary FILE
-      one line per RoCEv2 packet in a pcap: source, destination, opcode, PSN, IP ID, capture
-      time (seconds), AETH syndrome.
+      one line per RoCEv2 packet in a pcap: source, destination, opcode, PSN, IP ID, IP TOS,
+      TTL, UDP checksum, capture time (seconds), AETH syndrome.
 Device and GID index come from $DEV and $GIDX (set by the guest agent).
 """
 import argparse
@@ -54,7 +62,7 @@ def wc_status_name(e, status):
 class Rc:
     """One RC QP on rxe with a CQ and a registered buffer."""
 
-    def __init__(self, access):
+    def __init__(self, access, buf_len=BUF_LEN):
         import pyverbs.enums as e
         from pyverbs.cq import CQ
         from pyverbs.device import Context
@@ -66,7 +74,7 @@ class Rc:
         self.gidx = int(os.environ.get('GIDX', '1'))
         self.pd = PD(self.ctx)
         self.cq = CQ(self.ctx, 16, None, None, 0)
-        self.mr = MR(self.pd, BUF_LEN, access)
+        self.mr = MR(self.pd, buf_len, access)
         cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
         attr = QPAttr(port_num=1)
@@ -79,7 +87,7 @@ class Rc:
         gid = bytes.fromhex(str(self.gid.gid).replace(':', ''))
         return struct.pack('>II', self.qp.qp_num, self.psn) + gid
 
-    def connect(self, peer, rnr_retry=7, min_rnr_timer=12):
+    def connect(self, peer, rnr_retry=7, min_rnr_timer=12, traffic_class=0):
         from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.qp import QPAttr
         e = self.e
@@ -97,7 +105,8 @@ class Rc:
         attr.retry_cnt = 7
         attr.rnr_retry = rnr_retry
         attr.ah_attr = AHAttr(port_num=1, is_global=1,
-                              gr=GlobalRoute(dgid=dgid, sgid_index=self.gidx, hop_limit=64))
+                              gr=GlobalRoute(dgid=dgid, sgid_index=self.gidx, hop_limit=64,
+                                             traffic_class=traffic_class))
         attr.dest_qp_num = qpn
         attr.sq_psn = self.psn
         attr.rq_psn = psn
@@ -274,6 +283,89 @@ def neg(a):
     return 0
 
 
+# The WC-fields scenario: what each side sends (opcode name, length, wire immediate, remote
+# offset); the bytes are PATTERN[:length] at both ends.
+FIELDS_WRS = [('send_imm', 3000, 0x5EED1234, None), ('send', 5, None, None),
+              ('write', 100, None, 0), ('write_imm', 2500, 0xC0FFEE01, 1024)]
+PATTERN = bytes((i * 7 + 3) & 0xff for i in range(4096))
+FIELDS_BUF = 16384
+FIELDS_WRITE_OFF = 12288
+
+
+def wc_opcode_name(e, op):
+    names = {getattr(e, n): n for n in ('IBV_WC_SEND', 'IBV_WC_RDMA_WRITE', 'IBV_WC_RDMA_READ',
+                                        'IBV_WC_RECV', 'IBV_WC_RECV_RDMA_WITH_IMM')}
+    return names.get(op, str(op))
+
+
+def print_wc(e, wc, extra=''):
+    imm = socket.ntohl(wc.imm_data)
+    print(f'wc wr_id={wc.wr_id} status={wc_status_name(e, wc.status)} '
+          f'opcode={wc_opcode_name(e, wc.opcode)} byte_len={wc.byte_len} '
+          f'wc_flags=0x{wc.wc_flags:x} grh={int(bool(wc.wc_flags & e.IBV_WC_GRH))} '
+          f'with_imm={int(bool(wc.wc_flags & e.IBV_WC_WITH_IMM))} imm_data=0x{imm:08x}{extra}',
+          flush=True)
+
+
+def fields(a):
+    """The rxe side of the WC-fields scenario (see the usage above)."""
+    import json
+    import pyverbs.enums as e
+    from pyverbs.wr import SGE, RecvWR, SendWR
+    access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+    rc = Rc(access, FIELDS_BUF)
+    rc.mr.write(PATTERN, len(PATTERN))
+    put_file(a.ex + '.rxe', json.dumps({'qpn': rc.qp.qp_num, 'psn': rc.psn,
+                                        'gid': str(rc.gid.gid), 'va': rc.mr.buf,
+                                        'rkey': rc.mr.rkey, 'len': FIELDS_BUF,
+                                        'write_off': FIELDS_WRITE_OFF}))
+    host = json.loads(wait_file(a.ex + '.host'))
+    peer = struct.pack('>II', host['qpn'], host['psn']) + bytes.fromhex(
+        ''.join(f'{int(g, 16):04x}' for g in expand_gid(host['gid'])))
+    ok = True
+    if a.side == 'responder':
+        for i in range(3):  # SEND_WITH_IMM, SEND, WRITE_WITH_IMM each take one
+            rc.qp.post_recv(RecvWR(wr_id=100 + i, num_sge=1,
+                                   sg=[SGE(rc.mr.buf + 4096 * i, 4096, rc.mr.lkey)]))
+    rc.connect(peer, traffic_class=a.tclass)
+    put_file(a.ex + '.rxe-ready', 'ready\n')
+    if a.side == 'requester':
+        for i, (op, length, imm, off) in enumerate(FIELDS_WRS):
+            opcode = {'send': e.IBV_WR_SEND, 'send_imm': e.IBV_WR_SEND_WITH_IMM,
+                      'write': e.IBV_WR_RDMA_WRITE,
+                      'write_imm': e.IBV_WR_RDMA_WRITE_WITH_IMM}[op]
+            wr = SendWR(wr_id=1 + i, opcode=opcode, send_flags=e.IBV_SEND_SIGNALED, num_sge=1,
+                        sg=[SGE(rc.mr.buf, length, rc.mr.lkey)])
+            if imm is not None:
+                wr.imm_data = socket.htonl(imm)
+            if off is not None:
+                wr.set_wr_rdma(rkey=host['rkey'], addr=host['va'] + off)
+            rc.qp.post_send(wr)
+        for _ in FIELDS_WRS:
+            wc = rc.poll(timeout=40.0)
+            ok &= wc.status == e.IBV_WC_SUCCESS
+            print_wc(e, wc)
+        wait_file(a.ex + '.done')
+        return 0 if ok else 1
+    for _ in range(3):
+        wc = rc.poll(timeout=40.0)
+        i = wc.wr_id - 100
+        got = rc.mr.read(wc.byte_len, 4096 * i) if wc.opcode == e.IBV_WC_RECV else b''
+        good = wc.status == e.IBV_WC_SUCCESS and (wc.opcode != e.IBV_WC_RECV
+                                                  or got == PATTERN[:wc.byte_len])
+        ok &= good
+        print_wc(e, wc, f' data={"ok" if good else "BAD"}')
+    wait_file(a.ex + '.done')
+    for op, length, _, off in FIELDS_WRS:
+        if off is None:
+            continue
+        got = rc.mr.read(length, FIELDS_WRITE_OFF + off)
+        good = got == PATTERN[:length]
+        ok &= good
+        print(f'{op} region: {length} B at +{off} {"as sent" if good else "DIFFERS"}')
+    return 0 if ok else 1
+
+
 def expand_gid(text):
     """The eight 16-bit groups of an IPv6 address text (a '::' expanded)."""
     if '.' in text:  # ::ffff:a.b.c.d
@@ -311,8 +403,10 @@ def pcap_summary(a):
         opcode = bth[0]
         psn = struct.unpack('>I', bth[8:12])[0] & 0xffffff
         ident = struct.unpack('>H', ip[4:6])[0]
+        csum = struct.unpack('>H', udp[6:8])[0]
         line = (f'{socket.inet_ntoa(ip[12:16])} > {socket.inet_ntoa(ip[16:20])} '
-                f'opcode=0x{opcode:02x} psn=0x{psn:06x} ipid=0x{ident:04x} t={sec}.{usec:06d}')
+                f'opcode=0x{opcode:02x} psn=0x{psn:06x} ipid=0x{ident:04x} tos=0x{ip[1]:02x} '
+                f'ttl={ip[8]} udpcsum=0x{csum:04x} t={sec}.{usec:06d}')
         if opcode in (0x0d, 0x0f, 0x10, 0x11, 0x12) and len(bth) >= 16:  # carries an AETH
             line += f' syndrome=0x{bth[12]:02x}'
         print(line)
@@ -339,11 +433,15 @@ def main():
     n.add_argument('--expect', default='IBV_WC_SUCCESS')
     n.add_argument('--no-recv', action='store_true')
     n.add_argument('--message', default='')
+    f = sub.add_parser('fields')
+    f.add_argument('side', choices=['requester', 'responder'])
+    f.add_argument('--ex', required=True)
+    f.add_argument('--tclass', type=lambda x: int(x, 0), default=0)
     ps = sub.add_parser('pcap-summary')
     ps.add_argument('file')
     a = p.parse_args()
     return {'server': server, 'client': client, 'neg': neg,
-            'pcap-summary': pcap_summary}[a.cmd](a)
+            'fields': fields, 'pcap-summary': pcap_summary}[a.cmd](a)
 
 
 if __name__ == '__main__':
