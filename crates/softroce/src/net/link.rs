@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -298,8 +298,7 @@ impl UdpLink {
         while k < run.len() {
             // Err: the kernel refused GSO (now off), and the rest goes the plain way.
             if self.gso()
-                && let Ok((n, failed)) =
-                    self.send_gso_batch(socks.gso().as_raw_fd(), &dst, &run[k..], ip)
+                && let Ok((n, failed)) = self.send_gso_batch(&socks, &dst, &run[k..], ip)
             {
                 k += n;
                 errors += failed;
@@ -366,7 +365,7 @@ impl UdpLink {
     /// copied.
     pub(super) fn send_gso_batch<T: Borrow<Transmit>>(
         &self,
-        fd: RawFd,
+        socks: &SendSockets,
         dst: &SocketAddr,
         ts: &[T],
         ip: IpCmsg,
@@ -386,6 +385,14 @@ impl UdpLink {
             j += n;
         }
         let plan = &plan[..planned];
+        // A send with a GSO message goes out of the checksummed socket (Linux refuses UDP
+        // GSO without a checksum); one of lone datagrams only (an ACK and a request of
+        // another size, say) out of the plain one, with UDP checksum 0 as rxe sends.
+        let fd = if plan.iter().any(|p| p.2.is_some()) {
+            socks.gso().as_raw_fd()
+        } else {
+            socks.plain.as_raw_fd()
+        };
         let v4 = match (self.ip, dst.ip()) {
             (IpAddr::V4(src), IpAddr::V4(d)) => Some((src, d)),
             _ => None,
