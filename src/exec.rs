@@ -40,8 +40,9 @@ pub fn lib_dir() -> Result<PathBuf, BoxError> {
     };
     if !dir.join("libibverbs.so.1").exists() {
         return Err(format!(
-            "{}/libibverbs.so.1 not found: build it with `cargo build -p softroce-capi` \
-             (same profile as this softroce), or set {SOFTROCE_LIB_DIR} to its directory",
+            "{}/libibverbs.so.1 not found: build the libraries with `cargo build` (add \
+             `--release` for a release softroce: the same profile as this executable), or set \
+             {SOFTROCE_LIB_DIR} to their directory",
             dir.display()
         )
         .into());

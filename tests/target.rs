@@ -395,23 +395,33 @@ fn post_send_drives_a_second_target() {
     // the wire (rxe's make_send_cqe / do_complete).
     let (kind, _) = resp.send(r#"{"post_recv": {"count": 2}}"#);
     assert_eq!(kind, "post_recv");
-    let (kind, p) = req.send(
-        r#"{"post_send": {"opcode": "send_imm", "length": 5, "imm_data": "0x5eed1234", "wr_id": 10}}"#,
-    );
-    assert_eq!(
-        (kind.as_str(), &p["imm_data"]),
-        ("post_send", &0x5eed_1234.into()),
-        "{p}"
-    );
-    let (kind, p) = req.send(&format!(
+    // One WR at a time: its completion line may come before the reply to a next command.
+    let write_imm = format!(
         r#"{{"post_send": {{"opcode": "write_imm", "length": 3, "remote_addr": {}, "rkey": {rkey}, "imm_data": 3237998081, "wr_id": 11}}}}"#,
         va + 100
-    ));
-    assert_eq!(kind, "post_send", "{p}");
-    for (wr_id, len, imm, recv_opcode) in [
-        (10, 5, 0x5eed_1234u32, "IBV_WC_RECV"),
-        (11, 3, 0xc0ff_ee01, "IBV_WC_RECV_RDMA_WITH_IMM"),
+    );
+    for (post, wr_id, len, imm, recv_opcode) in [
+        (
+            r#"{"post_send": {"opcode": "send_imm", "length": 5, "imm_data": "0x5eed1234", "wr_id": 10}}"#,
+            10,
+            5,
+            0x5eed_1234u32,
+            "IBV_WC_RECV",
+        ),
+        (
+            write_imm.as_str(),
+            11,
+            3,
+            0xc0ff_ee01,
+            "IBV_WC_RECV_RDMA_WITH_IMM",
+        ),
     ] {
+        let (kind, p) = req.send(post);
+        assert_eq!(
+            (kind.as_str(), &p["imm_data"]),
+            ("post_send", &imm.into()),
+            "{p}"
+        );
         let wc = next_send_wc(&req);
         assert_eq!(
             (
