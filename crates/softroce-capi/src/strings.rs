@@ -7,36 +7,10 @@ use softroce::verbs::WcStatus;
 use std::ffi::CString;
 use std::sync::OnceLock;
 
-/// Every `enum ibv_wc_status`, in order.
-const WC_STATUS: [WcStatus; 22] = [
-    WcStatus::Success,
-    WcStatus::LocLenErr,
-    WcStatus::LocQpOpErr,
-    WcStatus::LocEecOpErr,
-    WcStatus::LocProtErr,
-    WcStatus::WrFlushErr,
-    WcStatus::MwBindErr,
-    WcStatus::BadRespErr,
-    WcStatus::LocAccessErr,
-    WcStatus::RemInvReqErr,
-    WcStatus::RemAccessErr,
-    WcStatus::RemOpErr,
-    WcStatus::RetryExcErr,
-    WcStatus::RnrRetryExcErr,
-    WcStatus::LocRddViolErr,
-    WcStatus::RemInvRdReqErr,
-    WcStatus::RemAbortErr,
-    WcStatus::InvEecnErr,
-    WcStatus::InvEecStateErr,
-    WcStatus::FatalErr,
-    WcStatus::RespTimeoutErr,
-    WcStatus::GeneralErr,
-];
-
 pub(crate) extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
     static TEXT: OnceLock<Vec<CString>> = OnceLock::new();
     let text = TEXT.get_or_init(|| {
-        WC_STATUS
+        WcStatus::ALL
             .iter()
             .map(|s| CString::new(s.to_string()).unwrap_or_default())
             .collect()

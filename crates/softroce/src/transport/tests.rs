@@ -402,33 +402,8 @@ fn nak_file() -> NakFile {
     toml::from_str(text).expect("spec/nak_codes.toml parses")
 }
 
-const ALL_STATUSES: [WcStatus; 22] = [
-    WcStatus::Success,
-    WcStatus::LocLenErr,
-    WcStatus::LocQpOpErr,
-    WcStatus::LocEecOpErr,
-    WcStatus::LocProtErr,
-    WcStatus::WrFlushErr,
-    WcStatus::MwBindErr,
-    WcStatus::BadRespErr,
-    WcStatus::LocAccessErr,
-    WcStatus::RemInvReqErr,
-    WcStatus::RemAccessErr,
-    WcStatus::RemOpErr,
-    WcStatus::RetryExcErr,
-    WcStatus::RnrRetryExcErr,
-    WcStatus::LocRddViolErr,
-    WcStatus::RemInvRdReqErr,
-    WcStatus::RemAbortErr,
-    WcStatus::InvEecnErr,
-    WcStatus::InvEecStateErr,
-    WcStatus::FatalErr,
-    WcStatus::RespTimeoutErr,
-    WcStatus::GeneralErr,
-];
-
 fn status(name: &str) -> WcStatus {
-    *ALL_STATUSES
+    *WcStatus::ALL
         .iter()
         .find(|s| s.ibv_name() == name)
         .expect("a known IBV_WC_* name")
@@ -527,8 +502,8 @@ fn wc_status_order_names_and_texts_match_the_spec() {
         text: String,
     }
     let f: File = toml::from_str(include_str!("../../../../spec/wc_status.toml")).unwrap();
-    assert_eq!(f.status.len(), ALL_STATUSES.len());
-    for (row, s) in f.status.iter().zip(ALL_STATUSES) {
+    assert_eq!(f.status.len(), WcStatus::ALL.len());
+    for (row, s) in f.status.iter().zip(WcStatus::ALL) {
         assert_eq!((row.value, row.name.as_str()), (s as usize, s.ibv_name()));
         assert_eq!(row.text, s.to_string(), "ibv_wc_status_str({})", row.name);
     }
