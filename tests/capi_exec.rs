@@ -4,44 +4,9 @@
 //! when the tools are not installed (CI installs them). Every program is killed after a
 //! deadline.
 
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
-
-fn have(tool: &str) -> bool {
-    ["/usr/bin", "/bin", "/usr/local/bin"]
-        .iter()
-        .any(|d| Path::new(d).join(tool).exists())
-}
-
-fn exec(ip: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(SOFTROCE);
-    c.args(["exec", "--ip", ip, "--"]).args(args);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-/// Waits for `child` up to `limit`, killing it past that.
-fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+mod exec_support;
+use exec_support::*;
+use std::time::Duration;
 
 fn run_ok(ip: &str, args: &[&str]) -> String {
     let out = wait(

@@ -6,44 +6,9 @@
 //! Skipped, saying why, only when a tool is not installed. Every program is killed after a
 //! deadline. Addresses 127.0.115.30–.59 (one pair per test, so tests run in parallel).
 
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+mod exec_support;
+use exec_support::*;
 use std::time::{Duration, Instant};
-
-const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
-
-fn have(tool: &str) -> bool {
-    ["/usr/bin", "/bin", "/usr/local/bin"]
-        .iter()
-        .any(|d| Path::new(d).join(tool).exists())
-}
-
-fn exec(ip: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(SOFTROCE);
-    c.args(["exec", "--ip", ip, "--"]).args(args);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-/// Waits for `child` up to `limit`, killing it past that.
-fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A free TCP port on loopback for the tools' out-of-band exchange.
 fn free_port() -> u16 {

@@ -7,41 +7,14 @@
 //! REP's private data, then DREQ/DREP. Skipped, saying why, only when librdmacm-dev or a C
 //! compiler is missing (CI installs them). Every program is killed after a deadline.
 
-use std::net::Ipv4Addr;
+mod exec_support;
+use exec_support::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
 const SERVER_IP: &str = "127.0.117.1";
 const CLIENT_IP: &str = "127.0.117.2";
-
-fn exec(ip: &str, prog: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(SOFTROCE);
-    c.args(["exec", "--ip", ip, "--"]).arg(prog).args(args);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-/// Waits for `child` up to `limit`, killing it past that.
-fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Compiles the seed program `name` with the seed's command into `dir`; None when the
 /// headers or a compiler are missing.
@@ -61,26 +34,6 @@ fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some(exe)
-}
-
-/// Waits (up to 10 s) until a softroce device owns `ip`'s RoCEv2 port, read from
-/// /proc/net/udp (binding the port to probe it could steal it from the server): the
-/// server's librdmacm opened its device in rdma_listen.
-fn wait_device(ip: Ipv4Addr) {
-    // /proc/net/udp writes the address as the hex of its in-memory (network-order) u32.
-    let want = format!("{:08X}:12B7", u32::from_ne_bytes(ip.octets()));
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
-        if table
-            .lines()
-            .any(|l| l.split_whitespace().nth(1) == Some(&want))
-        {
-            return;
-        }
-        assert!(Instant::now() < end, "no device on {ip} within 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -109,13 +62,18 @@ fn seed_rdma_server_and_client_run_unmodified() {
     };
     let port = "7471";
 
-    let srv = exec(SERVER_IP, &server, &[port]).spawn().unwrap();
+    let srv = exec(SERVER_IP, &[server.as_os_str(), port.as_ref()])
+        .spawn()
+        .unwrap();
     wait_device(SERVER_IP.parse().unwrap());
     // rdma_listen opens the device, then listens: a moment for the second step.
     std::thread::sleep(Duration::from_millis(300));
-    let cli = exec(CLIENT_IP, &client, &[SERVER_IP, port])
-        .spawn()
-        .unwrap();
+    let cli = exec(
+        CLIENT_IP,
+        &[client.as_os_str(), SERVER_IP.as_ref(), port.as_ref()],
+    )
+    .spawn()
+    .unwrap();
     let c = wait(cli, Duration::from_secs(20), "rdma_client");
     let s = wait(srv, Duration::from_secs(20), "rdma_server");
     let _ = std::fs::remove_dir_all(&dir);

@@ -8,57 +8,10 @@
 //! through rdma_cm). Skipped, saying why, only when a tool is not installed (CI installs
 //! them). Every program is killed after a deadline.
 
-use std::net::Ipv4Addr;
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
-
-fn have(tool: &str) -> bool {
-    Path::new("/usr/bin").join(tool).exists()
-}
-
-fn exec(ip: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(SOFTROCE);
-    c.args(["exec", "--ip", ip, "--"]).args(args);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-/// Waits for `child` up to `limit`, killing it past that.
-fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits for `child` up to `limit`; past that kills it (by its pid) and returns None.
-fn wait_or_kill(mut child: Child, limit: Duration) -> Option<Output> {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(child.wait_with_output().unwrap())
-}
+mod exec_support;
+use exec_support::*;
+use std::process::{Child, Output};
+use std::time::Duration;
 
 /// The server while the client runs: killed (by its pid) if the test panics first, so that
 /// no server outlives its test holding its address.
@@ -84,20 +37,7 @@ impl Drop for Reaper {
 /// Waits (up to 10 s) until a device owns `ip`'s RoCEv2 port (/proc/net/udp), then a moment
 /// for the server's rdma_listen to follow its device's opening.
 fn wait_server(ip: &str) {
-    let ip: Ipv4Addr = ip.parse().unwrap();
-    let want = format!("{:08X}:12B7", u32::from_ne_bytes(ip.octets()));
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
-        if table
-            .lines()
-            .any(|l| l.split_whitespace().nth(1) == Some(&want))
-        {
-            break;
-        }
-        assert!(Instant::now() < end, "no device on {ip} within 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_device(ip.parse().unwrap());
     std::thread::sleep(Duration::from_millis(300));
 }
 
