@@ -18,7 +18,16 @@ use softroce::verbs::{SendFlags, SendWr, Sge, Wc, WrOpcode};
 #[derive(Default)]
 pub(crate) struct WrBuild {
     wrs: Vec<SendWr>,
+    /// `inline[i]`: the bytes `wr_set_inline_data(_list)` copied for `wrs[i]`.
+    inline: Vec<Option<Vec<u8>>>,
     err: c_int,
+}
+
+impl WrBuild {
+    fn push(&mut self, wr: SendWr) {
+        self.wrs.push(wr);
+        self.inline.push(None);
+    }
 }
 
 /// The `IBV_QP_EX_WITH_*` operations softroce builds (rxe's: all but TSO and ATOMIC_WRITE).
@@ -140,7 +149,7 @@ fn new_wr(qp: *mut ibv_qp_ex, opcode: WrOpcode, fill: impl FnOnce(&mut SendWr)) 
         let mut wr = SendWr::new(q.ibv.wr_id, opcode, Vec::new());
         wr.send_flags = SendFlags(q.ibv.wr_flags & 0xf);
         fill(&mut wr);
-        b.wrs.push(wr);
+        b.push(wr);
     });
 }
 
@@ -197,7 +206,7 @@ unsafe extern "C" fn wr_bind_mw(
             unsafe { crate::mw::bind_wr(q.ibv.wr_id, q.ibv.wr_flags, mw, rkey, &*info) }
         };
         match r {
-            Ok(wr) => b.wrs.push(wr),
+            Ok(wr) => b.push(wr),
             Err(e) if b.err == 0 => b.err = e,
             Err(_) => {}
         }
@@ -289,28 +298,64 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list
     });
 }
 
-/// Inline data: SGEs without a key, copied when `wr_complete` posts them.
-fn set_inline(qp: *mut ibv_qp_ex, bufs: &[(u64, usize)]) {
-    last_wr(qp, |q, w| {
-        let total: usize = bufs.iter().map(|b| b.1).sum();
-        if total > q.cap.max_inline_data as usize {
-            return Err(libc::ENOMEM);
+/// `ibv_wr_set_inline_data(_list)`: copies the bytes of `bufs` (address, length) now, as
+/// rxe's provider copies them into the WQE: any readable memory, registered or not, which
+/// the program may reuse as soon as the call returns. The WR becomes IBV_SEND_INLINE with
+/// one keyless SGE of the total length. Errors (at `wr_complete`): `ENOSPC` past the QP's
+/// `max_inline_data` (rxe's provider), `EINVAL` without a WR started.
+///
+/// # Safety
+/// Each `(addr, length)` of `bufs` names `length` readable bytes (the caller's contract).
+unsafe fn set_inline(qp: *mut ibv_qp_ex, bufs: &[(u64, usize)]) {
+    with_build(qp, |q, b| {
+        let r = (|| {
+            let i = b.wrs.len().checked_sub(1).ok_or(libc::EINVAL)?;
+            let mut total = 0usize;
+            for &(_, length) in bufs {
+                total = total
+                    .checked_add(length)
+                    .filter(|&t| t <= q.cap.max_inline_data as usize)
+                    .ok_or(libc::ENOSPC)?;
+            }
+            let mut data = vec![0u8; total];
+            let mut at = 0usize;
+            for &(addr, length) in bufs.iter().filter(|b| b.1 > 0) {
+                // SAFETY: `length` readable bytes of the program's memory at `addr` (our
+                // caller's contract), copied without a reference to them, into
+                // `data[at..at + length]` (the lengths sum to `data.len()`).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        addr as usize as *const u8,
+                        data.as_mut_ptr().add(at),
+                        length,
+                    )
+                };
+                at += length;
+            }
+            let w = &mut b.wrs[i];
+            w.sg_list = match bufs.first() {
+                Some(&(addr, _)) if total > 0 => vec![Sge {
+                    addr,
+                    length: total as u32,
+                    lkey: 0,
+                }],
+                _ => Vec::new(),
+            };
+            w.send_flags = SendFlags(w.send_flags.0 | SendFlags::INLINE.0);
+            b.inline[i] = Some(data);
+            Ok(())
+        })();
+        if let Err(e) = r
+            && b.err == 0
+        {
+            b.err = e;
         }
-        w.sg_list = bufs
-            .iter()
-            .map(|&(addr, length)| Sge {
-                addr,
-                length: length as u32,
-                lkey: 0,
-            })
-            .collect();
-        w.send_flags = SendFlags(w.send_flags.0 | SendFlags::INLINE.0);
-        Ok(())
     });
 }
 
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
-    set_inline(qp, &[(addr as u64, length)]);
+    // SAFETY: `addr` holds `length` readable bytes (the caller's contract).
+    unsafe { set_inline(qp, &[(addr as u64, length)]) };
 }
 
 unsafe extern "C" fn wr_set_inline_data_list(
@@ -318,18 +363,24 @@ unsafe extern "C" fn wr_set_inline_data_list(
     num_buf: usize,
     buf_list: *const ibv_data_buf,
 ) {
-    if num_buf > 0 && buf_list.is_null() {
-        return set_inline(qp, &[(0, usize::MAX)]);
-    }
-    // SAFETY: `buf_list` holds `num_buf` entries (the caller's contract).
-    let list = unsafe { std::slice::from_raw_parts(buf_list, num_buf) };
-    let bufs: Vec<(u64, usize)> = list.iter().map(|b| (b.addr as u64, b.length)).collect();
-    set_inline(qp, &bufs);
+    let bufs: Vec<(u64, usize)> = if num_buf > 0 && buf_list.is_null() {
+        // Nothing to read: refused like data over the limit.
+        vec![(0, usize::MAX)]
+    } else {
+        (0..num_buf)
+            // SAFETY: `buf_list` holds `num_buf` entries (the caller's contract).
+            .map(|i| unsafe { *buf_list.add(i) })
+            .map(|b| (b.addr as u64, b.length))
+            .collect()
+    };
+    // SAFETY: each buffer holds `length` readable bytes (the caller's contract).
+    unsafe { set_inline(qp, &bufs) };
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
     with_build(qp, |_, b| {
         b.wrs.clear();
+        b.inline.clear();
         b.err = 0;
     });
 }
@@ -343,6 +394,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         let q = unsafe { obj::<Qp, _>(qp) };
         let mut b = q.build.lock();
         let wrs = std::mem::take(&mut b.wrs);
+        let inline = std::mem::take(&mut b.inline);
         let err = std::mem::take(&mut b.err);
         drop(b);
         if err != 0 {
@@ -351,7 +403,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         if wrs.is_empty() {
             return 0;
         }
-        match q.qp.post_send(&wrs) {
+        match q.qp.post_send_gathered(&wrs, inline) {
             Ok(()) => 0,
             Err(e) => e.errno(),
         }
@@ -361,6 +413,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     with_build(qp, |_, b| {
         b.wrs.clear();
+        b.inline.clear();
         b.err = 0;
     });
 }

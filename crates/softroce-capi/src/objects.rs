@@ -487,6 +487,11 @@ pub(crate) extern "C" fn ibv_create_qp(
             Ok(qp) => qp,
             Err(e) => return null_errno(e.errno()),
         };
+        // As the kernel's create_qp response does: the send queue's capacities as rxe sized
+        // them (`max_inline_data` and `max_send_sge` may grow, `Pd::create_qp`).
+        let sized = qp.cap();
+        init.cap.max_send_sge = sized.max_send_sge;
+        init.cap.max_inline_data = sized.max_inline_data;
         if !init.srq.is_null() {
             init.cap.max_recv_wr = 0;
             init.cap.max_recv_sge = 0;

@@ -137,27 +137,52 @@ unsafe fn send_wr(w: &ibv_send_wr, qp_type: c_int) -> Result<SendWr, c_int> {
     Ok(wr)
 }
 
-/// The data of an IBV_SEND_INLINE WR, read from its SGEs' addresses (rxe's provider copies
-/// them the same way: the buffer need not be registered). None for other WRs and for more
-/// than softroce's inline limit (the engine then refuses the WR).
+/// The data of an IBV_SEND_INLINE WR, copied from its SGEs' addresses at post time, as
+/// rxe's provider copies them into the WQE (`init_send_wqe`): any readable memory (stack,
+/// heap, registered or not), no lkey checked. `Ok(None)` for a WR without the flag or for an
+/// opcode that carries no data (the engine posts those as usual).
+///
+/// Errors: `EINVAL` when the SGEs add up to more than the QP's `max_inline_data`, whatever
+/// the opcode (rxe's provider `validate_send_wr`).
 ///
 /// # Safety
-/// For an inline WR, each SGE addresses `length` readable bytes.
-unsafe fn inline_bytes(wr: &SendWr) -> Option<Vec<u8>> {
+/// For an inline WR, each SGE addresses `length` readable bytes (libibverbs' contract: the
+/// caller may reuse them as soon as `ibv_post_send` returns).
+unsafe fn inline_bytes(wr: &SendWr, max_inline_data: u32) -> Result<Option<Vec<u8>>, c_int> {
+    if !wr.send_flags.contains(SendFlags::INLINE) {
+        return Ok(None);
+    }
     let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-    if !wr.send_flags.contains(SendFlags::INLINE)
-        || length > u64::from(softroce::verbs::MAX_INLINE_DATA)
-    {
-        return None;
+    if length > u64::from(max_inline_data) {
+        return Err(libc::EINVAL);
     }
-    let mut data = Vec::with_capacity(length as usize);
+    if !matches!(
+        wr.opcode,
+        WrOpcode::Send
+            | WrOpcode::SendWithImm
+            | WrOpcode::SendWithInv
+            | WrOpcode::RdmaWrite
+            | WrOpcode::RdmaWriteWithImm
+    ) {
+        return Ok(None);
+    }
+    let mut data = vec![0u8; length as usize];
+    let mut at = 0usize;
     for s in wr.sg_list.iter().filter(|s| s.length > 0) {
-        // SAFETY: our caller's contract.
-        data.extend_from_slice(unsafe {
-            std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
-        });
+        let n = s.length as usize;
+        // SAFETY: the source is `n` readable bytes of the program's memory (our caller's
+        // contract), copied without forming a reference to them; the destination is
+        // `data[at..at + n]`, inside `data` because the lengths sum to `data.len()`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                s.addr as usize as *const u8,
+                data.as_mut_ptr().add(at),
+                n,
+            )
+        };
+        at += n;
     }
-    Some(data)
+    Ok(Some(data))
 }
 
 /// `ops.post_send`. Returns 0, or an errno with `*bad_wr` at the first WR not posted.
@@ -181,11 +206,14 @@ unsafe extern "C" fn post_send(
             // SAFETY: the program's WR list, readable as ibv_post_send requires.
             let w = unsafe { &*p };
             // SAFETY: as above.
-            match unsafe { send_wr(w, q.ibv.qp_base.qp_type) } {
-                Ok(e) => {
-                    // SAFETY: an inline WR's SGEs address readable bytes (libibverbs'
-                    // contract: the provider copies them before ibv_post_send returns).
-                    inline.push(unsafe { inline_bytes(&e) });
+            let r = unsafe { send_wr(w, q.ibv.qp_base.qp_type) }.and_then(|e| {
+                // SAFETY: an inline WR's SGEs address readable bytes (libibverbs'
+                // contract: the provider copies them before ibv_post_send returns).
+                unsafe { inline_bytes(&e, q.cap.max_inline_data) }.map(|d| (e, d))
+            });
+            match r {
+                Ok((e, data)) => {
+                    inline.push(data);
                     wrs.push(e);
                     ptrs.push(p);
                 }

@@ -43,10 +43,14 @@ pub fn rdma_get_udp_sport(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
 
 impl Pd {
     /// `ibv_create_qp` for RC, UC and UD QPs. A UD QP sends from UDP source port
-    /// `0xC000 + hash_32(qpn, 14)` (rxe) with the port's active MTU. Errors: `EINVAL` for
-    /// capacities over the device limits; `ENOMEM` past the QP limit.
+    /// `0xC000 + hash_32(qpn, 14)` (rxe) with the port's active MTU. The send queue's
+    /// capacities are sized as rxe sizes a WQE ([`Qp::cap`] gives the result): one WQE
+    /// holds `max(max_send_sge × 16, max_inline_data)` bytes, which become both
+    /// `max_inline_data` and `max_send_sge × 16` (a QP with one send SGE takes 16 bytes
+    /// inline). Errors: `EINVAL` for capacities over the device limits; `ENOMEM` past the
+    /// QP limit. Source: rxe `rxe_qp.c` (`rxe_qp_chk_cap`, `rxe_qp_init_req`).
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
-        let c = init.cap;
+        let mut c = init.cap;
         if c.max_send_wr == 0 || c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
             return Err(Error::new(
                 ErrorKind::Inval,
@@ -73,6 +77,11 @@ impl Pd {
                 "create_qp: max_inline_data over 512",
             ));
         }
+        // rxe `rxe_qp_init_req`: the WQE's data area is the larger of the SGE list (16 bytes
+        // per `struct ib_sge`) and the inline data; the caller gets both back at that size.
+        let wqe_data_bytes = (c.max_send_sge * SGE_BYTES).max(c.max_inline_data);
+        c.max_send_sge = wqe_data_bytes / SGE_BYTES;
+        c.max_inline_data = wqe_data_bytes;
         let mut st = self.dev.shared.state.lock();
         if st.qps.len() >= MAX_QP as usize {
             return Err(Error::new(ErrorKind::NoMem, "create_qp: too many QPs"));
@@ -130,6 +139,10 @@ impl Pd {
     }
 }
 
+/// Size of one `struct ib_sge` in an rxe send WQE, in bytes (the unit rxe sizes a WQE's
+/// data area in).
+const SGE_BYTES: u32 = 16;
+
 /// QP creation attributes (`struct ibv_qp_init_attr`).
 #[derive(Clone, Copy)]
 pub struct QpInitAttr<'a> {
@@ -168,6 +181,15 @@ impl Qp {
         st.qps
             .get(&self.qpn)
             .map_or(QpType::Rc, |s| s.engine.qp_type())
+    }
+
+    /// The capacities the QP was created with, as [`Pd::create_qp`] sized them
+    /// (`ibv_create_qp` writes them back into `init_attr->cap`; `ibv_query_qp` reports them).
+    pub fn cap(&self) -> QpCap {
+        let st = self.dev.shared.state.lock();
+        st.qps
+            .get(&self.qpn)
+            .map_or(QpCap::default(), |s| s.engine.cap())
     }
 
     /// Current state.
