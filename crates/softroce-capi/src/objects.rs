@@ -170,9 +170,9 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
         if pd.is_null() {
             return null_errno(libc::EINVAL);
         }
-        // An IOVA other than the address (and zero-based, on-demand paging, ...) are not
-        // supported yet: softroce's MR addresses are the process's virtual addresses.
-        if iova != addr as u64 || access & !(ACCESS_KNOWN | ACCESS_OPTIONAL_RANGE) != 0 {
+        // On-demand paging, zero-based and the other access flags beyond these are not
+        // supported.
+        if access & !(ACCESS_KNOWN | ACCESS_OPTIONAL_RANGE) != 0 {
             return null_errno(libc::EOPNOTSUPP);
         }
         // SAFETY: a live PD (the caller's contract).
@@ -181,7 +181,12 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
         // ibv_dereg_mr. (That the program keeps accessing it meanwhile is the engine's
         // user-memory model; see `Pd::reg_mr_user`.)
         let mr = unsafe {
-            p.pd.reg_mr_user(addr.cast(), length, AccessFlags(access & ACCESS_KNOWN))
+            p.pd.reg_mr_user_iova(
+                addr.cast(),
+                length,
+                iova,
+                AccessFlags(access & ACCESS_KNOWN),
+            )
         };
         match mr {
             Ok(mr) => Box::into_raw(Box::new(Mr {

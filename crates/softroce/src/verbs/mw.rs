@@ -148,8 +148,43 @@ impl Pd {
     /// `ptr` must stay valid for reads and writes of `len` bytes until the returned `Mr` is
     /// dropped (the allocation outlives the MR). Nothing more.
     pub unsafe fn reg_mr_user(&self, ptr: *mut u8, len: usize, access: AccessFlags) -> Result<Mr> {
+        // SAFETY: our caller's contract, which is `reg_mr_user_iova`'s.
+        unsafe { self.reg_mr_user_iova(ptr, len, ptr as u64, access) }
+    }
+
+    /// `ibv_reg_mr_iova` over caller memory: as [`Pd::reg_mr_user`], but the MR's virtual
+    /// address (what local SGEs and peers' RETH / AtomicETH name, and [`Mr::addr`]
+    /// returns) is `iova` instead of `ptr`.
+    ///
+    /// Errors: those of [`Pd::reg_mr_user`]; `EINVAL` when `iova` and `ptr` lie at
+    /// different offsets inside a 4 KiB page (ib_core `ib_uverbs_reg_mr`: "start" and
+    /// "hca_va" must agree below the page size) or `iova + len` passes 2^64.
+    /// Source: ib_core `uverbs_cmd.c` `ib_uverbs_reg_mr`; rxe `rxe_mr.c` `rxe_mr_init_user`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Pd::reg_mr_user`].
+    pub unsafe fn reg_mr_user_iova(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::new(ErrorKind::Inval, "reg_mr: null address"))?;
+        if (ptr.as_ptr() as u64 ^ iova) & (PAGE_BYTES - 1) != 0 {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "reg_mr: iova at another offset in its page than the address",
+            ));
+        }
+        if iova.checked_add(len as u64).is_none() {
+            return Err(Error::new(
+                ErrorKind::Inval,
+                "reg_mr: iova + length passes 2^64",
+            ));
+        }
         if len == 0 || len as u64 > MAX_MSG_BYTES {
             return Err(super::device::reg_mr_length_error(len));
         }
@@ -164,11 +199,18 @@ impl Pd {
         let mut st = self.dev.shared.state.lock();
         // SAFETY: our caller upholds `register_user`'s contract (see `# Safety` above: the
         // memory outlives the MR, which deregisters on drop).
-        let lkey = unsafe { st.mrs.register_user(self.handle, ptr, len, access) }
-            .ok_or_else(|| Error::new(ErrorKind::NoMem, "reg_mr: MR table full"))?;
+        let lkey = unsafe {
+            st.mrs
+                .register_user_iova(self.handle, ptr, len, iova, access)
+        }
+        .ok_or_else(|| Error::new(ErrorKind::NoMem, "reg_mr: MR table full"))?;
         Ok(new_mr(&self.dev, &st, lkey, len))
     }
 }
+
+/// The page size whose offsets an IOVA must share with the address it maps (ib_core's
+/// `PAGE_SIZE` on x86_64), in bytes.
+const PAGE_BYTES: u64 = 4096;
 
 fn new_mr(dev: &Device, st: &State, lkey: u32, length: usize) -> Mr {
     let addr = st.mrs.get(lkey).map_or(0, |m| m.iova);

@@ -539,10 +539,35 @@ impl MrTable {
         len: usize,
         access: AccessFlags,
     ) -> Option<u32> {
+        // SAFETY: our caller's contract, which is `register_user_iova`'s.
+        unsafe { self.register_user_iova(pd, ptr, len, ptr.as_ptr() as u64, access) }
+    }
+
+    /// [`MrTable::register_user`] with virtual address `iova` for byte 0 instead of `ptr`
+    /// (`ibv_reg_mr_iova`): local SGEs and peers' RETH / AtomicETH addresses name the
+    /// memory by `iova`; the bytes stay the application's at `ptr`. Returns its key, or
+    /// `None` when the table is full. Source: rxe `rxe_mr.c` `rxe_mr_init_user`
+    /// (`mr->iova = iova`).
+    ///
+    /// # Safety
+    ///
+    /// As [`MrTable::register_user`].
+    pub unsafe fn register_user_iova(
+        &mut self,
+        pd: u32,
+        ptr: NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Option<u32> {
         // SAFETY: our caller vouches for `len` bytes at `ptr` until deregistration, and the
         // `ForeignMem` lives in the table's entry, which deregistration drops.
         let mem = unsafe { ForeignMem::new(ptr, len) };
-        self.insert(pd, access, MrKind::User, MrBuf::Foreign(mem), len as u64)
+        let key = self.insert(pd, access, MrKind::User, MrBuf::Foreign(mem), len as u64)?;
+        if let Some(mr) = self.get_mut(key) {
+            mr.iova = iova;
+        }
+        Some(key)
     }
 
     /// Allocates a fast-register MR with room for `max_bytes` bytes, in the FREE state (no

@@ -225,6 +225,39 @@ fn user_memory_is_read_and_written_in_place() {
     assert_eq!(app.peek(28, 4), b"\x07\x07ab");
 }
 
+/// An MR over application memory registered at an IOVA other than the buffer's address
+/// (`ibv_reg_mr_iova`, rxe `rxe_mr_init_user`): peers' and local accesses name the bytes by
+/// the IOVA, the host address is outside the MR, and the bytes are the application's.
+#[test]
+fn user_memory_at_an_iova_is_addressed_by_it() {
+    let app = AppBuf::new(64, 0);
+    let mut t = MrTable::new(5);
+    let iova = 0x7e57_0000_0000 + (app.ptr.as_ptr() as u64 & 0xfff);
+    // SAFETY: the buffer outlives the table, which is dropped first.
+    let k = unsafe { t.register_user_iova(1, app.ptr, app.len(), iova, all()) }.unwrap();
+    assert_eq!(t.get(k).unwrap().iova, iova);
+    assert_eq!(t.get(k).unwrap().host_addr(), app.ptr.as_ptr() as u64);
+    t.write_remote(k, 1, 0x11, iova + 60, b"wxyz").unwrap();
+    assert_eq!(app.peek(60, 4), b"wxyz");
+    assert_eq!(
+        t.write_remote(k, 1, 0x11, app.ptr.as_ptr() as u64, b"a"),
+        Err(MemError::Range)
+    );
+    app.poke(0, b"host");
+    let mut out = [0u8; 4];
+    t.read_remote(k, 1, 0x11, iova, &mut out).unwrap();
+    assert_eq!(&out, b"host");
+    let sge = [Sge {
+        addr: iova + 2,
+        length: 4,
+        lkey: k,
+    }];
+    let mut g = [0u8; 4];
+    t.gather(&sge, 1, 0, &mut g).unwrap();
+    assert_eq!(&g, b"st\0\0");
+    drop(t);
+}
+
 /// ATOMICs on application memory are single atomic operations on the aligned word, so
 /// the application may use the word atomically at the same time; a misaligned host
 /// address is refused.
