@@ -207,19 +207,39 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
     })
 }
 
-/// `ibv_rereg_mr`: not supported. Its failures are `enum ibv_rereg_mr_err_code` values with
-/// errno saying why (not an errno value): `IBV_REREG_MR_ERR_CMD` (-4) and errno
-/// `EOPNOTSUPP`, what libibverbs returns for a provider without rereg.
+/// `ibv_rereg_mr` fails as it does on rxe with rdma-core 44, whose provider has no
+/// `rereg_mr`: libibverbs checks the arguments (`IBV_REREG_MR_ERR_INPUT`, -1, errno
+/// `EINVAL`: flags other than CHANGE_TRANSLATION / CHANGE_PD / CHANGE_ACCESS, a new
+/// translation without an address or a length, access flags without CHANGE_ACCESS), then
+/// the provider's default says `EOPNOTSUPP` and libibverbs returns `IBV_REREG_MR_ERR_CMD`
+/// (-4) with that errno. The MR stays registered as it was. Its results are
+/// `enum ibv_rereg_mr_err_code` values, not errno values. Source: libibverbs 44 `verbs.c`
+/// `ibv_rereg_mr`, `dummy_ops.c` `rereg_mr`; providers/rxe/rxe.c `rxe_ctx_ops`.
 pub(crate) extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
+    mr: *mut ibv_mr,
+    flags: c_int,
     _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
 ) -> c_int {
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`, `_CHANGE_ACCESS`, `_FLAGS_SUPPORTED`.
+    const CHANGE_TRANSLATION: c_int = 1 << 0;
+    const CHANGE_ACCESS: c_int = 1 << 2;
+    const FLAGS_SUPPORTED: c_int = (CHANGE_ACCESS << 1) - 1;
+    /// `IBV_REREG_MR_ERR_INPUT`, `IBV_REREG_MR_ERR_CMD`.
+    const ERR_INPUT: c_int = -1;
+    const ERR_CMD: c_int = -4;
+    let bad_input = mr.is_null()
+        || flags & !FLAGS_SUPPORTED != 0
+        || (flags & CHANGE_TRANSLATION != 0 && (length == 0 || addr.is_null()))
+        || (access != 0 && flags & CHANGE_ACCESS == 0);
+    if bad_input {
+        crate::set_errno(libc::EINVAL);
+        return ERR_INPUT;
+    }
     crate::set_errno(libc::EOPNOTSUPP);
-    -4
+    ERR_CMD
 }
 
 pub(crate) extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
@@ -1062,8 +1082,8 @@ mod tests {
     fn rxe_ipv4_area() -> [u8; 40] {
         let mut g = [0u8; 40];
         g[20..40].copy_from_slice(&[
-            0x45, 0x00, 0x00, 0x3c, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 127, 0, 150,
-            2, 127, 0, 150, 1,
+            0x45, 0x00, 0x00, 0x3c, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 127, 0, 150, 2,
+            127, 0, 150, 1,
         ]);
         let sum: u32 = (0..10)
             .map(|i| u32::from(u16::from_be_bytes([g[20 + 2 * i], g[21 + 2 * i]])))
