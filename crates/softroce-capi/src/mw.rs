@@ -29,7 +29,7 @@ const IBV_MW_TYPE_2: c_int = 2;
 /// (LOCAL_WRITE, which pyverbs passes, and MW_BIND) mean nothing for a window; rxe
 /// accepts and ignores them.
 const MW_ACCESS: u32 = 0xe;
-/// `IBV_ACCESS_ZERO_BASED`: a window addressed from 0; not supported (EOPNOTSUPP).
+/// `IBV_ACCESS_ZERO_BASED`: a window addressed from 0 (type 2 only).
 const ACCESS_ZERO_BASED: u32 = 0x20;
 
 /// `ops.alloc_mw`: a window of type 1 or 2 on `pd`; another type is EINVAL (rxe), and
@@ -81,7 +81,8 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
 
 /// The BIND_MW work request that gives window `mw` R_Key `rkey` over `info` (an unbind when
 /// `info.length` is 0, where the MR may be NULL). EINVAL for a NULL window, or a NULL MR
-/// with a length; EOPNOTSUPP for a zero-based window.
+/// with a length. A zero-based bind goes to the engine (a type 1 window fails there with
+/// `IBV_WC_MW_BIND_ERR`, as rxe's kernel does for a BIND_MW work request).
 ///
 /// # Safety
 /// `mw` is NULL or a live window of this library; `info.mr` NULL or a live MR.
@@ -94,9 +95,6 @@ pub(crate) unsafe fn bind_wr(
 ) -> Result<SendWr, c_int> {
     if mw.is_null() || (info.mr.is_null() && info.length != 0) {
         return Err(libc::EINVAL);
-    }
-    if info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
-        return Err(libc::EOPNOTSUPP);
     }
     // SAFETY: our caller's contract.
     let w = unsafe { obj::<Mw, _>(mw) };
@@ -114,7 +112,7 @@ pub(crate) unsafe fn bind_wr(
         mr_lkey,
         addr: info.addr,
         length: info.length,
-        access: AccessFlags(info.mw_access_flags & MW_ACCESS),
+        access: AccessFlags(info.mw_access_flags & (MW_ACCESS | ACCESS_ZERO_BASED)),
     });
     Ok(wr)
 }
@@ -133,6 +131,11 @@ pub(crate) unsafe extern "C" fn bind_mw(
         }
         // SAFETY: live objects of this library (the caller's contract).
         let (q, b) = unsafe { (obj::<Qp, _>(qp), &*bind) };
+        // rxe's provider refuses a zero-based type 1 bind before posting it.
+        if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
+            crate::set_errno(libc::EINVAL);
+            return libc::EINVAL;
+        }
         // SAFETY: as above.
         let rkey = verbs::inc_rkey(unsafe { obj::<Mw, _>(mw) }.mw.rkey());
         // SAFETY: as above.

@@ -197,6 +197,10 @@ bitflags_u32!(
         REMOTE_ATOMIC = 8,
         /// `IBV_ACCESS_MW_BIND`.
         MW_BIND = 16,
+        /// `IBV_ACCESS_ZERO_BASED`: a memory window addressed from 0 (type 2 windows only):
+        /// a peer's va is an offset from the bound address. Source: IBTA Vol 1 ch. 10
+        /// (zero based virtual address, o10-36.2.2); rxe `rxe_mw.c`, `rxe_resp.c`.
+        ZERO_BASED = 32,
     }
 );
 

@@ -108,13 +108,23 @@ impl MrTable {
     /// a writable window on an MR without LOCAL_WRITE, [`MemError::PdMismatch`] when QP, MW
     /// and MR are not all of one PD, [`MemError::State`] for a type 2 window that is not FREE
     /// or a zero-length type 2 bind or an MR that is not VALID, [`MemError::Range`] for a
-    /// window outside the MR. Source: rxe `rxe_bind_mw`, `rxe_check_bind_mw`.
+    /// window outside the MR (a zero-based window: longer than the MR), [`MemError::Type`]
+    /// for a zero-based type 1 window. Source: rxe `rxe_bind_mw`, `rxe_check_bind_mw` (as
+    /// fixed by "RDMA/rxe: Fix access checks in rxe_check_bind_mw", which checks the access
+    /// of the bind rather than the window's previous one).
     pub fn bind_mw(&mut self, qpn: u32, qp_pd: u32, b: &BindMw) -> Result<(), MemError> {
         let mw = self.mw(b.mw_rkey).ok_or(MemError::BadKey)?.clone();
-        let remote =
-            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        let remote = AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC
+            | AccessFlags::ZERO_BASED;
         if !remote.contains(b.access) {
             return Err(MemError::Access);
+        }
+        let zero_based = b.access.contains(AccessFlags::ZERO_BASED);
+        // IBTA o10-36.2.2: a type 1 window is never zero based.
+        if zero_based && mw.mw_type == MwType::Type1 {
+            return Err(MemError::Type);
         }
         if mw.pd != qp_pd {
             return Err(MemError::PdMismatch);
@@ -146,8 +156,15 @@ impl MrTable {
             {
                 return Err(MemError::Access);
             }
-            // C10-75: the window lies inside the MR.
-            mr.offset_of(b.addr, b.length)?;
+            // C10-75: the window lies inside the MR; a zero-based one is no longer than the
+            // MR (rxe checks only that; an access beyond the MR fails when it is made).
+            if zero_based {
+                if b.length > mr.length() {
+                    return Err(MemError::Range);
+                }
+            } else {
+                mr.offset_of(b.addr, b.length)?;
+            }
             Some(b.mr_lkey)
         } else {
             None
@@ -302,6 +319,40 @@ mod tests {
             length,
             access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         }
+    }
+
+    // IBTA o10-36.2.2: a type 1 window is never zero based. A zero-based type 2 window is
+    // addressed from 0: va 0 is the bound address; it may be as long as the MR, and access
+    // past its length is out of range (rxe rxe_check_bind_mw, rxe_resp.c check_rkey).
+    #[test]
+    fn zero_based_type2_window_is_addressed_from_0() {
+        let (mut t, mr, va) = table_with_mr();
+        let zb = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::ZERO_BASED;
+        let w1 = t.alloc_mw(PD, MwType::Type1).unwrap();
+        let mut b1 = bind(w1, mr, va + 64, 32);
+        b1.access = zb;
+        assert_eq!(t.bind_mw(QPN, PD, &b1), Err(MemError::Type));
+        let w2 = t.alloc_mw(PD, MwType::Type2).unwrap();
+        let mut too_long = bind(w2, mr, va + 64, 4097);
+        too_long.access = zb;
+        assert_eq!(t.bind_mw(QPN, PD, &too_long), Err(MemError::Range));
+        let mut b2 = bind(w2, mr, va + 64, 32);
+        b2.access = zb;
+        t.bind_mw(QPN, PD, &b2).unwrap();
+        let key = b2.rkey;
+        t.write_remote(key, PD, QPN, 4, b"zero").unwrap();
+        let mut got = [0u8; 4];
+        t.read_remote(mr, PD, QPN, va + 68, &mut got).unwrap();
+        assert_eq!(&got, b"zero");
+        assert_eq!(
+            t.write_remote(key, PD, QPN, 30, b"abc"),
+            Err(MemError::Range)
+        );
+        assert_eq!(
+            t.write_remote(key, PD, QPN, va + 64, b"a"),
+            Err(MemError::Range),
+            "the bound address is not an address through a zero-based window"
+        );
     }
 
     #[test]

@@ -439,13 +439,30 @@ impl MwEntry {
             return Err(MemError::Access);
         }
         // IBTA: an access through a window must lie inside the window (rxe checks only the
-        // MR's range here; spec/deviations.toml).
+        // MR's range here; spec/deviations.toml). A zero-based window spans [0, length)
+        // (rxe `rxe_check_mw` would, had it the check: `va + resid > mw->length`).
         let end = va.checked_add(len).ok_or(MemError::Range)?;
-        let mw_end = self.addr.checked_add(self.length).ok_or(MemError::Range)?;
-        if va < self.addr || end > mw_end {
+        let (start, mw_end) = if self.access.contains(AccessFlags::ZERO_BASED) {
+            (0, self.length)
+        } else {
+            let end = self.addr.checked_add(self.length).ok_or(MemError::Range)?;
+            (self.addr, end)
+        };
+        if va < start || end > mw_end {
             return Err(MemError::Range);
         }
         Ok(())
+    }
+
+    /// The MR address that `va`, an address through this window, names: `va` itself, or
+    /// for a zero-based window the bound address plus `va` (rxe `rxe_resp.c` `check_rkey`:
+    /// `qp->resp.offset = mw->addr`). Errors: [`MemError::Range`] on overflow.
+    pub(super) fn mr_va(&self, va: u64) -> Result<u64, MemError> {
+        if self.access.contains(AccessFlags::ZERO_BASED) {
+            self.addr.checked_add(va).ok_or(MemError::Range)
+        } else {
+            Ok(va)
+        }
     }
 }
 
@@ -704,12 +721,12 @@ impl MrTable {
         len: u64,
         need: AccessFlags,
     ) -> Result<(usize, usize), MemError> {
-        let mr_key = if is_mw_key(key) {
+        let (mr_key, va) = if is_mw_key(key) {
             let mw = self.mw(key).ok_or(MemError::BadKey)?;
             mw.check_access(pd, qpn, va, len, need)?;
-            mw.mr_key.ok_or(MemError::State)?
+            (mw.mr_key.ok_or(MemError::State)?, mw.mr_va(va)?)
         } else {
-            key
+            (key, va)
         };
         let mr = self.get(mr_key).ok_or(MemError::BadKey)?;
         if mr.state != MrState::Valid {
