@@ -1,10 +1,19 @@
-//! The project's own C program (tests/c/verbs_edges.c), compiled with `cc` against the
-//! installed `<infiniband/verbs.h>` and run through `softroce exec` on softroce's
-//! libibverbs.so.1: a server spinning on a flag byte that the client's RDMA WRITE sets, two
-//! threads on separate QPs of one context, `ibv_fork_init` and a fork, and the error paths
-//! (wrong lkey, wrong rkey, a QP in the wrong state, a too-small CQ) with rxe's statuses and
-//! errnos, memory windows of both types (bind, WRITE through, LOCAL_INV), `ibv_resize_cq`,
-//! `cmd_fd` / `ibv_import_device`, and an empty entry of the GID table. Skipped, saying why, only when `cc` or the header is missing (CI installs
+//! The project's own C programs, compiled with `cc` against the installed
+//! `<infiniband/verbs.h>` and run through `softroce exec` on softroce's libibverbs.so.1.
+//!
+//! tests/c/verbs_edges.c: a server spinning on a flag byte that the client's RDMA WRITE sets,
+//! two threads on separate QPs of one context, `ibv_fork_init` and a fork, and the error
+//! paths (wrong lkey, wrong rkey, a QP in the wrong state, a too-small CQ) with rxe's statuses
+//! and errnos, memory windows of both types (bind, WRITE through, LOCAL_INV),
+//! `ibv_resize_cq`, `cmd_fd` / `ibv_import_device`, and an empty entry of the GID table.
+//!
+//! tests/c/verbs_gaps.c: IBV_SEND_INLINE from unregistered memory (stack, heap; SEND, RDMA
+//! WRITE, `ibv_wr_set_inline_data` / `_list`) and rxe's `max_inline_data` sizing and errors,
+//! a UD receiver answering with `ibv_create_ah_from_wc` (and `ibv_init_ah_from_wc`'s
+//! fields), `ibv_reg_mr_iova` / `_iova2` with an IOVA other than the address (WRITE, READ,
+//! local SGE), and `ibv_rereg_mr`'s results as on rxe.
+//!
+//! Skipped, saying why, only when `cc` or the header is missing (CI installs
 //! libibverbs-dev). Killed after a deadline.
 
 use std::path::Path;
@@ -15,16 +24,27 @@ const SOFTROCE: &str = env!("CARGO_BIN_EXE_softroce");
 
 #[test]
 fn c_program_edges_through_softroce_exec() {
+    run_c_program("verbs_edges", "127.0.115.51,127.0.115.52");
+}
+
+#[test]
+fn c_program_gaps_through_softroce_exec() {
+    run_c_program("verbs_gaps", "127.0.150.51,127.0.150.52");
+}
+
+/// Compiles tests/c/`name`.c and runs it on two softroce devices (`ips`, comma-separated);
+/// it must exit 0 after printing "all passed".
+fn run_c_program(name: &str, ips: &str) {
     if !Path::new("/usr/include/infiniband/verbs.h").exists() {
         println!(
             "SKIPPED: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)"
         );
         return;
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/verbs_edges.c");
-    let dir = std::env::temp_dir().join(format!("softroce-capi-c-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let dir = std::env::temp_dir().join(format!("softroce-capi-c-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("verbs_edges");
+    let exe = dir.join(name);
     let cc = match Command::new("cc")
         .args(["-Wall", "-Wextra", "-Werror", "-O1", "-o"])
         .arg(&exe)
@@ -44,7 +64,7 @@ fn c_program_edges_through_softroce_exec() {
         String::from_utf8_lossy(&cc.stderr)
     );
     let mut child = Command::new(SOFTROCE)
-        .args(["exec", "--ip", "127.0.115.51,127.0.115.52", "--"])
+        .args(["exec", "--ip", ips, "--"])
         .arg(&exe)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -63,7 +83,7 @@ fn c_program_edges_through_softroce_exec() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && text.contains("all passed"),
-        "verbs_edges ({}):\n{text}\n{}",
+        "{name} ({}):\n{text}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
