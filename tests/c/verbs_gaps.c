@@ -312,6 +312,33 @@ static void inline_wr_api(void)
 	struct ibv_wc wc;
 	CHECK(ibv_poll_cq(c.cq, 1, &wc) == 0, "a completion after a refused ibv_wr_complete");
 	OK("ibv_wr_set_inline_data over max_inline_data: ibv_wr_complete says %s", strerror(r));
+
+	/* ibv_wr_set_sge after ibv_wr_set_inline_data: the SGE (in the MR) is what is sent. */
+	post_recv(s.qp, s.mr, s.buf, 512);
+	fill(c.buf, 40, 88);
+	fill(stack, 10, 1);
+	ibv_wr_start(x);
+	x->wr_id = 12;
+	x->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(x);
+	ibv_wr_set_inline_data(x, stack, 10);
+	ibv_wr_set_sge(x, c.mr->lkey, (uintptr_t)c.buf, 40);
+	CHECK(ibv_wr_complete(x) == 0, "ibv_wr_complete of inline data replaced by an SGE");
+	want_ok(c.cq, IBV_WC_SEND, "SGE after inline data");
+	rwc = poll_one(s.cq, "SGE after inline data, received");
+	CHECK(rwc.byte_len == 40 && same(s.buf, 40, 88), "SGE after inline data: %u bytes",
+	      rwc.byte_len);
+	/* More SGEs than max_send_sge: ENOSPC, as rxe's provider. */
+	struct ibv_sge many[64];
+	memset(many, 0, sizeof many);
+	ibv_wr_start(x);
+	ibv_wr_send(x);
+	ibv_wr_set_sge_list(x, c.cap.max_send_sge + 1, many);
+	r = ibv_wr_complete(x);
+	CHECK(r == ENOSPC, "%u SGEs over max_send_sge %u: ibv_wr_complete %d (%s)",
+	      c.cap.max_send_sge + 1, c.cap.max_send_sge, r, strerror(r));
+	OK("ibv_wr_set_sge after ibv_wr_set_inline_data sends the SGE; %u SGEs: %s",
+	   c.cap.max_send_sge + 1, strerror(ENOSPC));
 	free(heap);
 	rc_free(&s);
 	rc_free(&c);

@@ -153,12 +153,16 @@ fn new_wr(qp: *mut ibv_qp_ex, opcode: WrOpcode, fill: impl FnOnce(&mut SendWr)) 
     });
 }
 
-/// Sets something on the WR last started; EINVAL at `wr_complete` if there is none.
-fn last_wr(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut SendWr) -> Result<(), c_int>) {
+/// Sets something on the WR last started (given with the inline data copied for it);
+/// EINVAL at `wr_complete` if there is none.
+fn last_wr(
+    qp: *mut ibv_qp_ex,
+    f: impl FnOnce(&Qp, &mut SendWr, &mut Option<Vec<u8>>) -> Result<(), c_int>,
+) {
     with_build(qp, |q, b| {
-        let r = match b.wrs.last_mut() {
-            Some(wr) => f(q, wr),
-            None => Err(libc::EINVAL),
+        let r = match (b.wrs.last_mut(), b.inline.last_mut()) {
+            (Some(wr), Some(data)) => f(q, wr, data),
+            _ => Err(libc::EINVAL),
         };
         if let Err(e) = r
             && b.err == 0
@@ -261,7 +265,7 @@ unsafe extern "C" fn wr_set_ud_addr(
     remote_qpn: u32,
     remote_qkey: u32,
 ) {
-    last_wr(qp, |_, w| {
+    last_wr(qp, |_, w, _| {
         if ah.is_null() {
             return Err(libc::EINVAL);
         }
@@ -272,28 +276,44 @@ unsafe extern "C" fn wr_set_ud_addr(
     });
 }
 
+/// Replaces the WR's data with SGEs: inline data set before for it is dropped, and the WR
+/// is IBV_SEND_INLINE only if the QP's `wr_flags` say so.
+fn set_sges(q: &Qp, w: &mut SendWr, data: &mut Option<Vec<u8>>, sg_list: Vec<Sge>) {
+    w.sg_list = sg_list;
+    if data.take().is_some() && q.ibv.wr_flags & SendFlags::INLINE.0 == 0 {
+        w.send_flags = SendFlags(w.send_flags.0 & !SendFlags::INLINE.0);
+    }
+}
+
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    last_wr(qp, |_, w| {
-        w.sg_list = vec![Sge { addr, length, lkey }];
+    last_wr(qp, |q, w, data| {
+        set_sges(q, w, data, vec![Sge { addr, length, lkey }]);
         Ok(())
     });
 }
 
+/// `ibv_wr_set_sge_list`. Errors (at `wr_complete`): `ENOSPC` for more SGEs than the QP's
+/// `max_send_sge` (rxe's provider), `EINVAL` for a NULL list.
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
-    last_wr(qp, |q, w| {
-        if num_sge > q.cap.max_send_sge as usize || (num_sge > 0 && sg_list.is_null()) {
+    last_wr(qp, |q, w, data| {
+        if num_sge > q.cap.max_send_sge as usize {
+            return Err(libc::ENOSPC);
+        }
+        if num_sge > 0 && sg_list.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: `sg_list` holds `num_sge` entries (the caller's contract).
-        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge) };
-        w.sg_list = list
-            .iter()
-            .map(|s| Sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
+        let list = (0..num_sge)
+            .map(|i| {
+                // SAFETY: `sg_list` holds `num_sge` entries (the caller's contract).
+                let s = unsafe { sg_list.add(i).read_unaligned() };
+                Sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                }
             })
             .collect();
+        set_sges(q, w, data, list);
         Ok(())
     });
 }
