@@ -156,3 +156,79 @@ fn busy_polled_ping_pong_delivers_every_message_once() {
         }
     }
 }
+
+/// Adaptive busy polling (`UdpOptions::busy_poll_adaptive`): a requester of bulk WRITEs
+/// (64 datagrams out per ACK back) hands receiving to its driver thread within a few
+/// periods of 2 ms, while its responder, which receives far more than it sends, keeps busy
+/// polls receiving; every WRITE lands and completes either way. Addresses 127.0.25.21/22.
+#[test]
+fn adaptive_busy_poll_leaves_a_bulk_requester_to_its_driver_thread() {
+    let opts = UdpOptions {
+        busy_poll: true,
+        busy_poll_adaptive: true,
+        ..UdpOptions::default()
+    };
+    let ip = |h: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 25, 20 + h));
+    let a = side(ip(1), &opts).expect("device a");
+    let b = side(ip(2), &opts).expect("device b");
+    for (me, peer, mine, theirs) in [(&a, &b, 1, 2), (&b, &a, 2, 1)] {
+        let mut c = softroce::verbs::RcConnect::new(
+            peer.qp.qp_num(),
+            softroce::verbs::Gid::from_ip(peer.dev.ip()),
+            theirs,
+            mine,
+        );
+        c.path_mtu = PathMtu::Mtu1024;
+        me.qp.connect_rc(&c).expect("connect_rc");
+    }
+    assert!(
+        a.dev.link().busy_polls_receive(),
+        "busy polls receive at first"
+    );
+    const LEN: u32 = 65536;
+    let (abuf, bbuf) = (mr(&a, LEN as usize), mr(&b, LEN as usize));
+    let end = Instant::now() + Duration::from_secs(20);
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut wc = [Wc::default(); 16];
+    // At least 100 ms of WRITEs (50 periods), then until the requester has let go.
+    let start = Instant::now();
+    while (start.elapsed() < Duration::from_millis(100) || a.dev.link().busy_polls_receive())
+        && Instant::now() < end
+    {
+        while posted - done < 8 {
+            abuf.write(0, &posted.to_le_bytes()).unwrap();
+            let mut w = SendWr::new(posted, WrOpcode::RdmaWrite, vec![abuf.sge(0, LEN)]);
+            w.remote_addr = bbuf.addr();
+            w.rkey = bbuf.rkey();
+            a.qp.post_send(&[w]).unwrap();
+            posted += 1;
+        }
+        let n = a.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(
+                (w.status, w.opcode),
+                (WcStatus::Success, WcOpcode::RdmaWrite)
+            );
+            done += 1;
+        }
+    }
+    assert!(
+        !a.dev.link().busy_polls_receive(),
+        "the requester still busy-polls its socket after {posted} WRITEs of 64 KiB"
+    );
+    assert!(
+        b.dev.link().busy_polls_receive(),
+        "the responder receives more than it sends"
+    );
+    while done < posted && Instant::now() < end {
+        let n = a.cq.poll(&mut wc);
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success);
+            done += 1;
+        }
+    }
+    assert_eq!(done, posted, "every WRITE completes");
+    let mut got = [0u8; 8];
+    bbuf.read(0, &mut got).unwrap();
+    assert_eq!(u64::from_le_bytes(got), posted - 1, "the last WRITE landed");
+}

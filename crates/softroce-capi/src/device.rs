@@ -199,13 +199,20 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> &'a Context {
     unsafe { &*(ctx as *mut u8).sub(off).cast::<Context>() }
 }
 
-/// The environment variable that turns busy polling off (`0`) or on (anything else).
+/// The environment variable that chooses how `ibv_poll_cq` drives a device: unset (or
+/// `adaptive`): adaptive busy polling (`UdpOptions::busy_poll_adaptive`: the polling thread
+/// receives from the socket itself only while the device's own thread is found late, as
+/// when spinning threads hold every core); `1` or `always`: always; `0`: never (the
+/// device's thread receives).
 pub const SOFTROCE_BUSY_POLL: &str = "SOFTROCE_BUSY_POLL";
 
-/// Whether devices open in busy-polling mode (`UdpOptions::busy_poll`): on unless
-/// `$SOFTROCE_BUSY_POLL` is `0`.
-fn busy_poll_from_env() -> bool {
-    std::env::var_os(SOFTROCE_BUSY_POLL).is_none_or(|v| v != "0")
+/// `(busy_poll, busy_poll_adaptive)` from `$SOFTROCE_BUSY_POLL` ([`SOFTROCE_BUSY_POLL`]).
+fn busy_poll_from_env() -> (bool, bool) {
+    match std::env::var_os(SOFTROCE_BUSY_POLL) {
+        Some(v) if v == "0" => (false, false),
+        Some(v) if v == "1" || v == "always" => (true, false),
+        _ => (true, true),
+    }
 }
 
 /// Engine devices open in this process, by address: a second `ibv_open_device` of a device
@@ -216,8 +223,10 @@ fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
     if let Some(d) = open.get(&addr.ip).and_then(Weak::upgrade) {
         return Ok(d);
     }
+    let (busy_poll, busy_poll_adaptive) = busy_poll_from_env();
     let opts = UdpOptions {
-        busy_poll: busy_poll_from_env(),
+        busy_poll,
+        busy_poll_adaptive,
         ..UdpOptions::process_default()
     };
     let d = Arc::new(UdpDevice::open_with_options(

@@ -52,6 +52,15 @@ pub struct UdpOptions {
     /// same send; a poll that finds nothing sends them (so does the driver thread, within
     /// ≈ 0.5 ms, if polling stops). Off by default: then `poll_cq` only polls the CQ.
     pub busy_poll: bool,
+    /// With [`UdpOptions::busy_poll`]: busy polls receive only while the device is not
+    /// mostly sending. Every 2 ms the driver thread weighs the datagrams sent against those
+    /// received: a device that sent more than four per one received (the requester of bulk
+    /// WRITEs or SENDs) leaves receiving its ACKs to the driver thread, which then works in
+    /// parallel with the application (a busy poll that receives those ACKs also transmits
+    /// what they let out, in the application's thread: 0.6-0.75× of the bandwidth on 2
+    /// cores, docs/performance.md); in any other mix (ping-pong, a receiver of bulk data)
+    /// busy polls take the socket, as without this option. Off by default.
+    pub busy_poll_adaptive: bool,
     /// Turn off every batching offload (UDP GSO on send, UDP GRO on receive, `sendmmsg` /
     /// `recvmmsg`): one system call per datagram, as on a kernel without them. The offloads
     /// fall back on their own when the kernel refuses them; this is for comparisons and for
@@ -128,6 +137,11 @@ pub struct UdpLink {
     /// next busy poll: the polling thread blocks, so the driver thread receives again at
     /// once instead of napping.
     pub(super) poller_asleep: AtomicBool,
+    /// Adaptive busy polling ([`UdpOptions::busy_poll_adaptive`]).
+    pub(super) adaptive: bool,
+    /// With `adaptive`: whether busy polls take the socket now (set by the driver thread
+    /// from the traffic mix; `udp::TrafficMix`).
+    pub(super) poller_takes_socket: AtomicBool,
     /// ACKs held back by a busy poll until its completions are handed out.
     pub(super) deferred: Mutex<Vec<Transmit>>,
     /// Set while received datagrams are delivered ([`deliver`], by whoever holds `rx`): the
@@ -192,6 +206,8 @@ impl UdpLink {
             busy_poll,
             polls: AtomicU64::new(0),
             poller_asleep: AtomicBool::new(false),
+            adaptive: busy_poll && opts.busy_poll_adaptive,
+            poller_takes_socket: AtomicBool::new(true),
             deferred: Mutex::new(Vec::new()),
             holding_acks: AtomicBool::new(false),
         })
@@ -206,6 +222,14 @@ impl UdpLink {
     /// ([`UdpOptions::busy_poll`]).
     pub fn busy_poll(&self) -> bool {
         self.busy_poll
+    }
+
+    /// True when busy polls of this link's device receive from the socket now: in
+    /// busy-polling mode ([`UdpOptions::busy_poll`]) unless adaptive mode
+    /// ([`UdpOptions::busy_poll_adaptive`]) found the device mostly sending. False outside
+    /// busy-polling mode.
+    pub fn busy_polls_receive(&self) -> bool {
+        self.busy_poll && self.poller_receives()
     }
 
     /// The capture this link writes to, if any.
@@ -258,6 +282,13 @@ impl UdpLink {
             let _ = self.send_now(&held);
             held.clear();
         }
+    }
+
+    /// True when busy polls take the socket now: always in plain busy-polling mode; in
+    /// adaptive mode ([`UdpOptions::busy_poll_adaptive`]) unless the device is mostly
+    /// sending.
+    pub(super) fn poller_receives(&self) -> bool {
+        !self.adaptive || self.poller_takes_socket.load(Ordering::Relaxed)
     }
 
     /// True when a busy poller holds [`DEFER_MAX_HELD`] ACKs or more: they go now even if the

@@ -170,6 +170,11 @@ impl BusyPoller {
         if link.poller_asleep.load(Ordering::Relaxed) {
             link.poller_asleep.store(false, Ordering::Relaxed);
         }
+        if !link.poller_receives() {
+            // Adaptive mode while the driver thread keeps up: it receives; we take what the
+            // CQ holds, with no system call.
+            return cq.poll_queued(out);
+        }
         // Completions already in the CQ come back without a receive system call (≈ 1 µs
         // on an empty socket): the application acts on them first, and its answer can
         // still carry the ACKs held back.
@@ -238,6 +243,7 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
     let mut timeout = None;
     let mut polls_seen = u64::MAX;
     let mut busy_until: Option<std::time::Instant> = None;
+    let mut mix = TrafficMix::new(link);
     while !stop.load(Ordering::Relaxed) {
         let mut park = device
             .next_timeout()
@@ -250,7 +256,13 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
             // ACKs a poller held back and has not sent yet (it may have stopped polling).
             link.flush_deferred();
             let polls = link.polls.load(Ordering::Relaxed);
-            if polls != polls_seen && !link.poller_asleep.load(Ordering::SeqCst) {
+            if link.adaptive {
+                mix.weigh(link);
+            }
+            if polls != polls_seen
+                && !link.poller_asleep.load(Ordering::SeqCst)
+                && link.poller_receives()
+            {
                 // A thread is busy-polling: it receives; we only serve timers (woken early
                 // by `UdpDevice::poller_sleeps`).
                 polls_seen = polls;
@@ -328,6 +340,59 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
             drain_group(device, link, group, &sock, &mut buf);
         }
         device.handle_timeouts();
+    }
+}
+
+/// In adaptive busy-polling mode ([`UdpOptions::busy_poll_adaptive`]), how often the driver
+/// thread weighs what the device sent against what it received.
+const MIX_PERIOD: Duration = Duration::from_millis(2);
+/// A device that sent more than this many datagrams per datagram received in the last
+/// [`MIX_PERIOD`] (a requester of bulk WRITEs or SENDs: many data packets out, an ACK back
+/// now and then) leaves receiving to its driver thread; any other mix (ping-pong, a
+/// receiver of bulk data, READ responses) lets busy polls receive.
+const SENDER_RATIO: u64 = 4;
+
+/// The driver thread's view of the device's traffic mix (adaptive busy polling).
+#[derive(Debug)]
+struct TrafficMix {
+    /// When the mix was last weighed.
+    at: std::time::Instant,
+    /// `tx_datagrams` and `rx_datagrams` then.
+    tx: u64,
+    rx: u64,
+}
+
+impl TrafficMix {
+    fn new(link: &UdpLink) -> TrafficMix {
+        TrafficMix {
+            at: std::time::Instant::now(),
+            tx: link.tx_datagrams.load(Ordering::Relaxed),
+            rx: link.rx_datagrams.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every [`MIX_PERIOD`]: lets busy polls receive unless the device mostly sent
+    /// ([`SENDER_RATIO`]). A quiet period changes nothing.
+    fn weigh(&mut self, link: &UdpLink) {
+        if self.at.elapsed() < MIX_PERIOD {
+            return;
+        }
+        let now = TrafficMix::new(link);
+        let (sent, received) = (now.tx - self.tx, now.rx - self.rx);
+        *self = now;
+        if sent + received == 0 {
+            return;
+        }
+        let sender = sent > SENDER_RATIO * received;
+        if link.poller_takes_socket.swap(!sender, Ordering::Relaxed) == sender {
+            tracing::debug!(
+                target: "softroce::net",
+                sent,
+                received,
+                "busy polls {} the socket",
+                if sender { "leave" } else { "take" }
+            );
+        }
     }
 }
 
