@@ -29,6 +29,9 @@ mod devinfo;
 mod exchange;
 mod exec;
 mod interrupt;
+// One `SOFTROCE_LOG` setup for the CLI and the C library.
+#[path = "../crates/softroce-capi/src/log.rs"]
+mod log;
 mod perf;
 mod pingpong;
 mod sim;
@@ -124,7 +127,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    init_log();
+    log::init_log();
     let cli = Cli::parse();
     if let Command::Exec(args) = cli.command {
         // Returns only when the program could not be started.
@@ -169,28 +172,6 @@ fn main() -> ExitCode {
             eprintln!("softroce: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// `SOFTROCE_LOG` (tracing-subscriber's EnvFilter syntax, e.g. `debug` or
-/// `softroce::nak=debug,softroce::drop=debug`) turns on the engine's protocol events, one line
-/// each on stderr: packets dropped (with the drop reason), NAKs sent and received,
-/// retransmissions, RNR waits and QP state changes. Without it no subscriber is installed and
-/// the events cost one relaxed load each.
-fn init_log() {
-    let Ok(filter) = std::env::var("SOFTROCE_LOG") else {
-        return;
-    };
-    match tracing_subscriber::EnvFilter::try_new(&filter) {
-        Ok(f) => {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(f)
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .without_time()
-                .try_init();
-        }
-        Err(e) => eprintln!("softroce: SOFTROCE_LOG={filter:?} ignored: {e}"),
     }
 }
 

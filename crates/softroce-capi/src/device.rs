@@ -97,6 +97,8 @@ fn node_guid(ip: IpAddr) -> u64 {
 
 pub(crate) extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi!(std::ptr::null_mut(), {
+        static LOG: std::sync::Once = std::sync::Once::new();
+        LOG.call_once(crate::log::init_log);
         let list = match devices() {
             Ok(l) => l,
             Err(e) => return null_errno(e),

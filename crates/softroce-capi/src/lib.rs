@@ -26,6 +26,8 @@
 //!   softroce does not implement returns EOPNOTSUPP (NULL/-1 with errno, as each returns).
 //! - Errors: every entry point runs inside [`ffi!`], which turns a panic into the function's
 //!   error return (errno `EIO`); no panic crosses the C boundary.
+//! - `SOFTROCE_LOG`: the first `ibv_get_device_list` installs the engine's event log on
+//!   stderr, as the `softroce` CLI does (`log.rs`).
 //! - Memory: `ibv_reg_mr` registers the caller's memory itself (`Pd::reg_mr_user`); RDMA
 //!   WRITEs land in it.
 
@@ -34,6 +36,7 @@
 pub mod abi;
 mod device;
 mod ex;
+mod log;
 mod mad;
 mod mw;
 mod objects;
