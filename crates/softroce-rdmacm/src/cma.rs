@@ -18,7 +18,8 @@ use crate::{ffi, neg_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
 use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
-use softroce::transport::Instant;
+use softroce::transport::{Instant, PathMtu};
+use softroce::verbs::RcConnect;
 use softroce::wire::cm::{
     CmaHdr, CmaHdrRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip,
     rdma_cm_service_id,
@@ -27,21 +28,15 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 
-/// Length of rdma_cm's IP header at the start of a REQ's private data (`struct cma_hdr`).
-const CMA_HDR_LEN: usize = 36;
-/// The REQ/REP/REJ private data sizes (IBTA).
-const REQ_PRIVATE: usize = 92;
-const REP_PRIVATE: usize = 196;
-const REJ_PRIVATE: usize = 148;
+use softroce::cm::rdma_cm::{
+    CMA_HDR_LEN, REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
+    REQ_PRIVATE_DATA_LEN as REQ_PRIVATE, req_user_private_data,
+};
 /// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
 const SIDR_REQ_PRIVATE: usize = 216;
 const SIDR_REP_PRIVATE: usize = 136;
 /// The GID index of a device's IP address (softroce::net::discover: index 1, as rxe).
 const SGID_INDEX: u8 = 1;
-/// QP local ACK timeout we ask for (4.096 µs × 2^14 ≈ 67 ms).
-const LOCAL_ACK_TIMEOUT: u8 = 14;
-/// RNR NAK timer of our QPs (IB encoding 12 = 0.64 ms).
-const MIN_RNR_TIMER: u8 = 12;
 /// Longest a driver thread waits on QP1 between timer checks, in ms.
 const DRIVER_TICK_MS: u64 = 20;
 
@@ -465,32 +460,26 @@ fn qp_init(ibv: &Ibv, qp: *mut ibv_qp, qp_type: c_int) -> Result<(), c_int> {
 /// rdma_cm's Q_Key for UDP port space ids.
 const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 
-struct Rtr {
-    dest_qpn: u32,
-    rq_psn: u32,
-    mtu: u8,
-    max_dest_rd_atomic: u8,
-    peer: IpAddr,
-    flow_label: u32,
-}
-
-fn qp_rtr(ibv: &Ibv, qp: *mut ibv_qp, r: &Rtr) -> Result<(), c_int> {
+/// RTR with the attributes the engine derived from the REQ or REP
+/// (`RcConnect::rdma_cm_passive` / `rdma_cm_active`), through `ibv_modify_qp`.
+fn qp_rtr(ibv: &Ibv, qp: *mut ibv_qp, c: &RcConnect) -> Result<(), c_int> {
     let mut a = ibv_qp_attr {
         qp_state: IBV_QPS_RTR,
-        path_mtu: c_int::from(r.mtu),
-        dest_qp_num: r.dest_qpn,
-        rq_psn: r.rq_psn,
-        max_dest_rd_atomic: r.max_dest_rd_atomic,
-        min_rnr_timer: MIN_RNR_TIMER,
+        path_mtu: c.path_mtu as c_int,
+        dest_qp_num: c.dest_qp_num,
+        rq_psn: c.rq_psn,
+        max_dest_rd_atomic: c.max_dest_rd_atomic,
+        min_rnr_timer: c.min_rnr_timer,
         ..Default::default()
     };
     a.ah_attr.is_global = 1;
     a.ah_attr.port_num = 1;
     a.ah_attr.dlid = 0;
-    a.ah_attr.grh.dgid.raw = gid_of_ip(r.peer);
-    a.ah_attr.grh.sgid_index = SGID_INDEX;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.grh.flow_label = r.flow_label;
+    a.ah_attr.grh.dgid.raw = c.dgid.0;
+    a.ah_attr.grh.sgid_index = c.sgid_index;
+    a.ah_attr.grh.hop_limit = c.hop_limit;
+    a.ah_attr.grh.traffic_class = c.traffic_class;
+    a.ah_attr.grh.flow_label = c.flow_label;
     let m = mask::STATE
         | mask::AV
         | mask::PATH_MTU
@@ -501,22 +490,15 @@ fn qp_rtr(ibv: &Ibv, qp: *mut ibv_qp, r: &Rtr) -> Result<(), c_int> {
     modify(ibv, qp, &mut a, m)
 }
 
-fn qp_rts(
-    ibv: &Ibv,
-    qp: *mut ibv_qp,
-    sq_psn: u32,
-    timeout: u8,
-    retry: u8,
-    rnr_retry: u8,
-    max_rd_atomic: u8,
-) -> Result<(), c_int> {
+/// RTS with the attributes of [`qp_rtr`]'s `RcConnect`.
+fn qp_rts(ibv: &Ibv, qp: *mut ibv_qp, c: &RcConnect) -> Result<(), c_int> {
     let mut a = ibv_qp_attr {
         qp_state: IBV_QPS_RTS,
-        sq_psn,
-        timeout,
-        retry_cnt: retry & 7,
-        rnr_retry: rnr_retry & 7,
-        max_rd_atomic,
+        sq_psn: c.sq_psn,
+        timeout: c.timeout,
+        retry_cnt: c.retry_cnt,
+        rnr_retry: c.rnr_retry,
+        max_rd_atomic: c.max_rd_atomic,
         ..Default::default()
     };
     let m = mask::STATE
@@ -697,26 +679,16 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             let peer = s
                 .remote
                 .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
-            let r = Rtr {
-                dest_qpn: rep.local_qpn,
-                rq_psn: rep.starting_psn,
-                mtu,
-                max_dest_rd_atomic: s.responder_resources,
+            let c = RcConnect::rdma_cm_active(
+                &rep,
                 peer,
-                flow_label: 0,
-            };
-            let (psn, retry, ini) = (s.starting_psn, s.retry_count, s.initiator_depth);
-            let ok = qp_rtr(ibv, qp, &r).and_then(|()| {
-                qp_rts(
-                    ibv,
-                    qp,
-                    psn,
-                    LOCAL_ACK_TIMEOUT,
-                    retry,
-                    rep.rnr_retry_count,
-                    ini.min(rep.responder_resources),
-                )
-            });
+                PathMtu::from_ibv(mtu).unwrap_or(PathMtu::Mtu1024),
+                s.responder_resources,
+                s.initiator_depth,
+                s.retry_count,
+                s.starting_psn,
+            );
+            let ok = qp_rtr(ibv, qp, &c).and_then(|()| qp_rts(ibv, qp, &c));
             let Some(o) = st.devs[dev].open.as_mut() else {
                 return;
             };
@@ -934,7 +906,7 @@ fn connect_request(
     };
     let mut e = new_event(std::ptr::null_mut(), event::CONNECT_REQUEST, 0);
     e.ev.listen_id = lid as *mut rdma_cm_id;
-    set_private(&mut e, &req.private_data[CMA_HDR_LEN..REQ_PRIVATE]);
+    set_private(&mut e, req_user_private_data(&req));
     // SAFETY: writing the conn member.
     unsafe {
         let c = &mut e.ev.param.conn;
@@ -1539,27 +1511,14 @@ pub(crate) extern "C" fn rdma_connect(
             s.responder_resources = rr;
             s.initiator_depth = ini;
             s.retry_count = retry;
-            let mut pd = vec![0u8; CMA_HDR_LEN];
-            CmaHdrRepr::new(local.ip(), local.port(), remote.ip()).emit(&mut pd);
-            pd.extend_from_slice(user);
             let o = st.open(dev)?;
-            let p = ConnectParams {
-                peer: remote.ip(),
-                service_id: rdma_cm_service_id(idr.ps as u16, remote.port()),
-                local_qpn: qpn,
-                starting_psn: psn,
-                responder_resources: rr,
-                initiator_depth: ini,
-                path_mtu: o.mtu,
-                retry_count: retry,
-                rnr_retry_count: rnr,
-                local_ack_timeout: LOCAL_ACK_TIMEOUT,
-                flow_label: softroce::cm::rdma_cm_flow_label(local.port(), remote.port()),
-                traffic_class: 0,
-                hop_limit: 64,
-                srq: !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0),
-                private_data: pd,
-            };
+            let mut p = ConnectParams::rdma_cm(local, remote, idr.ps as u16, qpn, psn, o.mtu, user)
+                .map_err(|e| e.errno())?;
+            p.responder_resources = rr;
+            p.initiator_depth = ini;
+            p.retry_count = retry;
+            p.rnr_retry_count = rnr;
+            p.srq = !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0);
             let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
             o.comms.insert(comm, id as usize);
             st.id_mut(id)?.comm = Some(comm);
@@ -1601,28 +1560,13 @@ pub(crate) extern "C" fn rdma_accept(
                 return Err(libc::EINVAL);
             }
             s.starting_psn = psn;
-            let mtu = st.open(dev)?.mtu.min(req.path_mtu);
+            let port_mtu = PathMtu::from_ibv(st.open(dev)?.mtu).unwrap_or(PathMtu::Mtu1024);
             let qpn = if idr.qp.is_null() {
                 cp.map_or(0, |c| c.qp_num)
             } else {
-                let r = Rtr {
-                    dest_qpn: req.local_qpn,
-                    rq_psn: req.starting_psn,
-                    mtu,
-                    max_dest_rd_atomic: rr,
-                    peer,
-                    flow_label: req.primary_path.flow_label,
-                };
-                qp_rtr(ibv, idr.qp, &r)?;
-                qp_rts(
-                    ibv,
-                    idr.qp,
-                    psn,
-                    req.primary_path.local_ack_timeout.max(LOCAL_ACK_TIMEOUT),
-                    req.retry_count,
-                    req.rnr_retry_count,
-                    ini.min(req.responder_resources),
-                )?;
+                let c = RcConnect::rdma_cm_passive(&req, peer, port_mtu, rr, ini, psn);
+                qp_rtr(ibv, idr.qp, &c)?;
+                qp_rts(ibv, idr.qp, &c)?;
                 // SAFETY: the id's live QP.
                 unsafe { (*idr.qp).qp_num }
             };
