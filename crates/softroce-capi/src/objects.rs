@@ -846,7 +846,7 @@ pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
 }
 
 /// `IBV_WC_GRH`: the receive buffer starts with the 40-byte network header.
-const IBV_WC_GRH: c_uint = 1 << 1;
+const IBV_WC_GRH: c_uint = 1 << 0;
 
 /// `ibv_init_ah_from_wc`: the address handle attributes that answer a UD receive. On RoCE the
 /// GRH area holds the datagram's network header (IPv4 in its last 20 bytes, as rxe writes

@@ -29,8 +29,11 @@ pub const RDMA_CM_REQ_USER_DATA_MAX: usize = REQ_PRIVATE_DATA_LEN - CMA_HDR_LEN;
 /// Local ACK timeout exponent softroce's rdma_cm frontends give their RC QPs (4.096 µs ×
 /// 2^14 ≈ 67 ms; kernel rdma_cm takes it from the path record, which softroce has none of).
 pub const RDMA_CM_LOCAL_ACK_TIMEOUT: u8 = 14;
-/// RNR NAK timer code of QPs connected through rdma_cm by softroce (12 = 0.64 ms).
-pub const RDMA_CM_MIN_RNR_TIMER: u8 = 12;
+/// RNR NAK timer code rdma_cm gives its RC QPs at RTR: 0, which is the longest, 655.36 ms
+/// (kernel `cm.c` `cm_init_qp_rtr_attr`). A peer whose SEND finds no receive posted waits
+/// that long per RNR retry (pyverbs' external-QP test posts its receive late and relies on
+/// it).
+pub const RDMA_CM_MIN_RNR_TIMER: u8 = 0;
 
 impl ConnectParams {
     /// The REQ of an rdma_cm connect from `local` to `remote` in port space `port_space`
