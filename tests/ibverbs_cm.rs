@@ -5,7 +5,7 @@
 //! the connecting side RDMA WRITEs there), then DREQ/DREP; a listener that rejects with
 //! private data; a connect to a port nobody listens on (REJ 8); a connect to an address
 //! with no device (ETIMEDOUT after the caller's timeout); a port listened on twice
-//! (EADDRINUSE); and our connect against the seed's C rdma_server running on softroce's
+//! (EADDRINUSE); a dropped connection disconnecting; and our connect against the seed's C rdma_server running on softroce's
 //! librdmacm.so.1 through `softroce exec`.
 
 mod exec_support;
@@ -148,6 +148,35 @@ fn listener_rejects_with_private_data_and_port_without_listener_is_rej_8() {
         .connect("127.0.170.4:7000".parse().unwrap(), &[0; 57], T)
         .unwrap_err();
     assert_eq!(e.errno(), 22);
+}
+
+// Dropping a connection disconnects it: the peer sees DISCONNECTED (our DREQ), answers with
+// its DREP, and its engine then holds the connection in TIMEWAIT (or not at all).
+#[test]
+fn dropping_a_connection_sends_the_dreq() {
+    let (a, b) = (open("127.0.170.6"), open("127.0.170.7"));
+    let listener = CmListener::bind(&b, 7474).unwrap();
+    let server = std::thread::spawn(move || {
+        let (pd, cq) = (b.alloc_pd().unwrap(), b.create_cq(8, 0).unwrap());
+        let qp = pd.create_qp(&cq, &cq, QpType::Rc).build().unwrap();
+        let mut conn = listener.get_request(T).unwrap().accept(qp).unwrap();
+        conn.wait_for_disconnect(T).unwrap();
+        conn.disconnect(T).unwrap();
+        // The connection is now in TIMEWAIT (or gone), not ESTABLISHED.
+        let cm = b.cm().unwrap();
+        cm.with(|cm, _| {
+            cm.connections()
+                .all(|(_, s)| s == softroce::cm::CmState::Timewait)
+        })
+    });
+    let (pd, cq) = (a.alloc_pd().unwrap(), a.create_cq(8, 0).unwrap());
+    let qp = pd.create_qp(&cq, &cq, QpType::Rc).build().unwrap();
+    let conn = qp
+        .connect("127.0.170.7:7474".parse().unwrap(), &[], T)
+        .unwrap();
+    assert_eq!(conn.private_data(), &[0u8; 196][..]);
+    drop(conn);
+    assert!(server.join().unwrap());
 }
 
 #[test]
