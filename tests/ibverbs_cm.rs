@@ -5,8 +5,9 @@
 //! the connecting side RDMA WRITEs there), then DREQ/DREP; a listener that rejects with
 //! private data; a connect to a port nobody listens on (REJ 8); a connect to an address
 //! with no device (ETIMEDOUT after the caller's timeout); a port listened on twice
-//! (EADDRINUSE); a dropped connection disconnecting; and our connect against the seed's C rdma_server running on softroce's
-//! librdmacm.so.1 through `softroce exec`.
+//! (EADDRINUSE); a dropped connection disconnecting; and, through `softroce exec` on
+//! softroce's librdmacm.so.1, our connect against the seed's C rdma_server and the seed's C
+//! rdma_client against our listener (skipped, saying why, without librdmacm-dev or cc).
 
 mod exec_support;
 
