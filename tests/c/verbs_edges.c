@@ -16,7 +16,9 @@
  *   7. the context's cmd_fd is a descriptor that dup() accepts, and ibv_import_device says
  *      EOPNOTSUPP (pyverbs' shared-PD test skips on that);
  *   8. the GID table is rxe's 1024 entries, the first two filled: an empty entry reads as
- *      zeros with ibv_query_gid and is ENODATA for ibv_query_gid_ex.
+ *      zeros with ibv_query_gid and is ENODATA for ibv_query_gid_ex;
+ *   9. ibv_init_ah_from_wc answers a UD receive flagged IBV_WC_GRH (and no immediate data)
+ *      from the IPv4 header in the last 20 bytes of its GRH area, as rxe writes it.
  *
  * Prints "ok - ..." per check, "FAIL - ..." and exits 1 at the first failure. Compiled and
  * run by tests/capi_c.rs through `softroce exec`; every wait has a deadline.
@@ -432,6 +434,30 @@ static void import_device(void)
 }
 
 /* 8: an empty GID table entry. */
+static void ah_from_wc(void)
+{
+	/* A receive from 10.1.2.3 to softroce0's own address (its GID index 1). */
+	union ibv_gid me;
+	CHECK(ibv_query_gid(ctx[0], 1, 1, &me) == 0, "ibv_query_gid");
+	uint8_t grh[40] = { 0 };
+	grh[20] = 0x45;
+	grh[32] = 10, grh[33] = 1, grh[34] = 2, grh[35] = 3;
+	memcpy(&grh[36], &me.raw[12], 4);
+	struct ibv_wc wc = { .status = IBV_WC_SUCCESS, .opcode = IBV_WC_RECV,
+			     .wc_flags = IBV_WC_GRH };
+	struct ibv_ah_attr a;
+	int r = ibv_init_ah_from_wc(ctx[0], 1, &wc, (struct ibv_grh *)grh, &a);
+	CHECK(r == 0, "ibv_init_ah_from_wc: %d (%s)", r, strerror(errno));
+	CHECK(a.is_global && a.grh.sgid_index == 1 && a.grh.dgid.raw[10] == 0xff &&
+	      a.grh.dgid.raw[12] == 10 && a.grh.dgid.raw[15] == 3,
+	      "ibv_init_ah_from_wc: sgid index %d, dgid byte 12 %d", a.grh.sgid_index,
+	      a.grh.dgid.raw[12]);
+	wc.wc_flags = 0;
+	CHECK(ibv_init_ah_from_wc(ctx[0], 1, &wc, (struct ibv_grh *)grh, &a) != 0,
+	      "ibv_init_ah_from_wc without IBV_WC_GRH succeeded");
+	OK("ibv_init_ah_from_wc: a GRH-flagged receive answers its IPv4 source from GID 1");
+}
+
 static void gid_table(void)
 {
 	struct ibv_port_attr pa;
@@ -486,6 +512,7 @@ int main(void)
 	resize_cq();
 	import_device();
 	gid_table();
+	ah_from_wc();
 
 	for (int i = 0; i < 2; i++) {
 		ibv_dealloc_pd(pd[i]);

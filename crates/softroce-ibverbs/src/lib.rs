@@ -17,6 +17,13 @@
 //! `softroce1`, … in that order. [`DeviceList::with_ip`] builds the list from explicit
 //! addresses instead. Listing opens nothing; [`Device::open`] binds the socket.
 //!
+//! # Connecting through the CM
+//!
+//! Besides the crate's endpoint exchange and [`PreparedQueuePair::handshake`], [`cm`] connects
+//! RC queue pairs the rdma_cm way (softroce addition): [`CmListener`] and
+//! [`PreparedQueuePair::connect`], with private data both ways, interoperating with C
+//! programs on softroce's librdmacm.so.1.
+//!
 //! # Differences from the `ibverbs` crate
 //!
 //! - Memory regions own their bytes inside the device (softroce keeps all registered memory
@@ -77,6 +84,11 @@
 //! # }
 //! ```
 
+pub mod cm;
+
+pub use cm::{CmConnection, CmListener, ConnectRequest, Rejected};
+pub use softroce::wire::cm::RejReason;
+
 use softroce::net::UdpDevice;
 use softroce::verbs::{self, QpCap, QpInitAttr};
 use std::net::IpAddr;
@@ -99,6 +111,9 @@ pub enum Error {
     /// RoCEv2 port; `EADDRNOTAVAIL`: the address is not on this host), or an environment
     /// setting is malformed (`EINVAL`).
     Io(std::io::Error),
+    /// The peer's Communication Manager refused a connection ([`cm`]: REJ); `errno()` is
+    /// ECONNREFUSED, as librdmacm's synchronous calls report it.
+    Rejected(Rejected),
 }
 
 impl Error {
@@ -108,6 +123,7 @@ impl Error {
         match self {
             Error::Verbs(e) => e.errno(),
             Error::Io(e) => io_errno(e),
+            Error::Rejected(_) => ECONNREFUSED,
         }
     }
 
@@ -116,10 +132,13 @@ impl Error {
     pub fn bad_wr(&self) -> Option<usize> {
         match self {
             Error::Verbs(e) => e.bad_wr(),
-            Error::Io(_) => None,
+            Error::Io(_) | Error::Rejected(_) => None,
         }
     }
 }
+
+/// ECONNREFUSED (Linux).
+const ECONNREFUSED: i32 = 111;
 
 /// The errno of an I/O error: its OS error, else the errno of its kind (the device-open
 /// errors carry a message and a kind, not the raw number), else EIO.
@@ -131,6 +150,8 @@ fn io_errno(e: &std::io::Error) -> i32 {
         K::InvalidInput => 22,
         K::AddrInUse => 98,
         K::AddrNotAvailable => 99,
+        K::TimedOut => 110,
+        K::ConnectionRefused => ECONNREFUSED,
         _ => 5,
     })
 }
@@ -140,6 +161,11 @@ impl core::fmt::Display for Error {
         match self {
             Error::Verbs(e) => write!(f, "{e}"),
             Error::Io(e) => write!(f, "{e}"),
+            Error::Rejected(r) => write!(
+                f,
+                "connection rejected by the peer (REJ reason {})",
+                r.reason.0
+            ),
         }
     }
 }
@@ -149,6 +175,7 @@ impl std::error::Error for Error {
         match self {
             Error::Verbs(e) => Some(e),
             Error::Io(e) => Some(e),
+            Error::Rejected(_) => None,
         }
     }
 }
@@ -170,6 +197,7 @@ impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
         match e {
             Error::Io(e) => e,
+            Error::Rejected(_) => std::io::Error::new(std::io::ErrorKind::ConnectionRefused, e),
             Error::Verbs(v) => {
                 let kind = std::io::Error::from_raw_os_error(v.errno()).kind();
                 std::io::Error::new(kind, v)
@@ -341,6 +369,13 @@ impl Context {
     /// The verbs device underneath (device attributes, counters, QP1, …).
     pub fn verbs(&self) -> &verbs::Device {
         self.dev.device()
+    }
+
+    /// The device's Communication Manager ([`cm`] uses it): its engine (state, counters)
+    /// through [`CmDriver::with`](softroce::net::CmDriver::with). Started on first use; it
+    /// takes over QP1. Errors: those of starting it (QP1 unusable).
+    pub fn cm(&self) -> Result<Arc<softroce::net::CmDriver>> {
+        Ok(self.dev.cm()?)
     }
 }
 

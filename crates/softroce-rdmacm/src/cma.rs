@@ -18,30 +18,25 @@ use crate::{ffi, neg_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
 use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
-use softroce::transport::Instant;
+use softroce::transport::{Instant, PathMtu};
+use softroce::verbs::RcConnect;
 use softroce::wire::cm::{
-    CmaHdr, CmaHdrRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip,
+    CmaHdr, CmaHdrRepr, RepRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip,
     rdma_cm_service_id,
 };
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 
-/// Length of rdma_cm's IP header at the start of a REQ's private data (`struct cma_hdr`).
-const CMA_HDR_LEN: usize = 36;
-/// The REQ/REP/REJ private data sizes (IBTA).
-const REQ_PRIVATE: usize = 92;
-const REP_PRIVATE: usize = 196;
-const REJ_PRIVATE: usize = 148;
+use softroce::cm::rdma_cm::{
+    CMA_HDR_LEN, REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
+    REQ_PRIVATE_DATA_LEN as REQ_PRIVATE, req_user_private_data,
+};
 /// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
 const SIDR_REQ_PRIVATE: usize = 216;
 const SIDR_REP_PRIVATE: usize = 136;
 /// The GID index of a device's IP address (softroce::net::discover: index 1, as rxe).
 const SGID_INDEX: u8 = 1;
-/// QP local ACK timeout we ask for (4.096 µs × 2^14 ≈ 67 ms).
-const LOCAL_ACK_TIMEOUT: u8 = 14;
-/// RNR NAK timer of our QPs (IB encoding 12 = 0.64 ms).
-const MIN_RNR_TIMER: u8 = 12;
 /// Longest a driver thread waits on QP1 between timer checks, in ms.
 const DRIVER_TICK_MS: u64 = 20;
 
@@ -84,8 +79,17 @@ struct IdState {
     retry_count: u8,
     /// Active: the REP's private data, for the ESTABLISHED event.
     rep_private: Option<Vec<u8>>,
+    /// Active: rdma_establish was called (no ESTABLISHED event follows).
+    user_established: bool,
+    /// Active: the REP, for `rdma_init_qp_attr` of an external QP.
+    rep: Option<Box<RepRepr>>,
     /// rdma_create_qp made the CQs (and their channels): rdma_destroy_qp frees them.
     own_cqs: bool,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the RC QP's local ACK timeout exponent at RTS, in place
+    /// of the one the REQ/REP exchange gives (kernel `rdma_set_ack_timeout`).
+    ack_timeout: Option<u8>,
+    /// `rdma_set_local_ece`: kept and reported, never sent (softroce's CM carries no ECE).
+    local_ece: Option<(u32, u32)>,
     /// Events handed out and not acked.
     events_out: usize,
     /// rdma_destroy_id ran while events were out: freed at the last ack.
@@ -440,7 +444,9 @@ fn modify(ibv: &Ibv, qp: *mut ibv_qp, attr: &mut ibv_qp_attr, mask: c_int) -> Re
     }
 }
 
-fn qp_init(ibv: &Ibv, qp: *mut ibv_qp, qp_type: c_int) -> Result<(), c_int> {
+/// INIT's attributes and mask for a QP of type `qp_type` (librdmacm `ucma_init_conn_qp`,
+/// kernel `cma_ib_init_qp_attr`).
+fn init_attr(qp_type: c_int) -> (ibv_qp_attr, c_int) {
     let mut a = ibv_qp_attr {
         qp_state: IBV_QPS_INIT,
         pkey_index: 0,
@@ -459,38 +465,37 @@ fn qp_init(ibv: &Ibv, qp: *mut ibv_qp, qp_type: c_int) -> Result<(), c_int> {
             IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
         m |= mask::ACCESS_FLAGS;
     }
+    (a, m)
+}
+
+fn qp_init(ibv: &Ibv, qp: *mut ibv_qp, qp_type: c_int) -> Result<(), c_int> {
+    let (mut a, m) = init_attr(qp_type);
     modify(ibv, qp, &mut a, m)
 }
 
 /// rdma_cm's Q_Key for UDP port space ids.
 const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 
-struct Rtr {
-    dest_qpn: u32,
-    rq_psn: u32,
-    mtu: u8,
-    max_dest_rd_atomic: u8,
-    peer: IpAddr,
-    flow_label: u32,
-}
-
-fn qp_rtr(ibv: &Ibv, qp: *mut ibv_qp, r: &Rtr) -> Result<(), c_int> {
+/// RTR's attributes and mask from what the engine derived from the REQ or REP
+/// (`RcConnect::rdma_cm_passive` / `rdma_cm_active`).
+fn rtr_attr(c: &RcConnect) -> (ibv_qp_attr, c_int) {
     let mut a = ibv_qp_attr {
         qp_state: IBV_QPS_RTR,
-        path_mtu: c_int::from(r.mtu),
-        dest_qp_num: r.dest_qpn,
-        rq_psn: r.rq_psn,
-        max_dest_rd_atomic: r.max_dest_rd_atomic,
-        min_rnr_timer: MIN_RNR_TIMER,
+        path_mtu: c.path_mtu as c_int,
+        dest_qp_num: c.dest_qp_num,
+        rq_psn: c.rq_psn,
+        max_dest_rd_atomic: c.max_dest_rd_atomic,
+        min_rnr_timer: c.min_rnr_timer,
         ..Default::default()
     };
     a.ah_attr.is_global = 1;
     a.ah_attr.port_num = 1;
     a.ah_attr.dlid = 0;
-    a.ah_attr.grh.dgid.raw = gid_of_ip(r.peer);
-    a.ah_attr.grh.sgid_index = SGID_INDEX;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.grh.flow_label = r.flow_label;
+    a.ah_attr.grh.dgid.raw = c.dgid.0;
+    a.ah_attr.grh.sgid_index = c.sgid_index;
+    a.ah_attr.grh.hop_limit = c.hop_limit;
+    a.ah_attr.grh.traffic_class = c.traffic_class;
+    a.ah_attr.grh.flow_label = c.flow_label;
     let m = mask::STATE
         | mask::AV
         | mask::PATH_MTU
@@ -498,25 +503,18 @@ fn qp_rtr(ibv: &Ibv, qp: *mut ibv_qp, r: &Rtr) -> Result<(), c_int> {
         | mask::RQ_PSN
         | mask::MAX_DEST_RD_ATOMIC
         | mask::MIN_RNR_TIMER;
-    modify(ibv, qp, &mut a, m)
+    (a, m)
 }
 
-fn qp_rts(
-    ibv: &Ibv,
-    qp: *mut ibv_qp,
-    sq_psn: u32,
-    timeout: u8,
-    retry: u8,
-    rnr_retry: u8,
-    max_rd_atomic: u8,
-) -> Result<(), c_int> {
-    let mut a = ibv_qp_attr {
+/// RTS's attributes and mask, from the same `RcConnect` as [`rtr_attr`].
+fn rts_attr(c: &RcConnect) -> (ibv_qp_attr, c_int) {
+    let a = ibv_qp_attr {
         qp_state: IBV_QPS_RTS,
-        sq_psn,
-        timeout,
-        retry_cnt: retry & 7,
-        rnr_retry: rnr_retry & 7,
-        max_rd_atomic,
+        sq_psn: c.sq_psn,
+        timeout: c.timeout,
+        retry_cnt: c.retry_cnt,
+        rnr_retry: c.rnr_retry,
+        max_rd_atomic: c.max_rd_atomic,
         ..Default::default()
     };
     let m = mask::STATE
@@ -525,6 +523,18 @@ fn qp_rts(
         | mask::RETRY_CNT
         | mask::RNR_RETRY
         | mask::MAX_QP_RD_ATOMIC;
+    (a, m)
+}
+
+/// RTR through `ibv_modify_qp`.
+fn qp_rtr(ibv: &Ibv, qp: *mut ibv_qp, c: &RcConnect) -> Result<(), c_int> {
+    let (mut a, m) = rtr_attr(c);
+    modify(ibv, qp, &mut a, m)
+}
+
+/// RTS through `ibv_modify_qp`.
+fn qp_rts(ibv: &Ibv, qp: *mut ibv_qp, c: &RcConnect) -> Result<(), c_int> {
+    let (mut a, m) = rts_attr(c);
     modify(ibv, qp, &mut a, m)
 }
 
@@ -686,6 +696,7 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
                 return;
             };
             s.rep_private = Some(rep.private_data.to_vec());
+            s.rep = Some(rep.clone());
             if qp.is_null() {
                 let mut e = new_event(id, event::CONNECT_RESPONSE, 0);
                 set_private(&mut e, &rep.private_data[..REP_PRIVATE]);
@@ -697,26 +708,17 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             let peer = s
                 .remote
                 .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
-            let r = Rtr {
-                dest_qpn: rep.local_qpn,
-                rq_psn: rep.starting_psn,
-                mtu,
-                max_dest_rd_atomic: s.responder_resources,
+            let mut c = RcConnect::rdma_cm_active(
+                &rep,
                 peer,
-                flow_label: 0,
-            };
-            let (psn, retry, ini) = (s.starting_psn, s.retry_count, s.initiator_depth);
-            let ok = qp_rtr(ibv, qp, &r).and_then(|()| {
-                qp_rts(
-                    ibv,
-                    qp,
-                    psn,
-                    LOCAL_ACK_TIMEOUT,
-                    retry,
-                    rep.rnr_retry_count,
-                    ini.min(rep.responder_resources),
-                )
-            });
+                PathMtu::from_ibv(mtu).unwrap_or(PathMtu::Mtu1024),
+                s.responder_resources,
+                s.initiator_depth,
+                s.retry_count,
+                s.starting_psn,
+            );
+            c.timeout = s.ack_timeout.unwrap_or(c.timeout);
+            let ok = qp_rtr(ibv, qp, &c).and_then(|()| qp_rts(ibv, qp, &c));
             let Some(o) = st.devs[dev].open.as_mut() else {
                 return;
             };
@@ -736,8 +738,17 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             }
         }
         CmEvent::Established { .. } => {
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            let p = s.rep_private.take();
+            // The active side's rdma_establish (an external QP) completes the connection
+            // without an event (kernel rdma_establish only sends the RTU).
+            if std::mem::take(&mut s.user_established) {
+                return;
+            }
             let mut e = new_event(id, event::ESTABLISHED, 0);
-            if let Some(p) = st.ids.get_mut(&addr).and_then(|s| s.rep_private.take()) {
+            if let Some(p) = p {
                 set_private(&mut e, &p);
             }
             post(e);
@@ -868,6 +879,9 @@ fn passive_id(
     req: Option<Box<ReqRepr>>,
 ) -> Option<*mut rdma_cm_id> {
     let dev_ip = st.devs[dev].ip;
+    // The PSN our REP announces, fixed now so that rdma_init_qp_attr (an external QP) and
+    // rdma_accept agree.
+    let starting_psn = (st.random() & 0x00ff_ffff) as u32;
     let local_port = st
         .ids
         .get(&lid)
@@ -909,6 +923,7 @@ fn passive_id(
             listen_id: lid,
             req,
             sync,
+            starting_psn,
             ..Default::default()
         },
     );
@@ -934,7 +949,7 @@ fn connect_request(
     };
     let mut e = new_event(std::ptr::null_mut(), event::CONNECT_REQUEST, 0);
     e.ev.listen_id = lid as *mut rdma_cm_id;
-    set_private(&mut e, &req.private_data[CMA_HDR_LEN..REQ_PRIVATE]);
+    set_private(&mut e, req_user_private_data(&req));
     // SAFETY: writing the conn member.
     unsafe {
         let c = &mut e.ev.param.conn;
@@ -1539,27 +1554,14 @@ pub(crate) extern "C" fn rdma_connect(
             s.responder_resources = rr;
             s.initiator_depth = ini;
             s.retry_count = retry;
-            let mut pd = vec![0u8; CMA_HDR_LEN];
-            CmaHdrRepr::new(local.ip(), local.port(), remote.ip()).emit(&mut pd);
-            pd.extend_from_slice(user);
             let o = st.open(dev)?;
-            let p = ConnectParams {
-                peer: remote.ip(),
-                service_id: rdma_cm_service_id(idr.ps as u16, remote.port()),
-                local_qpn: qpn,
-                starting_psn: psn,
-                responder_resources: rr,
-                initiator_depth: ini,
-                path_mtu: o.mtu,
-                retry_count: retry,
-                rnr_retry_count: rnr,
-                local_ack_timeout: LOCAL_ACK_TIMEOUT,
-                flow_label: softroce::cm::rdma_cm_flow_label(local.port(), remote.port()),
-                traffic_class: 0,
-                hop_limit: 64,
-                srq: !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0),
-                private_data: pd,
-            };
+            let mut p = ConnectParams::rdma_cm(local, remote, idr.ps as u16, qpn, psn, o.mtu, user)
+                .map_err(|e| e.errno())?;
+            p.responder_resources = rr;
+            p.initiator_depth = ini;
+            p.retry_count = retry;
+            p.rnr_retry_count = rnr;
+            p.srq = !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0);
             let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
             o.comms.insert(comm, id as usize);
             st.id_mut(id)?.comm = Some(comm);
@@ -1578,8 +1580,8 @@ pub(crate) extern "C" fn rdma_accept(
         let r = (|| {
             let ibv = ibv()?;
             let mut st = state()?;
-            let psn = (st.random() & 0x00ff_ffff) as u32;
             let s = st.id_mut(id)?;
+            let psn = s.starting_psn;
             if std::mem::take(&mut s.sidr_pending) {
                 return sidr_accept(&mut st, id, conn_param);
             }
@@ -1600,29 +1602,15 @@ pub(crate) extern "C" fn rdma_accept(
             if user.len() > REP_PRIVATE {
                 return Err(libc::EINVAL);
             }
-            s.starting_psn = psn;
-            let mtu = st.open(dev)?.mtu.min(req.path_mtu);
+            let ack_timeout = s.ack_timeout;
+            let port_mtu = PathMtu::from_ibv(st.open(dev)?.mtu).unwrap_or(PathMtu::Mtu1024);
             let qpn = if idr.qp.is_null() {
                 cp.map_or(0, |c| c.qp_num)
             } else {
-                let r = Rtr {
-                    dest_qpn: req.local_qpn,
-                    rq_psn: req.starting_psn,
-                    mtu,
-                    max_dest_rd_atomic: rr,
-                    peer,
-                    flow_label: req.primary_path.flow_label,
-                };
-                qp_rtr(ibv, idr.qp, &r)?;
-                qp_rts(
-                    ibv,
-                    idr.qp,
-                    psn,
-                    req.primary_path.local_ack_timeout.max(LOCAL_ACK_TIMEOUT),
-                    req.retry_count,
-                    req.rnr_retry_count,
-                    ini.min(req.responder_resources),
-                )?;
+                let mut c = RcConnect::rdma_cm_passive(&req, peer, port_mtu, rr, ini, psn);
+                c.timeout = ack_timeout.unwrap_or(c.timeout);
+                qp_rtr(ibv, idr.qp, &c)?;
+                qp_rts(ibv, idr.qp, &c)?;
                 // SAFETY: the id's live QP.
                 unsafe { (*idr.qp).qp_num }
             };
@@ -1733,8 +1721,12 @@ pub(crate) extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
             let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
                 return Err(libc::EINVAL);
             };
+            s.user_established = true;
             let o = st.open(dev)?;
-            o.cm.establish(now(), comm).map_err(|e| e.errno())?;
+            if let Err(e) = o.cm.establish(now(), comm) {
+                st.id_mut(id)?.user_established = false;
+                return Err(e.errno());
+            }
             pump(&mut st, dev);
             Ok(())
         })();
@@ -2028,18 +2020,181 @@ pub(crate) extern "C" fn rdma_set_option(
     id: *mut rdma_cm_id,
     level: c_int,
     optname: c_int,
-    _optval: *mut c_void,
-    _optlen: usize,
+    optval: *mut c_void,
+    optlen: usize,
 ) -> c_int {
     ffi!(-1, {
         let r = (|| {
-            state()?.id_mut(id)?;
-            // RDMA_OPTION_ID: TOS, REUSEADDR, AFONLY, ACK_TIMEOUT are accepted and have no
-            // effect on softroce's loopback paths.
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
             match (level, optname) {
-                (0, 0..=3) => Ok(()),
+                // RDMA_OPTION_ID_ACK_TIMEOUT (a uint8_t): the RC QP's ACK timeout at RTS
+                // (kernel rdma_set_ack_timeout: RC ids only).
+                (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => {
+                    // SAFETY: live id.
+                    if optval.is_null() || optlen < 1 || unsafe { (*id).qp_type } != IBV_QPT_RC {
+                        return Err(libc::EINVAL);
+                    }
+                    // SAFETY: the caller passes `optlen` (>= 1) readable bytes.
+                    s.ack_timeout = Some(unsafe { *optval.cast::<u8>() } & 0x1f);
+                    Ok(())
+                }
+                // TOS, REUSEADDR, AFONLY: accepted, no effect on softroce's paths.
+                (RDMA_OPTION_ID, 0..=2) => Ok(()),
                 _ => Err(libc::ENOSYS),
             }
+        })();
+        result(r)
+    })
+}
+
+/// `rdma_init_qp_attr`: the attributes (and mask) that move an external QP to
+/// `qp_attr->qp_state` for this id, as librdmacm.so.1 itself would apply them: INIT as
+/// `rdma_create_qp` does; for RC, RTR and RTS from the REQ (passive, before `rdma_accept`,
+/// with the REQ's responder resources and initiator depth unless `rdma_accept` is given
+/// others) or the REP (active, after RDMA_CM_EVENT_CONNECT_RESPONSE); for UD, RTR and RTS
+/// with SQ PSN 0. Source: kernel `rdma_init_qp_attr` / `ib_cm_init_qp_attr`.
+/// Errors: EINVAL for another state, or RTR/RTS of an RC id with no REQ or REP yet.
+pub(crate) extern "C" fn rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    qp_attr: *mut ibv_qp_attr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            if qp_attr.is_null() || qp_attr_mask.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            // SAFETY: live id; the caller's attr.
+            let (qp_type, want) = unsafe { ((*id).qp_type, (*qp_attr).qp_state) };
+            let (dev, peer) = (s.dev, s.remote.map(|r| r.ip()));
+            let (a, m) = if want == IBV_QPS_INIT {
+                init_attr(qp_type)
+            } else if qp_type == IBV_QPT_UD && want == IBV_QPS_RTR {
+                (
+                    ibv_qp_attr {
+                        qp_state: IBV_QPS_RTR,
+                        ..Default::default()
+                    },
+                    mask::STATE,
+                )
+            } else if qp_type == IBV_QPT_UD && want == IBV_QPS_RTS {
+                (
+                    ibv_qp_attr {
+                        qp_state: IBV_QPS_RTS,
+                        sq_psn: 0,
+                        ..Default::default()
+                    },
+                    mask::STATE | mask::SQ_PSN,
+                )
+            } else if want == IBV_QPS_RTR || want == IBV_QPS_RTS {
+                let (Some(dev), Some(peer)) = (dev, peer) else {
+                    return Err(libc::EINVAL);
+                };
+                let port_mtu = PathMtu::from_ibv(st.open(dev)?.mtu).unwrap_or(PathMtu::Mtu1024);
+                let s = st.id_mut(id)?;
+                let mut c = if let Some(req) = &s.req {
+                    RcConnect::rdma_cm_passive(
+                        req,
+                        peer,
+                        port_mtu,
+                        req.initiator_depth,
+                        req.responder_resources,
+                        s.starting_psn,
+                    )
+                } else if let Some(rep) = &s.rep {
+                    RcConnect::rdma_cm_active(
+                        rep,
+                        peer,
+                        port_mtu,
+                        s.responder_resources,
+                        s.initiator_depth,
+                        s.retry_count,
+                        s.starting_psn,
+                    )
+                } else {
+                    return Err(libc::EINVAL);
+                };
+                c.timeout = s.ack_timeout.unwrap_or(c.timeout);
+                if want == IBV_QPS_RTR {
+                    rtr_attr(&c)
+                } else {
+                    rts_attr(&c)
+                }
+            } else {
+                return Err(libc::EINVAL);
+            };
+            // SAFETY: the caller's attr and mask, writable.
+            unsafe {
+                *qp_attr = a;
+                *qp_attr_mask = m;
+            }
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+/// `RDMA_OPTION_ID` (rdma_cma.h): options of the id.
+const RDMA_OPTION_ID: c_int = 0;
+/// `RDMA_OPTION_ID_ACK_TIMEOUT`.
+const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
+
+/// `struct ibv_ece` (verbs.h): Enhanced Connection Establishment options.
+#[repr(C)]
+pub(crate) struct ibv_ece {
+    vendor_id: u32,
+    options: u32,
+    comp_mask: u32,
+}
+
+/// `rdma_set_local_ece`: keeps the ECE an external-QP user wants announced. softroce's CM
+/// sends none (its QPs have no ECE options, as rxe's: `ibv_query_ece` is EOPNOTSUPP), so
+/// this is only remembered. Errors as librdmacm: EINVAL for a NULL id or ece, an id with a
+/// QP, vendor ID 0 or a comp_mask.
+pub(crate) extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            // SAFETY: NULL or the caller's ibv_ece.
+            let Some(e) = (unsafe { ece.as_ref() }) else {
+                return Err(libc::EINVAL);
+            };
+            let mut st = state()?;
+            let s = st.id_mut(id)?;
+            // SAFETY: live id.
+            if unsafe { !(*id).qp.is_null() } || e.vendor_id == 0 || e.comp_mask != 0 {
+                return Err(libc::EINVAL);
+            }
+            s.local_ece = Some((e.vendor_id, e.options));
+            Ok(())
+        })();
+        result(r)
+    })
+}
+
+/// `rdma_get_remote_ece`: the ECE the peer's REQ or REP carried: none on softroce's CM
+/// (vendor ID 0, options 0, as a peer without ECE sends). Errors: EINVAL for a NULL id or
+/// ece, or an id with a QP (librdmacm: for external QPs only).
+pub(crate) extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    ffi!(-1, {
+        let r = (|| {
+            // SAFETY: NULL or the caller's ibv_ece.
+            let Some(e) = (unsafe { ece.as_mut() }) else {
+                return Err(libc::EINVAL);
+            };
+            state()?.id_mut(id)?;
+            // SAFETY: live id.
+            if unsafe { !(*id).qp.is_null() } {
+                return Err(libc::EINVAL);
+            }
+            *e = ibv_ece {
+                vendor_id: 0,
+                options: 0,
+                comp_mask: 0,
+            };
+            Ok(())
         })();
         result(r)
     })

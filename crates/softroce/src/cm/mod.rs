@@ -7,7 +7,8 @@
 //! the Rust rdma_cm-shaped API, librdmacm.so.1, a test) calls, with a monotonic `now`:
 //! - mutators: [`listen`](CmEngine::listen), [`connect`](CmEngine::connect),
 //!   [`accept`](CmEngine::accept), [`establish`](CmEngine::establish),
-//!   [`reject`](CmEngine::reject), [`disconnect`](CmEngine::disconnect),
+//!   [`reject`](CmEngine::reject), [`cancel`](CmEngine::cancel),
+//!   [`disconnect`](CmEngine::disconnect),
 //!   [`sidr_request`](CmEngine::sidr_request), [`sidr_reply`](CmEngine::sidr_reply);
 //! - inputs: [`handle_mad`](CmEngine::handle_mad) (a 256-byte MAD from QP1 and the peer's
 //!   IP), [`handle_timeout`](CmEngine::handle_timeout);
@@ -69,6 +70,7 @@
 mod agent;
 mod counters;
 mod error;
+pub mod rdma_cm;
 mod recv;
 #[cfg(test)]
 mod tests;
@@ -566,6 +568,21 @@ impl CmEngine {
         let c = self.conn_mut(id.0);
         let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         self.send_rej_pd(peer, tid, id.0, remote, which, CmReject::Consumer, pd);
+        self.remove(id.0);
+        Ok(())
+    }
+
+    /// Abandons a connect that has no answer yet (REQ_SENT, MRA_REQ_RCVD): sends a REJ
+    /// (reason Timeout, as when the REQ's retries run out) and the connection is gone,
+    /// without an event. This is what the kernel's `cm_destroy_id` does when rdma_cm
+    /// destroys an id whose connect is pending; the Rust API's connect calls it when its
+    /// caller's timeout is over first.
+    /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] in any other state.
+    pub fn cancel(&mut self, _now: Instant, id: CommId) -> Result<(), CmError> {
+        self.expect_state(id, "cancel", &[CmState::ReqSent, CmState::MraReqRcvd])?;
+        let c = self.conn_mut(id.0);
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
+        self.send_rej(peer, tid, id.0, remote, msg_ref::REQ, CmReject::Timeout);
         self.remove(id.0);
         Ok(())
     }

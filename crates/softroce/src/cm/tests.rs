@@ -231,6 +231,26 @@ fn req_sent_timeout_retransmits_max_cm_retries_then_unreachable() {
     assert_eq!((p.a.connection_count(), p.a.counters().retransmits), (0, 3));
 }
 
+// kernel cm_destroy_id: a connect abandoned in REQ_SENT sends REJ(timeout), leaves nothing.
+#[test]
+fn req_sent_cancel_sends_rej_timeout_and_forgets_the_connection() {
+    let (mut p, a_id, _req) = Pair::req_sent();
+    p.a.cancel(p.now, a_id).unwrap();
+    let rej = p.take_a();
+    assert_eq!(rej.len(), 1);
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!((r.reason, r.local_comm_id), (RejReason::TIMEOUT, a_id.0));
+    assert_eq!(p.a.poll_event(), None);
+    assert_eq!((p.a.connection_count(), p.a.poll_timeout()), (0, None));
+    // The connection is gone: a second cancel is refused.
+    assert!(matches!(
+        p.a.cancel(p.now, a_id),
+        Err(CmError::InvalidState { .. } | CmError::NoSuchId)
+    ));
+}
+
 #[test]
 fn req_sent_rep_reports_connect_response_with_the_peer_qp() {
     let (mut p, a_id, _, _, rep) = Pair::rep_sent();

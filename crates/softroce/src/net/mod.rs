@@ -10,6 +10,8 @@
 //!   adds the exact receive-side ICRC mode, a pcap capture, busy polling and turning the
 //!   batching offloads off. (A UDP GSO send gives IPv4 segment `i` ID `i`; its ICRC covers
 //!   that ID.)
+//! - [`cm`]: [`CmDriver`], a device's CM engine on its QP1 with a driver thread and
+//!   per-connection mailboxes (what the Rust API's rdma_cm-shaped connect/accept wait on).
 //! - [`discover`]: the devices of this process, from `$SOFTROCE_IP`, for every frontend.
 //! - [`batch`]: UDP GSO / GRO and `sendmmsg` / `recvmmsg` system calls.
 //! - [`pcap`]: [`Capture`], a pcap (raw-IP link type) of every datagram drivers send and
@@ -28,6 +30,7 @@
 
 pub mod batch;
 pub mod clock;
+pub mod cm;
 pub mod discover;
 mod link;
 mod mcast;
@@ -40,6 +43,7 @@ mod sock;
 pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
+pub use cm::CmDriver;
 pub use link::UdpLink;
 pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};

@@ -14,9 +14,11 @@
 
 use super::SystemClock;
 use super::batch::RecvBatch;
+use super::cm::CmDriver;
 use super::link::{UdpLink, UdpOptions};
 use super::pcap::roce_addr;
 use super::raw::split_gso_ipv4;
+use crate::cm::CmConfig;
 use crate::verbs::{Cq, Device, DeviceConfig, PollHook, Wc};
 use crate::wire::ROCE_V2_UDP_PORT;
 use std::io;
@@ -40,6 +42,8 @@ pub struct UdpDevice {
     busy: Option<Arc<BusyPoller>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The CM on QP1, started by the first [`UdpDevice::cm`].
+    cm: parking_lot::Mutex<Option<Arc<CmDriver>>>,
 }
 
 impl UdpDevice {
@@ -102,7 +106,31 @@ impl UdpDevice {
             busy,
             stop,
             thread: Some(thread),
+            cm: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// The device's Communication Manager (rdma_cm's connect/accept over QP1), started on
+    /// first use with rdma_cm's timers ([`CmConfig::new`]): the device address, its node
+    /// GUID, and a seed from the clock and the process ID. It takes over QP1; it stops when
+    /// the device closes and the last handle is gone.
+    /// Errors: those of [`CmDriver::start`].
+    pub fn cm(&self) -> crate::verbs::Result<Arc<CmDriver>> {
+        let mut slot = self.cm.lock();
+        if let Some(d) = &*slot {
+            return Ok(d.clone());
+        }
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32);
+        let guid = self.device.query_device().node_guid;
+        let d = Arc::new(CmDriver::start(
+            &self.device,
+            CmConfig::new(self.device.ip(), guid, seed),
+        )?);
+        *slot = Some(d.clone());
+        Ok(d)
     }
 
     /// The device.
@@ -217,6 +245,7 @@ impl core::ops::Deref for UdpDevice {
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
+        drop(self.cm.lock().take());
         // From now on a poll of the device's CQs only takes what they hold.
         drop(self.busy.take());
         self.stop.store(true, Ordering::SeqCst);

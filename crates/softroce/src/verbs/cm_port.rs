@@ -9,10 +9,12 @@
 //! Source: kernel `drivers/infiniband/core/mad.c` (the MAD agent on QP1, receive ring,
 //! `ib_post_send_mad`), `cm.c` `cm_create_response_msg_ah` (answers go to the sender).
 
-use super::{AccessFlags, Error, Wc, WcStatus};
+use super::{AccessFlags, Error, Gid, PathMtu, RcConnect, Wc, WcStatus};
 use super::{Cq, Device, ErrorKind, GSI_QKEY, Mr, Qp, RecvWr, Result, SendWr, WrOpcode};
+use crate::cm::rdma_cm::{RDMA_CM_LOCAL_ACK_TIMEOUT, RDMA_CM_MIN_RNR_TIMER};
 use crate::cm::{CmEngine, MadAgent, MadTransmit};
 use crate::transport::{Instant, UdDest};
+use crate::wire::cm::{RepRepr, ReqRepr};
 use crate::wire::mad::MAD_LEN;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::collections::VecDeque;
@@ -108,9 +110,7 @@ impl CmPort {
         let mut wcs = [Wc::default(); 32];
         loop {
             let n = self.cq.poll(&mut wcs);
-            for wc in &wcs[..n] {
-                self.completion(now, wc)?;
-            }
+            self.handle_completions(now, &wcs[..n])?;
             if n < wcs.len() {
                 break;
             }
@@ -144,6 +144,17 @@ impl CmPort {
                 self.free_send.push(slot);
                 return Err(e);
             }
+        }
+        Ok(())
+    }
+
+    /// Hands QP1 completions taken from its CQ by someone else (a driver thread waiting on
+    /// [`Device::gsi_cq`]) to the agent, as [`CmPort::process`] does with those it polls;
+    /// call `process` after. Errors: as `process`; a completion of a work request the port
+    /// did not post is `EINVAL`.
+    pub fn handle_completions(&mut self, now: Instant, wcs: &[Wc]) -> Result<()> {
+        for wc in wcs {
+            self.completion(now, wc)?;
         }
         Ok(())
     }
@@ -186,5 +197,70 @@ impl CmPort {
                     .sge(slot * RECV_SLOT_BYTES, RECV_SLOT_BYTES as u32),
             ],
         }])
+    }
+}
+
+/// The QP attributes rdma_cm gives an RC QP from the CM exchange, for `Qp::connect_rc` (or
+/// the same values through `ibv_modify_qp`, as librdmacm.so.1 applies them).
+/// Source: rdma-core `librdmacm/cma.c` `ucma_modify_qp_rtr` / `ucma_modify_qp_rts` (the
+/// kernel's `rdma_init_qp_attr`: `cm_init_qp_rtr_attr` / `cm_init_qp_rts_attr`).
+impl RcConnect {
+    /// Passive side, before its REP: towards the REQ's QP (`dest_qp_num` = its
+    /// `local_qpn`, `rq_psn` = its `starting_psn`) at `peer`, path MTU the smaller of
+    /// `port_mtu` and the REQ's, the REQ's flow label, retry and RNR retry counts, ACK
+    /// timeout the REQ's or [`RDMA_CM_LOCAL_ACK_TIMEOUT`], whichever is longer;
+    /// `max_dest_rd_atomic` = `responder_resources` (what our REP announces),
+    /// `max_rd_atomic` = `initiator_depth` bounded by the REQ's responder resources; our
+    /// first PSN `sq_psn` (the REP's `starting_psn`). RNR timer [`RDMA_CM_MIN_RNR_TIMER`].
+    pub fn rdma_cm_passive(
+        req: &ReqRepr,
+        peer: core::net::IpAddr,
+        port_mtu: PathMtu,
+        responder_resources: u8,
+        initiator_depth: u8,
+        sq_psn: u32,
+    ) -> RcConnect {
+        let path_mtu = PathMtu::from_ibv(req.path_mtu).map_or(port_mtu, |m| m.min(port_mtu));
+        RcConnect {
+            path_mtu,
+            timeout: req
+                .primary_path
+                .local_ack_timeout
+                .max(RDMA_CM_LOCAL_ACK_TIMEOUT),
+            retry_cnt: req.retry_count & 7,
+            rnr_retry: req.rnr_retry_count & 7,
+            min_rnr_timer: RDMA_CM_MIN_RNR_TIMER,
+            max_rd_atomic: initiator_depth.min(req.responder_resources),
+            max_dest_rd_atomic: responder_resources,
+            flow_label: req.primary_path.flow_label,
+            ..RcConnect::new(req.local_qpn, Gid::from_ip(peer), req.starting_psn, sq_psn)
+        }
+    }
+
+    /// Active side, on the REP: towards the REP's QP (`dest_qp_num` = its `local_qpn`,
+    /// `rq_psn` = its `starting_psn`) at `peer`, with the `path_mtu`, `retry_cnt`,
+    /// `responder_resources` (`max_dest_rd_atomic`) and `sq_psn` our REQ announced,
+    /// `max_rd_atomic` = `initiator_depth` bounded by the REP's responder resources, the
+    /// REP's RNR retry count, ACK timeout [`RDMA_CM_LOCAL_ACK_TIMEOUT`], RNR timer
+    /// [`RDMA_CM_MIN_RNR_TIMER`].
+    pub fn rdma_cm_active(
+        rep: &RepRepr,
+        peer: core::net::IpAddr,
+        path_mtu: PathMtu,
+        responder_resources: u8,
+        initiator_depth: u8,
+        retry_cnt: u8,
+        sq_psn: u32,
+    ) -> RcConnect {
+        RcConnect {
+            path_mtu,
+            timeout: RDMA_CM_LOCAL_ACK_TIMEOUT,
+            retry_cnt: retry_cnt & 7,
+            rnr_retry: rep.rnr_retry_count & 7,
+            min_rnr_timer: RDMA_CM_MIN_RNR_TIMER,
+            max_rd_atomic: initiator_depth.min(rep.responder_resources),
+            max_dest_rd_atomic: responder_resources,
+            ..RcConnect::new(rep.local_qpn, Gid::from_ip(peer), rep.starting_psn, sq_psn)
+        }
     }
 }

@@ -531,6 +531,8 @@ pub struct RcConnect {
     pub max_rd_atomic: u8,
     /// Outstanding READ/atomics we accept (`max_dest_rd_atomic`).
     pub max_dest_rd_atomic: u8,
+    /// Flow label of the QP's packets (`ah_attr.grh.flow_label`, 20 bits); 0: none.
+    pub flow_label: u32,
 }
 
 impl RcConnect {
@@ -556,6 +558,7 @@ impl RcConnect {
             min_rnr_timer: 12,
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
+            flow_label: 0,
         }
     }
 }
@@ -593,6 +596,7 @@ impl Qp {
                 sgid_index: c.sgid_index,
                 hop_limit: c.hop_limit,
                 traffic_class: c.traffic_class,
+                flow_label: c.flow_label & 0x000f_ffff,
                 ..AhAttr::roce_v2(c.dgid)
             },
             ..QpAttr::default()
