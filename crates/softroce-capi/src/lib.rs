@@ -24,7 +24,7 @@
 //! - Symbols: `exports.txt` lists every symbol of rdma-core 44's libibverbs.so.1 with its
 //!   version node; build.rs makes the version script and one `.symver` per symbol. What
 //!   softroce does not implement returns EOPNOTSUPP (NULL/-1 with errno, as each returns).
-//! - Errors: every entry point runs inside [`ffi!`], which turns a panic into the function's
+//! - Errors: every entry point runs inside `ffi!`, which turns a panic into the function's
 //!   error return (errno `EIO`); no panic crosses the C boundary.
 //! - `SOFTROCE_LOG`: the first `ibv_get_device_list` installs the engine's event log on
 //!   stderr, as the `softroce` CLI does (`log.rs`).

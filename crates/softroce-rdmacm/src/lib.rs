@@ -4,14 +4,14 @@
 //!
 //! Layer: a frontend over the sans-IO CM engine (`softroce::cm::CmEngine`). It owns no
 //! device: like rdma-core's librdmacm it reaches devices, PDs, CQs and QPs through
-//! libibverbs.so.1's C ABI ([`ibv`]), so an `rdma_cm_id`'s `verbs`, `pd` and `qp` are the very
+//! libibverbs.so.1's C ABI (`ibv.rs`), so an `rdma_cm_id`'s `verbs`, `pd` and `qp` are the very
 //! objects `ibv_*` calls take, and the process has one device registry and engine (those of
 //! libibverbs.so.1). QP1 is reached through two private entry points of softroce's
 //! libibverbs.so.1 (`softroce_mad_send` / `softroce_mad_recv`, version node
 //! `SOFTROCE_PRIVATE_1`), which carry 256-byte MADs and an IP address: no Rust type crosses
 //! between the two libraries.
 //!
-//! - CM driver ([`cma`]): per opened device, a `CmEngine` and one thread that waits on QP1
+//! - CM driver (`cma.rs`): per opened device, a `CmEngine` and one thread that waits on QP1
 //!   (`softroce_mad_recv` with the engine's next timer as timeout), feeds the MADs and timers
 //!   to the engine, and turns its events into rdma_cm events (applying REQ/REP to the id's
 //!   QP as librdmacm does: INIT at `rdma_create_qp`, RTR/RTS at accept and at the REP).
@@ -23,7 +23,7 @@
 //!   local lookup (RoCE: GIDs are the IPv4-mapped addresses, MTU the port's active MTU).
 //! - Symbols: `exports.txt` lists every symbol of rdma-core 44's librdmacm.so.1 with its
 //!   version node; what softroce does not implement returns -1 with errno ENOSYS.
-//! - Errors: every entry point runs inside [`ffi!`]: a panic becomes the error return with
+//! - Errors: every entry point runs inside `ffi!`: a panic becomes the error return with
 //!   errno EIO, never an unwind into C.
 
 #![cfg_attr(test, allow(dead_code, unused_imports, unused_macros))]

@@ -153,7 +153,7 @@ impl UdpDevice {
     /// In busy-polling mode, says that the thread that has been polling is about to block
     /// (on a completion channel, say): the ACKs its polls held back leave now and the
     /// driver thread goes back to receiving at once, instead of after the nap it takes while
-    /// polls come in (up to [`BUSY_DRIVER_NAP`]). The next poll undoes it. Does nothing
+    /// polls come in (up to 0.5 ms). The next poll undoes it. Does nothing
     /// outside busy-polling mode.
     pub fn poller_sleeps(&self) {
         if !self.link.busy_poll {
