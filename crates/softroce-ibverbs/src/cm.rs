@@ -108,8 +108,10 @@ impl CmListener {
     /// [`ConnectRequest::reject`]; dropping it rejects it.
     /// Errors: `ETIMEDOUT` when none came within `timeout`.
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
+        let deadline = std::time::Instant::now() + timeout;
         loop {
-            let Some(ev) = self.driver.next_request(self.service_id, timeout) else {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Some(ev) = self.driver.next_request(self.service_id, left) else {
                 return Err(timed_out(format!(
                     "no connection request on {} within {timeout:?}",
                     self.local
@@ -135,6 +137,7 @@ impl CmListener {
                 peer: peer_addr,
                 local: self.local,
                 req: Some(req),
+                handed_over: false,
             });
         }
     }
@@ -157,6 +160,9 @@ pub struct ConnectRequest {
     local: SocketAddr,
     /// The REQ; taken by accept or reject.
     req: Option<Box<ReqRepr>>,
+    /// Set when accept made the connection a CmConnection's (which detaches it when
+    /// dropped).
+    handed_over: bool,
 }
 
 impl ConnectRequest {
@@ -239,6 +245,7 @@ impl ConnectRequest {
         self.driver
             .with(|cm, now| cm.accept(now, id, &p))
             .map_err(cm_error)?;
+        self.handed_over = true;
         let user = req_user_private_data(&req).to_vec();
         let (dev, remote_num) = (qp.b.dev.clone(), req.local_qpn);
         let conn = CmConnection {
@@ -282,9 +289,14 @@ impl ConnectRequest {
 
 impl Drop for ConnectRequest {
     fn drop(&mut self) {
+        let id = self.id;
         if self.req.take().is_some() {
-            let id = self.id;
             let _ = self.driver.with(|cm, now| cm.reject(now, id, &[]));
+        }
+        // Unless a CmConnection took the connection over, what still comes for it (the
+        // peer's REJ after ours crossed it, say) has nobody to read it.
+        if !self.handed_over {
+            self.driver.detach(id);
         }
     }
 }
@@ -422,9 +434,11 @@ impl PreparedQueuePair {
             driver.detach(id);
             return Err(e.into());
         }
-        driver
-            .with(|cm, now| cm.establish(now, id))
-            .map_err(cm_error)?;
+        if let Err(e) = driver.with(|cm, now| cm.establish(now, id)) {
+            // The peer gave up between its REP and our RTU (its REJ came first).
+            driver.detach(id);
+            return Err(cm_error(e));
+        }
         let conn = CmConnection {
             qp: QueuePair {
                 qp: self.qp,

@@ -16,7 +16,7 @@
 use crate::cm::{CmConfig, CmEngine, CmError, CmEvent, CommId};
 use crate::transport::Instant;
 use crate::verbs::{CmPort, Cq, Device, Error, ErrorKind, Wc};
-use crate::wire::cm::SidrStatus;
+use crate::wire::cm::{SidrStatus, port_space};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -70,8 +70,19 @@ impl Inner {
         while let Some(ev) = self.port.cm().poll_event() {
             let id = ev.id();
             match &ev {
-                CmEvent::ConnectRequest { req, .. } => {
-                    if let Some(q) = self.requests.get_mut(&req.service_id) {
+                CmEvent::ConnectRequest { req, cma, .. } => {
+                    let local_ip = self.port.cm().config().local_ip;
+                    if is_rdma_cm_ip_service(req.service_id)
+                        && cma.is_none_or(|c| c.dst_ip() != Some(local_ip))
+                    {
+                        // kernel cma_ib_req_handler: no listener matches a REQ whose rdma_cm
+                        // IP header has another CMA version, an IP version other than 4 or
+                        // 6 (cma_save_ip_info: EINVAL / EAFNOSUPPORT) or, for a listener
+                        // bound to an address (ours always are), another IP version or
+                        // destination address (cma_match_private_data); ib_cm then
+                        // destroys the new id, which sends REJ (consumer defined).
+                        let _ = self.port.cm().reject(now, id, &[]);
+                    } else if let Some(q) = self.requests.get_mut(&req.service_id) {
                         q.push_back(ev);
                         landed = true;
                     } else {
@@ -89,6 +100,10 @@ impl Inner {
                                 .sidr_reply(now, id, SidrStatus::UNSUPPORTED, 0, 0, &[]);
                     }
                 }
+                // A request not taken yet that its peer withdrew (REJ) or that timed out:
+                // it leaves its listener's queue, and nobody hears of it.
+                CmEvent::Rejected { .. } | CmEvent::Unreachable { .. }
+                    if self.drop_queued_request(id) => {}
                 _ if self.detached.contains(&id) => {
                     if matches!(
                         ev,
@@ -112,6 +127,29 @@ impl Inner {
         let _ = self.port.process(now);
         landed
     }
+
+    /// Removes connection `id`'s ConnectRequest (or SidrRequest) from its listener's queue;
+    /// false if none is queued.
+    fn drop_queued_request(&mut self, id: CommId) -> bool {
+        for q in self.requests.values_mut() {
+            if let Some(i) = q.iter().position(|ev| ev.id() == id) {
+                q.remove(i);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Whether `service_id` is in one of rdma_cm's IP port spaces (TCP, UDP, IPoIB), whose
+/// REQs carry the rdma_cm IP header (`struct cma_hdr`) first in their private data.
+/// Source: kernel `cma.c` `cma_get_service_id`, `rdma_ps_from_service_id`.
+fn is_rdma_cm_ip_service(service_id: u64) -> bool {
+    service_id >> 32 == 0
+        && matches!(
+            (service_id >> 16) as u16,
+            port_space::TCP | port_space::UDP | port_space::IPOIB
+        )
 }
 
 impl CmDriver {
@@ -208,6 +246,17 @@ impl CmDriver {
         self.wait(timeout, |inner| {
             Ok(inner.events.get_mut(&id).and_then(|q| q.pop_front()))
         })
+    }
+
+    /// How many events and requests wait in the mailboxes, and how many connections are
+    /// held without an owner: 0 when every connection's owner took or dropped what came
+    /// for it (a check that nothing piles up).
+    pub fn mailbox_count(&self) -> usize {
+        let inner = self.shared.inner.lock();
+        inner.events.values().map(VecDeque::len).sum::<usize>()
+            + inner.events.len()
+            + inner.requests.values().map(VecDeque::len).sum::<usize>()
+            + inner.detached.len()
     }
 
     /// Says that connection `id` has no owner any more: its mailbox goes, and events still
