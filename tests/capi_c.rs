@@ -13,6 +13,12 @@
 //! fields), `ibv_reg_mr_iova` / `_iova2` with an IOVA other than the address (WRITE, READ,
 //! local SGE), and `ibv_rereg_mr`'s results as on rxe.
 //!
+//! tests/c/verbs_hostile.c: hostile arguments: IBV_SEND_INLINE of 0 bytes from NULL, of
+//! exactly / one past `max_inline_data`, of SGEs whose 32-bit sum wraps; `ibv_init_ah_from_wc`
+//! over garbage GRH areas (zeros, 0xff, wrong IPv4 checksums, nibble 6 over IPv4, multicast);
+//! `ibv_reg_mr_iova` at IOVA 0 and ending at 2^64 (first / last byte, one past), wrapping
+//! past 2^64; a zero-based type 2 window over a whole MR (last byte, one past, too long).
+//!
 //! Skipped, saying why, only when `cc` or the header is missing (CI installs
 //! libibverbs-dev). Killed after a deadline.
 
@@ -30,6 +36,11 @@ fn c_program_edges_through_softroce_exec() {
 #[test]
 fn c_program_gaps_through_softroce_exec() {
     run_c_program("verbs_gaps", "127.0.150.51,127.0.150.52");
+}
+
+#[test]
+fn c_program_hostile_arguments_through_softroce_exec() {
+    run_c_program("verbs_hostile", "127.0.190.51,127.0.190.52");
 }
 
 /// Compiles tests/c/`name`.c and runs it on two softroce devices (`ips`, comma-separated);
