@@ -13,10 +13,11 @@
 //! Time: the real monotonic clock, from when the driver started. Locks: one mutex over the
 //! port and the mailboxes; nothing blocks while holding it.
 
+use crate::cm::rdma_cm::req_matches_listener;
 use crate::cm::{CmConfig, CmEngine, CmError, CmEvent, CommId};
 use crate::transport::Instant;
 use crate::verbs::{CmPort, Cq, Device, Error, ErrorKind, Wc};
-use crate::wire::cm::{SidrStatus, port_space};
+use crate::wire::cm::SidrStatus;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -72,15 +73,9 @@ impl Inner {
             match &ev {
                 CmEvent::ConnectRequest { req, cma, .. } => {
                     let local_ip = self.port.cm().config().local_ip;
-                    if is_rdma_cm_ip_service(req.service_id)
-                        && cma.is_none_or(|c| c.dst_ip() != Some(local_ip))
-                    {
-                        // kernel cma_ib_req_handler: no listener matches a REQ whose rdma_cm
-                        // IP header has another CMA version, an IP version other than 4 or
-                        // 6 (cma_save_ip_info: EINVAL / EAFNOSUPPORT) or, for a listener
-                        // bound to an address (ours always are), another IP version or
-                        // destination address (cma_match_private_data); ib_cm then
-                        // destroys the new id, which sends REJ (consumer defined).
+                    if !req_matches_listener(req.service_id, cma.as_ref(), local_ip) {
+                        // No rdma_cm listener takes a REQ whose IP header is bad or names
+                        // another address: REJ (consumer defined), as the kernel.
                         let _ = self.port.cm().reject(now, id, &[]);
                     } else if let Some(q) = self.requests.get_mut(&req.service_id) {
                         q.push_back(ev);
@@ -139,17 +134,6 @@ impl Inner {
         }
         false
     }
-}
-
-/// Whether `service_id` is in one of rdma_cm's IP port spaces (TCP, UDP, IPoIB), whose
-/// REQs carry the rdma_cm IP header (`struct cma_hdr`) first in their private data.
-/// Source: kernel `cma.c` `cma_get_service_id`, `rdma_ps_from_service_id`.
-fn is_rdma_cm_ip_service(service_id: u64) -> bool {
-    service_id >> 32 == 0
-        && matches!(
-            (service_id >> 16) as u16,
-            port_space::TCP | port_space::UDP | port_space::IPOIB
-        )
 }
 
 impl CmDriver {
