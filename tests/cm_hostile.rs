@@ -34,6 +34,15 @@ fn ip4(s: &str) -> Ipv4Addr {
     s.parse().unwrap()
 }
 
+/// One test at a time: the leak check counts the whole process's threads and descriptors,
+/// which a test running beside it would change.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Threads and open descriptors of this process.
 fn threads_and_fds() -> (usize, usize) {
     let n = |d| std::fs::read_dir(d).unwrap().count();
@@ -91,10 +100,15 @@ impl Peer {
 
     /// The CM MADs that came to this peer's QP1 within `wait`.
     fn recv_mads(&self, wait: Duration) -> Vec<CmMadRepr> {
+        self.recv_some(wait, usize::MAX)
+    }
+
+    /// The first `n` CM MADs that come to this peer's QP1, or those that came within `wait`.
+    fn recv_some(&self, wait: Duration, n: usize) -> Vec<CmMadRepr> {
         let end = std::time::Instant::now() + wait;
         let mut got = Vec::new();
         let mut buf = [0u8; 2048];
-        while std::time::Instant::now() < end {
+        while std::time::Instant::now() < end && got.len() < n {
             let Ok(n) = self.sock.recv(&mut buf) else {
                 continue;
             };
@@ -149,6 +163,7 @@ fn rejs(mads: &[CmMadRepr]) -> Vec<RejReason> {
 // same); what arrives is what was given, zero-padded.
 #[test]
 fn private_data_at_and_past_the_limits() {
+    let _serial = serial();
     let (a, b) = (open("127.0.190.1"), open("127.0.190.2"));
     let listener = CmListener::bind(&b, 7000).unwrap();
     let server = std::thread::spawn(move || {
@@ -202,6 +217,7 @@ fn private_data_at_and_past_the_limits() {
 // ends on one CM engine, one QP each; data flows and both disconnect.
 #[test]
 fn connect_to_own_listener() {
+    let _serial = serial();
     let a = open("127.0.190.3");
     let listener = CmListener::bind(&a, 7001).unwrap();
     let a2 = a.clone();
@@ -242,6 +258,7 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 // once, not after its timeout; the driver keeps nothing for them.
 #[test]
 fn dropping_a_listener_rejects_its_pending_requests() {
+    let _serial = serial();
     let (a, b) = (open("127.0.190.4"), open("127.0.190.5"));
     let listener = CmListener::bind(&b, 7003).unwrap();
     let cm = b.cm().unwrap();
@@ -276,6 +293,7 @@ fn dropping_a_listener_rejects_its_pending_requests() {
 // request, and the driver keeps no mailbox for it.
 #[test]
 fn a_request_withdrawn_before_it_is_taken_is_not_handed_out() {
+    let _serial = serial();
     let b = open("127.0.190.6");
     let listener = CmListener::bind(&b, 7004).unwrap();
     let cm = b.cm().unwrap();
@@ -326,6 +344,7 @@ fn a_request_withdrawn_before_it_is_taken_is_not_handed_out() {
 // descriptors it had before (the devices' own included), and the drivers no mailbox.
 #[test]
 fn many_concurrent_connects_then_nothing_leaks() {
+    let _serial = serial();
     const N: usize = 24;
     let before = threads_and_fds();
     {
@@ -383,6 +402,7 @@ fn many_concurrent_connects_then_nothing_leaks() {
 // accepted.
 #[test]
 fn qp1_garbage_does_not_take_the_cm_down() {
+    let _serial = serial();
     let d = open("127.0.190.20");
     let listener = CmListener::bind(&d, 7006).unwrap();
     let dst = ip4("127.0.190.20");
@@ -430,6 +450,7 @@ fn qp1_garbage_does_not_take_the_cm_down() {
 // replayed after the connection is established changes nothing.
 #[test]
 fn absurd_reqs_and_stale_messages_get_the_kernel_answers() {
+    let _serial = serial();
     let d = open("127.0.190.23");
     let listener = CmListener::bind(&d, 7007).unwrap();
     let cm = d.cm().unwrap();
@@ -535,4 +556,100 @@ fn absurd_reqs_and_stale_messages_get_the_kernel_answers() {
     assert!(p.recv_mads(Duration::from_millis(300)).is_empty());
     assert_eq!(cm.with(|cm, _| cm.connection_count()), 0);
     eventually("mailboxes empty", || cm.mailbox_count() == 0);
+}
+
+/// Feeds the CM MADs that reach the peer within `wait` to its engine; returns them.
+fn peer_pump(p: &mut Peer, from: Ipv4Addr, wait: Duration) -> Vec<CmMadRepr> {
+    let got = p.recv_some(wait, 1);
+    for m in &got {
+        let now = p.now();
+        p.cm.handle_mad(now, IpAddr::V4(from), &m.to_bytes());
+    }
+    got
+}
+
+// A peer that connects properly, then replays what it sent: the REQ while established
+// (dropped, kernel cm_dup_req_handler), the RTU (dropped), its DREQ after the DREP
+// (the DREP again) and the REQ in TIMEWAIT (REJ 10, stale connection; after TIMEWAIT a
+// replayed REQ is a new one, in the kernel too, as its remote ID is forgotten). The listener's
+// side sees one connection, established then disconnected; the driver keeps nothing after
+// TIMEWAIT.
+#[test]
+fn replayed_req_rtu_and_dreq_get_the_kernel_answers() {
+    let _serial = serial();
+    let d = open("127.0.190.25");
+    let listener = CmListener::bind(&d, 7008).unwrap();
+    let cm = d.cm().unwrap();
+    let dd = d.clone();
+    let server = std::thread::spawn(move || {
+        let (pd, cq) = (dd.alloc_pd().unwrap(), dd.create_cq(8, 0).unwrap());
+        let qp = pd.create_qp(&cq, &cq, QpType::Rc).build().unwrap();
+        let mut conn = listener.get_request(T).unwrap().accept(qp).unwrap();
+        conn.wait_for_disconnect(T).unwrap();
+        conn.disconnect(T).unwrap();
+        listener
+    });
+    let dst = ip4("127.0.190.25");
+    let mut p = Peer::new("127.0.190.26");
+    let req = p.req_bytes(dst, 7008, b"replayer");
+    let id = p.cm.connections().next().unwrap().0;
+    p.send_to_qp1(dst, GSI_QKEY, &req);
+    let got = peer_pump(&mut p, dst, Duration::from_millis(500));
+    assert!(
+        matches!(
+            got[..],
+            [CmMadRepr {
+                msg: CmMsgRepr::Rep(_),
+                ..
+            }]
+        ),
+        "{got:?}"
+    );
+    let now = p.now();
+    p.cm.establish(now, id).unwrap();
+    let rtu = p.take_mad();
+    p.send_to_qp1(dst, GSI_QKEY, &rtu);
+    // Replays while established: nothing answers.
+    p.send_to_qp1(dst, GSI_QKEY, &req);
+    p.send_to_qp1(dst, GSI_QKEY, &rtu);
+    assert!(p.recv_mads(Duration::from_millis(300)).is_empty());
+    // Our DREQ: the listener's side answers with its DREP once its owner disconnects.
+    let now = p.now();
+    p.cm.disconnect(now, id).unwrap();
+    let dreq = p.take_mad();
+    p.send_to_qp1(dst, GSI_QKEY, &dreq);
+    let got = peer_pump(&mut p, dst, Duration::from_millis(500));
+    assert!(
+        matches!(
+            got[..],
+            [CmMadRepr {
+                msg: CmMsgRepr::Drep(_),
+                ..
+            }]
+        ),
+        "{got:?}"
+    );
+    let _listener = server.join().unwrap();
+    // In TIMEWAIT (4.096 us x 2^17, about 0.54 s, from the DREP): the REQ again is stale,
+    // the DREQ again gets the DREP again.
+    p.send_to_qp1(dst, GSI_QKEY, &req);
+    assert_eq!(
+        rejs(&p.recv_some(Duration::from_millis(300), 1)),
+        vec![RejReason::STALE_CONN]
+    );
+    p.send_to_qp1(dst, GSI_QKEY, &dreq);
+    let got = p.recv_some(Duration::from_millis(300), 1);
+    assert!(
+        matches!(
+            got[..],
+            [CmMadRepr {
+                msg: CmMsgRepr::Drep(_),
+                ..
+            }]
+        ),
+        "{got:?}"
+    );
+    eventually("TIMEWAIT over, mailboxes empty", || {
+        cm.with(|cm, _| cm.connection_count()) == 0 && cm.mailbox_count() == 0
+    });
 }
