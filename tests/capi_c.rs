@@ -14,7 +14,8 @@
 //! local SGE), and `ibv_rereg_mr`'s results as on rxe.
 //!
 //! tests/c/verbs_hostile.c: hostile arguments: IBV_SEND_INLINE of 0 bytes from NULL, of
-//! exactly / one past `max_inline_data`, of SGEs whose 32-bit sum wraps; `ibv_init_ah_from_wc`
+//! exactly / one past `max_inline_data`, of SGEs whose 32-bit sum wraps, inline lists of 2^62
+//! and SIZE_MAX buffers; `ibv_init_ah_from_wc`
 //! over garbage GRH areas (zeros, 0xff, wrong IPv4 checksums, nibble 6 over IPv4, multicast);
 //! `ibv_reg_mr_iova` at IOVA 0 and ending at 2^64 (first / last byte, one past), wrapping
 //! past 2^64; a zero-based type 2 window over a whole MR (last byte, one past, too long).

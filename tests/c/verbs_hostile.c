@@ -7,7 +7,9 @@
  *      cap.max_inline_data bytes (SEND from the stack, RDMA WRITE to the MR's last bytes),
  *      one byte more (EINVAL, *bad_wr), SGEs adding up past the limit (EINVAL), two SGEs
  *      whose 32-bit sum wraps to 0 (EINVAL: rxe's provider sums in 32 bits and would copy
- *      4 GiB into its WQE), more SGEs than max_send_sge (EINVAL);
+ *      4 GiB into its WQE), more SGEs than max_send_sge (EINVAL); ibv_wr_set_inline_data_list
+ *      of 2^62 / SIZE_MAX buffers whose first is too long and ibv_wr_set_inline_data of
+ *      SIZE_MAX bytes (ENOSPC from ibv_wr_complete);
  *   2. ibv_init_ah_from_wc / ibv_create_ah_from_wc over garbage GRH areas: all zeros and
  *      all 0xff (-1, EPROTONOSUPPORT), rxe's IPv4 layout with a wrong checksum (IPv4: the
  *      checksum is only consulted when the first nibble says 6), first nibble 6 over an
@@ -275,6 +277,53 @@ static void inline_edges(void)
 	unpair(&s, &c);
 }
 
+/* 1b: ibv_wr_set_inline_data(_list) with absurd lengths and counts: ENOSPC from
+ * ibv_wr_complete, the list read only up to the entry that passes the limit (rxe's
+ * provider reads it the same way); the QP still works afterwards. */
+static void inline_wr_edges(void)
+{
+	struct rc s, c;
+	rc_make(&s, 0, 64, 1);
+	rc_make(&c, 1, 64, 1);
+	rc_connect(&s, &c);
+	rc_connect(&c, &s);
+	struct ibv_qp_ex *x = c.qpx;
+	char stack[64];
+	struct ibv_data_buf over[1] = { { .addr = stack, .length = 65 } };
+	size_t counts[2] = { (size_t)1 << 62, SIZE_MAX };
+	for (int i = 0; i < 2; i++) {
+		ibv_wr_start(x);
+		x->wr_id = 20;
+		x->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+		ibv_wr_send(x);
+		ibv_wr_set_inline_data_list(x, counts[i], over);
+		int r = ibv_wr_complete(x);
+		CHECK(r == ENOSPC, "inline list of %zu buffers, the first too long: %d (%s)",
+		      counts[i], r, strerror(r));
+	}
+	ibv_wr_start(x);
+	ibv_wr_send(x);
+	ibv_wr_set_inline_data(x, NULL, SIZE_MAX);
+	int r = ibv_wr_complete(x);
+	CHECK(r == ENOSPC, "inline data of SIZE_MAX bytes: %d (%s)", r, strerror(r));
+	want_none(c.cq, "refused inline WRs");
+	post_recv(s.qp, s.mr, s.buf, 256);
+	fill(stack, 64, 5);
+	ibv_wr_start(x);
+	x->wr_id = 21;
+	x->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send(x);
+	ibv_wr_set_inline_data(x, stack, 64);
+	CHECK(ibv_wr_complete(x) == 0, "inline data of max_inline_data bytes");
+	want_ok(c.cq, IBV_WC_SEND, "inline send after the refusals");
+	struct ibv_wc rw = poll_one(s.cq, "inline receive after the refusals");
+	CHECK(rw.byte_len == 64 && same(s.buf, 64, 5), "inline receive: %u bytes", rw.byte_len);
+	OK("ibv_wr_set_inline_data_list of 2^62 and SIZE_MAX buffers whose first passes the "
+	   "limit, ibv_wr_set_inline_data of SIZE_MAX bytes: %s from ibv_wr_complete; then 64 "
+	   "bytes go through", strerror(ENOSPC));
+	unpair(&s, &c);
+}
+
 /* 2: ibv_init_ah_from_wc over garbage GRH areas. */
 static uint16_t csum(const unsigned char *h)
 {
@@ -525,6 +574,7 @@ int main(void)
 	ibv_free_device_list(list);
 
 	inline_edges();
+	inline_wr_edges();
 	ah_garbage();
 	iova_edges();
 	mw_edges();
