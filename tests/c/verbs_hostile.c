@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #define FAIL(...) do { printf("FAIL - " __VA_ARGS__); printf("\n"); fflush(stdout); exit(1); } while (0)
@@ -315,12 +316,19 @@ static void inline_wr_edges(void)
 	ibv_wr_send(x);
 	ibv_wr_set_inline_data(x, stack, 64);
 	CHECK(ibv_wr_complete(x) == 0, "inline data of max_inline_data bytes");
+	/* A negative count takes nothing and returns 0 (rxe_poll_cq), leaving the completion
+	 * (given 50 ms to arrive) for the next poll. */
+	usleep(50000);
+	struct ibv_wc dummy;
+	int polled = ibv_poll_cq(c.cq, -1, &dummy);
+	CHECK(polled == 0 && ibv_poll_cq(c.cq, INT32_MIN, NULL) == 0,
+	      "ibv_poll_cq with a negative count: %d, want 0 as rxe", polled);
 	want_ok(c.cq, IBV_WC_SEND, "inline send after the refusals");
 	struct ibv_wc rw = poll_one(s.cq, "inline receive after the refusals");
 	CHECK(rw.byte_len == 64 && same(s.buf, 64, 5), "inline receive: %u bytes", rw.byte_len);
 	OK("ibv_wr_set_inline_data_list of 2^62 and SIZE_MAX buffers whose first passes the "
 	   "limit, ibv_wr_set_inline_data of SIZE_MAX bytes: %s from ibv_wr_complete; then 64 "
-	   "bytes go through", strerror(ENOSPC));
+	   "bytes go through; ibv_poll_cq with a negative count: 0", strerror(ENOSPC));
 	unpair(&s, &c);
 }
 
