@@ -653,3 +653,69 @@ fn replayed_req_rtu_and_dreq_get_the_kernel_answers() {
         cm.with(|cm, _| cm.connection_count()) == 0 && cm.mailbox_count() == 0
     });
 }
+
+// A peer that gives up mid-handshake, after the listener's REP: with a REJ (the accept
+// fails with Rejected, reason and private data the peer's), or by never answering a REQ
+// that asked for short CM timeouts (the REP's retries run out: the accept fails with
+// ETIMEDOUT and the peer gets REJ(timeout)). Neither leaves anything behind.
+#[test]
+fn a_peer_that_drops_out_after_the_rep() {
+    let _serial = serial();
+    let d = open("127.0.190.27");
+    let listener = CmListener::bind(&d, 7009).unwrap();
+    let cm = d.cm().unwrap();
+    let dst = ip4("127.0.190.27");
+    let mut p = Peer::new("127.0.190.28");
+    let dd = d.clone();
+    let server = std::thread::spawn(move || {
+        let (pd, cq) = (dd.alloc_pd().unwrap(), dd.create_cq(8, 0).unwrap());
+        let mut results = Vec::new();
+        for _ in 0..2 {
+            let qp = pd.create_qp(&cq, &cq, QpType::Rc).build().unwrap();
+            let r = listener.get_request(T).unwrap().accept(qp);
+            results.push(r.map(|_| ()));
+        }
+        results
+    });
+    // 1: REJ after the REP.
+    let req = p.req_bytes(dst, 7009, b"then no");
+    let id = p.cm.connections().last().unwrap().0;
+    p.send_to_qp1(dst, GSI_QKEY, &req);
+    let got = peer_pump(&mut p, dst, T);
+    assert!(
+        matches!(
+            got[..],
+            [CmMadRepr {
+                msg: CmMsgRepr::Rep(_),
+                ..
+            }]
+        ),
+        "{got:?}"
+    );
+    let now = p.now();
+    p.cm.reject(now, id, b"changed my mind").unwrap();
+    let rej = p.take_mad();
+    p.send_to_qp1(dst, GSI_QKEY, &rej);
+    // 2: a REQ with a 1 ms response timeout and one retry, whose REP nobody answers.
+    let mut m = CmMadRepr::parse(&p.req_bytes(dst, 7009, b"silent")).unwrap();
+    let CmMsgRepr::Req(r) = &mut m.msg else {
+        unreachable!()
+    };
+    r.local_cm_response_timeout = 8;
+    r.max_cm_retries = 1;
+    p.send_to_qp1(dst, GSI_QKEY, &m.to_bytes());
+    let results = server.join().unwrap();
+    let Err(Error::Rejected(r)) = &results[0] else {
+        panic!("{:?}", results[0])
+    };
+    assert_eq!(r.reason, RejReason::CONSUMER_DEFINED);
+    assert_eq!(&r.private_data[..15], b"changed my mind");
+    let e = results[1].as_ref().unwrap_err();
+    assert_eq!(e.errno(), 110, "{e}");
+    // The REP (and its retry), then REJ(timeout).
+    let got = p.recv_mads(Duration::from_millis(300));
+    assert_eq!(rejs(&got), vec![RejReason::TIMEOUT], "{got:?}");
+    eventually("nothing held", || {
+        cm.with(|cm, _| cm.connection_count()) == 0 && cm.mailbox_count() == 0
+    });
+}
