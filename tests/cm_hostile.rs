@@ -43,10 +43,25 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Threads and open descriptors of this process.
+/// softroce's threads (device drivers and CM drivers, named `softroce-…`) and the
+/// process's sockets and anonymous-inode descriptors (eventfds, epoll): what opening
+/// devices and using the CM adds. The test harness's own threads (named after tests) and
+/// files are left out, as they come and go with the tests around this one.
 fn threads_and_fds() -> (usize, usize) {
-    let n = |d| std::fs::read_dir(d).unwrap().count();
-    (n("/proc/self/task"), n("/proc/self/fd"))
+    let threads = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("softroce"))
+        .count();
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|f| std::fs::read_link(f.ok()?.path()).ok())
+        .filter(|l| {
+            let l = l.to_string_lossy();
+            l.starts_with("socket:") || l.starts_with("anon_inode:")
+        })
+        .count();
+    (threads, fds)
 }
 
 /// A peer that speaks CM from a plain UDP socket on `ip`:4791.
@@ -350,6 +365,10 @@ fn many_concurrent_connects_then_nothing_leaks() {
     {
         let (a, b) = (open("127.0.190.8"), open("127.0.190.9"));
         let listener = CmListener::bind(&b, 7005).unwrap();
+        // The count sees what the devices and the CM add (so the check below means
+        // something): two device threads, a CM thread and their sockets at least.
+        let during = threads_and_fds();
+        assert!(during.0 >= before.0 + 3 && during.1 >= before.1 + 2, "{during:?}");
         let bb = b.clone();
         let server = std::thread::spawn(move || {
             let (pd, cq) = (bb.alloc_pd().unwrap(), bb.create_cq(8, 0).unwrap());
