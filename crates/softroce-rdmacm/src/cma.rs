@@ -32,6 +32,12 @@ use softroce::cm::rdma_cm::{
     CMA_HDR_LEN, REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
     REQ_PRIVATE_DATA_LEN as REQ_PRIVATE, req_user_private_data,
 };
+
+mod qp;
+pub(crate) use qp::{
+    rdma_create_qp, rdma_create_qp_ex, rdma_create_srq, rdma_create_srq_ex, rdma_destroy_qp,
+    rdma_destroy_srq,
+};
 /// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
 const SIDR_REQ_PRIVATE: usize = 216;
 const SIDR_REP_PRIVATE: usize = 136;
@@ -83,8 +89,6 @@ struct IdState {
     user_established: bool,
     /// Active: the REP, for `rdma_init_qp_attr` of an external QP.
     rep: Option<Box<RepRepr>>,
-    /// rdma_create_qp made the CQs (and their channels): rdma_destroy_qp frees them.
-    own_cqs: bool,
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the RC QP's local ACK timeout exponent at RTS, in place
     /// of the one the REQ/REP exchange gives (kernel `rdma_set_ack_timeout`).
     ack_timeout: Option<u8>,
@@ -1356,130 +1360,15 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
     })
 }
 
-pub(crate) extern "C" fn rdma_create_qp(
-    id: *mut rdma_cm_id,
-    pd: *mut ibv_pd,
-    attr: *mut ibv_qp_init_attr,
-) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let ibv = ibv()?;
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            // SAFETY: live id; `attr` is the caller's init attributes.
-            let (idr, a) = unsafe { (&mut *id, &mut *attr) };
-            if idr.verbs.is_null() || s.dev.is_none() {
-                return Err(libc::EINVAL);
-            }
-            let pd = if pd.is_null() { idr.pd } else { pd };
-            if pd.is_null() {
-                return Err(libc::EINVAL);
-            }
-            // Default CQs, each with its completion channel (librdmacm's ucma_create_cqs).
-            let mut own = false;
-            // SAFETY: calls on the id's live context.
-            unsafe {
-                if a.send_cq.is_null() {
-                    let ch = (ibv.create_comp_channel)(idr.verbs);
-                    let cq = (ibv.create_cq)(
-                        idr.verbs,
-                        a.cap.max_send_wr.max(1) as c_int,
-                        id.cast(),
-                        ch,
-                        0,
-                    );
-                    if cq.is_null() {
-                        return Err(errno_or(libc::ENOMEM));
-                    }
-                    idr.send_cq_channel = ch;
-                    idr.send_cq = cq;
-                    a.send_cq = cq;
-                    own = true;
-                }
-                if a.recv_cq.is_null() {
-                    let ch = (ibv.create_comp_channel)(idr.verbs);
-                    let cq = (ibv.create_cq)(
-                        idr.verbs,
-                        a.cap.max_recv_wr.max(1) as c_int,
-                        id.cast(),
-                        ch,
-                        0,
-                    );
-                    if cq.is_null() {
-                        return Err(errno_or(libc::ENOMEM));
-                    }
-                    idr.recv_cq_channel = ch;
-                    idr.recv_cq = cq;
-                    a.recv_cq = cq;
-                    own = true;
-                }
-                if idr.send_cq.is_null() {
-                    idr.send_cq = a.send_cq;
-                }
-                if idr.recv_cq.is_null() {
-                    idr.recv_cq = a.recv_cq;
-                }
-            }
-            s.own_cqs = own;
-            // SAFETY: the PD and attributes as the caller gave them.
-            let qp = unsafe { (ibv.create_qp)(pd, a) };
-            if qp.is_null() {
-                return Err(errno_or(libc::ENOMEM));
-            }
-            let ready = qp_init(ibv, qp, a.qp_type).and_then(|()| {
-                if a.qp_type == IBV_QPT_UD {
-                    ud_qp_rts(ibv, qp)
-                } else {
-                    Ok(())
-                }
-            });
-            if let Err(e) = ready {
-                // SAFETY: the QP just made.
-                unsafe { (ibv.destroy_qp)(qp) };
-                return Err(e);
-            }
-            idr.qp = qp;
-            idr.pd = pd;
-            idr.srq = a.srq;
-            Ok(())
-        })();
-        result(r)
-    })
-}
-
-pub(crate) extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
-    ffi!((), {
-        let Ok(ibv) = ibv() else { return };
-        let Ok(mut st) = state() else { return };
-        let Ok(s) = st.id_mut(id) else { return };
-        let own = std::mem::take(&mut s.own_cqs);
-        // SAFETY: live id; its QP and (if ours) CQs and channels.
-        unsafe {
-            let idr = &mut *id;
-            if !idr.qp.is_null() {
-                (ibv.destroy_qp)(idr.qp);
-                idr.qp = std::ptr::null_mut();
-            }
-            if own {
-                for (cq, ch) in [
-                    (&mut idr.send_cq, &mut idr.send_cq_channel),
-                    (&mut idr.recv_cq, &mut idr.recv_cq_channel),
-                ] {
-                    if !cq.is_null() {
-                        (ibv.destroy_cq)(*cq);
-                    }
-                    if !ch.is_null() {
-                        (ibv.destroy_comp_channel)(*ch);
-                    }
-                    *cq = std::ptr::null_mut();
-                    *ch = std::ptr::null_mut();
-                }
-            }
-        }
-    })
+/// The SRQ bit of a REQ or REP (librdmacm: whether the id's QP has an SRQ, else
+/// `conn_param->srq`).
+fn qp_has_srq(idr: &rdma_cm_id, cp: Option<&rdma_conn_param>) -> bool {
+    if idr.qp.is_null() {
+        cp.is_some_and(|c| c.srq != 0)
+    } else {
+        // SAFETY: the id's live QP.
+        !unsafe { (*idr.qp).srq }.is_null()
+    }
 }
 
 /// The private data of a conn_param.
@@ -1561,7 +1450,7 @@ pub(crate) extern "C" fn rdma_connect(
             p.initiator_depth = ini;
             p.retry_count = retry;
             p.rnr_retry_count = rnr;
-            p.srq = !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0);
+            p.srq = qp_has_srq(idr, cp);
             let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
             o.comms.insert(comm, id as usize);
             st.id_mut(id)?.comm = Some(comm);
@@ -1621,7 +1510,7 @@ pub(crate) extern "C" fn rdma_accept(
                 initiator_depth: ini,
                 target_ack_delay: 0,
                 rnr_retry_count: rnr,
-                srq: !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0),
+                srq: qp_has_srq(idr, cp),
                 private_data: user.to_vec(),
             };
             let o = st.open(dev)?;
@@ -1915,13 +1804,15 @@ fn active_ep(
     0
 }
 
-/// rdma_destroy_ep: the id's QP (and the CQs rdma_create_qp made), then the id.
+/// rdma_destroy_ep: the id's QP, its SRQ (each with the CQs librdmacm made for the id), then
+/// the id.
 pub(crate) extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     ffi!((), {
         if id.is_null() {
             return;
         }
         rdma_destroy_qp(id);
+        rdma_destroy_srq(id);
         rdma_destroy_id(id);
     })
 }
