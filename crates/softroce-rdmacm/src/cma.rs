@@ -6,6 +6,7 @@
 //! and the bound ports. Entry points and driver threads take the lock, call the engine, then
 //! [`pump`] its events (into rdma_cm events, applying REQ/REP to the id's QP) and MADs (onto
 //! QP1 through `softroce_mad_send`). The ibv_* calls made under the lock never call back.
+//! Multicast joins and leaves live in [`mcast`] (no CM messages on RoCE: no SA).
 //!
 //! Sources: rdma-core `librdmacm/cma.c` (rdma_create_qp's default CQs and INIT, the
 //! RTR/RTS sequence of `ucma_modify_qp_rtr`/`_rts`, rdma_disconnect moving the QP to ERR,
@@ -26,6 +27,9 @@ use softroce::wire::cm::{
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
+
+mod mcast;
+pub(crate) use mcast::{rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast};
 
 /// Length of rdma_cm's IP header at the start of a REQ's private data (`struct cma_hdr`).
 const CMA_HDR_LEN: usize = 36;
@@ -95,12 +99,18 @@ struct IdState {
     sync: bool,
     /// rdma_create_ep of a passive id: the QP rdma_get_request makes for each request.
     qp_init_attr: Option<Box<ibv_qp_init_attr>>,
+    /// rdma_resolve_route succeeded (the kernel's state is then past ADDR_RESOLVED).
+    route_resolved: bool,
+    /// The multicast groups joined and not left, newest first (librdmacm's `mc_list`).
+    mcast: Vec<mcast::Membership>,
 }
 
 struct State {
     devs: Vec<Dev>,
     ids: HashMap<usize, IdState>,
     rng: u64,
+    /// The last multicast membership handle handed out (0 is none).
+    last_mc: u64,
 }
 
 // SAFETY: the raw pointers are libibverbs handles (contexts, PDs) and our own boxes, used only
@@ -155,6 +165,7 @@ fn init_state() -> Result<State, c_int> {
         devs,
         ids: HashMap::new(),
         rng: seed | 1,
+        last_mc: 0,
     })
 }
 
@@ -376,6 +387,9 @@ struct Channel {
 struct Event {
     ev: rdma_cm_event,
     data: [u8; 256],
+    /// The multicast membership a MULTICAST_JOIN is for (librdmacm's `cma_event.mc`); 0
+    /// for other events.
+    mc: u64,
 }
 
 fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<Event> {
@@ -389,6 +403,7 @@ fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<Event> {
             param: unsafe { std::mem::zeroed() },
         },
         data: [0; 256],
+        mc: 0,
     })
 }
 
@@ -1102,24 +1117,7 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // Events queued for it and not yet taken go with it.
         // SAFETY: `id` is live until freed below.
         let ch = unsafe { (*id).channel };
-        if !ch.is_null() {
-            // SAFETY: our channel.
-            let chan = unsafe { &*ch.cast::<Channel>() };
-            let mut q = chan.queue.lock();
-            let before = q.len();
-            q.retain(|&e| {
-                // SAFETY: queued events are live boxes.
-                let mine = unsafe { (*(e as *mut Event)).ev.id } == id;
-                if mine {
-                    // SAFETY: removed from the queue, so freed once.
-                    drop(unsafe { Box::from_raw(e as *mut Event) });
-                }
-                !mine
-            });
-            for _ in q.len()..before {
-                take_count(chan.ch.fd);
-            }
-        }
+        drop_queued(ch, |e| e.ev.id == id);
         if sync {
             // SAFETY: live id; the channel is its own, now without events.
             unsafe { (*id).channel = std::ptr::null_mut() };
@@ -1132,6 +1130,30 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // Else freed by the last rdma_ack_cm_event.
         0
     })
+}
+
+/// Frees the events queued on channel `ch` (NULL: none) that `pred` picks, with their
+/// counts on the channel's eventfd.
+fn drop_queued(ch: *mut rdma_event_channel, mut pred: impl FnMut(&Event) -> bool) {
+    if ch.is_null() {
+        return;
+    }
+    // SAFETY: every channel of an id is one of our boxed `Channel`s.
+    let chan = unsafe { &*ch.cast::<Channel>() };
+    let mut q = chan.queue.lock();
+    let before = q.len();
+    q.retain(|&e| {
+        // SAFETY: queued events are live boxes nobody was handed.
+        let picked = pred(unsafe { &*(e as *const Event) });
+        if picked {
+            // SAFETY: removed from the queue, so freed once.
+            drop(unsafe { Box::from_raw(e as *mut Event) });
+        }
+        !picked
+    });
+    for _ in q.len()..before {
+        take_count(chan.ch.fd);
+    }
 }
 
 /// Takes one count from a channel's eventfd without blocking.
@@ -1297,6 +1319,7 @@ pub(crate) extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
             };
             let mtu = st.open(dev)?.mtu;
             set_route(id, local, Some(remote), mtu);
+            st.id_mut(id)?.route_resolved = true;
             post(new_event(id, event::ROUTE_RESOLVED, 0));
             Ok(())
         })();
@@ -1963,8 +1986,10 @@ pub(crate) extern "C" fn rdma_get_cm_event(
                 continue; // its id was destroyed meanwhile
             };
             let ev = e as *mut Event;
-            // SAFETY: a live queued event.
+            // SAFETY: a live queued event, now ours alone.
             let id = unsafe { (*ev).ev.id };
+            // SAFETY: as above.
+            mcast::process_join(&mut st, unsafe { &mut *ev });
             if let Some(s) = st.ids.get_mut(&(id as usize)) {
                 s.events_out += 1;
             }
