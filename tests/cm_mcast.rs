@@ -13,37 +13,17 @@
 
 mod exec_support;
 use exec_support::*;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 const IP: &str = "127.0.160.21";
 
 #[test]
 fn join_and_leave_multicast_as_librdmacm_on_rxe() {
-    if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
-        println!("SKIPPED: librdmacm-dev is not installed (apt-get install librdmacm-dev)");
-        return;
-    }
     let dir = std::env::temp_dir().join(format!("softroce-cm-mcast-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mcast_errors.c");
-    let exe = dir.join("mcast_errors");
-    let Ok(cc) = Command::new("cc")
-        .args(["-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-    else {
-        println!("SKIPPED: no C compiler (cc)");
+    let Some(exe) = compile_c("mcast_errors", &dir) else {
         return;
     };
-    assert!(
-        cc.status.success(),
-        "cc mcast_errors.c failed:\n{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
     let out = wait(
         exec(IP, &[exe.as_os_str(), IP.as_ref()]).spawn().unwrap(),
         Duration::from_secs(60),
