@@ -121,6 +121,18 @@ fn expected() -> Vec<(&'static str, usize)> {
             "offsetof(struct rdma_cm_event, param)",
             offset_of!(rdma_cm_event, param),
         ),
+        (
+            "sizeof(struct rdma_cm_join_mc_attr_ex)",
+            size_of::<rdma_cm_join_mc_attr_ex>(),
+        ),
+        (
+            "offsetof(struct rdma_cm_join_mc_attr_ex, join_flags)",
+            offset_of!(rdma_cm_join_mc_attr_ex, join_flags),
+        ),
+        (
+            "offsetof(struct rdma_cm_join_mc_attr_ex, addr)",
+            offset_of!(rdma_cm_join_mc_attr_ex, addr),
+        ),
     ]
 }
 
