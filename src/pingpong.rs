@@ -449,24 +449,9 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     watch.progress();
     let mut num_cq_events = 0u32;
     while rcnt < a.iters || scnt < a.iters {
-        let n = match &channel {
-            // One event, re-arm, then one poll, as rc_pingpong does: at most one SEND and one
-            // receive are outstanding, so the two-entry poll takes all there is.
-            Some(ch) => match ch.get_cq_event(Duration::from_secs(1)) {
-                Ok(ev_cq) => {
-                    num_cq_events += 1;
-                    if !ev_cq.same_cq(&cq) {
-                        return Err("CQ event for unknown CQ".into());
-                    }
-                    cq.req_notify(false)
-                        .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
-                    cq.poll(&mut wcs)
-                }
-                Err(e) if e.kind() == softroce::verbs::ErrorKind::Again => 0,
-                Err(e) => return Err(format!("Failed to get cq_event: {e}").into()),
-            },
-            None => cq.wait(&mut wcs, Duration::from_secs(1)),
-        };
+        // One event, re-arm, then one poll, as rc_pingpong does: at most one SEND and one
+        // receive are outstanding, so the two-entry poll takes all there is.
+        let n = next_completions(channel.as_ref(), &cq, &mut wcs, &mut num_cq_events)?;
         if n == 0 {
             let done = format!("{rcnt} of {} messages received, {scnt} sent", a.iters);
             watch.idle("pingpong", &done)?;
@@ -674,6 +659,36 @@ fn chk_verify_mr_pages(mr: &Mr, offset: usize, len: usize) -> Result<(), BoxErro
         firsts.push(b[0]);
     }
     chk_verify_firsts(&firsts)
+}
+
+/// The completions of one turn of a pingpong's loop, as rdma-core's pingpongs take them:
+/// with a completion channel (`-e`), one CQ event, the CQ re-armed, then one poll (counted in
+/// `num_cq_events`, which the tools acknowledge at the end); without, a poll. Waits at most
+/// 1 s, so that the caller's stall watch can say why nothing comes; 0 then. Errors: an
+/// event for another CQ, a failed re-arm or event read, as the tools word them.
+pub(crate) fn next_completions(
+    channel: Option<&softroce::verbs::CompChannel>,
+    cq: &softroce::verbs::Cq,
+    wcs: &mut [Wc],
+    num_cq_events: &mut u32,
+) -> Result<usize, BoxError> {
+    const WAIT: Duration = Duration::from_secs(1);
+    let Some(ch) = channel else {
+        return Ok(cq.wait(wcs, WAIT));
+    };
+    match ch.get_cq_event(WAIT) {
+        Ok(ev_cq) => {
+            *num_cq_events += 1;
+            if !ev_cq.same_cq(cq) {
+                return Err("CQ event for unknown CQ".into());
+            }
+            cq.req_notify(false)
+                .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
+            Ok(cq.poll(wcs))
+        }
+        Err(e) if e.kind() == softroce::verbs::ErrorKind::Again => Ok(0),
+        Err(e) => Err(format!("Failed to get cq_event: {e}").into()),
+    }
 }
 
 fn send_wr(mr: &Mr, size: u32, ud: Option<UdDest>) -> SendWr {

@@ -37,12 +37,10 @@ use softroce::verbs::{
 };
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Address messages each side sends, whatever the number of QPs (srq_pingpong's `MAX_QP`).
 pub const MAX_QP: usize = 256;
-/// Longest wait for one CQ event with `-e` before giving up.
-const EVENT_WAIT: Duration = Duration::from_secs(60);
 
 /// Runs `softroce pingpong --srq`.
 pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
@@ -226,21 +224,7 @@ pub fn run(a: PingpongArgs) -> Result<(), BoxError> {
     let mut wcs = vec![Wc::default(); num_qp + a.rx_depth as usize];
     watch.progress();
     while rcnt < a.iters || scnt < a.iters {
-        let n = match &channel {
-            Some(ch) => {
-                let ev_cq = ch
-                    .get_cq_event(EVENT_WAIT)
-                    .map_err(|e| format!("Failed to get cq_event: {e}"))?;
-                num_cq_events += 1;
-                if !ev_cq.same_cq(&cq) {
-                    return Err("CQ event for unknown CQ".into());
-                }
-                cq.req_notify(false)
-                    .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
-                cq.poll(&mut wcs)
-            }
-            None => cq.wait(&mut wcs, Duration::from_secs(1)),
-        };
+        let n = super::next_completions(channel.as_ref(), &cq, &mut wcs, &mut num_cq_events)?;
         if n == 0 {
             let done = format!("{rcnt} of {} messages received, {scnt} sent", a.iters);
             watch.idle("pingpong", &done)?;

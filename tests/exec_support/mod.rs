@@ -80,3 +80,31 @@ pub fn wait_device(ip: Ipv4Addr) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Compiles tests/c/`name`.c against the installed rdma-core headers (`cc -Wall -o DIR/name
+/// … -lrdmacm -libverbs`) into `dir`. None, saying why on stdout, when librdmacm-dev or a C
+/// compiler is missing; a compile error fails the test.
+pub fn compile_c(name: &str, dir: &Path) -> Option<std::path::PathBuf> {
+    if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        println!("SKIPPED: librdmacm-dev is not installed (apt-get install librdmacm-dev)");
+        return None;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = dir.join(name);
+    let Ok(out) = Command::new("cc")
+        .args(["-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+    else {
+        println!("SKIPPED: no C compiler (cc)");
+        return None;
+    };
+    assert!(
+        out.status.success(),
+        "cc {name}.c failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}

@@ -210,6 +210,25 @@ pub struct rdma_addrinfo {
     pub ai_next: *mut rdma_addrinfo,
 }
 
+/// `struct rdma_cm_join_mc_attr_ex` (`rdma_join_multicast_ex`).
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    /// `RDMA_CM_JOIN_MC_ATTR_*` bits saying which fields are valid.
+    pub comp_mask: u32,
+    /// An `RDMA_MC_JOIN_FLAG_*` value.
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+
+/// `enum rdma_cm_join_mc_attr_mask`.
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 1 << 2;
+/// `enum rdma_cm_mc_join_flags`.
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
+
 /// `rdma_addrinfo.ai_flags` bits.
 pub const RAI_PASSIVE: c_int = 1;
 pub const RAI_NUMERICHOST: c_int = 2;

@@ -6,6 +6,7 @@
 //! and the bound ports. Entry points and driver threads take the lock, call the engine, then
 //! [`pump`] its events (into rdma_cm events, applying REQ/REP to the id's QP) and MADs (onto
 //! QP1 through `softroce_mad_send`). The ibv_* calls made under the lock never call back.
+//! Multicast joins and leaves live in [`mcast`] (no CM messages on RoCE: no SA).
 //!
 //! Sources: rdma-core `librdmacm/cma.c` (rdma_create_qp's default CQs and INIT, the
 //! RTR/RTS sequence of `ucma_modify_qp_rtr`/`_rts`, rdma_disconnect moving the QP to ERR,
@@ -24,7 +25,7 @@ use softroce::wire::cm::{
     CmaHdr, CmaHdrRepr, RepRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip,
     rdma_cm_service_id,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 
@@ -33,11 +34,14 @@ use softroce::cm::rdma_cm::{
     REQ_PRIVATE_DATA_LEN as REQ_PRIVATE, req_user_private_data,
 };
 
+mod mcast;
+pub(crate) use mcast::{rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast};
 mod qp;
 pub(crate) use qp::{
     rdma_create_qp, rdma_create_qp_ex, rdma_create_srq, rdma_create_srq_ex, rdma_destroy_qp,
     rdma_destroy_srq,
 };
+
 /// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
 const SIDR_REQ_PRIVATE: usize = 216;
 const SIDR_REP_PRIVATE: usize = 136;
@@ -45,6 +49,9 @@ const SIDR_REP_PRIVATE: usize = 136;
 const SGID_INDEX: u8 = 1;
 /// Longest a driver thread waits on QP1 between timer checks, in ms.
 const DRIVER_TICK_MS: u64 = 20;
+/// How long a device keeps listening on a service ID after its last listening id is
+/// destroyed: a REQ that comes meanwhile waits for a new listener (see [`Parked`]).
+const LISTEN_LINGER: std::time::Duration = std::time::Duration::from_secs(3);
 
 // ---------------------------------------------------------------------------------------
 // State
@@ -57,6 +64,28 @@ struct OpenDev {
     comms: HashMap<CommId, usize>,
     /// The port's active MTU (IB enum).
     mtu: u8,
+    /// Service IDs whose last listening id went away, and until when the engine still
+    /// listens on them ([`LISTEN_LINGER`]).
+    lingering: HashMap<u64, Instant>,
+    /// REQs that came for a lingering service ID, waiting for a listener.
+    parked: Vec<Parked>,
+}
+
+/// A REQ for a service ID nobody listens on any more, held while the ID lingers.
+///
+/// The kernel answers a REQ that finds no listener at once with REJ 8. softroce holds it
+/// for up to [`LISTEN_LINGER`] after the service's last listener went away: programs that
+/// replace their listener between two connections (perftest with `-R` destroys the listener
+/// of its control connection, then listens on the same port for the data connection) race
+/// the peer's next REQ, a race the kernel's slower active side (asynchronous address and
+/// route resolution, page pinning) practically never loses and softroce's often would. A
+/// new listener takes the REQ as its CONNECT_REQUEST; at the end of the linger it gets the
+/// kernel's answer, REJ 8 (spec/deviations.toml).
+struct Parked {
+    comm: CommId,
+    peer: IpAddr,
+    req: Box<ReqRepr>,
+    cma: Option<CmaHdrRepr>,
 }
 
 struct Dev {
@@ -103,12 +132,18 @@ struct IdState {
     sync: bool,
     /// rdma_create_ep of a passive id: the QP rdma_get_request makes for each request.
     qp_init_attr: Option<Box<ibv_qp_init_attr>>,
+    /// rdma_resolve_route succeeded (the kernel's state is then past ADDR_RESOLVED).
+    route_resolved: bool,
+    /// The multicast groups joined and not left, newest first (librdmacm's `mc_list`).
+    mcast: Vec<mcast::Membership>,
 }
 
 struct State {
     devs: Vec<Dev>,
     ids: HashMap<usize, IdState>,
     rng: u64,
+    /// The last multicast membership handle handed out (0 is none).
+    last_mc: u64,
 }
 
 // SAFETY: the raw pointers are libibverbs handles (contexts, PDs) and our own boxes, used only
@@ -163,6 +198,7 @@ fn init_state() -> Result<State, c_int> {
         devs,
         ids: HashMap::new(),
         rng: seed | 1,
+        last_mc: 0,
     })
 }
 
@@ -216,6 +252,8 @@ impl State {
                 cm,
                 comms: HashMap::new(),
                 mtu,
+                lingering: HashMap::new(),
+                parked: Vec::new(),
             });
             let ctx = ctx as usize;
             let name = format!("softroce-cm-{}", self.devs[i].name);
@@ -384,6 +422,9 @@ struct Channel {
 struct Event {
     ev: rdma_cm_event,
     data: [u8; 256],
+    /// The multicast membership a MULTICAST_JOIN is for (librdmacm's `cma_event.mc`); 0
+    /// for other events.
+    mc: u64,
 }
 
 fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<Event> {
@@ -397,6 +438,7 @@ fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<Event> {
             param: unsafe { std::mem::zeroed() },
         },
         data: [0; 256],
+        mc: 0,
     })
 }
 
@@ -615,8 +657,31 @@ fn driver(dev: usize, ctx: usize) {
             if o.cm.poll_timeout().is_some_and(|d| d <= t) {
                 o.cm.handle_timeout(t);
             }
+            end_lingers(o, t);
         }
         pump(&mut st, dev);
+    }
+}
+
+/// Stops listening on the service IDs of `o` whose linger is over; their parked REQs get
+/// REJ 8, as a REQ that finds no listener.
+fn end_lingers(o: &mut OpenDev, now: Instant) {
+    let over: Vec<u64> = o
+        .lingering
+        .iter()
+        .filter(|&(_, &until)| until <= now)
+        .map(|(&sid, _)| sid)
+        .collect();
+    for sid in over {
+        o.lingering.remove(&sid);
+        let _ = o.cm.unlisten(sid);
+        let (gone, kept) = std::mem::take(&mut o.parked)
+            .into_iter()
+            .partition(|p| p.req.service_id == sid);
+        o.parked = kept;
+        for p in gone {
+            let _ = o.cm.reject_no_listener(now, p.comm);
+        }
     }
 }
 
@@ -686,6 +751,8 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
     let Some(o) = st.devs[dev].open.as_mut() else {
         return;
     };
+    // A parked REQ whose peer gave up (REJ) is forgotten.
+    o.parked.retain(|p| p.comm != comm);
     let Some(&addr) = o.comms.get(&comm) else {
         return; // its id is gone
     };
@@ -947,7 +1014,16 @@ fn connect_request(
 ) {
     let Some(lid) = listener_for(st, dev, req.service_id) else {
         if let Some(o) = st.devs[dev].open.as_mut() {
-            let _ = o.cm.reject(now(), comm, &[]);
+            if o.lingering.contains_key(&req.service_id) {
+                o.parked.push(Parked {
+                    comm,
+                    peer,
+                    req,
+                    cma,
+                });
+            } else {
+                let _ = o.cm.reject_no_listener(now(), comm);
+            }
         }
         return;
     };
@@ -1001,6 +1077,15 @@ fn free_id(id: *mut rdma_cm_id) {
     }
 }
 
+/// The channels made and not destroyed yet, by address. A program may hand a channel back
+/// after destroying it (perftest's `-R` client does, when its connection is refused: its
+/// retry destroys the channel, then destroys it again); that call is refused with EBADF,
+/// what librdmacm's calls on the channel's closed fd give, instead of reading freed memory.
+fn live_channels() -> &'static Mutex<HashSet<usize>> {
+    static LIVE: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
 /// A new channel: an eventfd in semaphore mode and an empty queue (None: errno is set).
 fn new_channel() -> Option<*mut rdma_event_channel> {
     // SAFETY: plain eventfd creation.
@@ -1012,7 +1097,9 @@ fn new_channel() -> Option<*mut rdma_event_channel> {
         ch: rdma_event_channel { fd },
         queue: Mutex::new(VecDeque::new()),
     });
-    Some(Box::into_raw(ch).cast())
+    let ch = Box::into_raw(ch);
+    live_channels().lock().insert(ch as usize);
+    Some(ch.cast())
 }
 
 pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
@@ -1027,10 +1114,11 @@ pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
 
 pub(crate) extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     ffi!((), {
-        if channel.is_null() {
+        if channel.is_null() || !live_channels().lock().remove(&(channel as usize)) {
+            crate::set_errno(libc::EBADF);
             return;
         }
-        // SAFETY: a channel from rdma_create_event_channel, destroyed once.
+        // SAFETY: a channel from rdma_create_event_channel, destroyed once (it was live).
         let ch = unsafe { Box::from_raw(channel.cast::<Channel>()) };
         for e in ch.queue.lock().drain(..) {
             // SAFETY: queued events are boxes nobody was handed.
@@ -1100,8 +1188,16 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             return neg_errno(libc::EINVAL);
         };
         s.destroyed = true;
-        s.listening = false;
+        let was_listening = std::mem::take(&mut s.listening);
         s.qp_init_attr = None;
+        if was_listening {
+            // SAFETY: a live id.
+            let ps = unsafe { (*id).ps };
+            linger(&mut st, id, ps);
+        }
+        let Some(s) = st.ids.get_mut(&(id as usize)) else {
+            return neg_errno(libc::EINVAL);
+        };
         let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
         let unanswered = s.req.take().is_some();
         let sidr_unanswered = std::mem::take(&mut s.sidr_pending);
@@ -1121,24 +1217,7 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // Events queued for it and not yet taken go with it.
         // SAFETY: `id` is live until freed below.
         let ch = unsafe { (*id).channel };
-        if !ch.is_null() {
-            // SAFETY: our channel.
-            let chan = unsafe { &*ch.cast::<Channel>() };
-            let mut q = chan.queue.lock();
-            let before = q.len();
-            q.retain(|&e| {
-                // SAFETY: queued events are live boxes.
-                let mine = unsafe { (*(e as *mut Event)).ev.id } == id;
-                if mine {
-                    // SAFETY: removed from the queue, so freed once.
-                    drop(unsafe { Box::from_raw(e as *mut Event) });
-                }
-                !mine
-            });
-            for _ in q.len()..before {
-                take_count(chan.ch.fd);
-            }
-        }
+        drop_queued(ch, |e| e.ev.id == id);
         if sync {
             // SAFETY: live id; the channel is its own, now without events.
             unsafe { (*id).channel = std::ptr::null_mut() };
@@ -1151,6 +1230,51 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // Else freed by the last rdma_ack_cm_event.
         0
     })
+}
+
+/// A listening id went away: the service IDs it listened on that no other id listens on
+/// keep being listened on for [`LISTEN_LINGER`] (the kernel stops at once; see [`Parked`]).
+fn linger(st: &mut State, id: *mut rdma_cm_id, ps: c_int) {
+    let Some(s) = st.ids.get(&(id as usize)) else {
+        return;
+    };
+    let sid = rdma_cm_service_id(ps as u16, s.local.map_or(0, |l| l.port()));
+    let devs: Vec<usize> = match s.dev {
+        Some(d) => vec![d],
+        None => (0..st.devs.len()).collect(),
+    };
+    let until = now() + LISTEN_LINGER;
+    for d in devs {
+        if listener_for(st, d, sid).is_none()
+            && let Some(o) = st.devs[d].open.as_mut()
+        {
+            o.lingering.insert(sid, until);
+        }
+    }
+}
+
+/// Frees the events queued on channel `ch` (NULL: none) that `pred` picks, with their
+/// counts on the channel's eventfd.
+fn drop_queued(ch: *mut rdma_event_channel, mut pred: impl FnMut(&Event) -> bool) {
+    if ch.is_null() {
+        return;
+    }
+    // SAFETY: every channel of an id is one of our boxed `Channel`s.
+    let chan = unsafe { &*ch.cast::<Channel>() };
+    let mut q = chan.queue.lock();
+    let before = q.len();
+    q.retain(|&e| {
+        // SAFETY: queued events are live boxes nobody was handed.
+        let picked = pred(unsafe { &*(e as *const Event) });
+        if picked {
+            // SAFETY: removed from the queue, so freed once.
+            drop(unsafe { Box::from_raw(e as *mut Event) });
+        }
+        !picked
+    });
+    for _ in q.len()..before {
+        take_count(chan.ch.fd);
+    }
 }
 
 /// Takes one count from a channel's eventfd without blocking.
@@ -1316,6 +1440,7 @@ pub(crate) extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
             };
             let mtu = st.open(dev)?.mtu;
             set_route(id, local, Some(remote), mtu);
+            st.id_mut(id)?.route_resolved = true;
             post(new_event(id, event::ROUTE_RESOLVED, 0));
             Ok(())
         })();
@@ -1347,13 +1472,28 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                 Some(d) => vec![d],
                 None => (0..st.devs.len()).collect(),
             };
-            for d in devs {
+            for &d in &devs {
                 let o = st.open(d)?;
                 // Another id of this process may listen on the same service on another
                 // address of the device set: the engine listens once per device.
                 let _ = o.cm.listen(sid);
             }
             st.id_mut(id)?.listening = true;
+            // REQs that came while the service lingered are this listener's now.
+            for d in devs {
+                let Some(o) = st.devs[d].open.as_mut() else {
+                    continue;
+                };
+                o.lingering.remove(&sid);
+                let (mine, kept) = std::mem::take(&mut o.parked)
+                    .into_iter()
+                    .partition(|p| p.req.service_id == sid);
+                o.parked = kept;
+                for p in mine {
+                    connect_request(&mut st, d, p.comm, p.peer, p.req, p.cma);
+                }
+                pump(&mut st, d);
+            }
             Ok(())
         })();
         result(r)
@@ -1825,7 +1965,10 @@ pub(crate) extern "C" fn rdma_get_cm_event(
         if channel.is_null() || event.is_null() {
             return neg_errno(libc::EINVAL);
         }
-        // SAFETY: our channel (the caller's contract).
+        if !live_channels().lock().contains(&(channel as usize)) {
+            return neg_errno(libc::EBADF);
+        }
+        // SAFETY: a live channel of ours.
         let chan = unsafe { &*channel.cast::<Channel>() };
         loop {
             let mut v = 0u64;
@@ -1846,8 +1989,10 @@ pub(crate) extern "C" fn rdma_get_cm_event(
                 continue; // its id was destroyed meanwhile
             };
             let ev = e as *mut Event;
-            // SAFETY: a live queued event.
+            // SAFETY: a live queued event, now ours alone.
             let id = unsafe { (*ev).ev.id };
+            // SAFETY: as above.
+            mcast::process_join(&mut st, unsafe { &mut *ev });
             if let Some(s) = st.ids.get_mut(&(id as usize)) {
                 s.events_out += 1;
             }
@@ -2184,4 +2329,28 @@ pub(crate) extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
         .ok()
         .and_then(|i| NAMES.get(i))
         .map_or(c"UNKNOWN EVENT".as_ptr(), |n| n.as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errno() -> c_int {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    // A channel destroyed twice (perftest -R's client retry does it) is refused with EBADF,
+    // as librdmacm's calls on the closed fd are, and so is taking an event from it.
+    #[test]
+    fn destroyed_channel_is_refused_with_ebadf() {
+        let ch = new_channel().unwrap();
+        rdma_destroy_event_channel(ch);
+        crate::set_errno(0);
+        rdma_destroy_event_channel(ch);
+        assert_eq!(errno(), libc::EBADF);
+        let mut ev = std::ptr::null_mut();
+        assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+        assert_eq!(errno(), libc::EBADF);
+        assert!(ev.is_null());
+    }
 }

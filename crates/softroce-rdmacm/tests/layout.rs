@@ -122,6 +122,18 @@ fn expected() -> Vec<(&'static str, usize)> {
             offset_of!(rdma_cm_event, param),
         ),
         (
+            "sizeof(struct rdma_cm_join_mc_attr_ex)",
+            size_of::<rdma_cm_join_mc_attr_ex>(),
+        ),
+        (
+            "offsetof(struct rdma_cm_join_mc_attr_ex, join_flags)",
+            offset_of!(rdma_cm_join_mc_attr_ex, join_flags),
+        ),
+        (
+            "offsetof(struct rdma_cm_join_mc_attr_ex, addr)",
+            offset_of!(rdma_cm_join_mc_attr_ex, addr),
+        ),
+        (
             "sizeof(struct ibv_srq_init_attr_ex)",
             size_of::<ibv_srq_init_attr_ex>(),
         ),

@@ -587,6 +587,24 @@ impl CmEngine {
         Ok(())
     }
 
+    /// Answers the REQ of connection `id` (REQ_RCVD or MRA_REQ_SENT) as a REQ that finds no
+    /// listener is answered: REJ reason 8 (invalid service ID) with local comm ID 0 (IBTA
+    /// C12; kernel `cm_req_handler` -> `cm_issue_rej`), and forgets the connection. For a
+    /// frontend that held a request while nobody listened on its service ID and gives up.
+    /// Errors: [`CmError::InvalidState`] in any other state, [`CmError::NoSuchId`].
+    pub fn reject_no_listener(&mut self, _now: Instant, id: CommId) -> Result<(), CmError> {
+        self.expect_state(
+            id,
+            "reject_no_listener",
+            &[CmState::ReqRcvd, CmState::MraReqSent],
+        )?;
+        let c = self.conn_mut(id.0);
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
+        self.send_rej(peer, tid, 0, remote, msg_ref::REQ, CmReject::NoListener);
+        self.remove(id.0);
+        Ok(())
+    }
+
     /// ESTABLISHED (or REP_SENT, MRA_REP_RCVD): sends a DREQ (state DREQ_SENT). DREQ_RCVD:
     /// sends the DREP (state TIMEWAIT). As librdmacm's `rdma_disconnect`.
     /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] in any other state.

@@ -517,6 +517,34 @@ fn req_rcvd_reject_sends_consumer_rej_and_the_peer_reports_rejected() {
     assert_eq!(&private_data[..2], b"no");
 }
 
+// IBTA C12: a REQ held by the frontend and given up is answered as if nobody listened.
+#[test]
+fn req_rcvd_reject_no_listener_sends_rej_invalid_service_id() {
+    let (mut p, a_id, b_id, req) = Pair::req_rcvd();
+    p.b.reject_no_listener(p.now, b_id).unwrap();
+    assert_eq!(p.b.connection_count(), 0);
+    let rej = p.take_b();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!(
+        (
+            r.reason,
+            r.message_rejected,
+            r.local_comm_id,
+            r.remote_comm_id
+        ),
+        (RejReason::INVALID_SERVICE_ID, 0, 0, a_id.0)
+    );
+    assert_eq!(rej[0].mad[8..16], req[0].mad[8..16]);
+    p.deliver_a(&rej);
+    let Some(CmEvent::Rejected { id, reason, .. }) = p.a.poll_event() else {
+        panic!()
+    };
+    assert_eq!((id, reason), (a_id, RejReason::INVALID_SERVICE_ID));
+    assert!(p.b.reject_no_listener(p.now, b_id).is_err());
+}
+
 #[test]
 fn idle_api_calls_in_wrong_states_are_errors() {
     let (mut p, a_id, _) = Pair::req_sent();
