@@ -12,8 +12,6 @@
 
 mod exec_support;
 use exec_support::*;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 const SERVER_IP: &str = "127.0.180.1";
@@ -22,31 +20,11 @@ const PORT: &str = "7480";
 
 #[test]
 fn srq_on_the_passive_side_and_create_qp_ex_on_the_active_side() {
-    if !Path::new("/usr/include/rdma/rdma_cma.h").exists()
-        || !Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so").exists()
-    {
-        println!("SKIPPED: librdmacm-dev is not installed (apt-get install librdmacm-dev)");
-        return;
-    }
     let dir = std::env::temp_dir().join(format!("softroce-cm-srq-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cm_srq.c");
-    let exe = dir.join("cm_srq");
-    let Ok(cc) = Command::new("cc")
-        .args(["-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-    else {
-        println!("SKIPPED: no C compiler (cc)");
+    let Some(exe) = compile_c("cm_srq", &dir) else {
         return;
     };
-    assert!(
-        cc.status.success(),
-        "cc cm_srq.c failed:\n{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
 
     let srv = exec(
         SERVER_IP,
