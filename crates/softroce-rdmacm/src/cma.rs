@@ -54,7 +54,8 @@ struct OpenDev {
     cm: CmEngine,
     /// Connection → the `rdma_cm_id` it belongs to.
     comms: HashMap<CommId, usize>,
-    /// The port's active MTU (IB enum).
+    /// The path MTU of routes from this device (IB enum): the port's active MTU, capped by
+    /// what rdma_cm derives from the interface's MTU (`rdma_cm_route_mtu`).
     mtu: u8,
 }
 
@@ -78,6 +79,8 @@ struct IdState {
     req: Option<Box<ReqRepr>>,
     /// Passive UD: a SIDR_REQ not answered yet (its request is `comm`).
     sidr_pending: bool,
+    /// The starting PSN this id announced in its REQ or REP: the PSN its QP receives from
+    /// (kernel cm.c; see `ConnectParams::starting_psn`).
     starting_psn: u32,
     responder_resources: u8,
     initiator_depth: u8,
@@ -189,11 +192,18 @@ impl State {
                     return Err(errno_or(libc::ENOMEM));
                 }
                 let mut pa: ibv_port_attr = std::mem::zeroed();
-                let mtu = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
+                let active = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
                     pa.active_mtu as u8
                 } else {
                     3
                 };
+                // rdma_cm's route MTU comes from the MTU of the interface the route leaves by
+                // (cma.c `cma_resolve_iboe_route`: 1024 on a 1500-byte link), capped by the
+                // port's: a REQ asking for 4096 there gets packets the link drops.
+                let link = softroce::net::link_mtu(d.ip)
+                    .and_then(softroce::cm::rdma_cm_route_mtu)
+                    .unwrap_or(active);
+                let mtu = active.min(link);
                 // Makes QP1's port (its receives posted) before anyone can send us a REQ.
                 let mut mad = [0u8; 256];
                 let mut src: libc::sockaddr_storage = std::mem::zeroed();
@@ -697,20 +707,22 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             let peer = s
                 .remote
                 .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            // The kernel's CM (cm.c `ib_send_cm_req`, `cm_rep_handler`): the active side
+            // receives from the PSN its REQ announced and sends from the REP's.
             let r = Rtr {
                 dest_qpn: rep.local_qpn,
-                rq_psn: rep.starting_psn,
+                rq_psn: s.starting_psn,
                 mtu,
                 max_dest_rd_atomic: s.responder_resources,
                 peer,
                 flow_label: 0,
             };
-            let (psn, retry, ini) = (s.starting_psn, s.retry_count, s.initiator_depth);
+            let (retry, ini) = (s.retry_count, s.initiator_depth);
             let ok = qp_rtr(ibv, qp, &r).and_then(|()| {
                 qp_rts(
                     ibv,
                     qp,
-                    psn,
+                    rep.starting_psn,
                     LOCAL_ACK_TIMEOUT,
                     retry,
                     rep.rnr_retry_count,
@@ -1605,9 +1617,12 @@ pub(crate) extern "C" fn rdma_accept(
             let qpn = if idr.qp.is_null() {
                 cp.map_or(0, |c| c.qp_num)
             } else {
+                // The kernel's CM (cm.c `cm_req_handler`, `ib_send_cm_rep`): the passive side
+                // sends from the REQ's starting PSN and receives from the one its REP
+                // announces (capture 30-rping: the client's first SEND carries the REP's PSN).
                 let r = Rtr {
                     dest_qpn: req.local_qpn,
-                    rq_psn: req.starting_psn,
+                    rq_psn: psn,
                     mtu,
                     max_dest_rd_atomic: rr,
                     peer,
@@ -1617,7 +1632,7 @@ pub(crate) extern "C" fn rdma_accept(
                 qp_rts(
                     ibv,
                     idr.qp,
-                    psn,
+                    req.starting_psn,
                     req.primary_path.local_ack_timeout.max(LOCAL_ACK_TIMEOUT),
                     req.retry_count,
                     req.rnr_retry_count,

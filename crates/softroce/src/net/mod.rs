@@ -29,6 +29,7 @@
 pub mod batch;
 pub mod clock;
 pub mod discover;
+mod iface;
 mod link;
 mod mcast;
 pub mod oob;
@@ -40,6 +41,7 @@ mod sock;
 pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
+pub use iface::link_mtu;
 pub use link::UdpLink;
 pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};
