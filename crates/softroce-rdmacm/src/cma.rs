@@ -17,7 +17,7 @@ use crate::ibv::{Ibv, ibv};
 use crate::{ffi, neg_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
-use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
+use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams};
 use softroce::transport::Instant;
 use softroce::wire::cm::{
     CmaHdr, CmaHdrRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip,
@@ -1108,6 +1108,15 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
             if sidr_unanswered {
                 let _ = o.cm.sidr_reply(now(), c, SidrStatus::REJECT, 0, 0, &[]);
+            }
+            // A connection the application did not disconnect is disconnected now, as the
+            // kernel's cm_destroy_id does: DREQ when established, the DREP a received DREQ
+            // waits for (perftest's server destroys its ids without rdma_disconnect; without
+            // the DREP rxe retries its DREQ and rejects the next REQ from the same QPN as
+            // stale, REJ 10).
+            let state = o.cm.connections().find(|(id, _)| *id == c).map(|(_, s)| s);
+            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
+                let _ = o.cm.disconnect(now(), c);
             }
             pump(&mut st, d);
         }
