@@ -24,6 +24,10 @@
 //!   `IBV_WC_REM_ACCESS_ERR`), and a SEND with no receive posted (RNR NAKs, then success once
 //!   a receive is posted with rnr_retry 7; one RNR NAK and `IBV_WC_RNR_RETRY_EXC_ERR` with
 //!   rnr_retry 0), each checked in a capture, in both sides' counters and completions;
+//! - the C libraries: Debian's ibverbs-utils and perftest through softroce's libibverbs.so.1
+//!   (`softroce exec`), and rdmacm-utils' rping, ucmatose, udaddy, perftest's `ib_send_bw -R`
+//!   and the seed's rdma_server/rdma_client through its librdmacm.so.1, against the same
+//!   programs on rxe; and an rdma_cm REQ/SIDR_REQ to a port nobody listens on, both ways;
 //! - a control run of `ibv_rc_pingpong` between two rxe devices inside the guest, to show what
 //!   rxe does on its own (see the note on spurious retries in docs/interop.md).
 //!
@@ -37,7 +41,7 @@
 //! command line does not know the test) is reported as "not implemented: <why>", in the table
 //! and on stdout, and fails the run only with `SOFTROCE_INTEROP_REQUIRE_ALL=1`.
 //!
-//! The test is `#[ignore]`d: it needs root, /dev/net/tun, apt-get and about two minutes. Run it
+//! The test is `#[ignore]`d: it needs root, /dev/net/tun, apt-get and 6 to 9 minutes. Run it
 //! with `tests/interop/run.sh` (which installs and builds what it needs), or by hand:
 //! `tests/interop/rig.sh install && tests/interop/rig.sh build && cargo build --release
 //! --examples && cargo test --release --test interop_rxe -- --ignored --nocapture` (release:
