@@ -18,7 +18,7 @@ use crate::ibv::{Ibv, ibv};
 use crate::{ffi, neg_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
-use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
+use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams};
 use softroce::transport::{Instant, PathMtu};
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{
@@ -62,7 +62,8 @@ struct OpenDev {
     cm: CmEngine,
     /// Connection → the `rdma_cm_id` it belongs to.
     comms: HashMap<CommId, usize>,
-    /// The port's active MTU (IB enum).
+    /// The path MTU of routes from this device (IB enum): the port's active MTU, capped by
+    /// what rdma_cm derives from the interface's MTU (`rdma_cm_route_mtu`).
     mtu: u8,
     /// Service IDs whose last listening id went away, and until when the engine still
     /// listens on them ([`LISTEN_LINGER`]).
@@ -108,6 +109,8 @@ struct IdState {
     req: Option<Box<ReqRepr>>,
     /// Passive UD: a SIDR_REQ not answered yet (its request is `comm`).
     sidr_pending: bool,
+    /// The starting PSN this id announced in its REQ or REP: the PSN its QP receives from
+    /// (kernel cm.c; see `ConnectParams::starting_psn`).
     starting_psn: u32,
     responder_resources: u8,
     initiator_depth: u8,
@@ -233,11 +236,18 @@ impl State {
                     return Err(errno_or(libc::ENOMEM));
                 }
                 let mut pa: ibv_port_attr = std::mem::zeroed();
-                let mtu = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
+                let active = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
                     pa.active_mtu as u8
                 } else {
                     3
                 };
+                // rdma_cm's route MTU comes from the MTU of the interface the route leaves by
+                // (cma.c `cma_resolve_iboe_route`: 1024 on a 1500-byte link), capped by the
+                // port's: a REQ asking for 4096 there gets packets the link drops.
+                let link = softroce::net::link_mtu(d.ip)
+                    .and_then(softroce::cm::rdma_cm_route_mtu)
+                    .unwrap_or(active);
+                let mtu = active.min(link);
                 // Makes QP1's port (its receives posted) before anyone can send us a REQ.
                 let mut mad = [0u8; 256];
                 let mut src: libc::sockaddr_storage = std::mem::zeroed();
@@ -1211,6 +1221,15 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
             if sidr_unanswered {
                 let _ = o.cm.sidr_reply(now(), c, SidrStatus::REJECT, 0, 0, &[]);
+            }
+            // A connection the application did not disconnect is disconnected now, as the
+            // kernel's cm_destroy_id does: DREQ when established, the DREP a received DREQ
+            // waits for (perftest's server destroys its ids without rdma_disconnect; without
+            // the DREP rxe retries its DREQ and rejects the next REQ from the same QPN as
+            // stale, REJ 10).
+            let state = o.cm.connections().find(|(id, _)| *id == c).map(|(_, s)| s);
+            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
+                let _ = o.cm.disconnect(now(), c);
             }
             pump(&mut st, d);
         }

@@ -652,3 +652,18 @@ fn mad_agent_demultiplexes_by_class_and_strips_the_grh() {
     assert_eq!(agent.drops().by_class.get(&3), Some(&1));
     assert_eq!(agent.drops().truncated, 1);
 }
+
+#[test]
+fn route_mtu_follows_the_link_mtu_as_rdma_cm() {
+    // cma.c cma_resolve_iboe_route: iboe_get_mtu(ndev->mtu), 96 header bytes off.
+    assert_eq!(rdma_cm_route_mtu(1500), Some(3)); // the interop rig's tap: the kernel's REQ says 1024
+    assert_eq!(rdma_cm_route_mtu(9000), Some(5));
+    assert_eq!(rdma_cm_route_mtu(65536), Some(5)); // loopback
+    assert_eq!(rdma_cm_route_mtu(4096 + 96), Some(5));
+    assert_eq!(rdma_cm_route_mtu(4096 + 95), Some(4));
+    assert_eq!(rdma_cm_route_mtu(1024 + 96), Some(3));
+    assert_eq!(rdma_cm_route_mtu(1024 + 95), Some(2));
+    assert_eq!(rdma_cm_route_mtu(256 + 96), Some(1));
+    assert_eq!(rdma_cm_route_mtu(256 + 95), None);
+    assert_eq!(rdma_cm_route_mtu(0), None);
+}
