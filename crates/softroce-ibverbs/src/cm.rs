@@ -215,7 +215,8 @@ impl ConnectRequest {
         let Some(req) = self.req.take() else {
             return Err(verbs::Error::new(verbs::ErrorKind::Inval, "accept: answered").into());
         };
-        let sq_psn = psn_of(&self.driver, qp.qp.qp_num());
+        // The PSN our REP announces: the one we receive from (kernel cm.c roles).
+        let rep_psn = psn_of(&self.driver, qp.qp.qp_num());
         let b = &qp.b;
         let (rr, ini) = (b.max_dest_rd_atomic, b.max_rd_atomic);
         let c = RcConnect {
@@ -224,7 +225,7 @@ impl ConnectRequest {
             traffic_class: b.traffic_class,
             qp_access_flags: b.access,
             min_rnr_timer: b.min_rnr_timer,
-            ..RcConnect::rdma_cm_passive(&req, self.peer.ip(), port_mtu(&self.dev), rr, ini, sq_psn)
+            ..RcConnect::rdma_cm_passive(&req, self.peer.ip(), port_mtu(&self.dev), rr, ini, rep_psn)
         };
         if let Err(e) = qp.qp.connect_rc(&c) {
             let id = self.id;
@@ -233,7 +234,7 @@ impl ConnectRequest {
         }
         let p = AcceptParams {
             local_qpn: qp.qp.qp_num(),
-            starting_psn: sq_psn,
+            starting_psn: rep_psn,
             responder_resources: rr,
             initiator_depth: ini,
             target_ack_delay: 0,
@@ -342,7 +343,8 @@ impl PreparedQueuePair {
         }
         let driver = dev.cm()?;
         let qpn = self.qp.qp_num();
-        let sq_psn = psn_of(&driver, qpn);
+        // The PSN our REQ announces: the one we receive from (kernel cm.c roles).
+        let req_psn = psn_of(&driver, qpn);
         // An ephemeral source port, as the kernel picks one for an unbound rdma_cm id.
         let local = SocketAddr::new(dev.ip(), 32768 + (psn_of(&driver, !qpn) % 28232) as u16);
         let mtu = self.b.path_mtu.min(port_mtu(&dev));
@@ -351,7 +353,7 @@ impl PreparedQueuePair {
             addr,
             port_space::TCP,
             qpn,
-            sq_psn,
+            req_psn,
             mtu as u8,
             private_data,
         )
@@ -425,7 +427,7 @@ impl PreparedQueuePair {
                 b.max_dest_rd_atomic,
                 b.max_rd_atomic,
                 b.retry_count,
-                sq_psn,
+                req_psn,
             )
         };
         if let Err(e) = self.qp.connect_rc(&c) {

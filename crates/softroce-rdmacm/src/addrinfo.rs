@@ -31,11 +31,35 @@ pub(crate) extern "C" fn rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     ffi!(-1, {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
             return crate::neg_errno(libc::EINVAL);
         }
         // SAFETY: NULL or the caller's hints.
         let h = unsafe { hints.as_ref() };
+        if let (true, true, Some(h)) = (node.is_null(), service.is_null(), h) {
+            // Nothing to resolve: the hints' fields and addresses, copied (librdmacm
+            // addrinfo.c, `rdma_getaddrinfo` without node and service; pyverbs' AddrInfo with
+            // only a source, for a multicast join).
+            // SAFETY: the hints' addresses are the caller's (pointer, length) pairs; every
+            // pointer stored is malloc'd and freed by rdma_freeaddrinfo.
+            unsafe {
+                let mut rai: Box<rdma_addrinfo> = Box::new(std::mem::zeroed());
+                rai.ai_flags = h.ai_flags;
+                rai.ai_family = h.ai_family;
+                rai.ai_qp_type = h.ai_qp_type;
+                rai.ai_port_space = h.ai_port_space;
+                if h.ai_dst_len != 0 && !h.ai_dst_addr.is_null() {
+                    rai.ai_dst_addr = dup_sockaddr(h.ai_dst_addr, h.ai_dst_len);
+                    rai.ai_dst_len = h.ai_dst_len;
+                }
+                if h.ai_src_len != 0 && !h.ai_src_addr.is_null() {
+                    rai.ai_src_addr = dup_sockaddr(h.ai_src_addr, h.ai_src_len);
+                    rai.ai_src_len = h.ai_src_len;
+                }
+                *res = Box::into_raw(rai);
+            }
+            return 0;
+        }
         let flags = h.map_or(0, |h| h.ai_flags);
         let passive = flags & RAI_PASSIVE != 0;
         // SAFETY: addrinfo is plain data; zeros are "no hint".
@@ -114,4 +138,45 @@ pub(crate) extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without node and service, librdmacm copies the hints (pyverbs' `AddrInfo(src=group)`
+    /// before a multicast join); without hints too, EINVAL.
+    #[test]
+    fn no_node_no_service_copies_the_hints() {
+        // SAFETY (test): plain-data structs, zeros are valid.
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_addr.s_addr = u32::from_ne_bytes([239, 1, 2, 3]);
+        let mut hints: rdma_addrinfo = unsafe { std::mem::zeroed() };
+        hints.ai_port_space = RDMA_PS_UDP;
+        hints.ai_qp_type = IBV_QPT_UD;
+        hints.ai_src_addr = (&mut sin as *mut libc::sockaddr_in).cast();
+        hints.ai_src_len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let mut res: *mut rdma_addrinfo = std::ptr::null_mut();
+        let null = std::ptr::null();
+        assert_eq!(rdma_getaddrinfo(null, null, &hints, &mut res), 0);
+        // SAFETY (test): a result rdma_getaddrinfo just made.
+        let r = unsafe { &*res };
+        assert_eq!((r.ai_port_space, r.ai_qp_type), (RDMA_PS_UDP, IBV_QPT_UD));
+        assert!(r.ai_dst_addr.is_null() && r.ai_dst_len == 0);
+        assert_eq!(r.ai_src_len, hints.ai_src_len);
+        // SAFETY (test): a copy of `sin`, `ai_src_len` bytes.
+        let got = unsafe { &*r.ai_src_addr.cast::<libc::sockaddr_in>() };
+        assert_eq!(got.sin_addr.s_addr, sin.sin_addr.s_addr);
+        assert_ne!(
+            r.ai_src_addr.cast::<libc::sockaddr_in>(),
+            &mut sin as *mut _
+        );
+        rdma_freeaddrinfo(res);
+        assert_eq!(rdma_getaddrinfo(null, null, std::ptr::null(), &mut res), -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+    }
 }

@@ -6,6 +6,7 @@
 //! and the bound ports. Entry points and driver threads take the lock, call the engine, then
 //! [`pump`] its events (into rdma_cm events, applying REQ/REP to the id's QP) and MADs (onto
 //! QP1 through `softroce_mad_send`). The ibv_* calls made under the lock never call back.
+//! Multicast joins and leaves live in [`mcast`] (no CM messages on RoCE: no SA).
 //!
 //! Sources: rdma-core `librdmacm/cma.c` (rdma_create_qp's default CQs and INIT, the
 //! RTR/RTS sequence of `ucma_modify_qp_rtr`/`_rts`, rdma_disconnect moving the QP to ERR,
@@ -17,14 +18,14 @@ use crate::ibv::{Ibv, ibv};
 use crate::{ffi, neg_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
-use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
+use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams};
 use softroce::transport::{Instant, PathMtu};
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{
     CmaHdr, CmaHdrRepr, RepRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip,
     rdma_cm_service_id,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 
@@ -32,6 +33,15 @@ use softroce::cm::rdma_cm::{
     CMA_HDR_LEN, REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
     REQ_PRIVATE_DATA_LEN as REQ_PRIVATE, req_user_private_data,
 };
+
+mod mcast;
+pub(crate) use mcast::{rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast};
+mod qp;
+pub(crate) use qp::{
+    rdma_create_qp, rdma_create_qp_ex, rdma_create_srq, rdma_create_srq_ex, rdma_destroy_qp,
+    rdma_destroy_srq,
+};
+
 /// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
 const SIDR_REQ_PRIVATE: usize = 216;
 const SIDR_REP_PRIVATE: usize = 136;
@@ -39,6 +49,9 @@ const SIDR_REP_PRIVATE: usize = 136;
 const SGID_INDEX: u8 = 1;
 /// Longest a driver thread waits on QP1 between timer checks, in ms.
 const DRIVER_TICK_MS: u64 = 20;
+/// How long a device keeps listening on a service ID after its last listening id is
+/// destroyed: a REQ that comes meanwhile waits for a new listener (see [`Parked`]).
+const LISTEN_LINGER: std::time::Duration = std::time::Duration::from_secs(3);
 
 // ---------------------------------------------------------------------------------------
 // State
@@ -49,8 +62,31 @@ struct OpenDev {
     cm: CmEngine,
     /// Connection → the `rdma_cm_id` it belongs to.
     comms: HashMap<CommId, usize>,
-    /// The port's active MTU (IB enum).
+    /// The path MTU of routes from this device (IB enum): the port's active MTU, capped by
+    /// what rdma_cm derives from the interface's MTU (`rdma_cm_route_mtu`).
     mtu: u8,
+    /// Service IDs whose last listening id went away, and until when the engine still
+    /// listens on them ([`LISTEN_LINGER`]).
+    lingering: HashMap<u64, Instant>,
+    /// REQs that came for a lingering service ID, waiting for a listener.
+    parked: Vec<Parked>,
+}
+
+/// A REQ for a service ID nobody listens on any more, held while the ID lingers.
+///
+/// The kernel answers a REQ that finds no listener at once with REJ 8. softroce holds it
+/// for up to [`LISTEN_LINGER`] after the service's last listener went away: programs that
+/// replace their listener between two connections (perftest with `-R` destroys the listener
+/// of its control connection, then listens on the same port for the data connection) race
+/// the peer's next REQ, a race the kernel's slower active side (asynchronous address and
+/// route resolution, page pinning) practically never loses and softroce's often would. A
+/// new listener takes the REQ as its CONNECT_REQUEST; at the end of the linger it gets the
+/// kernel's answer, REJ 8 (spec/deviations.toml).
+struct Parked {
+    comm: CommId,
+    peer: IpAddr,
+    req: Box<ReqRepr>,
+    cma: Option<CmaHdrRepr>,
 }
 
 struct Dev {
@@ -73,6 +109,8 @@ struct IdState {
     req: Option<Box<ReqRepr>>,
     /// Passive UD: a SIDR_REQ not answered yet (its request is `comm`).
     sidr_pending: bool,
+    /// The starting PSN this id announced in its REQ or REP: the PSN its QP receives from
+    /// (kernel cm.c; see `ConnectParams::starting_psn`).
     starting_psn: u32,
     responder_resources: u8,
     initiator_depth: u8,
@@ -83,8 +121,6 @@ struct IdState {
     user_established: bool,
     /// Active: the REP, for `rdma_init_qp_attr` of an external QP.
     rep: Option<Box<RepRepr>>,
-    /// rdma_create_qp made the CQs (and their channels): rdma_destroy_qp frees them.
-    own_cqs: bool,
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the RC QP's local ACK timeout exponent at RTS, in place
     /// of the one the REQ/REP exchange gives (kernel `rdma_set_ack_timeout`).
     ack_timeout: Option<u8>,
@@ -99,12 +135,18 @@ struct IdState {
     sync: bool,
     /// rdma_create_ep of a passive id: the QP rdma_get_request makes for each request.
     qp_init_attr: Option<Box<ibv_qp_init_attr>>,
+    /// rdma_resolve_route succeeded (the kernel's state is then past ADDR_RESOLVED).
+    route_resolved: bool,
+    /// The multicast groups joined and not left, newest first (librdmacm's `mc_list`).
+    mcast: Vec<mcast::Membership>,
 }
 
 struct State {
     devs: Vec<Dev>,
     ids: HashMap<usize, IdState>,
     rng: u64,
+    /// The last multicast membership handle handed out (0 is none).
+    last_mc: u64,
 }
 
 // SAFETY: the raw pointers are libibverbs handles (contexts, PDs) and our own boxes, used only
@@ -159,6 +201,7 @@ fn init_state() -> Result<State, c_int> {
         devs,
         ids: HashMap::new(),
         rng: seed | 1,
+        last_mc: 0,
     })
 }
 
@@ -193,11 +236,18 @@ impl State {
                     return Err(errno_or(libc::ENOMEM));
                 }
                 let mut pa: ibv_port_attr = std::mem::zeroed();
-                let mtu = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
+                let active = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
                     pa.active_mtu as u8
                 } else {
                     3
                 };
+                // rdma_cm's route MTU comes from the MTU of the interface the route leaves by
+                // (cma.c `cma_resolve_iboe_route`: 1024 on a 1500-byte link), capped by the
+                // port's: a REQ asking for 4096 there gets packets the link drops.
+                let link = softroce::net::link_mtu(d.ip)
+                    .and_then(softroce::cm::rdma_cm_route_mtu)
+                    .unwrap_or(active);
+                let mtu = active.min(link);
                 // Makes QP1's port (its receives posted) before anyone can send us a REQ.
                 let mut mad = [0u8; 256];
                 let mut src: libc::sockaddr_storage = std::mem::zeroed();
@@ -212,6 +262,8 @@ impl State {
                 cm,
                 comms: HashMap::new(),
                 mtu,
+                lingering: HashMap::new(),
+                parked: Vec::new(),
             });
             let ctx = ctx as usize;
             let name = format!("softroce-cm-{}", self.devs[i].name);
@@ -380,6 +432,9 @@ struct Channel {
 struct Event {
     ev: rdma_cm_event,
     data: [u8; 256],
+    /// The multicast membership a MULTICAST_JOIN is for (librdmacm's `cma_event.mc`); 0
+    /// for other events.
+    mc: u64,
 }
 
 fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<Event> {
@@ -393,6 +448,7 @@ fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<Event> {
             param: unsafe { std::mem::zeroed() },
         },
         data: [0; 256],
+        mc: 0,
     })
 }
 
@@ -611,8 +667,31 @@ fn driver(dev: usize, ctx: usize) {
             if o.cm.poll_timeout().is_some_and(|d| d <= t) {
                 o.cm.handle_timeout(t);
             }
+            end_lingers(o, t);
         }
         pump(&mut st, dev);
+    }
+}
+
+/// Stops listening on the service IDs of `o` whose linger is over; their parked REQs get
+/// REJ 8, as a REQ that finds no listener.
+fn end_lingers(o: &mut OpenDev, now: Instant) {
+    let over: Vec<u64> = o
+        .lingering
+        .iter()
+        .filter(|&(_, &until)| until <= now)
+        .map(|(&sid, _)| sid)
+        .collect();
+    for sid in over {
+        o.lingering.remove(&sid);
+        let _ = o.cm.unlisten(sid);
+        let (gone, kept) = std::mem::take(&mut o.parked)
+            .into_iter()
+            .partition(|p| p.req.service_id == sid);
+        o.parked = kept;
+        for p in gone {
+            let _ = o.cm.reject_no_listener(now, p.comm);
+        }
     }
 }
 
@@ -682,6 +761,8 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
     let Some(o) = st.devs[dev].open.as_mut() else {
         return;
     };
+    // A parked REQ whose peer gave up (REJ) is forgotten.
+    o.parked.retain(|p| p.comm != comm);
     let Some(&addr) = o.comms.get(&comm) else {
         return; // its id is gone
     };
@@ -943,7 +1024,16 @@ fn connect_request(
 ) {
     let Some(lid) = listener_for(st, dev, req.service_id) else {
         if let Some(o) = st.devs[dev].open.as_mut() {
-            let _ = o.cm.reject(now(), comm, &[]);
+            if o.lingering.contains_key(&req.service_id) {
+                o.parked.push(Parked {
+                    comm,
+                    peer,
+                    req,
+                    cma,
+                });
+            } else {
+                let _ = o.cm.reject_no_listener(now(), comm);
+            }
         }
         return;
     };
@@ -997,6 +1087,15 @@ fn free_id(id: *mut rdma_cm_id) {
     }
 }
 
+/// The channels made and not destroyed yet, by address. A program may hand a channel back
+/// after destroying it (perftest's `-R` client does, when its connection is refused: its
+/// retry destroys the channel, then destroys it again); that call is refused with EBADF,
+/// what librdmacm's calls on the channel's closed fd give, instead of reading freed memory.
+fn live_channels() -> &'static Mutex<HashSet<usize>> {
+    static LIVE: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
 /// A new channel: an eventfd in semaphore mode and an empty queue (None: errno is set).
 fn new_channel() -> Option<*mut rdma_event_channel> {
     // SAFETY: plain eventfd creation.
@@ -1008,7 +1107,9 @@ fn new_channel() -> Option<*mut rdma_event_channel> {
         ch: rdma_event_channel { fd },
         queue: Mutex::new(VecDeque::new()),
     });
-    Some(Box::into_raw(ch).cast())
+    let ch = Box::into_raw(ch);
+    live_channels().lock().insert(ch as usize);
+    Some(ch.cast())
 }
 
 pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
@@ -1023,10 +1124,11 @@ pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
 
 pub(crate) extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     ffi!((), {
-        if channel.is_null() {
+        if channel.is_null() || !live_channels().lock().remove(&(channel as usize)) {
+            crate::set_errno(libc::EBADF);
             return;
         }
-        // SAFETY: a channel from rdma_create_event_channel, destroyed once.
+        // SAFETY: a channel from rdma_create_event_channel, destroyed once (it was live).
         let ch = unsafe { Box::from_raw(channel.cast::<Channel>()) };
         for e in ch.queue.lock().drain(..) {
             // SAFETY: queued events are boxes nobody was handed.
@@ -1096,8 +1198,16 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             return neg_errno(libc::EINVAL);
         };
         s.destroyed = true;
-        s.listening = false;
+        let was_listening = std::mem::take(&mut s.listening);
         s.qp_init_attr = None;
+        if was_listening {
+            // SAFETY: a live id.
+            let ps = unsafe { (*id).ps };
+            linger(&mut st, id, ps);
+        }
+        let Some(s) = st.ids.get_mut(&(id as usize)) else {
+            return neg_errno(libc::EINVAL);
+        };
         let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
         let unanswered = s.req.take().is_some();
         let sidr_unanswered = std::mem::take(&mut s.sidr_pending);
@@ -1112,29 +1222,21 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             if sidr_unanswered {
                 let _ = o.cm.sidr_reply(now(), c, SidrStatus::REJECT, 0, 0, &[]);
             }
+            // A connection the application did not disconnect is disconnected now, as the
+            // kernel's cm_destroy_id does: DREQ when established, the DREP a received DREQ
+            // waits for (perftest's server destroys its ids without rdma_disconnect; without
+            // the DREP rxe retries its DREQ and rejects the next REQ from the same QPN as
+            // stale, REJ 10).
+            let state = o.cm.connections().find(|(id, _)| *id == c).map(|(_, s)| s);
+            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
+                let _ = o.cm.disconnect(now(), c);
+            }
             pump(&mut st, d);
         }
         // Events queued for it and not yet taken go with it.
         // SAFETY: `id` is live until freed below.
         let ch = unsafe { (*id).channel };
-        if !ch.is_null() {
-            // SAFETY: our channel.
-            let chan = unsafe { &*ch.cast::<Channel>() };
-            let mut q = chan.queue.lock();
-            let before = q.len();
-            q.retain(|&e| {
-                // SAFETY: queued events are live boxes.
-                let mine = unsafe { (*(e as *mut Event)).ev.id } == id;
-                if mine {
-                    // SAFETY: removed from the queue, so freed once.
-                    drop(unsafe { Box::from_raw(e as *mut Event) });
-                }
-                !mine
-            });
-            for _ in q.len()..before {
-                take_count(chan.ch.fd);
-            }
-        }
+        drop_queued(ch, |e| e.ev.id == id);
         if sync {
             // SAFETY: live id; the channel is its own, now without events.
             unsafe { (*id).channel = std::ptr::null_mut() };
@@ -1147,6 +1249,51 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         // Else freed by the last rdma_ack_cm_event.
         0
     })
+}
+
+/// A listening id went away: the service IDs it listened on that no other id listens on
+/// keep being listened on for [`LISTEN_LINGER`] (the kernel stops at once; see [`Parked`]).
+fn linger(st: &mut State, id: *mut rdma_cm_id, ps: c_int) {
+    let Some(s) = st.ids.get(&(id as usize)) else {
+        return;
+    };
+    let sid = rdma_cm_service_id(ps as u16, s.local.map_or(0, |l| l.port()));
+    let devs: Vec<usize> = match s.dev {
+        Some(d) => vec![d],
+        None => (0..st.devs.len()).collect(),
+    };
+    let until = now() + LISTEN_LINGER;
+    for d in devs {
+        if listener_for(st, d, sid).is_none()
+            && let Some(o) = st.devs[d].open.as_mut()
+        {
+            o.lingering.insert(sid, until);
+        }
+    }
+}
+
+/// Frees the events queued on channel `ch` (NULL: none) that `pred` picks, with their
+/// counts on the channel's eventfd.
+fn drop_queued(ch: *mut rdma_event_channel, mut pred: impl FnMut(&Event) -> bool) {
+    if ch.is_null() {
+        return;
+    }
+    // SAFETY: every channel of an id is one of our boxed `Channel`s.
+    let chan = unsafe { &*ch.cast::<Channel>() };
+    let mut q = chan.queue.lock();
+    let before = q.len();
+    q.retain(|&e| {
+        // SAFETY: queued events are live boxes nobody was handed.
+        let picked = pred(unsafe { &*(e as *const Event) });
+        if picked {
+            // SAFETY: removed from the queue, so freed once.
+            drop(unsafe { Box::from_raw(e as *mut Event) });
+        }
+        !picked
+    });
+    for _ in q.len()..before {
+        take_count(chan.ch.fd);
+    }
 }
 
 /// Takes one count from a channel's eventfd without blocking.
@@ -1312,6 +1459,7 @@ pub(crate) extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
             };
             let mtu = st.open(dev)?.mtu;
             set_route(id, local, Some(remote), mtu);
+            st.id_mut(id)?.route_resolved = true;
             post(new_event(id, event::ROUTE_RESOLVED, 0));
             Ok(())
         })();
@@ -1343,143 +1491,43 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                 Some(d) => vec![d],
                 None => (0..st.devs.len()).collect(),
             };
-            for d in devs {
+            for &d in &devs {
                 let o = st.open(d)?;
                 // Another id of this process may listen on the same service on another
                 // address of the device set: the engine listens once per device.
                 let _ = o.cm.listen(sid);
             }
             st.id_mut(id)?.listening = true;
+            // REQs that came while the service lingered are this listener's now.
+            for d in devs {
+                let Some(o) = st.devs[d].open.as_mut() else {
+                    continue;
+                };
+                o.lingering.remove(&sid);
+                let (mine, kept) = std::mem::take(&mut o.parked)
+                    .into_iter()
+                    .partition(|p| p.req.service_id == sid);
+                o.parked = kept;
+                for p in mine {
+                    connect_request(&mut st, d, p.comm, p.peer, p.req, p.cma);
+                }
+                pump(&mut st, d);
+            }
             Ok(())
         })();
         result(r)
     })
 }
 
-pub(crate) extern "C" fn rdma_create_qp(
-    id: *mut rdma_cm_id,
-    pd: *mut ibv_pd,
-    attr: *mut ibv_qp_init_attr,
-) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let ibv = ibv()?;
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            // SAFETY: live id; `attr` is the caller's init attributes.
-            let (idr, a) = unsafe { (&mut *id, &mut *attr) };
-            if idr.verbs.is_null() || s.dev.is_none() {
-                return Err(libc::EINVAL);
-            }
-            let pd = if pd.is_null() { idr.pd } else { pd };
-            if pd.is_null() {
-                return Err(libc::EINVAL);
-            }
-            // Default CQs, each with its completion channel (librdmacm's ucma_create_cqs).
-            let mut own = false;
-            // SAFETY: calls on the id's live context.
-            unsafe {
-                if a.send_cq.is_null() {
-                    let ch = (ibv.create_comp_channel)(idr.verbs);
-                    let cq = (ibv.create_cq)(
-                        idr.verbs,
-                        a.cap.max_send_wr.max(1) as c_int,
-                        id.cast(),
-                        ch,
-                        0,
-                    );
-                    if cq.is_null() {
-                        return Err(errno_or(libc::ENOMEM));
-                    }
-                    idr.send_cq_channel = ch;
-                    idr.send_cq = cq;
-                    a.send_cq = cq;
-                    own = true;
-                }
-                if a.recv_cq.is_null() {
-                    let ch = (ibv.create_comp_channel)(idr.verbs);
-                    let cq = (ibv.create_cq)(
-                        idr.verbs,
-                        a.cap.max_recv_wr.max(1) as c_int,
-                        id.cast(),
-                        ch,
-                        0,
-                    );
-                    if cq.is_null() {
-                        return Err(errno_or(libc::ENOMEM));
-                    }
-                    idr.recv_cq_channel = ch;
-                    idr.recv_cq = cq;
-                    a.recv_cq = cq;
-                    own = true;
-                }
-                if idr.send_cq.is_null() {
-                    idr.send_cq = a.send_cq;
-                }
-                if idr.recv_cq.is_null() {
-                    idr.recv_cq = a.recv_cq;
-                }
-            }
-            s.own_cqs = own;
-            // SAFETY: the PD and attributes as the caller gave them.
-            let qp = unsafe { (ibv.create_qp)(pd, a) };
-            if qp.is_null() {
-                return Err(errno_or(libc::ENOMEM));
-            }
-            let ready = qp_init(ibv, qp, a.qp_type).and_then(|()| {
-                if a.qp_type == IBV_QPT_UD {
-                    ud_qp_rts(ibv, qp)
-                } else {
-                    Ok(())
-                }
-            });
-            if let Err(e) = ready {
-                // SAFETY: the QP just made.
-                unsafe { (ibv.destroy_qp)(qp) };
-                return Err(e);
-            }
-            idr.qp = qp;
-            idr.pd = pd;
-            idr.srq = a.srq;
-            Ok(())
-        })();
-        result(r)
-    })
-}
-
-pub(crate) extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
-    ffi!((), {
-        let Ok(ibv) = ibv() else { return };
-        let Ok(mut st) = state() else { return };
-        let Ok(s) = st.id_mut(id) else { return };
-        let own = std::mem::take(&mut s.own_cqs);
-        // SAFETY: live id; its QP and (if ours) CQs and channels.
-        unsafe {
-            let idr = &mut *id;
-            if !idr.qp.is_null() {
-                (ibv.destroy_qp)(idr.qp);
-                idr.qp = std::ptr::null_mut();
-            }
-            if own {
-                for (cq, ch) in [
-                    (&mut idr.send_cq, &mut idr.send_cq_channel),
-                    (&mut idr.recv_cq, &mut idr.recv_cq_channel),
-                ] {
-                    if !cq.is_null() {
-                        (ibv.destroy_cq)(*cq);
-                    }
-                    if !ch.is_null() {
-                        (ibv.destroy_comp_channel)(*ch);
-                    }
-                    *cq = std::ptr::null_mut();
-                    *ch = std::ptr::null_mut();
-                }
-            }
-        }
-    })
+/// The SRQ bit of a REQ or REP (librdmacm: whether the id's QP has an SRQ, else
+/// `conn_param->srq`).
+fn qp_has_srq(idr: &rdma_cm_id, cp: Option<&rdma_conn_param>) -> bool {
+    if idr.qp.is_null() {
+        cp.is_some_and(|c| c.srq != 0)
+    } else {
+        // SAFETY: the id's live QP.
+        !unsafe { (*idr.qp).srq }.is_null()
+    }
 }
 
 /// The private data of a conn_param.
@@ -1561,7 +1609,7 @@ pub(crate) extern "C" fn rdma_connect(
             p.initiator_depth = ini;
             p.retry_count = retry;
             p.rnr_retry_count = rnr;
-            p.srq = !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0);
+            p.srq = qp_has_srq(idr, cp);
             let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
             o.comms.insert(comm, id as usize);
             st.id_mut(id)?.comm = Some(comm);
@@ -1621,7 +1669,7 @@ pub(crate) extern "C" fn rdma_accept(
                 initiator_depth: ini,
                 target_ack_delay: 0,
                 rnr_retry_count: rnr,
-                srq: !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0),
+                srq: qp_has_srq(idr, cp),
                 private_data: user.to_vec(),
             };
             let o = st.open(dev)?;
@@ -1915,13 +1963,15 @@ fn active_ep(
     0
 }
 
-/// rdma_destroy_ep: the id's QP (and the CQs rdma_create_qp made), then the id.
+/// rdma_destroy_ep: the id's QP, its SRQ (each with the CQs librdmacm made for the id), then
+/// the id.
 pub(crate) extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     ffi!((), {
         if id.is_null() {
             return;
         }
         rdma_destroy_qp(id);
+        rdma_destroy_srq(id);
         rdma_destroy_id(id);
     })
 }
@@ -1934,7 +1984,10 @@ pub(crate) extern "C" fn rdma_get_cm_event(
         if channel.is_null() || event.is_null() {
             return neg_errno(libc::EINVAL);
         }
-        // SAFETY: our channel (the caller's contract).
+        if !live_channels().lock().contains(&(channel as usize)) {
+            return neg_errno(libc::EBADF);
+        }
+        // SAFETY: a live channel of ours.
         let chan = unsafe { &*channel.cast::<Channel>() };
         loop {
             let mut v = 0u64;
@@ -1955,8 +2008,10 @@ pub(crate) extern "C" fn rdma_get_cm_event(
                 continue; // its id was destroyed meanwhile
             };
             let ev = e as *mut Event;
-            // SAFETY: a live queued event.
+            // SAFETY: a live queued event, now ours alone.
             let id = unsafe { (*ev).ev.id };
+            // SAFETY: as above.
+            mcast::process_join(&mut st, unsafe { &mut *ev });
             if let Some(s) = st.ids.get_mut(&(id as usize)) {
                 s.events_out += 1;
             }
@@ -2293,4 +2348,28 @@ pub(crate) extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
         .ok()
         .and_then(|i| NAMES.get(i))
         .map_or(c"UNKNOWN EVENT".as_ptr(), |n| n.as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errno() -> c_int {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    // A channel destroyed twice (perftest -R's client retry does it) is refused with EBADF,
+    // as librdmacm's calls on the closed fd are, and so is taking an event from it.
+    #[test]
+    fn destroyed_channel_is_refused_with_ebadf() {
+        let ch = new_channel().unwrap();
+        rdma_destroy_event_channel(ch);
+        crate::set_errno(0);
+        rdma_destroy_event_channel(ch);
+        assert_eq!(errno(), libc::EBADF);
+        let mut ev = std::ptr::null_mut();
+        assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+        assert_eq!(errno(), libc::EBADF);
+        assert!(ev.is_null());
+    }
 }

@@ -30,7 +30,11 @@ pub(crate) struct Ibv {
     pub create_qp: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+    pub create_srq: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
+    pub destroy_srq: unsafe extern "C" fn(*mut ibv_srq) -> c_int,
     pub query_port: unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr) -> c_int,
+    pub attach_mcast: unsafe extern "C" fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int,
+    pub detach_mcast: unsafe extern "C" fn(*mut ibv_qp, *const ibv_gid, u16) -> c_int,
     pub mad_send: unsafe extern "C" fn(
         *mut ibv_context,
         *const libc::sockaddr,
@@ -89,7 +93,11 @@ fn load() -> Result<Ibv, String> {
             create_qp: sym!("ibv_create_qp", "IBVERBS_1.1"),
             modify_qp: sym!("ibv_modify_qp", "IBVERBS_1.1"),
             destroy_qp: sym!("ibv_destroy_qp", "IBVERBS_1.1"),
+            create_srq: sym!("ibv_create_srq", "IBVERBS_1.1"),
+            destroy_srq: sym!("ibv_destroy_srq", "IBVERBS_1.1"),
             query_port: sym!("ibv_query_port", "IBVERBS_1.1"),
+            attach_mcast: sym!("ibv_attach_mcast", "IBVERBS_1.1"),
+            detach_mcast: sym!("ibv_detach_mcast", "IBVERBS_1.1"),
             mad_send: sym!("softroce_mad_send", "SOFTROCE_PRIVATE_1"),
             mad_recv: sym!("softroce_mad_recv", "SOFTROCE_PRIVATE_1"),
         })

@@ -517,6 +517,34 @@ fn req_rcvd_reject_sends_consumer_rej_and_the_peer_reports_rejected() {
     assert_eq!(&private_data[..2], b"no");
 }
 
+// IBTA C12: a REQ held by the frontend and given up is answered as if nobody listened.
+#[test]
+fn req_rcvd_reject_no_listener_sends_rej_invalid_service_id() {
+    let (mut p, a_id, b_id, req) = Pair::req_rcvd();
+    p.b.reject_no_listener(p.now, b_id).unwrap();
+    assert_eq!(p.b.connection_count(), 0);
+    let rej = p.take_b();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!(
+        (
+            r.reason,
+            r.message_rejected,
+            r.local_comm_id,
+            r.remote_comm_id
+        ),
+        (RejReason::INVALID_SERVICE_ID, 0, 0, a_id.0)
+    );
+    assert_eq!(rej[0].mad[8..16], req[0].mad[8..16]);
+    p.deliver_a(&rej);
+    let Some(CmEvent::Rejected { id, reason, .. }) = p.a.poll_event() else {
+        panic!()
+    };
+    assert_eq!((id, reason), (a_id, RejReason::INVALID_SERVICE_ID));
+    assert!(p.b.reject_no_listener(p.now, b_id).is_err());
+}
+
 #[test]
 fn idle_api_calls_in_wrong_states_are_errors() {
     let (mut p, a_id, _) = Pair::req_sent();
@@ -655,4 +683,19 @@ fn req_rcvd_rej_timeout_of_abandoned_connect_removes_the_request() {
     p.b.handle_mad(p.now, A_IP, &mad);
     assert_eq!(p.b.poll_event(), None);
     assert_eq!(p.b.state(b_id), Some(CmState::ReqRcvd));
+}
+
+#[test]
+fn route_mtu_follows_the_link_mtu_as_rdma_cm() {
+    // cma.c cma_resolve_iboe_route: iboe_get_mtu(ndev->mtu), 96 header bytes off.
+    assert_eq!(rdma_cm_route_mtu(1500), Some(3)); // the interop rig's tap: the kernel's REQ says 1024
+    assert_eq!(rdma_cm_route_mtu(9000), Some(5));
+    assert_eq!(rdma_cm_route_mtu(65536), Some(5)); // loopback
+    assert_eq!(rdma_cm_route_mtu(4096 + 96), Some(5));
+    assert_eq!(rdma_cm_route_mtu(4096 + 95), Some(4));
+    assert_eq!(rdma_cm_route_mtu(1024 + 96), Some(3));
+    assert_eq!(rdma_cm_route_mtu(1024 + 95), Some(2));
+    assert_eq!(rdma_cm_route_mtu(256 + 96), Some(1));
+    assert_eq!(rdma_cm_route_mtu(256 + 95), None);
+    assert_eq!(rdma_cm_route_mtu(0), None);
 }

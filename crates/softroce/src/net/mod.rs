@@ -32,6 +32,7 @@ pub mod batch;
 pub mod clock;
 pub mod cm;
 pub mod discover;
+mod iface;
 mod link;
 mod mcast;
 pub mod oob;
@@ -44,6 +45,7 @@ pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
 pub use cm::CmDriver;
+pub use iface::link_mtu;
 pub use link::UdpLink;
 pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};
