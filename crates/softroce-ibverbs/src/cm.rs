@@ -225,7 +225,14 @@ impl ConnectRequest {
             traffic_class: b.traffic_class,
             qp_access_flags: b.access,
             min_rnr_timer: b.min_rnr_timer,
-            ..RcConnect::rdma_cm_passive(&req, self.peer.ip(), port_mtu(&self.dev), rr, ini, rep_psn)
+            ..RcConnect::rdma_cm_passive(
+                &req,
+                self.peer.ip(),
+                port_mtu(&self.dev),
+                rr,
+                ini,
+                rep_psn,
+            )
         };
         if let Err(e) = qp.qp.connect_rc(&c) {
             let id = self.id;
