@@ -1037,6 +1037,15 @@ fn connect_request(
         }
         return;
     };
+    // A listened service ID, but an rdma_cm IP header that does not parse or names another
+    // address: the kernel's rdma_cm finds no listener for it and its ib_cm answers REJ 28
+    // (consumer defined), where a service ID nobody listens on got REJ 8 above.
+    if !softroce::cm::rdma_cm::req_matches_listener(req.service_id, cma.as_ref(), st.devs[dev].ip) {
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            let _ = o.cm.reject(now(), comm, &[]);
+        }
+        return;
+    }
     let mut e = new_event(std::ptr::null_mut(), event::CONNECT_REQUEST, 0);
     e.ev.listen_id = lid as *mut rdma_cm_id;
     set_private(&mut e, req_user_private_data(&req));
