@@ -18,6 +18,13 @@
 //! whose driver thread did not fork; the parent reopens a device it closed while the child
 //! lives (the child does not keep its port); the child opens it once the parent closed it.
 //!
+//! tests/c/verbs_hostile.c: hostile arguments: IBV_SEND_INLINE of 0 bytes from NULL, of
+//! exactly / one past `max_inline_data`, of SGEs whose 32-bit sum wraps, inline lists of 2^62
+//! and SIZE_MAX buffers; `ibv_init_ah_from_wc`
+//! over garbage GRH areas (zeros, 0xff, wrong IPv4 checksums, nibble 6 over IPv4, multicast);
+//! `ibv_reg_mr_iova` at IOVA 0 and ending at 2^64 (first / last byte, one past), wrapping
+//! past 2^64; a zero-based type 2 window over a whole MR (last byte, one past, too long).
+//!
 //! Skipped, saying why, only when `cc` or the header is missing (CI installs
 //! libibverbs-dev). Killed after a deadline.
 
@@ -35,6 +42,11 @@ fn c_program_edges_through_softroce_exec() {
 #[test]
 fn c_program_gaps_through_softroce_exec() {
     run_c_program("verbs_gaps", "127.0.150.51,127.0.150.52");
+}
+
+#[test]
+fn c_program_hostile_arguments_through_softroce_exec() {
+    run_c_program("verbs_hostile", "127.0.190.51,127.0.190.52");
 }
 
 #[test]

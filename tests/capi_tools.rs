@@ -4,7 +4,9 @@
 //! completion channels (`-e`) and UC. A representative subset with few iterations, so that it
 //! runs in seconds; docs/performance.md and the README list the rest, checked by hand.
 //! Skipped, saying why, only when a tool is not installed. Every program is killed after a
-//! deadline. Addresses 127.0.115.30–.59 (one pair per test, so tests run in parallel).
+//! deadline. Addresses 127.0.115.30–.59 and 127.0.190.60–.61 (one pair per test, so tests
+//! run in parallel). Every `$SOFTROCE_BUSY_POLL` value (unset, 0, 1, always, garbage, empty)
+//! runs ibv_rc_pingpong -c and ib_write_bw.
 
 mod exec_support;
 use exec_support::*;
@@ -23,6 +25,24 @@ fn free_port() -> u16 {
 /// to 127.0.0.1 with `port_flag` + a free port), both under a deadline; returns the client's
 /// and the server's stdout after checking that both succeeded.
 fn pair(server_ip: &str, client_ip: &str, port_flag: &str, args: &[&str]) -> (String, String) {
+    pair_env(server_ip, client_ip, port_flag, args, None)
+}
+
+/// [`pair`] with `$SOFTROCE_BUSY_POLL` set to `busy_poll` in both programs (`None`: unset).
+fn pair_env(
+    server_ip: &str,
+    client_ip: &str,
+    port_flag: &str,
+    args: &[&str],
+    busy_poll: Option<&str>,
+) -> (String, String) {
+    let with_env = |mut c: std::process::Command| {
+        match busy_poll {
+            Some(v) => c.env("SOFTROCE_BUSY_POLL", v),
+            None => c.env_remove("SOFTROCE_BUSY_POLL"),
+        };
+        c
+    };
     let tool = args[0];
     if !have(tool) {
         println!("SKIPPED: {tool} not installed (apt-get install perftest ibverbs-utils)");
@@ -31,12 +51,12 @@ fn pair(server_ip: &str, client_ip: &str, port_flag: &str, args: &[&str]) -> (St
     let port = free_port().to_string();
     let mut common = args.to_vec();
     common.extend([port_flag, &port]);
-    let server = exec(server_ip, &common).spawn().unwrap();
+    let server = with_env(exec(server_ip, &common)).spawn().unwrap();
     // The server listens on TCP once its device is up; the clients retry only briefly.
     std::thread::sleep(Duration::from_millis(700));
     let mut client_args = common.clone();
     client_args.push("127.0.0.1");
-    let client = exec(client_ip, &client_args).spawn().unwrap();
+    let client = with_env(exec(client_ip, &client_args)).spawn().unwrap();
     let c = wait(client, Duration::from_secs(40), &format!("{tool} client"));
     let s = wait(server, Duration::from_secs(40), &format!("{tool} server"));
     let mut texts = Vec::new();
@@ -200,6 +220,41 @@ fn pingpongs_with_completion_channels_and_uc() {
             for text in [c, s].iter().filter(|t| !t.is_empty()) {
                 assert!(text.contains("50 iters in"), "{args:?}:\n{text}");
             }
+        }
+    }
+}
+
+// Every value of $SOFTROCE_BUSY_POLL drives the library correctly: unset and anything
+// unknown (adaptive), 0 (never), 1 and always (always). ibv_rc_pingpong checks its data
+// (-c); ib_write_bw runs its iterations. Addresses 127.0.190.60-.61.
+#[test]
+fn every_busy_poll_value_runs_rc_pingpong_and_ib_write_bw() {
+    for v in [
+        None,
+        Some("0"),
+        Some("1"),
+        Some("always"),
+        Some("garbage"),
+        Some(""),
+    ] {
+        let args = [
+            "ibv_rc_pingpong",
+            "-g",
+            "1",
+            "-n",
+            "100",
+            "-s",
+            "4096",
+            "-c",
+        ];
+        let (c, s) = pair_env("127.0.190.60", "127.0.190.61", "-p", &args, v);
+        for text in [c, s].iter().filter(|t| !t.is_empty()) {
+            assert!(text.contains("100 iters in"), "BUSY_POLL {v:?}:\n{text}");
+        }
+        let args = ["ib_write_bw", "-x", "1", "-s", "65536", "-n", "200"];
+        let (c, _) = pair_env("127.0.190.60", "127.0.190.61", "-p", &args, v);
+        if !c.is_empty() {
+            check_perftest(&c, "65536", "200", &format!("ib_write_bw BUSY_POLL {v:?}"));
         }
     }
 }

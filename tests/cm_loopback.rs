@@ -116,10 +116,12 @@ fn cm_connect_send_reject_and_disconnect_over_udp() {
     );
     assert_eq!(cma.and_then(|c| c.src_ip()), Some(A));
 
-    // B applies the REQ to its QP (RTR/RTS), then REP -> CONNECT_RESPONSE on A.
+    // B applies the REQ to its QP (RTR/RTS), then REP -> CONNECT_RESPONSE on A. As the
+    // kernel's CM: the passive side sends from the REQ's starting PSN and receives from the
+    // REP's.
     b.side
         .qp
-        .connect_rc(&rc(req.local_qpn, peer, req.starting_psn, 0x2222))
+        .connect_rc(&rc(req.local_qpn, peer, 0x2222, req.starting_psn))
         .unwrap();
     let ap = AcceptParams {
         local_qpn: b_qpn,
@@ -140,7 +142,7 @@ fn cm_connect_send_reject_and_disconnect_over_udp() {
     assert_eq!(&rep.private_data[..5], b"hello");
     a.side
         .qp
-        .connect_rc(&rc(rep.local_qpn, B, rep.starting_psn, 0x1111))
+        .connect_rc(&rc(rep.local_qpn, B, 0x1111, rep.starting_psn))
         .unwrap();
     a.cm.cm().establish(now(t0), a_id).unwrap();
     let mut established = vec![next_event(t0, &mut [&mut a, &mut b])];

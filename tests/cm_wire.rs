@@ -2,7 +2,9 @@
 //! captures (30-rping, 31-ucmatose, 32-udaddy, 23-send-bw-rdmacm) parses and re-emits to the
 //! same 256 bytes; one message of each kind is decoded field by field and compared with what
 //! tshark -V shows; and (proptest) arbitrary bytes never panic and emit -> parse is the
-//! identity.
+//! identity. 33-no-listener (the interop rig, softroce against kernel rxe): the REJ 8 and
+//! SIDR_REP(unsupported) each side sends for a port nobody listens on, byte for byte against
+//! the kernel's, QP1's UDP/BTH/DETH fields, and the CM engine fed the kernel's bytes.
 //!
 //! Known tshark difference: Wireshark 3.x/4.x shows the REQ primary flow label of 30-rping as
 //! 0x009f9; the kernel's layout (ibta_vol1_c12.h: the top 20 bits of the 32 at REQ offset 88)
@@ -221,6 +223,190 @@ fn truncated_mads_are_errors_at_every_length() {
     for n in 0..MAD_LEN {
         assert!(CmMadRepr::parse(&bytes[..n]).is_err(), "{n} bytes");
     }
+}
+
+/// The interop rig's capture of REQ and SIDR_REQ to a port nobody listens on
+/// (tests/captures/33-no-listener.pcap, on the host's tap: softroce 10.66.0.1 through
+/// librdmacm.so.1, kernel rxe 6.1 10.66.0.2): frames 1-2 softroce's REQ and the kernel's REJ,
+/// 3-4 softroce's SIDR_REQ and the kernel's SIDR_REP, 5-6 the kernel's REQ and softroce's REJ,
+/// 7-8 the kernel's SIDR_REQ and softroce's SIDR_REP.
+const NO_LISTENER: &str = "33-no-listener.pcap";
+const SOFTROCE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 66, 0, 1));
+const RXE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 66, 0, 2));
+
+/// A MAD with the IDs a response echoes zeroed: the TID (header bytes 8..16) and the comm ID
+/// or request ID of the message it answers (REJ: remote comm ID at message offset 4; SIDR_REP:
+/// request ID at message offset 0).
+fn without_echoed_ids(mad: &[u8], echoed_at: usize) -> Vec<u8> {
+    let mut m = mad.to_vec();
+    m[8..16].fill(0);
+    m[24 + echoed_at..24 + echoed_at + 4].fill(0);
+    m
+}
+
+#[test]
+fn no_listener_answers_are_the_kernels_byte_for_byte() {
+    let all = mads(NO_LISTENER);
+    assert_eq!(all.len(), 8);
+    for (n, bytes) in &all {
+        let r = CmMadRepr::parse(bytes).unwrap_or_else(|e| panic!("#{n}: {e}"));
+        assert_eq!(&r.to_bytes()[..], &bytes[..], "#{n} re-emit");
+    }
+    let m = |f: u64| mad(NO_LISTENER, f);
+    // IBTA 12.6.7 / kernel cm.c cm_issue_rej: a REQ for a service ID nobody listens on gets
+    // REJ reason 8 (invalid service ID), message REJected 0 (the REQ), local comm ID 0, the
+    // REQ's comm ID as remote comm ID, and the REQ's TID.
+    for (req_frame, rej_frame) in [(1, 2), (5, 6)] {
+        let (req, rej) = (m(req_frame), m(rej_frame));
+        let (CmMsgRepr::Req(q), CmMsgRepr::Rej(j)) = (&req.msg, &rej.msg) else {
+            panic!("frames {req_frame}/{rej_frame}: {req:?} / {rej:?}")
+        };
+        assert_eq!(j.reason, RejReason::INVALID_SERVICE_ID, "#{rej_frame}");
+        assert_eq!(
+            (j.message_rejected, j.local_comm_id, j.remote_comm_id),
+            (0, 0, q.local_comm_id),
+            "#{rej_frame}"
+        );
+        assert_eq!(rej.hdr.tid, req.hdr.tid, "#{rej_frame}");
+        assert_eq!(
+            q.service_id, 0x0106_270f,
+            "#{req_frame}: RDMA_PS_TCP, port 9999"
+        );
+    }
+    // softroce's REJ equals the kernel's but for the IDs it echoes; so does its SIDR_REP
+    // (status 1, unsupported: kernel cm.c cm_sidr_req_handler with no listener).
+    let raw = |f: u64| all.iter().find(|(n, _)| *n == f).unwrap().1.clone();
+    assert_eq!(
+        without_echoed_ids(&raw(6), 4),
+        without_echoed_ids(&raw(2), 4)
+    );
+    assert_eq!(
+        without_echoed_ids(&raw(8), 0),
+        without_echoed_ids(&raw(4), 0)
+    );
+    for (req_frame, rep_frame) in [(3, 4), (7, 8)] {
+        let (req, rep) = (m(req_frame), m(rep_frame));
+        let (CmMsgRepr::SidrReq(q), CmMsgRepr::SidrRep(p)) = (&req.msg, &rep.msg) else {
+            panic!("frames {req_frame}/{rep_frame}")
+        };
+        assert_eq!(p.status, SidrStatus::UNSUPPORTED, "#{rep_frame}");
+        assert_eq!(p.request_id, q.request_id, "#{rep_frame}");
+        assert_eq!(
+            q.service_id, 0x0000_0000_0111_1c06,
+            "#{req_frame}: RDMA_PS_UDP, port 7174"
+        );
+    }
+}
+
+#[test]
+fn no_listener_datagrams_carry_the_kernels_qp1_fields() {
+    // docs/wire-facts.md §2.1 / §2.12: QP1 sends from UDP source port 0xd872 (rxe's hash of
+    // QPN 1), P_Key 0xffff, DETH Q_Key 0x80010000 (GSI) and source QP 1, AckReq set; both
+    // sides, every MAD of the capture.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/captures")
+        .join(NO_LISTENER);
+    let mut from = std::collections::BTreeMap::<IpAddr, usize>::new();
+    for f in softroce::net::CaptureReader::open(&path).expect("open capture") {
+        let f = f.expect("pcap record");
+        let d = parse_frame(&f.data, f.link.expect("link type")).expect("frame");
+        let p = d.payload;
+        let ip = d.ip_header;
+        assert_eq!(
+            (d.src_port, d.dst_port),
+            (0xd872, 4791),
+            "#{} from {}",
+            f.number,
+            d.src
+        );
+        assert_eq!(p[0], 0x64, "#{}: UD SEND only", f.number);
+        assert_eq!(p[8] & 0x80, 0x80, "#{}: AckReq", f.number);
+        assert_eq!(
+            u16::from_be_bytes([p[2], p[3]]),
+            0xffff,
+            "#{}: P_Key",
+            f.number
+        );
+        assert_eq!(
+            u32::from_be_bytes([0, p[5], p[6], p[7]]),
+            1,
+            "#{}",
+            f.number
+        );
+        assert_eq!(
+            u32::from_be_bytes([p[12], p[13], p[14], p[15]]),
+            0x8001_0000,
+            "#{}: Q_Key",
+            f.number
+        );
+        assert_eq!(
+            u32::from_be_bytes([0, p[17], p[18], p[19]]),
+            1,
+            "#{}",
+            f.number
+        );
+        // IPv4: TTL 64, DF, TOS 0 from both.
+        assert_eq!((ip[1], ip[6] & 0x40, ip[8]), (0, 0x40, 64), "#{}", f.number);
+        *from.entry(d.src).or_default() += 1;
+    }
+    assert_eq!(from, [(SOFTROCE_IP, 4), (RXE_IP, 4)].into_iter().collect());
+}
+
+#[test]
+fn the_kernels_rej_8_rejects_our_connect_and_its_req_gets_our_rej_8() {
+    use softroce::cm::{CmConfig, CmEngine, CmEvent, ConnectParams};
+    use softroce::transport::Instant;
+    let all = mads(NO_LISTENER);
+    let raw = |f: u64| all.iter().find(|(n, _)| *n == f).unwrap().1.clone();
+    let now = Instant::ZERO;
+
+    // Active: our REQ, then the kernel's REJ (frame 2) with the TID and comm ID of our REQ.
+    let mut e = CmEngine::new(CmConfig::new(SOFTROCE_IP, 0x1, 0x1));
+    let mut pd = [0u8; 36];
+    CmaHdrRepr::new(SOFTROCE_IP, 0xd59c, RXE_IP).emit(&mut pd);
+    let id = e
+        .connect(
+            now,
+            &ConnectParams {
+                peer: RXE_IP,
+                service_id: 0x0106_270f,
+                local_qpn: 0x11,
+                starting_psn: 0x12_3456,
+                responder_resources: 0,
+                initiator_depth: 0,
+                path_mtu: 3,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                local_ack_timeout: 14,
+                flow_label: softroce::cm::rdma_cm_flow_label(0xd59c, 9999),
+                traffic_class: 0,
+                hop_limit: 64,
+                srq: false,
+                private_data: pd.to_vec(),
+            },
+        )
+        .unwrap();
+    let req = e.poll_mad().expect("our REQ");
+    let mut rej = raw(2);
+    rej[8..16].copy_from_slice(&req.mad[8..16]);
+    rej[28..32].copy_from_slice(&req.mad[24..28]);
+    e.handle_mad(now, RXE_IP, &rej);
+    let Some(CmEvent::Rejected {
+        id: got, reason, ..
+    }) = e.poll_event()
+    else {
+        panic!("no Rejected event")
+    };
+    assert_eq!((got, reason), (id, RejReason::INVALID_SERVICE_ID));
+    assert_eq!(e.connection_count(), 0);
+
+    // Passive with no listener: the kernel's REQ (frame 5) gets exactly the REJ we sent.
+    let mut e = CmEngine::new(CmConfig::new(SOFTROCE_IP, 0x1, 0x1));
+    e.handle_mad(now, RXE_IP, &raw(5));
+    assert!(e.poll_event().is_none());
+    let out = e.poll_mad().expect("a REJ");
+    assert_eq!(out.dst, RXE_IP);
+    assert_eq!(&out.mad[..], &raw(6)[..]);
 }
 
 #[test]

@@ -197,32 +197,6 @@ fn connect_to_an_address_without_a_device_times_out() {
 
 /// Compiles seed program `name` (tests/c/seed) with the seed's command into `dir`; None
 /// (the caller skips, saying why) without librdmacm's headers or a C compiler.
-fn compile_seed(name: &str, dir: &std::path::Path) -> Option<std::path::PathBuf> {
-    if !std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists() {
-        println!("SKIPPED: librdmacm-dev is not installed (apt-get install librdmacm-dev)");
-        return None;
-    }
-    let src =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/seed/{name}.c"));
-    let exe = dir.join(name);
-    let Ok(out) = std::process::Command::new("cc")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-    else {
-        println!("SKIPPED: no C compiler (cc)");
-        return None;
-    };
-    assert!(
-        out.status.success(),
-        "cc {name}.c: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
-}
-
 fn seed_dir(tag: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("softroce-ibverbs-cm-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -233,7 +207,7 @@ fn seed_dir(tag: &str) -> std::path::PathBuf {
 #[test]
 fn rust_connect_writes_into_the_seed_c_rdma_server() {
     let dir = seed_dir("server");
-    let Some(server) = compile_seed("rdma_server", &dir) else {
+    let Some(server) = exec_support::compile_c("seed/rdma_server", &dir) else {
         return;
     };
     let srv = exec_support::exec("127.0.170.10", &[server.as_os_str(), "7472".as_ref()])
@@ -298,7 +272,7 @@ fn rust_connect_writes_into_the_seed_c_rdma_server() {
 #[test]
 fn seed_c_rdma_client_writes_into_a_rust_listener() {
     let dir = seed_dir("client");
-    let Some(client) = compile_seed("rdma_client", &dir) else {
+    let Some(client) = exec_support::compile_c("seed/rdma_client", &dir) else {
         return;
     };
     let b = open("127.0.170.12");

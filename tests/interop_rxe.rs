@@ -24,6 +24,10 @@
 //!   `IBV_WC_REM_ACCESS_ERR`), and a SEND with no receive posted (RNR NAKs, then success once
 //!   a receive is posted with rnr_retry 7; one RNR NAK and `IBV_WC_RNR_RETRY_EXC_ERR` with
 //!   rnr_retry 0), each checked in a capture, in both sides' counters and completions;
+//! - the C libraries: Debian's ibverbs-utils and perftest through softroce's libibverbs.so.1
+//!   (`softroce exec`), and rdmacm-utils' rping, ucmatose, udaddy, perftest's `ib_send_bw -R`
+//!   and the seed's rdma_server/rdma_client through its librdmacm.so.1, against the same
+//!   programs on rxe; and an rdma_cm REQ/SIDR_REQ to a port nobody listens on, both ways;
 //! - a control run of `ibv_rc_pingpong` between two rxe devices inside the guest, to show what
 //!   rxe does on its own (see the note on spurious retries in docs/interop.md).
 //!
@@ -37,7 +41,7 @@
 //! command line does not know the test) is reported as "not implemented: <why>", in the table
 //! and on stdout, and fails the run only with `SOFTROCE_INTEROP_REQUIRE_ALL=1`.
 //!
-//! The test is `#[ignore]`d: it needs root, /dev/net/tun, apt-get and about two minutes. Run it
+//! The test is `#[ignore]`d: it needs root, /dev/net/tun, apt-get and 6 to 9 minutes. Run it
 //! with `tests/interop/run.sh` (which installs and builds what it needs), or by hand:
 //! `tests/interop/rig.sh install && tests/interop/rig.sh build && cargo build --release
 //! --examples && cargo test --release --test interop_rxe -- --ignored --nocapture` (release:
@@ -1993,8 +1997,9 @@ fn capi_tool(name: &str) -> CapiTool {
 /// checksum.
 type RocePkt = ([u8; 4], u16, u64, u16);
 
-/// The RoCE packets (UDP 4791) of an Ethernet/IPv4 pcap.
-fn pcap_roce(path: &Path) -> Res<Vec<RocePkt>> {
+/// The IPv4 RoCE datagrams (UDP 4791) of an Ethernet pcap: capture time in µs, the IPv4
+/// header onwards (as captured).
+fn pcap_roce_ip(path: &Path) -> Res<Vec<(u64, Vec<u8>)>> {
     let data = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
     ensure!(data.len() >= 24, "{}: no pcap header", path.display());
     let le = data[..4] == [0xd4, 0xc3, 0xb2, 0xa1] || data[..4] == [0x4d, 0x3c, 0xb2, 0xa1];
@@ -2026,19 +2031,35 @@ fn pcap_roce(path: &Path) -> Res<Vec<RocePkt>> {
             continue;
         }
         let t = sec * 1_000_000 + if nano { frac / 1000 } else { frac };
-        out.push((
-            [pkt[26], pkt[27], pkt[28], pkt[29]],
-            u16::from_be_bytes([pkt[16], pkt[17]]),
-            t,
-            u16::from_be_bytes([udp[6], udp[7]]),
-        ));
+        out.push((t, pkt[14..].to_vec()));
     }
     Ok(out)
+}
+
+/// The RoCE packets (UDP 4791) of an Ethernet/IPv4 pcap.
+fn pcap_roce(path: &Path) -> Res<Vec<RocePkt>> {
+    Ok(pcap_roce_ip(path)?
+        .into_iter()
+        .map(|(t, ip)| {
+            let udp = &ip[usize::from(ip[0] & 0x0f) * 4..];
+            (
+                [ip[12], ip[13], ip[14], ip[15]],
+                u16::from_be_bytes([ip[2], ip[3]]),
+                t,
+                u16::from_be_bytes([udp[6], udp[7]]),
+            )
+        })
+        .collect())
 }
 
 /// tcpdump on the tap, in the namespace (the host's side of the wire, where the kernel has
 /// already cut softroce's GSO batches into packets).
 fn host_capture(rig: &Rig, file: &Path) -> Res<HostProc> {
+    host_capture_snap(rig, file, 128)
+}
+
+/// As [`host_capture`], keeping the first `snap_bytes` of each frame (a CM MAD's frame is 322).
+fn host_capture_snap(rig: &Rig, file: &Path, snap_bytes: u32) -> Res<HostProc> {
     let mut p = rig.host(
         Path::new("tcpdump"),
         &[
@@ -2052,7 +2073,7 @@ fn host_capture(rig: &Rig, file: &Path) -> Res<HostProc> {
             "-B".into(),
             "8192".into(),
             "-s".into(),
-            "128".into(),
+            snap_bytes.to_string(),
             "-w".into(),
             file.display().to_string(),
             "udp port 4791".into(),
@@ -2322,6 +2343,640 @@ fn control(rig: &Rig, log: &mut String, qp: &str) -> Res<String> {
     ))
 }
 
+// ------------------------------------------- rdma_cm (softroce's librdmacm) vs rxe's rdma_cm
+
+/// UDP source port of every QP1 datagram, rxe's (the hash of QPN 1) and softroce's
+/// (docs/wire-facts.md §2.1).
+const QP1_UDP_SPORT: u16 = 0xd872;
+/// The GSI Q_Key QP1 datagrams carry in their DETH.
+const GSI_QKEY: u32 = 0x8001_0000;
+/// A port nobody listens on, for the REJ scenario.
+const CM_NO_LISTENER_PORT: u16 = 9999;
+/// How long the guest delays the CM MADs it receives when perftest's `-R` server runs there
+/// (lib.sh `mad_delay`: perftest 4.5's client connects right after its handshake, before the
+/// server's rdma_listen).
+const PERFTEST_MAD_DELAY_MS: u32 = 100;
+
+/// The C programs of the rdma_cm scenarios, compiled on the host into the share (the guest
+/// runs the same binaries: both are Debian 12 with rdma-core 44): the seed's rdma_server and
+/// rdma_client (with the seed's own command) and tests/c/cm_reject.c.
+fn cm_programs(rig: &Rig) -> Res<PathBuf> {
+    let dir = rig.run.join("cm-bin");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for (name, src) in [
+        ("rdma_server", "tests/c/seed/rdma_server.c"),
+        ("rdma_client", "tests/c/seed/rdma_client.c"),
+        ("cm_reject", "tests/c/cm_reject.c"),
+    ] {
+        if dir.join(name).exists() {
+            continue;
+        }
+        let out = Command::new("gcc")
+            .arg("-o")
+            .arg(dir.join(name))
+            .arg(root.join(src))
+            .args(["-lrdmacm", "-libverbs"])
+            .output()
+            .map_err(|e| format!("gcc: {e} (apt-get install gcc libc6-dev librdmacm-dev)"))?;
+        ensure!(
+            out.status.success(),
+            "gcc {src} failed (apt-get install gcc libc6-dev librdmacm-dev):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(dir)
+}
+
+/// One QP1 datagram of a capture, as both sides' checks need it.
+struct CapMad {
+    /// IPv4 source address.
+    src: [u8; 4],
+    /// UDP source port.
+    sport: u16,
+    /// BTH P_Key.
+    pkey: u16,
+    /// DETH Q_Key.
+    qkey: u32,
+    /// The MAD's attribute ID (REQ 0x10, REJ 0x12, REP 0x13, RTU 0x14, DREQ 0x15, DREP 0x16,
+    /// SIDR_REQ 0x17, SIDR_REP 0x18).
+    attr: u16,
+    /// REJ: the reason; SIDR_REP: the status; else 0.
+    code: u16,
+}
+
+/// The datagrams to QP1 in a tap capture (frames cut shorter than a MAD header are skipped;
+/// the capture keeps 400 bytes of each).
+fn pcap_mads(path: &Path) -> Res<Vec<CapMad>> {
+    let mut out = Vec::new();
+    for (_, ip) in pcap_roce_ip(path)? {
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let Some(udp) = ip.get(ihl..) else { continue };
+        // UDP 8, BTH 12, DETH 8, then the MAD: header 24, message from 24.
+        let Some(b) = udp.get(..8 + 20 + 24 + 8) else {
+            continue;
+        };
+        let (bth, deth, mad) = (&b[8..20], &b[20..28], &b[28..]);
+        if u32::from_be_bytes([0, bth[5], bth[6], bth[7]]) != 1 {
+            continue;
+        }
+        let attr = u16::from_be_bytes([mad[16], mad[17]]);
+        let code = match attr {
+            // REJ reason: message offset 10; SIDR_REP status: message offset 4.
+            0x12 => udp
+                .get(28 + 24 + 10..28 + 24 + 12)
+                .map_or(0, |r| u16::from_be_bytes([r[0], r[1]])),
+            0x18 => u16::from(mad[24 + 4]),
+            _ => 0,
+        };
+        out.push(CapMad {
+            src: [ip[12], ip[13], ip[14], ip[15]],
+            sport: u16::from_be_bytes([udp[0], udp[1]]),
+            pkey: u16::from_be_bytes([bth[2], bth[3]]),
+            qkey: u32::from_be_bytes([deth[0], deth[1], deth[2], deth[3]]),
+            attr,
+            code,
+        });
+    }
+    Ok(out)
+}
+
+fn cm_attr_name(attr: u16) -> String {
+    match attr {
+        0x10 => "REQ".into(),
+        0x11 => "MRA".into(),
+        0x12 => "REJ".into(),
+        0x13 => "REP".into(),
+        0x14 => "RTU".into(),
+        0x15 => "DREQ".into(),
+        0x16 => "DREP".into(),
+        0x17 => "SIDR_REQ".into(),
+        0x18 => "SIDR_REP".into(),
+        a => format!("attr {a:#06x}"),
+    }
+}
+
+/// "REQ RTU DREQ" for the MADs of one side, in capture order, with REJ reasons and SIDR_REP
+/// statuses.
+fn mad_list(mads: &[&CapMad]) -> String {
+    mads.iter()
+        .map(|m| match m.attr {
+            0x12 => format!("REJ({})", m.code),
+            0x18 => format!("SIDR_REP({})", m.code),
+            a => cm_attr_name(a),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Checks the QP1 datagrams of both sides in a capture (UDP source port 0xd872, P_Key 0xffff,
+/// GSI Q_Key, as rxe's) and returns softroce's and rxe's MAD lists.
+fn check_mads(rig: &Rig, pcap: &Path) -> Res<(String, String)> {
+    let host: [u8; 4] = rig
+        .host_ip
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|e| e.to_string())?
+        .octets();
+    let all = pcap_mads(pcap)?;
+    for m in &all {
+        let who = if m.src == host { "softroce" } else { "rxe" };
+        ensure!(
+            m.sport == QP1_UDP_SPORT && m.pkey == 0xffff && m.qkey == GSI_QKEY,
+            "a {} from {who}: UDP source port {:#06x}, P_Key {:#06x}, Q_Key {:#010x} (rxe's: \
+             0xd872, 0xffff, 0x80010000)",
+            cm_attr_name(m.attr),
+            m.sport,
+            m.pkey,
+            m.qkey
+        );
+    }
+    let ours: Vec<&CapMad> = all.iter().filter(|m| m.src == host).collect();
+    let theirs: Vec<&CapMad> = all.iter().filter(|m| m.src != host).collect();
+    Ok((mad_list(&ours), mad_list(&theirs)))
+}
+
+/// What one rdma_cm tool scenario runs: the server's and the client's command lines, with
+/// `{dev}`, `{self}` (the side's own address), `{server}` and `{bin}` (the compiled programs)
+/// to fill in, the port its server listens on, and the lines both sides must print.
+struct CmTool {
+    server: &'static str,
+    client: &'static str,
+    port: u16,
+}
+
+fn cm_tool_shape(name: &str) -> CmTool {
+    let (server, client, port) = match name {
+        "rping" => (
+            "rping -s -a {self} -C 10 -v",
+            "rping -c -a {server} -C 10 -v -V",
+            7174,
+        ),
+        "ucmatose" => ("ucmatose", "ucmatose -s {server}", 7471),
+        "udaddy" => ("udaddy", "udaddy -s {server}", 7174),
+        "send_bw" => (
+            "ib_send_bw -R -d {dev} -n 200 -s 16384 -F",
+            "ib_send_bw -R -d {dev} -n 200 -s 16384 -F {server}",
+            18515,
+        ),
+        _ => (
+            "{bin}/rdma_server 7472",
+            "{bin}/rdma_client {server} 7472",
+            7472,
+        ),
+    };
+    CmTool {
+        server,
+        client,
+        port,
+    }
+}
+
+/// Waits until softroce's device on the host owns UDP 4791 in the namespace (the server
+/// process opened it), then a moment for its rdma_listen, as tests/cm_tools.rs does.
+fn wait_softroce_device(rig: &Rig, p: &mut HostProc) -> Res<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ss = Command::new("ip")
+            .args(["netns", "exec", &rig.netns, "ss", "-Huln", "sport = :4791"])
+            .output()
+            .map_err(|e| format!("ss: {e}"))?;
+        if !String::from_utf8_lossy(&ss.stdout).trim().is_empty() {
+            std::thread::sleep(Duration::from_millis(300));
+            return Ok(());
+        }
+        if let Ok(Some(st)) = p.child.try_wait() {
+            std::thread::sleep(Duration::from_millis(50));
+            return Err(format!(
+                "`{}` exited ({st}) before opening its device:\n{}{}",
+                p.cmd,
+                p.stdout(),
+                p.stderr()
+            ));
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "`{}` opened no device in 30 s",
+            p.cmd
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 16 acceptance 3: an rdma_cm tool through softroce's librdmacm.so.1 (`softroce exec`)
+/// on the host against the same tool on rxe's rdma_cm in the guest, as server and as client.
+/// Checks both exit statuses and result lines, the CM MADs on the tap (each side's list;
+/// QP1's UDP source port, P_Key and Q_Key; no REJ), and that rxe accepted every packet
+/// softroce sent (its `rcvd_pkts` against the tap's count).
+fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
+    let t = cm_tool_shape(name);
+    let bin = cm_programs(rig)?;
+    let (host_cmd, guest_cmd) = match role {
+        Role::SoftroceServer => (t.server, t.client),
+        _ => (t.client, t.server),
+    };
+    let fill = |cmd: &str, host: bool| -> String {
+        let (dev, me, server, b) = if host {
+            (
+                "softroce0".to_string(),
+                rig.host_ip.clone(),
+                rig.guest_ip.clone(),
+                bin.display().to_string(),
+            )
+        } else {
+            (
+                "$DEV".to_string(),
+                "$GUEST_IP".to_string(),
+                "$HOST_IP".to_string(),
+                "/share/cm-bin".to_string(),
+            )
+        };
+        cmd.replace("{dev}", &dev)
+            .replace("{self}", &me)
+            .replace("{server}", &server)
+            .replace("{bin}", &b)
+    };
+    let mut args: Vec<String> = ["exec", "--ip", &rig.host_ip, "--"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(fill(host_cmd, true).split_whitespace().map(str::to_string));
+    let tool = fill(guest_cmd, false);
+    let delay = name == "send_bw" && role == Role::SoftroceClient;
+    let body = if delay {
+        format!(
+            "trap mad_delay_off EXIT\nmad_delay {PERFTEST_MAD_DELAY_MS} || exit 97\ntimeout 60 {tool}"
+        )
+    } else {
+        format!("timeout 60 {tool}")
+    };
+    let _ = writeln!(
+        log,
+        "## host: softroce {}\n## guest:\n{body}",
+        args.join(" ")
+    );
+    let pcap = rig.run.join(format!(
+        "cm-{}.pcap",
+        rig.seq.fetch_add(1, Ordering::Relaxed)
+    ));
+    let before = rig.rxe_counters()?;
+    let cap = host_capture_snap(rig, &pcap, 400)?;
+    let run = (|| -> Res<(HostExit, i32, String)> {
+        if role == Role::SoftroceServer {
+            let mut host = rig.host(&softroce_bin(), &args)?;
+            if let Err(e) = wait_softroce_device(rig, &mut host) {
+                let _ = host.wait(Duration::ZERO);
+                return Err(e);
+            }
+            let guest = rig.guest_run("cm-client", &body, TOOL_TIMEOUT);
+            let host = host.wait(if guest.is_ok() {
+                Duration::from_secs(30)
+            } else {
+                Duration::ZERO
+            });
+            let (rc, out) = guest?;
+            Ok((host, rc, out))
+        } else {
+            let job = rig.guest("cm-server", &body)?;
+            let (rc, out) = rig.guest_run(
+                "wait-cm-listen",
+                &format!("wait_cm_listen {}", t.port),
+                TOOL_TIMEOUT,
+            )?;
+            if rc != 0 {
+                let r = job.wait(rig, Duration::from_secs(5));
+                return Err(format!(
+                    "the server in the guest did not listen: {out} {r:?}"
+                ));
+            }
+            let host = rig
+                .host(&softroce_bin(), &args)?
+                .wait(Duration::from_secs(60));
+            let _ = writeln!(
+                log,
+                "## host exit: {:?}\n## host stdout:\n{}\n## host stderr:\n{}",
+                host.code, host.stdout, host.stderr
+            );
+            let (rc, out) = job.wait(
+                rig,
+                if host.code == Some(0) {
+                    TOOL_TIMEOUT
+                } else {
+                    Duration::from_secs(5)
+                },
+            )?;
+            Ok((host, rc, out))
+        }
+    })();
+    let cap = stop_capture(cap);
+    let (host, guest_rc, guest_out) = run?;
+    let _ = writeln!(
+        log,
+        "## host exit: {:?}\n## host stdout:\n{}\n## host stderr:\n{}\n## guest exit: \
+         {guest_rc}\n## guest output:\n{guest_out}",
+        host.code, host.stdout, host.stderr
+    );
+    let after = rig.rxe_counters()?;
+    let rxe = delta(&before, &after);
+    let _ = writeln!(
+        log,
+        "## rxe counters (delta): {rxe:?}\n## tcpdump: {}",
+        cap.stderr
+    );
+    let (ours, theirs) = check_mads(rig, &pcap)?;
+    let _ = writeln!(log, "## MADs softroce: {ours}\n## MADs rxe: {theirs}");
+    ensure!(
+        host.code == Some(0),
+        "{name} on softroce exited {:?}:\n{}{}",
+        host.code,
+        host.stdout,
+        host.stderr
+    );
+    ensure!(
+        guest_rc == 0,
+        "{name} on rxe exited {guest_rc}:\n{guest_out}"
+    );
+    let (server_out, client_out) = match role {
+        Role::SoftroceServer => (host.stdout.as_str(), guest_out.as_str()),
+        _ => (guest_out.as_str(), host.stdout.as_str()),
+    };
+    let shape = match name {
+        "rping" => {
+            ensure!(
+                client_out.contains("ping data: rdma-ping-9: "),
+                "the rping client did not verify ping 9:\n{client_out}"
+            );
+            ensure!(
+                server_out.contains("server ping data: rdma-ping-9: "),
+                "the rping server did not see ping 9:\n{server_out}"
+            );
+            "10 pings verified (rping -V)".to_string()
+        }
+        "ucmatose" | "udaddy" => {
+            for (side, out) in [("server", server_out), ("client", client_out)] {
+                ensure!(
+                    out.contains("data transfers complete") && out.contains("return status 0"),
+                    "{name} {side}:\n{out}"
+                );
+            }
+            if name == "udaddy" {
+                ensure!(server_out.contains("sending replies"), "{server_out}");
+            }
+            "data transfers complete on both sides, return status 0".to_string()
+        }
+        "send_bw" => {
+            let row = |out: &str| -> Res<Vec<String>> {
+                let r = result_rows(out, "BW average")?.remove(0);
+                ensure!(
+                    r.len() > 3 && r[0] == "16384" && r[1] == "200",
+                    "result row {r:?}"
+                );
+                Ok(r)
+            };
+            // With -R each side measures its own average (the server's peak column is 0.00).
+            let c = row(client_out).map_err(|e| format!("client: {e}"))?;
+            let s = row(server_out).map_err(|e| format!("server: {e}"))?;
+            format!(
+                "200 × 16384 B, BW average {} MB/s (client), {} MB/s (server)",
+                c[3], s[3]
+            )
+        }
+        _ => {
+            ensure!(
+                server_out.lines().any(|l| l
+                    == "[server] received: 'Hello RDMA from client! Data lands directly in \
+                        server memory.'"),
+                "rdma_server:\n{server_out}"
+            );
+            ensure!(
+                client_out
+                    .lines()
+                    .any(|l| l == "[client] write done, status=0"),
+                "rdma_client:\n{client_out}"
+            );
+            "the server printed the client's message, the client `write done, status=0`".to_string()
+        }
+    };
+    ensure!(
+        !ours.contains("REJ") && !theirs.contains("REJ"),
+        "a REJ on the wire: softroce {ours}; rxe {theirs}"
+    );
+    let host4: [u8; 4] = rig
+        .host_ip
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|e| e.to_string())?
+        .octets();
+    let sent = pcap_roce(&pcap)?.iter().filter(|p| p.0 == host4).count() as u64;
+    let rcvd = rxe.get("rcvd_pkts").copied().unwrap_or(0);
+    ensure!(
+        sent > 0 && rcvd == sent,
+        "rxe accepted {rcvd} packets, softroce sent {sent} (the tap's capture); drops on the \
+         way: {}",
+        path_drops(&rxe)
+    );
+    Ok(format!(
+        "{shape}; CM MADs softroce: {ours}; rxe: {theirs} (QP1 from UDP port 0xd872, Q_Key \
+         0x80010000 both ways); rxe accepted all {sent} packets softroce sent{}",
+        if delay {
+            format!(
+                "; CM MADs into the guest delayed {PERFTEST_MAD_DELAY_MS} ms (perftest 4.5's listen race)"
+            )
+        } else {
+            String::new()
+        }
+    ))
+}
+
+/// The commands of the REJ scenario, each connecting to `{server}` where nobody listens:
+/// tests/c/cm_reject.c, ucmatose and rping on port 9999, udaddy on its own port (SIDR_REQ).
+fn cm_reject_cmds(bin: &str, server: &str) -> Vec<String> {
+    let p = CM_NO_LISTENER_PORT;
+    vec![
+        format!("{bin}/cm_reject {server} {p}"),
+        format!("ucmatose -s {server} -p {p}"),
+        format!("rping -c -a {server} -p {p} -C 1"),
+        format!("udaddy -s {server}"),
+    ]
+}
+
+/// A guest job that runs `cmds` one after the other and prints each one's output (stdout and
+/// stderr, sorted: the tools interleave them differently on a pipe) and exit status.
+fn cm_reject_guest_body(cmds: &[String]) -> String {
+    cmds.iter()
+        .map(|c| {
+            format!(
+                "echo '>>> {c}'; timeout 30 {c} > /tmp/o 2>&1; rc=$?; sort /tmp/o; echo \"exit $rc\""
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Lines rping's main thread prints after a failed connect, racing the exit(-1) its CM thread
+/// makes right after printing the event (rping.c `cm_thread`): on rxe the main thread usually
+/// prints them first, through softroce (whose rdma_ack_cm_event takes no system call) the exit
+/// usually comes first. Not compared.
+const RPING_RACING_LINES: [&str; 2] = ["wait for CONNECTED state 4", "connect error -1"];
+
+/// Splits the output of [`cm_reject_guest_body`] into (command, sorted lines and exit status),
+/// without [`RPING_RACING_LINES`].
+fn cm_reject_results(out: &str) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = Vec::new();
+    for l in out.lines() {
+        if let Some(c) = l.strip_prefix(">>> ") {
+            v.push((c.to_string(), String::new()));
+        } else if RPING_RACING_LINES.contains(&l) {
+            continue;
+        } else if let Some(last) = v.last_mut() {
+            last.1.push_str(l);
+            last.1.push('\n');
+        }
+    }
+    v
+}
+
+/// Issue 16 acceptance 3, item 6: an rdma_cm REQ (and udaddy's SIDR_REQ) to a port nobody
+/// listens on. SoftroceClient: softroce's librdmacm connects to the guest, whose kernel CM
+/// answers REJ 8 (SIDR_REP 1); SoftroceServer: the tools on rxe connect to a softroce device
+/// (a `softroce exec rping -s` holds it open, listening on another port), whose CM answers
+/// the same. Each command's output and exit status must equal what the same command prints
+/// on rdma-core + rxe against the guest's own address (the reference run); the capture must
+/// show the REJ reasons and SIDR statuses on the wire.
+fn cm_reject(rig: &Rig, log: &mut String, role: Role) -> Res<String> {
+    let bin = cm_programs(rig)?;
+    let reference = cm_reject_guest_body(&cm_reject_cmds("/share/cm-bin", "$GUEST_IP"));
+    let pcap = rig.run.join(format!(
+        "cm-{}.pcap",
+        rig.seq.fetch_add(1, Ordering::Relaxed)
+    ));
+    let before = rig.rxe_counters()?;
+    let cap = host_capture_snap(rig, &pcap, 400)?;
+    let run = (|| -> Res<Vec<(String, String)>> {
+        if role == Role::SoftroceClient {
+            let mut got = Vec::new();
+            let host_cmds = cm_reject_cmds(&bin.display().to_string(), &rig.guest_ip);
+            for (c, shown) in host_cmds
+                .iter()
+                .zip(cm_reject_cmds("/share/cm-bin", "$GUEST_IP"))
+            {
+                let mut args: Vec<String> = ["exec", "--ip", &rig.host_ip, "--"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                args.extend(c.split_whitespace().map(str::to_string));
+                let h = rig
+                    .host(&softroce_bin(), &args)?
+                    .wait(Duration::from_secs(30));
+                let mut lines: Vec<&str> = h
+                    .stdout
+                    .lines()
+                    .chain(h.stderr.lines())
+                    .filter(|l| !RPING_RACING_LINES.contains(l))
+                    .collect();
+                lines.sort_unstable();
+                let mut text = lines.join("\n");
+                text.push('\n');
+                let _ = writeln!(text, "exit {}", h.code.map_or(-1, |c| c & 0xff));
+                got.push((shown, text));
+            }
+            Ok(got)
+        } else {
+            let mut holder = rig.host(
+                &softroce_bin(),
+                &[
+                    "exec".into(),
+                    "--ip".into(),
+                    rig.host_ip.clone(),
+                    "--".into(),
+                    "rping".into(),
+                    "-s".into(),
+                    "-a".into(),
+                    rig.host_ip.clone(),
+                    "-p".into(),
+                    "7000".into(),
+                ],
+            )?;
+            if let Err(e) = wait_softroce_device(rig, &mut holder) {
+                let _ = holder.wait(Duration::ZERO);
+                return Err(e);
+            }
+            let body = cm_reject_guest_body(&cm_reject_cmds("/share/cm-bin", "$HOST_IP"));
+            let r = rig.guest_run("cm-reject", &body, TOOL_TIMEOUT);
+            let h = holder.wait(Duration::ZERO);
+            let _ = writeln!(
+                log,
+                "## softroce rping -s -p 7000 (killed): {:?} {}",
+                h.code, h.stderr
+            );
+            let (rc, out) = r?;
+            ensure!(rc == 0, "the guest job failed ({rc}):\n{out}");
+            let _ = writeln!(log, "## guest against softroce:\n{out}");
+            Ok(cm_reject_results(
+                &out.replace(&rig.host_ip, "$GUEST_IP")
+                    .replace("$HOST_IP", "$GUEST_IP"),
+            ))
+        }
+    })();
+    let cap = stop_capture(cap);
+    let _ = writeln!(log, "## tcpdump: {}", cap.stderr);
+    let got = run?;
+    let after = rig.rxe_counters()?;
+    let (rc, out) = rig.guest_run("cm-reject-reference", &reference, TOOL_TIMEOUT)?;
+    ensure!(rc == 0, "the reference job failed ({rc}):\n{out}");
+    let want = cm_reject_results(&out);
+    let _ = writeln!(
+        log,
+        "## reference (rxe to itself):\n{out}\n## softroce side:\n{got:?}"
+    );
+    ensure!(
+        want.len() == 4 && got.len() == 4,
+        "expected 4 commands: reference {want:?}, softroce {got:?}"
+    );
+    for ((wc, wt), (gc, gt)) in want.iter().zip(&got) {
+        ensure!(
+            wc == gc && wt == gt,
+            "`{gc}` printed (sorted)\n{gt}where rdma-core on rxe prints\n{wt}"
+        );
+    }
+    let rxe = delta(&before, &after);
+    let (ours, theirs) = check_mads(rig, &pcap)?;
+    let _ = writeln!(log, "## MADs softroce: {ours}\n## MADs rxe: {theirs}");
+    let (asks, answers) = match role {
+        Role::SoftroceClient => (&ours, &theirs),
+        _ => (&theirs, &ours),
+    };
+    ensure!(
+        asks == "REQ REQ REQ SIDR_REQ" && answers == "REJ(8) REJ(8) REJ(8) SIDR_REP(1)",
+        "MADs on the wire: requests {asks}; answers {answers}"
+    );
+    let host4: [u8; 4] = rig
+        .host_ip
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|e| e.to_string())?
+        .octets();
+    let sent = pcap_roce(&pcap)?.iter().filter(|p| p.0 == host4).count() as u64;
+    let rcvd = rxe.get("rcvd_pkts").copied().unwrap_or(0);
+    ensure!(
+        rcvd == sent,
+        "rxe accepted {rcvd} packets, softroce sent {sent}; drops on the way: {}",
+        path_drops(&rxe)
+    );
+    let first = |s: &str| {
+        s.lines()
+            .find(|l| l.contains("REJECTED") || l.contains("UNREACHABLE"))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    Ok(format!(
+        "requests {asks}, answers {answers} on the wire; each tool prints what it prints on \
+         rxe against itself (cm_reject: `{}`, ucmatose: `{}`, udaddy: `{}`) and exits alike \
+         (8, 8, 255, 1); rxe accepted all {sent} packets softroce sent",
+        first(&got[0].1),
+        first(&got[1].1),
+        first(&got[3].1)
+    ))
+}
+
 // ------------------------------------------------------------------------------- parsing
 
 /// Checks rc_pingpong's two result lines and returns (Mbit/s, µs/iter).
@@ -2549,6 +3204,55 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             "ib_atomic_bw -n 200 -m 1024 (8-byte FETCH_AND_ADD) through softroce exec vs \
              ib_atomic_bw on rxe",
             |r, l, role| capi(r, l, role, "atomic_bw"),
+        ),
+        (
+            "rdma_cm: rping",
+            "rping -s / rping -c -C 10 -v -V through softroce's librdmacm.so.1 (`softroce exec`) \
+             vs rping on rxe's rdma_cm: REQ/REP/RTU, 10 verified pings (SEND, RDMA READ and \
+             WRITE), DREQ/DREP; every CM MAD from UDP port 0xd872 with P_Key 0xffff and Q_Key \
+             0x80010000, no REJ, rxe accepts every softroce packet",
+            |r, l, role| cm_tool(r, l, role, "rping"),
+        ),
+        (
+            "rdma_cm: ucmatose",
+            "ucmatose / ucmatose -s ADDR through softroce exec vs ucmatose on rxe: connect, \
+             SENDs both ways, disconnect",
+            |r, l, role| cm_tool(r, l, role, "ucmatose"),
+        ),
+        (
+            "rdma_cm: udaddy",
+            "udaddy / udaddy -s ADDR through softroce exec vs udaddy on rxe: UD ids, \
+             SIDR_REQ/SIDR_REP, datagrams both ways (the server answers through an AH from the \
+             receive's GRH)",
+            |r, l, role| cm_tool(r, l, role, "udaddy"),
+        ),
+        (
+            "rdma_cm: ib_send_bw -R",
+            "perftest ib_send_bw -R -n 200 -s 16384 (handshake and data QPs through rdma_cm) \
+             through softroce exec vs ib_send_bw -R on rxe; the server prints the client's row. \
+             With rxe as the server the guest delays the CM MADs it receives by 100 ms: \
+             perftest 4.5's client connects right after the handshake, racing the server's \
+             rdma_listen (REJ 8), and its retry then double-frees (fixed upstream in perftest \
+             3d9d8d0)",
+            |r, l, role| cm_tool(r, l, role, "send_bw"),
+        ),
+        (
+            "rdma_cm: seed rdma_server / rdma_client",
+            "tests/c/seed's rdma_server and rdma_client (gcc ... -lrdmacm -libverbs on the host; \
+             the guest runs the same binaries): the client's RDMA WRITE lands in the buffer the \
+             server announced in its REP; `[server] received: 'Hello RDMA from client! Data \
+             lands directly in server memory.'` and `[client] write done, status=0`",
+            |r, l, role| cm_tool(r, l, role, "seed"),
+        ),
+        (
+            "rdma_cm: REQ to a port nobody listens on",
+            "tests/c/cm_reject.c, ucmatose -p 9999, rping -p 9999 (REQ) and udaddy (SIDR_REQ) \
+             against an address whose CM has no listener there: softroce as client gets the \
+             kernel's REJ 8 / SIDR_REP 1, softroce as server (its device held open by an rping \
+             -s on another port) answers the kernel's REQs with REJ 8 and SIDR_REP 1; every \
+             tool prints and exits exactly as it does on rxe against its own address \
+             (RDMA_CM_EVENT_REJECTED status 8, RDMA_CM_EVENT_UNREACHABLE status 1)",
+            |r, l, role| cm_reject(r, l, role),
         ),
         (
             "perftest ib_write_bw",

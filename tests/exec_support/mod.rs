@@ -81,16 +81,17 @@ pub fn wait_device(ip: Ipv4Addr) {
     }
 }
 
-/// Compiles tests/c/`name`.c against the installed rdma-core headers (`cc -Wall -o DIR/name
-/// … -lrdmacm -libverbs`) into `dir`. None, saying why on stdout, when librdmacm-dev or a C
-/// compiler is missing; a compile error fails the test.
+/// Compiles tests/c/`name`.c (`name` may have a folder: `seed/rdma_server`) against the
+/// installed rdma-core headers (`cc -Wall -o DIR/<file name> … -lrdmacm -libverbs`) into
+/// `dir`. None, saying why on stdout, when librdmacm-dev or a C compiler is missing; a
+/// compile error fails the test.
 pub fn compile_c(name: &str, dir: &Path) -> Option<std::path::PathBuf> {
     if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
         println!("SKIPPED: librdmacm-dev is not installed (apt-get install librdmacm-dev)");
         return None;
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = dir.join(name);
+    let exe = dir.join(Path::new(name).file_name().unwrap_or(name.as_ref()));
     let Ok(out) = Command::new("cc")
         .args(["-Wall", "-o"])
         .arg(&exe)
@@ -107,4 +108,37 @@ pub fn compile_c(name: &str, dir: &Path) -> Option<std::path::PathBuf> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some(exe)
+}
+
+/// Compiles tests/c/`name`.c ([`compile_c`]), runs it through `softroce exec --ip ips` with
+/// `args` (60 s at most), and asserts that it exits 0, prints the line "`name`: end 0" and
+/// exactly `checks` lines starting "ok   " (a check that was skipped would shrink the
+/// count). Returns its stdout; None when skipped (no librdmacm-dev or C compiler).
+pub fn run_c_checks(name: &str, ips: &str, args: &[&str], checks: usize) -> Option<String> {
+    let dir = std::env::temp_dir().join(format!("softroce-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = compile_c(name, &dir)?;
+    let mut argv = vec![exe.as_os_str()];
+    argv.extend(args.iter().map(std::ffi::OsStr::new));
+    let out = wait(
+        exec(ips, &argv).spawn().unwrap(),
+        Duration::from_secs(60),
+        name,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report = format!(
+        "{}\n{text}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{report}");
+    let end = format!("{name}: end 0");
+    assert!(text.lines().any(|l| l == end), "{report}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("ok   ")).count(),
+        checks,
+        "{report}"
+    );
+    Some(text)
 }

@@ -33,10 +33,11 @@ TAP=srtap0
 HOST_IP=10.66.0.1
 GUEST_IP=10.66.0.2
 PREFIX=24
-# tcpdump captures the tap for the C-library scenarios; ibverbs-utils and perftest are the
-# tools those run through softroce's libibverbs.so.1 on the host.
+# tcpdump captures the tap for the C-library scenarios; ibverbs-utils, perftest and
+# rdmacm-utils are the tools those run through softroce's libibverbs.so.1 and librdmacm.so.1
+# on the host; gcc and librdmacm-dev build the rdma_cm scenarios' C programs.
 HOST_TOOLS=(qemu-system-x86 debootstrap busybox-static cpio kmod e2fsprogs zstd iproute2 tcpdump
-  ibverbs-utils perftest)
+  ibverbs-utils perftest rdmacm-utils gcc libc6-dev librdmacm-dev)
 G=$CACHE/guest
 
 die() { echo "rig.sh: $*" >&2; exit 1; }

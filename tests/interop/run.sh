@@ -15,7 +15,7 @@
 #    roles, prints the scenario × role table, powers the guest off and deletes the namespace.
 #    --update-docs rewrites docs/interop.md with the table.
 # Exit status: 0 all passed, 77 skipped (reason printed), 2 bad usage, anything else failed.
-# A suite that runs longer than $SOFTROCE_INTEROP_TIMEOUT seconds (default 600) is stopped and
+# A suite that runs longer than $SOFTROCE_INTEROP_TIMEOUT seconds (default 720) is stopped and
 # fails.  It never passes without running: the test binary must report its one test passed.
 # Scenarios whose softroce side does not exist yet are reported "not implemented: <why>" in
 # the table and on stdout, and do not fail the run unless SOFTROCE_INTEROP_REQUIRE_ALL=1.
@@ -74,12 +74,12 @@ cargo test --release --test interop_rxe --no-run --quiet
 step "suite"
 LOG=$(mktemp /tmp/softroce-interop.XXXXXX)
 set +e
-timeout --signal=TERM "${SOFTROCE_INTEROP_TIMEOUT:-600}" \
+timeout --signal=TERM "${SOFTROCE_INTEROP_TIMEOUT:-720}" \
   cargo test --release --test interop_rxe -- --ignored --nocapture --test-threads=1 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 set -e
 if [[ $rc == 124 ]]; then
-  step "FAILED: the suite ran longer than ${SOFTROCE_INTEROP_TIMEOUT:-600} s and was stopped"
+  step "FAILED: the suite ran longer than ${SOFTROCE_INTEROP_TIMEOUT:-720} s and was stopped"
   exit 124
 elif [[ $rc != 0 ]]; then
   step "FAILED (exit $rc)"

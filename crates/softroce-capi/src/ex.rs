@@ -324,18 +324,26 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list
 /// one keyless SGE of the total length. Errors (at `wr_complete`): `ENOSPC` past the QP's
 /// `max_inline_data` (rxe's provider), `EINVAL` without a WR started.
 ///
+/// The buffers are `buf(0)` .. `buf(num_buf - 1)`, read one at a time up to the first that
+/// takes the total past the limit, as rxe's provider reads `buf_list` (so a `num_buf` too
+/// large for any list fails there, not before).
+///
 /// # Safety
-/// Each `(addr, length)` of `bufs` names `length` readable bytes (the caller's contract).
-unsafe fn set_inline(qp: *mut ibv_qp_ex, bufs: &[(u64, usize)]) {
+/// Each `(addr, length)` that `buf` gives names `length` readable bytes (the caller's
+/// contract).
+unsafe fn set_inline(qp: *mut ibv_qp_ex, num_buf: usize, buf: impl Fn(usize) -> (u64, usize)) {
     with_build(qp, |q, b| {
         let r = (|| {
             let i = b.wrs.len().checked_sub(1).ok_or(libc::EINVAL)?;
             let mut total = 0usize;
-            for &(_, length) in bufs {
+            let mut bufs = Vec::new();
+            for k in 0..num_buf {
+                let (addr, length) = buf(k);
                 total = total
                     .checked_add(length)
                     .filter(|&t| t <= q.cap.max_inline_data as usize)
                     .ok_or(libc::ENOSPC)?;
+                bufs.push((addr, length));
             }
             let mut data = vec![0u8; total];
             let mut at = 0usize;
@@ -375,7 +383,7 @@ unsafe fn set_inline(qp: *mut ibv_qp_ex, bufs: &[(u64, usize)]) {
 
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     // SAFETY: `addr` holds `length` readable bytes (the caller's contract).
-    unsafe { set_inline(qp, &[(addr as u64, length)]) };
+    unsafe { set_inline(qp, 1, |_| (addr as u64, length)) };
 }
 
 unsafe extern "C" fn wr_set_inline_data_list(
@@ -383,18 +391,18 @@ unsafe extern "C" fn wr_set_inline_data_list(
     num_buf: usize,
     buf_list: *const ibv_data_buf,
 ) {
-    let bufs: Vec<(u64, usize)> = if num_buf > 0 && buf_list.is_null() {
-        // Nothing to read: refused like data over the limit.
-        vec![(0, usize::MAX)]
-    } else {
-        (0..num_buf)
-            // SAFETY: `buf_list` holds `num_buf` entries (the caller's contract).
-            .map(|i| unsafe { *buf_list.add(i) })
-            .map(|b| (b.addr as u64, b.length))
-            .collect()
+    let buf = |i: usize| {
+        if buf_list.is_null() {
+            // Nothing to read: refused like data over the limit.
+            return (0, usize::MAX);
+        }
+        // SAFETY: `buf_list` holds `num_buf` entries (the caller's contract) and `i` is
+        // below it; read as a copy, unaligned-safe.
+        let b = unsafe { buf_list.add(i).read_unaligned() };
+        (b.addr as u64, b.length)
     };
     // SAFETY: each buffer holds `length` readable bytes (the caller's contract).
-    unsafe { set_inline(qp, &bufs) };
+    unsafe { set_inline(qp, num_buf, buf) };
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {

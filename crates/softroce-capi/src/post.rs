@@ -152,6 +152,8 @@ unsafe fn inline_bytes(wr: &SendWr, max_inline_data: u32) -> Result<Option<Vec<u
     if !wr.send_flags.contains(SendFlags::INLINE) {
         return Ok(None);
     }
+    // In 64 bits: rxe's provider sums in 32, so lengths that wrap pass its check and
+    // overrun its WQE (spec/deviations.toml); here they are EINVAL.
     let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
     if length > u64::from(max_inline_data) {
         return Err(libc::EINVAL);
@@ -371,11 +373,16 @@ pub(crate) fn wc_to_c(w: &Wc) -> ibv_wc {
     }
 }
 
-/// `ops.poll_cq`: up to `n` completions into `wc`; the number written.
+/// `ops.poll_cq`: up to `n` completions into `wc`; the number written. A negative `n`
+/// takes none and returns 0, as rxe's provider (`rxe_poll_cq` loops while `npolled < ne`).
+/// -1 for a NULL CQ, or a NULL `wc` with `n` > 0 (rxe's provider would crash).
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     ffi!(-1, {
-        if cq.is_null() || n < 0 || (n > 0 && wc.is_null()) {
+        if cq.is_null() || (n > 0 && wc.is_null()) {
             return -1;
+        }
+        if n <= 0 {
+            return 0;
         }
         // SAFETY: a live CQ; its context is live.
         let (q, c) = unsafe {

@@ -108,8 +108,10 @@ impl CmListener {
     /// [`ConnectRequest::reject`]; dropping it rejects it.
     /// Errors: `ETIMEDOUT` when none came within `timeout`.
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
+        let deadline = std::time::Instant::now() + timeout;
         loop {
-            let Some(ev) = self.driver.next_request(self.service_id, timeout) else {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Some(ev) = self.driver.next_request(self.service_id, left) else {
                 return Err(timed_out(format!(
                     "no connection request on {} within {timeout:?}",
                     self.local
@@ -135,6 +137,7 @@ impl CmListener {
                 peer: peer_addr,
                 local: self.local,
                 req: Some(req),
+                handed_over: false,
             });
         }
     }
@@ -157,6 +160,9 @@ pub struct ConnectRequest {
     local: SocketAddr,
     /// The REQ; taken by accept or reject.
     req: Option<Box<ReqRepr>>,
+    /// Set when accept made the connection a CmConnection's (which detaches it when
+    /// dropped).
+    handed_over: bool,
 }
 
 impl ConnectRequest {
@@ -209,7 +215,8 @@ impl ConnectRequest {
         let Some(req) = self.req.take() else {
             return Err(verbs::Error::new(verbs::ErrorKind::Inval, "accept: answered").into());
         };
-        let sq_psn = psn_of(&self.driver, qp.qp.qp_num());
+        // The PSN our REP announces: the one we receive from (kernel cm.c roles).
+        let rep_psn = psn_of(&self.driver, qp.qp.qp_num());
         let b = &qp.b;
         let (rr, ini) = (b.max_dest_rd_atomic, b.max_rd_atomic);
         let c = RcConnect {
@@ -218,7 +225,14 @@ impl ConnectRequest {
             traffic_class: b.traffic_class,
             qp_access_flags: b.access,
             min_rnr_timer: b.min_rnr_timer,
-            ..RcConnect::rdma_cm_passive(&req, self.peer.ip(), port_mtu(&self.dev), rr, ini, sq_psn)
+            ..RcConnect::rdma_cm_passive(
+                &req,
+                self.peer.ip(),
+                port_mtu(&self.dev),
+                rr,
+                ini,
+                rep_psn,
+            )
         };
         if let Err(e) = qp.qp.connect_rc(&c) {
             let id = self.id;
@@ -227,7 +241,7 @@ impl ConnectRequest {
         }
         let p = AcceptParams {
             local_qpn: qp.qp.qp_num(),
-            starting_psn: sq_psn,
+            starting_psn: rep_psn,
             responder_resources: rr,
             initiator_depth: ini,
             target_ack_delay: 0,
@@ -239,6 +253,7 @@ impl ConnectRequest {
         self.driver
             .with(|cm, now| cm.accept(now, id, &p))
             .map_err(cm_error)?;
+        self.handed_over = true;
         let user = req_user_private_data(&req).to_vec();
         let (dev, remote_num) = (qp.b.dev.clone(), req.local_qpn);
         let conn = CmConnection {
@@ -282,9 +297,14 @@ impl ConnectRequest {
 
 impl Drop for ConnectRequest {
     fn drop(&mut self) {
+        let id = self.id;
         if self.req.take().is_some() {
-            let id = self.id;
             let _ = self.driver.with(|cm, now| cm.reject(now, id, &[]));
+        }
+        // Unless a CmConnection took the connection over, what still comes for it (the
+        // peer's REJ after ours crossed it, say) has nobody to read it.
+        if !self.handed_over {
+            self.driver.detach(id);
         }
     }
 }
@@ -330,7 +350,8 @@ impl PreparedQueuePair {
         }
         let driver = dev.cm()?;
         let qpn = self.qp.qp_num();
-        let sq_psn = psn_of(&driver, qpn);
+        // The PSN our REQ announces: the one we receive from (kernel cm.c roles).
+        let req_psn = psn_of(&driver, qpn);
         // An ephemeral source port, as the kernel picks one for an unbound rdma_cm id.
         let local = SocketAddr::new(dev.ip(), 32768 + (psn_of(&driver, !qpn) % 28232) as u16);
         let mtu = self.b.path_mtu.min(port_mtu(&dev));
@@ -339,7 +360,7 @@ impl PreparedQueuePair {
             addr,
             port_space::TCP,
             qpn,
-            sq_psn,
+            req_psn,
             mtu as u8,
             private_data,
         )
@@ -413,7 +434,7 @@ impl PreparedQueuePair {
                 b.max_dest_rd_atomic,
                 b.max_rd_atomic,
                 b.retry_count,
-                sq_psn,
+                req_psn,
             )
         };
         if let Err(e) = self.qp.connect_rc(&c) {
@@ -422,9 +443,11 @@ impl PreparedQueuePair {
             driver.detach(id);
             return Err(e.into());
         }
-        driver
-            .with(|cm, now| cm.establish(now, id))
-            .map_err(cm_error)?;
+        if let Err(e) = driver.with(|cm, now| cm.establish(now, id)) {
+            // The peer gave up between its REP and our RTU (its REJ came first).
+            driver.detach(id);
+            return Err(cm_error(e));
+        }
         let conn = CmConnection {
             qp: QueuePair {
                 qp: self.qp,

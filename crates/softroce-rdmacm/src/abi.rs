@@ -232,3 +232,58 @@ pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
 /// `rdma_addrinfo.ai_flags` bits.
 pub const RAI_PASSIVE: c_int = 1;
 pub const RAI_NUMERICHOST: c_int = 2;
+
+/// `IBV_QPT_XRC_RECV` (`enum ibv_qp_type`).
+pub const IBV_QPT_XRC_RECV: c_int = 10;
+/// `IBV_QP_INIT_ATTR_XRCD` (`enum ibv_qp_init_attr_mask`).
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+
+/// `struct ibv_tm_cap`: tag matching capabilities of an SRQ.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_tm_cap {
+    pub max_num_tags: u32,
+    pub max_ops: u32,
+}
+
+/// `struct ibv_srq_init_attr_ex`: `ibv_srq_init_attr` then the extended fields.
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: c_int,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    pub tm_cap: ibv_tm_cap,
+}
+
+/// `enum ibv_srq_init_attr_mask` bits.
+pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
+pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+/// `enum ibv_srq_type` values.
+pub const IBV_SRQT_BASIC: c_int = 0;
+pub const IBV_SRQT_XRC: c_int = 1;
+
+/// `verbs_context.create_srq_ex`.
+pub type CreateSrqExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `enum ibv_xrcd_init_attr_mask` bits.
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+
+/// `verbs_context.open_xrcd` (returns a `struct ibv_xrcd *`, opaque here).
+pub type OpenXrcdFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut c_void;

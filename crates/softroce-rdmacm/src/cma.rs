@@ -18,7 +18,7 @@ use crate::ibv::{Ibv, ibv};
 use crate::{ffi, neg_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
-use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CommId, ConnectParams};
+use softroce::cm::{AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams};
 use softroce::transport::{Instant, PathMtu};
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{
@@ -36,6 +36,12 @@ use softroce::cm::rdma_cm::{
 
 mod mcast;
 pub(crate) use mcast::{rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast};
+mod qp;
+pub(crate) use qp::{
+    rdma_create_qp, rdma_create_qp_ex, rdma_create_srq, rdma_create_srq_ex, rdma_destroy_qp,
+    rdma_destroy_srq,
+};
+
 /// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
 const SIDR_REQ_PRIVATE: usize = 216;
 const SIDR_REP_PRIVATE: usize = 136;
@@ -56,7 +62,8 @@ struct OpenDev {
     cm: CmEngine,
     /// Connection → the `rdma_cm_id` it belongs to.
     comms: HashMap<CommId, usize>,
-    /// The port's active MTU (IB enum).
+    /// The path MTU of routes from this device (IB enum): the port's active MTU, capped by
+    /// what rdma_cm derives from the interface's MTU (`rdma_cm_route_mtu`).
     mtu: u8,
     /// Service IDs whose last listening id went away, and until when the engine still
     /// listens on them ([`LISTEN_LINGER`]).
@@ -102,6 +109,8 @@ struct IdState {
     req: Option<Box<ReqRepr>>,
     /// Passive UD: a SIDR_REQ not answered yet (its request is `comm`).
     sidr_pending: bool,
+    /// The starting PSN this id announced in its REQ or REP: the PSN its QP receives from
+    /// (kernel cm.c; see `ConnectParams::starting_psn`).
     starting_psn: u32,
     responder_resources: u8,
     initiator_depth: u8,
@@ -112,8 +121,6 @@ struct IdState {
     user_established: bool,
     /// Active: the REP, for `rdma_init_qp_attr` of an external QP.
     rep: Option<Box<RepRepr>>,
-    /// rdma_create_qp made the CQs (and their channels): rdma_destroy_qp frees them.
-    own_cqs: bool,
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the RC QP's local ACK timeout exponent at RTS, in place
     /// of the one the REQ/REP exchange gives (kernel `rdma_set_ack_timeout`).
     ack_timeout: Option<u8>,
@@ -285,11 +292,18 @@ impl State {
                     return Err(errno_or(libc::ENOMEM));
                 }
                 let mut pa: ibv_port_attr = std::mem::zeroed();
-                let mtu = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
+                let active = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
                     pa.active_mtu as u8
                 } else {
                     3
                 };
+                // rdma_cm's route MTU comes from the MTU of the interface the route leaves by
+                // (cma.c `cma_resolve_iboe_route`: 1024 on a 1500-byte link), capped by the
+                // port's: a REQ asking for 4096 there gets packets the link drops.
+                let link = softroce::net::link_mtu(d.ip)
+                    .and_then(softroce::cm::rdma_cm_route_mtu)
+                    .unwrap_or(active);
+                let mtu = active.min(link);
                 // Makes QP1's port (its receives posted) before anyone can send us a REQ.
                 let mut mad = [0u8; 256];
                 let mut src: libc::sockaddr_storage = std::mem::zeroed();
@@ -1264,6 +1278,15 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             if sidr_unanswered {
                 let _ = o.cm.sidr_reply(now(), c, SidrStatus::REJECT, 0, 0, &[]);
             }
+            // A connection the application did not disconnect is disconnected now, as the
+            // kernel's cm_destroy_id does: DREQ when established, the DREP a received DREQ
+            // waits for (perftest's server destroys its ids without rdma_disconnect; without
+            // the DREP rxe retries its DREQ and rejects the next REQ from the same QPN as
+            // stale, REJ 10).
+            let state = o.cm.connections().find(|(id, _)| *id == c).map(|(_, s)| s);
+            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
+                let _ = o.cm.disconnect(now(), c);
+            }
             pump(&mut st, d);
         }
         // Events queued for it and not yet taken go with it.
@@ -1552,130 +1575,15 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
     })
 }
 
-pub(crate) extern "C" fn rdma_create_qp(
-    id: *mut rdma_cm_id,
-    pd: *mut ibv_pd,
-    attr: *mut ibv_qp_init_attr,
-) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let ibv = ibv()?;
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            // SAFETY: live id; `attr` is the caller's init attributes.
-            let (idr, a) = unsafe { (&mut *id, &mut *attr) };
-            if idr.verbs.is_null() || s.dev.is_none() {
-                return Err(libc::EINVAL);
-            }
-            let pd = if pd.is_null() { idr.pd } else { pd };
-            if pd.is_null() {
-                return Err(libc::EINVAL);
-            }
-            // Default CQs, each with its completion channel (librdmacm's ucma_create_cqs).
-            let mut own = false;
-            // SAFETY: calls on the id's live context.
-            unsafe {
-                if a.send_cq.is_null() {
-                    let ch = (ibv.create_comp_channel)(idr.verbs);
-                    let cq = (ibv.create_cq)(
-                        idr.verbs,
-                        a.cap.max_send_wr.max(1) as c_int,
-                        id.cast(),
-                        ch,
-                        0,
-                    );
-                    if cq.is_null() {
-                        return Err(errno_or(libc::ENOMEM));
-                    }
-                    idr.send_cq_channel = ch;
-                    idr.send_cq = cq;
-                    a.send_cq = cq;
-                    own = true;
-                }
-                if a.recv_cq.is_null() {
-                    let ch = (ibv.create_comp_channel)(idr.verbs);
-                    let cq = (ibv.create_cq)(
-                        idr.verbs,
-                        a.cap.max_recv_wr.max(1) as c_int,
-                        id.cast(),
-                        ch,
-                        0,
-                    );
-                    if cq.is_null() {
-                        return Err(errno_or(libc::ENOMEM));
-                    }
-                    idr.recv_cq_channel = ch;
-                    idr.recv_cq = cq;
-                    a.recv_cq = cq;
-                    own = true;
-                }
-                if idr.send_cq.is_null() {
-                    idr.send_cq = a.send_cq;
-                }
-                if idr.recv_cq.is_null() {
-                    idr.recv_cq = a.recv_cq;
-                }
-            }
-            s.own_cqs = own;
-            // SAFETY: the PD and attributes as the caller gave them.
-            let qp = unsafe { (ibv.create_qp)(pd, a) };
-            if qp.is_null() {
-                return Err(errno_or(libc::ENOMEM));
-            }
-            let ready = qp_init(ibv, qp, a.qp_type).and_then(|()| {
-                if a.qp_type == IBV_QPT_UD {
-                    ud_qp_rts(ibv, qp)
-                } else {
-                    Ok(())
-                }
-            });
-            if let Err(e) = ready {
-                // SAFETY: the QP just made.
-                unsafe { (ibv.destroy_qp)(qp) };
-                return Err(e);
-            }
-            idr.qp = qp;
-            idr.pd = pd;
-            idr.srq = a.srq;
-            Ok(())
-        })();
-        result(r)
-    })
-}
-
-pub(crate) extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
-    ffi!((), {
-        let Ok(ibv) = ibv() else { return };
-        let Ok(mut st) = state() else { return };
-        let Ok(s) = st.id_mut(id) else { return };
-        let own = std::mem::take(&mut s.own_cqs);
-        // SAFETY: live id; its QP and (if ours) CQs and channels.
-        unsafe {
-            let idr = &mut *id;
-            if !idr.qp.is_null() {
-                (ibv.destroy_qp)(idr.qp);
-                idr.qp = std::ptr::null_mut();
-            }
-            if own {
-                for (cq, ch) in [
-                    (&mut idr.send_cq, &mut idr.send_cq_channel),
-                    (&mut idr.recv_cq, &mut idr.recv_cq_channel),
-                ] {
-                    if !cq.is_null() {
-                        (ibv.destroy_cq)(*cq);
-                    }
-                    if !ch.is_null() {
-                        (ibv.destroy_comp_channel)(*ch);
-                    }
-                    *cq = std::ptr::null_mut();
-                    *ch = std::ptr::null_mut();
-                }
-            }
-        }
-    })
+/// The SRQ bit of a REQ or REP (librdmacm: whether the id's QP has an SRQ, else
+/// `conn_param->srq`).
+fn qp_has_srq(idr: &rdma_cm_id, cp: Option<&rdma_conn_param>) -> bool {
+    if idr.qp.is_null() {
+        cp.is_some_and(|c| c.srq != 0)
+    } else {
+        // SAFETY: the id's live QP.
+        !unsafe { (*idr.qp).srq }.is_null()
+    }
 }
 
 /// The private data of a conn_param.
@@ -1757,7 +1665,7 @@ pub(crate) extern "C" fn rdma_connect(
             p.initiator_depth = ini;
             p.retry_count = retry;
             p.rnr_retry_count = rnr;
-            p.srq = !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0);
+            p.srq = qp_has_srq(idr, cp);
             let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
             o.comms.insert(comm, id as usize);
             st.id_mut(id)?.comm = Some(comm);
@@ -1817,7 +1725,7 @@ pub(crate) extern "C" fn rdma_accept(
                 initiator_depth: ini,
                 target_ack_delay: 0,
                 rnr_retry_count: rnr,
-                srq: !idr.srq.is_null() || cp.is_some_and(|c| c.srq != 0),
+                srq: qp_has_srq(idr, cp),
                 private_data: user.to_vec(),
             };
             let o = st.open(dev)?;
@@ -2111,13 +2019,15 @@ fn active_ep(
     0
 }
 
-/// rdma_destroy_ep: the id's QP (and the CQs rdma_create_qp made), then the id.
+/// rdma_destroy_ep: the id's QP, its SRQ (each with the CQs librdmacm made for the id), then
+/// the id.
 pub(crate) extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     ffi!((), {
         if id.is_null() {
             return;
         }
         rdma_destroy_qp(id);
+        rdma_destroy_srq(id);
         rdma_destroy_id(id);
     })
 }

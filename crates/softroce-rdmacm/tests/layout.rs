@@ -133,6 +133,54 @@ fn expected() -> Vec<(&'static str, usize)> {
             "offsetof(struct rdma_cm_join_mc_attr_ex, addr)",
             offset_of!(rdma_cm_join_mc_attr_ex, addr),
         ),
+        (
+            "sizeof(struct ibv_srq_init_attr_ex)",
+            size_of::<ibv_srq_init_attr_ex>(),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr_ex, comp_mask)",
+            offset_of!(ibv_srq_init_attr_ex, comp_mask),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr_ex, pd)",
+            offset_of!(ibv_srq_init_attr_ex, pd),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr_ex, cq)",
+            offset_of!(ibv_srq_init_attr_ex, cq),
+        ),
+        (
+            "offsetof(struct ibv_srq_init_attr_ex, tm_cap)",
+            offset_of!(ibv_srq_init_attr_ex, tm_cap),
+        ),
+        (
+            "sizeof(struct ibv_xrcd_init_attr)",
+            size_of::<ibv_xrcd_init_attr>(),
+        ),
+        (
+            "sizeof(struct ibv_qp_init_attr_ex)",
+            size_of::<ibv_qp_init_attr_ex>(),
+        ),
+        (
+            "offsetof(struct ibv_qp_init_attr_ex, pd)",
+            offset_of!(ibv_qp_init_attr_ex, pd),
+        ),
+        (
+            "offsetof(struct verbs_context, create_qp_ex)",
+            offset_of!(verbs_context, create_qp_ex),
+        ),
+        (
+            "offsetof(struct verbs_context, create_srq_ex)",
+            offset_of!(verbs_context, create_srq_ex),
+        ),
+        (
+            "offsetof(struct verbs_context, open_xrcd)",
+            offset_of!(verbs_context, open_xrcd),
+        ),
+        (
+            "offsetof(struct verbs_context, context)",
+            offset_of!(verbs_context, context),
+        ),
     ]
 }
 

@@ -115,3 +115,37 @@ loss_off() {
   tc qdisc del dev ifb0 root 2>/dev/null
   return 0
 }
+
+# mad_delay MS: netem delays by MS ms the CM MADs the guest receives (RoCE packets to QP1: UDP
+# port 4791, BTH destination QP 1), through ifb0 as `loss` does; mad_delay_off removes it.
+# perftest 4.5's rdma_cm client sends its data connection's REQ right after the handshake that
+# ends with the server's SEND; the server calls rdma_listen only after that SEND completed, so a
+# fast client's REQ can reach rxe before the listen (REJ 8), and this perftest's retry then
+# double-frees (fixed upstream in perftest 3d9d8d0).  A longer path for MADs only lets the
+# server in the guest listen first.
+mad_delay() {
+  local ms=$1
+  modprobe ifb numifbs=1 && ip link set ifb0 up || return 1
+  tc qdisc add dev "$IF" handle ffff: ingress || return 1
+  tc filter add dev "$IF" parent ffff: prio 1 protocol ip u32 match ip protocol 17 0xff \
+    match ip dport 4791 0xffff match u32 0x00000001 0x00ffffff at 32 \
+    action mirred egress redirect dev ifb0 || return 1
+  tc qdisc add dev ifb0 root netem delay "${ms}ms" || return 1
+}
+mad_delay_off() {
+  tc qdisc del dev "$IF" ingress 2>/dev/null
+  tc qdisc del dev ifb0 root 2>/dev/null
+  return 0
+}
+
+# wait_cm_listen PORT: wait until an rdma_cm id listens on PORT (any port space) on this
+# host's kernel (`rdma res show cm_id`); fail after ~20 s.
+wait_cm_listen() {
+  local port=$1 i
+  for i in $(seq 1 200); do
+    rdma res show cm_id 2>/dev/null | grep -Eq "state LISTEN .*:${port}( |$)" && return 0
+    sleep 0.1
+  done
+  echo "no rdma_cm id listens on port $port after 20 s" >&2
+  return 1
+}

@@ -113,6 +113,33 @@ pub const fn rdma_cm_flow_label(src_port: u16, dst_port: u16) -> u32 {
         & 0x000f_ffff
 }
 
+/// Bytes of RoCE headers rdma_cm subtracts from a link's MTU for a route's path MTU: GRH 40,
+/// UDP 8, BTH 12, XRC ETH 4, AtomicETH 28, ICRC 4 (`ib_addr.h` `iboe_get_mtu`).
+pub const IBOE_HEADER_BYTES: u32 = 96;
+
+/// The path MTU rdma_cm gives a RoCE route over a link of `link_mtu_bytes` (the netdev MTU):
+/// the largest IB MTU not above `link_mtu_bytes − 96`, as an IB enum (1 = 256 … 5 = 4096).
+/// Units: bytes in, IB MTU enum out. Errors: None when not even 256 bytes fit (rdma_cm then
+/// fails the route with EINVAL). Source: `cma.c` `cma_resolve_iboe_route` (the path record's
+/// MTU is `iboe_get_mtu(ndev->mtu)`, whatever the device's active MTU); a 1500-byte link gives
+/// 1024, which the kernel's REQ carries (docs/wire-facts.md §2.1).
+pub const fn rdma_cm_route_mtu(link_mtu_bytes: u32) -> Option<u8> {
+    let payload = link_mtu_bytes.saturating_sub(IBOE_HEADER_BYTES);
+    if payload >= 4096 {
+        Some(5)
+    } else if payload >= 2048 {
+        Some(4)
+    } else if payload >= 1024 {
+        Some(3)
+    } else if payload >= 512 {
+        Some(2)
+    } else if payload >= 256 {
+        Some(1)
+    } else {
+        None
+    }
+}
+
 /// A local communication ID: names one connection of this engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CommId(pub u32);
@@ -183,7 +210,12 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// Our RC QP.
     pub local_qpn: u32,
-    /// Our QP's send PSN (24 bits).
+    /// The REQ's starting PSN (24 bits): the PSN the passive side sends from, so our QP's
+    /// `rq_psn`; our `sq_psn` is the REP's starting PSN. Source: kernel cm.c (`ib_send_cm_req`
+    /// keeps it as the active side's `rq_psn`, `cm_req_handler` as the passive side's
+    /// `sq_psn`); capture 30-rping (the server's first RDMA READ carries the REQ's PSN, the
+    /// client's first SEND the REP's). rxe NAKs (PSN sequence error) the first SEND of a frontend that reads it
+    /// the other way round.
     pub starting_psn: u32,
     /// RDMA READs/atomics we accept (`max_dest_rd_atomic`).
     pub responder_resources: u8,
@@ -214,7 +246,9 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// Our RC QP.
     pub local_qpn: u32,
-    /// Our QP's send PSN.
+    /// The REP's starting PSN: the PSN the active side sends from, so our QP's `rq_psn`; our
+    /// `sq_psn` is the REQ's starting PSN (kernel cm.c `ib_send_cm_rep`, `cm_rep_handler`;
+    /// see [`ConnectParams::starting_psn`]).
     pub starting_psn: u32,
     /// RDMA READs/atomics we accept.
     pub responder_resources: u8,

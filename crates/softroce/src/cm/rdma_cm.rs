@@ -11,7 +11,7 @@
 //! rdma-core `librdmacm/cma.c` (`rdma_connect`'s conn_param defaults).
 
 use super::{CmError, ConnectParams, rdma_cm_flow_label};
-use crate::wire::cm::{CmaHdrRepr, ReqRepr, rdma_cm_service_id};
+use crate::wire::cm::{CmaHdrRepr, ReqRepr, port_space, rdma_cm_service_id};
 use core::net::SocketAddr;
 
 /// Length of rdma_cm's IP header (`struct cma_hdr`) at the start of a REQ's (and
@@ -83,6 +83,27 @@ impl ConnectParams {
     }
 }
 
+/// Whether a REQ for `service_id` whose private data starts with the rdma_cm IP header
+/// `cma` (`None`: it did not parse, or is not CMA version 0 with IP version 4 or 6) may
+/// reach an rdma_cm listener bound to `listen_ip`. Service IDs outside rdma_cm's IP port
+/// spaces (TCP, UDP, IPoIB) carry no such header and always may. Otherwise the header must
+/// name `listen_ip` as its destination (same IP version, same address); a REQ that fails
+/// this finds no listener in the kernel (`cma.c` `cma_save_ip_info`,
+/// `cma_match_private_data`), whose ib_cm then destroys the new id and sends REJ 28
+/// (consumer defined).
+pub fn req_matches_listener(
+    service_id: u64,
+    cma: Option<&CmaHdrRepr>,
+    listen_ip: core::net::IpAddr,
+) -> bool {
+    let ip_port_space = service_id >> 32 == 0
+        && matches!(
+            (service_id >> 16) as u16,
+            port_space::TCP | port_space::UDP | port_space::IPOIB
+        );
+    !ip_port_space || cma.and_then(CmaHdrRepr::dst_ip) == Some(listen_ip)
+}
+
 /// The user's part of a REQ's private data: what follows the rdma_cm IP header (56 bytes,
 /// zero-padded past what the peer gave, as the passive side's CONNECT_REQUEST shows it).
 pub fn req_user_private_data(req: &ReqRepr) -> &[u8] {
@@ -92,7 +113,7 @@ pub fn req_user_private_data(req: &ReqRepr) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::cm::{CmaHdr, port_space};
+    use crate::wire::cm::CmaHdr;
 
     #[test]
     fn rdma_cm_req_carries_the_cma_header_then_the_user_data() {
@@ -111,5 +132,28 @@ mod tests {
             ConnectParams::rdma_cm(local, remote, port_space::TCP, 17, 0, 3, &long),
             Err(CmError::PrivateDataTooLong { given: 57, max: 56 })
         );
+    }
+
+    // kernel cma_match_private_data: a listener bound to an address takes only REQs whose
+    // rdma_cm header names that address, in its IP version.
+    #[test]
+    fn req_matches_a_listener_only_through_a_valid_header_naming_its_address() {
+        let me: core::net::IpAddr = "127.0.190.2".parse().unwrap();
+        let other: core::net::IpAddr = "127.0.190.9".parse().unwrap();
+        let tcp = rdma_cm_service_id(port_space::TCP, 7000);
+        let good = CmaHdrRepr::new(other, 40000, me);
+        assert!(req_matches_listener(tcp, Some(&good), me));
+        assert!(!req_matches_listener(tcp, Some(&good), other));
+        assert!(!req_matches_listener(tcp, None, me));
+        let mut v6 = good;
+        v6.ip_version = 6;
+        assert!(!req_matches_listener(tcp, Some(&v6), me));
+        // Native IB service IDs carry no rdma_cm header.
+        assert!(req_matches_listener(0x1234_5678_9abc, None, me));
+        assert!(req_matches_listener(
+            rdma_cm_service_id(port_space::IB, 1),
+            None,
+            me
+        ));
     }
 }

@@ -211,7 +211,16 @@ impl CmEngine {
     }
 
     fn on_rej(&mut self, src: IpAddr, r: &RejRepr) -> Result<(), CmDropReason> {
-        let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
+        let id = match self.lookup(src, r.remote_comm_id, r.local_comm_id) {
+            Ok(id) => id,
+            // kernel cm_acquire_rejected_id: a peer that abandons its connect in REQ_SENT
+            // knows no ID of ours (its REJ(timeout) has remote comm ID 0) and names the
+            // connection by its own ID, which our REQ_RCVD side keeps.
+            Err(e) if r.reason == RejReason::TIMEOUT => {
+                *self.by_remote.get(&(src, r.local_comm_id)).ok_or(e)?
+            }
+            Err(e) => return Err(e),
+        };
         match self.conn_mut(id).state {
             CmState::ReqSent
             | CmState::MraReqRcvd

@@ -652,3 +652,50 @@ fn mad_agent_demultiplexes_by_class_and_strips_the_grh() {
     assert_eq!(agent.drops().by_class.get(&3), Some(&1));
     assert_eq!(agent.drops().truncated, 1);
 }
+
+// kernel cm_acquire_rejected_id: the REJ(timeout) of a peer that abandons its connect in
+// REQ_SENT carries remote comm ID 0 and names the connection by the peer's own ID; the
+// passive side finds it by that ID, reports Rejected and forgets the request.
+#[test]
+fn req_rcvd_rej_timeout_of_abandoned_connect_removes_the_request() {
+    let (mut p, a_id, b_id, _req) = Pair::req_rcvd();
+    p.a.cancel(p.now, a_id).unwrap();
+    let rej = p.take_a();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!((r.reason, r.remote_comm_id), (RejReason::TIMEOUT, 0));
+    p.deliver_b(&rej);
+    assert!(matches!(
+        p.b.poll_event(),
+        Some(CmEvent::Rejected { id, reason: RejReason::TIMEOUT, .. }) if id == b_id
+    ));
+    assert_eq!(p.b.state(b_id), None);
+    // A REJ of another reason with remote comm ID 0 names nothing.
+    let (mut p, _a_id, b_id, _req) = Pair::req_rcvd();
+    let mut r2 = r;
+    r2.reason = RejReason::CONSUMER_DEFINED;
+    let mad = CmMadRepr {
+        hdr: MadHdrRepr::cm(1, 0),
+        msg: CmMsgRepr::Rej(r2),
+    }
+    .to_bytes();
+    p.b.handle_mad(p.now, A_IP, &mad);
+    assert_eq!(p.b.poll_event(), None);
+    assert_eq!(p.b.state(b_id), Some(CmState::ReqRcvd));
+}
+
+#[test]
+fn route_mtu_follows_the_link_mtu_as_rdma_cm() {
+    // cma.c cma_resolve_iboe_route: iboe_get_mtu(ndev->mtu), 96 header bytes off.
+    assert_eq!(rdma_cm_route_mtu(1500), Some(3)); // the interop rig's tap: the kernel's REQ says 1024
+    assert_eq!(rdma_cm_route_mtu(9000), Some(5));
+    assert_eq!(rdma_cm_route_mtu(65536), Some(5)); // loopback
+    assert_eq!(rdma_cm_route_mtu(4096 + 96), Some(5));
+    assert_eq!(rdma_cm_route_mtu(4096 + 95), Some(4));
+    assert_eq!(rdma_cm_route_mtu(1024 + 96), Some(3));
+    assert_eq!(rdma_cm_route_mtu(1024 + 95), Some(2));
+    assert_eq!(rdma_cm_route_mtu(256 + 96), Some(1));
+    assert_eq!(rdma_cm_route_mtu(256 + 95), None);
+    assert_eq!(rdma_cm_route_mtu(0), None);
+}

@@ -13,6 +13,7 @@
 //! Time: the real monotonic clock, from when the driver started. Locks: one mutex over the
 //! port and the mailboxes; nothing blocks while holding it.
 
+use crate::cm::rdma_cm::req_matches_listener;
 use crate::cm::{CmConfig, CmEngine, CmError, CmEvent, CommId};
 use crate::transport::Instant;
 use crate::verbs::{CmPort, Cq, Device, Error, ErrorKind, Wc};
@@ -70,8 +71,13 @@ impl Inner {
         while let Some(ev) = self.port.cm().poll_event() {
             let id = ev.id();
             match &ev {
-                CmEvent::ConnectRequest { req, .. } => {
-                    if let Some(q) = self.requests.get_mut(&req.service_id) {
+                CmEvent::ConnectRequest { req, cma, .. } => {
+                    let local_ip = self.port.cm().config().local_ip;
+                    if !req_matches_listener(req.service_id, cma.as_ref(), local_ip) {
+                        // No rdma_cm listener takes a REQ whose IP header is bad or names
+                        // another address: REJ (consumer defined), as the kernel.
+                        let _ = self.port.cm().reject(now, id, &[]);
+                    } else if let Some(q) = self.requests.get_mut(&req.service_id) {
                         q.push_back(ev);
                         landed = true;
                     } else {
@@ -89,6 +95,10 @@ impl Inner {
                                 .sidr_reply(now, id, SidrStatus::UNSUPPORTED, 0, 0, &[]);
                     }
                 }
+                // A request not taken yet that its peer withdrew (REJ) or that timed out:
+                // it leaves its listener's queue, and nobody hears of it.
+                CmEvent::Rejected { .. } | CmEvent::Unreachable { .. }
+                    if self.drop_queued_request(id) => {}
                 _ if self.detached.contains(&id) => {
                     if matches!(
                         ev,
@@ -111,6 +121,18 @@ impl Inner {
         // What answering caused (REJ, DREP) leaves now.
         let _ = self.port.process(now);
         landed
+    }
+
+    /// Removes connection `id`'s ConnectRequest (or SidrRequest) from its listener's queue;
+    /// false if none is queued.
+    fn drop_queued_request(&mut self, id: CommId) -> bool {
+        for q in self.requests.values_mut() {
+            if let Some(i) = q.iter().position(|ev| ev.id() == id) {
+                q.remove(i);
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -208,6 +230,17 @@ impl CmDriver {
         self.wait(timeout, |inner| {
             Ok(inner.events.get_mut(&id).and_then(|q| q.pop_front()))
         })
+    }
+
+    /// How many events and requests wait in the mailboxes, and how many connections are
+    /// held without an owner: 0 when every connection's owner took or dropped what came
+    /// for it (a check that nothing piles up).
+    pub fn mailbox_count(&self) -> usize {
+        let inner = self.shared.inner.lock();
+        inner.events.values().map(VecDeque::len).sum::<usize>()
+            + inner.events.len()
+            + inner.requests.values().map(VecDeque::len).sum::<usize>()
+            + inner.detached.len()
     }
 
     /// Says that connection `id` has no owner any more: its mailbox goes, and events still

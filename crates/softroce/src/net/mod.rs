@@ -34,6 +34,7 @@ pub mod clock;
 pub mod cm;
 pub mod discover;
 mod fork;
+mod iface;
 mod link;
 mod mcast;
 pub mod oob;
@@ -46,6 +47,7 @@ pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
 pub use cm::CmDriver;
+pub use iface::link_mtu;
 pub use link::UdpLink;
 pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};

@@ -215,7 +215,8 @@ impl MrTable {
         if (r.key >> 8) != (mr.lkey >> 8) {
             return Err(MemError::BadKey);
         }
-        if r.length > mr.buf_len() as u64 || r.iova.checked_add(r.length).is_none() {
+        // The range may end at 2^64 (its last byte at u64::MAX), not past it.
+        if r.length > mr.buf_len() as u64 || u128::from(r.iova) + u128::from(r.length) > 1 << 64 {
             return Err(MemError::Range);
         }
         if r.access

@@ -206,19 +206,22 @@ impl CmPort {
 /// kernel's `rdma_init_qp_attr`: `cm_init_qp_rtr_attr` / `cm_init_qp_rts_attr`).
 impl RcConnect {
     /// Passive side, before its REP: towards the REQ's QP (`dest_qp_num` = its
-    /// `local_qpn`, `rq_psn` = its `starting_psn`) at `peer`, path MTU the smaller of
-    /// `port_mtu` and the REQ's, the REQ's flow label, retry and RNR retry counts, ACK
-    /// timeout the REQ's or [`RDMA_CM_LOCAL_ACK_TIMEOUT`], whichever is longer;
-    /// `max_dest_rd_atomic` = `responder_resources` (what our REP announces),
-    /// `max_rd_atomic` = `initiator_depth` bounded by the REQ's responder resources; our
-    /// first PSN `sq_psn` (the REP's `starting_psn`). RNR timer [`RDMA_CM_MIN_RNR_TIMER`].
+    /// `local_qpn`) at `peer`, path MTU the smaller of `port_mtu` and the REQ's, the REQ's
+    /// flow label, retry and RNR retry counts, ACK timeout the REQ's or
+    /// [`RDMA_CM_LOCAL_ACK_TIMEOUT`], whichever is longer; `max_dest_rd_atomic` =
+    /// `responder_resources` (what our REP announces), `max_rd_atomic` = `initiator_depth`
+    /// bounded by the REQ's responder resources. PSNs as the kernel's CM sets them (cm.c
+    /// `cm_req_handler`, `ib_send_cm_rep`): a CM message's starting PSN is the one its sender
+    /// receives from, so we send from the REQ's `starting_psn` (`sq_psn`) and receive from
+    /// `rep_psn`, the starting PSN our REP announces (`rq_psn`; capture 30-rping: the client's
+    /// first SEND carries the REP's PSN). RNR timer [`RDMA_CM_MIN_RNR_TIMER`].
     pub fn rdma_cm_passive(
         req: &ReqRepr,
         peer: core::net::IpAddr,
         port_mtu: PathMtu,
         responder_resources: u8,
         initiator_depth: u8,
-        sq_psn: u32,
+        rep_psn: u32,
     ) -> RcConnect {
         let path_mtu = PathMtu::from_ibv(req.path_mtu).map_or(port_mtu, |m| m.min(port_mtu));
         RcConnect {
@@ -233,16 +236,18 @@ impl RcConnect {
             max_rd_atomic: initiator_depth.min(req.responder_resources),
             max_dest_rd_atomic: responder_resources,
             flow_label: req.primary_path.flow_label,
-            ..RcConnect::new(req.local_qpn, Gid::from_ip(peer), req.starting_psn, sq_psn)
+            ..RcConnect::new(req.local_qpn, Gid::from_ip(peer), rep_psn, req.starting_psn)
         }
     }
 
-    /// Active side, on the REP: towards the REP's QP (`dest_qp_num` = its `local_qpn`,
-    /// `rq_psn` = its `starting_psn`) at `peer`, with the `path_mtu`, `retry_cnt`,
-    /// `responder_resources` (`max_dest_rd_atomic`) and `sq_psn` our REQ announced,
-    /// `max_rd_atomic` = `initiator_depth` bounded by the REP's responder resources, the
-    /// REP's RNR retry count, ACK timeout [`RDMA_CM_LOCAL_ACK_TIMEOUT`], RNR timer
-    /// [`RDMA_CM_MIN_RNR_TIMER`].
+    /// Active side, on the REP: towards the REP's QP (`dest_qp_num` = its `local_qpn`) at
+    /// `peer`, with the `path_mtu`, `retry_cnt` and `responder_resources`
+    /// (`max_dest_rd_atomic`) our REQ announced, `max_rd_atomic` = `initiator_depth` bounded
+    /// by the REP's responder resources, the REP's RNR retry count, ACK timeout
+    /// [`RDMA_CM_LOCAL_ACK_TIMEOUT`], RNR timer [`RDMA_CM_MIN_RNR_TIMER`]. PSNs as the
+    /// kernel's CM sets them (cm.c `ib_send_cm_req`, `cm_rep_handler`): we receive from
+    /// `req_psn`, the starting PSN our REQ announced (`rq_psn`), and send from the REP's
+    /// `starting_psn` (`sq_psn`).
     pub fn rdma_cm_active(
         rep: &RepRepr,
         peer: core::net::IpAddr,
@@ -250,7 +255,7 @@ impl RcConnect {
         responder_resources: u8,
         initiator_depth: u8,
         retry_cnt: u8,
-        sq_psn: u32,
+        req_psn: u32,
     ) -> RcConnect {
         RcConnect {
             path_mtu,
@@ -260,7 +265,7 @@ impl RcConnect {
             min_rnr_timer: RDMA_CM_MIN_RNR_TIMER,
             max_rd_atomic: initiator_depth.min(rep.responder_resources),
             max_dest_rd_atomic: responder_resources,
-            ..RcConnect::new(rep.local_qpn, Gid::from_ip(peer), rep.starting_psn, sq_psn)
+            ..RcConnect::new(rep.local_qpn, Gid::from_ip(peer), req_psn, rep.starting_psn)
         }
     }
 }

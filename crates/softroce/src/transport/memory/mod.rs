@@ -261,10 +261,12 @@ impl MrEntry {
     }
 
     /// Offset of `[va, va + len)` inside the MR, or [`MemError::Range`].
-    /// Overflow-safe: `va + len` is computed in checked arithmetic.
+    /// Overflow-safe: the ends are computed in 128 bits, so an MR whose IOVA range ends at
+    /// 2^64 (its last byte at `u64::MAX`, which rxe's `mr_check_range` allows) is reachable
+    /// to its last byte, and a range that would wrap is outside.
     pub fn offset_of(&self, va: u64, len: u64) -> Result<usize, MemError> {
-        let end = va.checked_add(len).ok_or(MemError::Range)?;
-        let mr_end = self.iova.checked_add(self.length).ok_or(MemError::Range)?;
+        let end = u128::from(va) + u128::from(len);
+        let mr_end = u128::from(self.iova) + u128::from(self.length);
         if va < self.iova || end > mr_end {
             return Err(MemError::Range);
         }
@@ -441,12 +443,12 @@ impl MwEntry {
         // IBTA: an access through a window must lie inside the window (rxe checks only the
         // MR's range here; spec/deviations.toml). A zero-based window spans [0, length)
         // (rxe `rxe_check_mw` would, had it the check: `va + resid > mw->length`).
-        let end = va.checked_add(len).ok_or(MemError::Range)?;
+        // In 128 bits: a window may end at 2^64, as its MR may.
+        let end = u128::from(va) + u128::from(len);
         let (start, mw_end) = if self.access.contains(AccessFlags::ZERO_BASED) {
-            (0, self.length)
+            (0, u128::from(self.length))
         } else {
-            let end = self.addr.checked_add(self.length).ok_or(MemError::Range)?;
-            (self.addr, end)
+            (self.addr, u128::from(self.addr) + u128::from(self.length))
         };
         if va < start || end > mw_end {
             return Err(MemError::Range);

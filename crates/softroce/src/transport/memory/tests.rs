@@ -258,6 +258,36 @@ fn user_memory_at_an_iova_is_addressed_by_it() {
     drop(t);
 }
 
+/// An MR whose IOVA range ends exactly at 2^64 (rxe `mr_check_range` computes
+/// `mr->iova + mr->length - length` modulo 2^64, so its last byte at `u64::MAX` is
+/// reachable): the last byte and the whole range are inside, one byte before the start and
+/// any range that would wrap are not.
+#[test]
+fn user_memory_whose_iova_range_ends_at_2_pow_64_is_reachable_to_its_last_byte() {
+    let app = AppBuf::new(64, 0);
+    let mut t = MrTable::new(5);
+    let iova = 0u64.wrapping_sub(64);
+    let k = {
+        // SAFETY: the buffer outlives the table, which is dropped first.
+        unsafe { t.register_user_iova(1, app.ptr, app.len(), iova, all()) }.unwrap()
+    };
+    t.write_remote(k, 1, 0x11, u64::MAX, b"z").unwrap();
+    assert_eq!(app.peek(63, 1), b"z");
+    t.write_remote(k, 1, 0x11, iova, &[5; 64]).unwrap();
+    let mut out = [0u8; 64];
+    t.read_remote(k, 1, 0x11, iova, &mut out).unwrap();
+    assert_eq!(out, [5; 64]);
+    assert_eq!(
+        t.write_remote(k, 1, 0x11, u64::MAX, b"zz"),
+        Err(MemError::Range)
+    );
+    assert_eq!(
+        t.write_remote(k, 1, 0x11, iova - 1, b"z"),
+        Err(MemError::Range)
+    );
+    drop(t);
+}
+
 /// ATOMICs on application memory are single atomic operations on the aligned word, so
 /// the application may use the word atomically at the same time; a misaligned host
 /// address is refused.

@@ -1,0 +1,114 @@
+//! Net: the network interface that owns a device's address, and its MTU.
+//!
+//! rdma_cm sizes a RoCE route's path MTU from the MTU of the interface the route leaves by
+//! (`cma.c` `cma_resolve_iboe_route`), so softroce's librdmacm asks here for the MTU of the
+//! interface holding its device's address. Lookups use the calling thread's network namespace
+//! (`getifaddrs`, then `SIOCGIFMTU` on a UDP socket), never `/sys`, which shows the namespace
+//! that mounted it.
+
+use std::ffi::CStr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The MTU in bytes of the interface holding address `ip` (the netdev MTU: the largest IP
+/// packet, e.g. 1500 on Ethernet, 65536 on Linux `lo`). Errors: None when no interface holds
+/// `ip` or the system calls fail.
+pub fn link_mtu(ip: IpAddr) -> Option<u32> {
+    let name = interface_of(ip)?;
+    interface_mtu(&name)
+}
+
+/// The name of the interface holding `ip`, from `getifaddrs`.
+fn interface_of(ip: IpAddr) -> Option<Vec<u8>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we own until freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points at a sockaddr of the family it names.
+        let addr = unsafe { sockaddr_ip(ifa.ifa_addr) };
+        if addr == Some(ip) {
+            // SAFETY: ifa_name is a NUL-terminated interface name owned by the list.
+            found = Some(unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes().to_vec());
+            break;
+        }
+    }
+    // SAFETY: the list from getifaddrs, freed once; nothing of it is used afterwards.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
+/// The IP address of a sockaddr, for AF_INET and AF_INET6 (else None).
+///
+/// # Safety
+/// `sa` points at a sockaddr as large as its family's struct.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    // SAFETY: the caller's pointer; sa_family is in every sockaddr.
+    match i32::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET sockaddr is a sockaddr_in (caller's contract).
+            let sin = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                sin.sin_addr.s_addr,
+            ))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6 (caller's contract).
+            let sin6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+        }
+        _ => None,
+    }
+}
+
+/// The MTU of interface `name` (`SIOCGIFMTU`).
+fn interface_mtu(name: &[u8]) -> Option<u32> {
+    // SAFETY: a zeroed ifreq is a valid value (integers and arrays).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= req.ifr_name.len() {
+        return None;
+    }
+    for (d, &s) in req.ifr_name.iter_mut().zip(name) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: a plain socket(2) call; the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU reads ifr_name and writes ifr_mtu of the ifreq we own.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: after a successful SIOCGIFMTU the union holds ifru_mtu.
+    u32::try_from(unsafe { req.ifr_ifru.ifru_mtu }).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_has_the_loopback_mtu() {
+        // Linux lo: 65536 since 3.x; any namespace has lo with 127.0.0.1 once it is up.
+        let mtu = link_mtu(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert!(mtu.is_some_and(|m| m >= 1500), "lo MTU {mtu:?}");
+    }
+
+    #[test]
+    fn an_address_no_interface_holds_has_no_mtu() {
+        // TEST-NET-3 (RFC 5737) is never assigned to a host's interface.
+        assert_eq!(link_mtu(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 254))), None);
+    }
+}
