@@ -13,6 +13,11 @@
 //! fields), `ibv_reg_mr_iova` / `_iova2` with an IOVA other than the address (WRITE, READ,
 //! local SGE), and `ibv_rereg_mr`'s results as on rxe.
 //!
+//! tests/c/fork_reopen.c: a forked child and its parent's devices: the child's open of a
+//! device the parent holds fails (EADDRINUSE) instead of handing it the parent's device,
+//! whose driver thread did not fork; the parent reopens a device it closed while the child
+//! lives (the child does not keep its port); the child opens it once the parent closed it.
+//!
 //! tests/c/verbs_hostile.c: hostile arguments: IBV_SEND_INLINE of 0 bytes from NULL, of
 //! exactly / one past `max_inline_data`, of SGEs whose 32-bit sum wraps, inline lists of 2^62
 //! and SIZE_MAX buffers; `ibv_init_ah_from_wc`
@@ -42,6 +47,11 @@ fn c_program_gaps_through_softroce_exec() {
 #[test]
 fn c_program_hostile_arguments_through_softroce_exec() {
     run_c_program("verbs_hostile", "127.0.190.51,127.0.190.52");
+}
+
+#[test]
+fn c_program_fork_reopen_through_softroce_exec() {
+    run_c_program("fork_reopen", "127.0.115.61,127.0.115.62");
 }
 
 /// Compiles tests/c/`name`.c and runs it on two softroce devices (`ips`, comma-separated);

@@ -217,11 +217,40 @@ fn busy_poll_from_env() -> (bool, bool) {
     }
 }
 
+/// A table of the process's objects that a `fork`ed child starts empty: what the parent put
+/// in it is the parent's (a child opens the devices it uses itself: the parent's contexts
+/// have no driver thread in the child). The child leaks the parent's entries
+/// instead of dropping them: dropping could run the destructors of the parent's devices,
+/// which join threads that do not exist in the child.
+#[derive(Default)]
+pub(crate) struct PerProcess<T: Default> {
+    /// The process the table's entries belong to (0 before the first use).
+    pid: u32,
+    table: T,
+}
+
+impl<T: Default> PerProcess<T> {
+    /// The table, emptied first if this process is not the one that filled it.
+    pub(crate) fn get(&mut self) -> &mut T {
+        let pid = std::process::id();
+        if self.pid != pid {
+            std::mem::forget(std::mem::take(&mut self.table));
+            self.pid = pid;
+        }
+        &mut self.table
+    }
+}
+
 /// Engine devices open in this process, by address: a second `ibv_open_device` of a device
-/// shares the first one's socket and driver thread.
+/// shares the first one's socket and driver thread. A forked child opens its own
+/// ([`PerProcess`]); the parent's receive socket is not open in the child (the engine's
+/// `pthread_atfork` handler), so the child's open fails with EADDRINUSE while the parent
+/// holds the device, and succeeds once the parent has closed it.
 fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
-    static OPEN: OnceLock<Mutex<HashMap<IpAddr, Weak<UdpDevice>>>> = OnceLock::new();
-    let mut open = OPEN.get_or_init(Default::default).lock();
+    type Open = PerProcess<HashMap<IpAddr, Weak<UdpDevice>>>;
+    static OPEN: OnceLock<Mutex<Open>> = OnceLock::new();
+    let mut guard = OPEN.get_or_init(Default::default).lock();
+    let open = guard.get();
     if let Some(d) = open.get(&addr.ip).and_then(Weak::upgrade) {
         return Ok(d);
     }
@@ -239,6 +268,19 @@ fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
     Ok(d)
 }
 
+/// The errno of a failed device open: the system call's, which the engine's message (the
+/// address, a hint) wraps by kind: EADDRINUSE when another process (or kernel rxe) owns the
+/// address's UDP port 4791, EADDRNOTAVAIL for an address not on the host, EPERM for a raw
+/// socket refused; ENODEV otherwise.
+fn open_errno(e: &std::io::Error) -> c_int {
+    e.raw_os_error().unwrap_or(match e.kind() {
+        std::io::ErrorKind::AddrInUse => libc::EADDRINUSE,
+        std::io::ErrorKind::AddrNotAvailable => libc::EADDRNOTAVAIL,
+        std::io::ErrorKind::PermissionDenied => libc::EPERM,
+        _ => libc::ENODEV,
+    })
+}
+
 pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     ffi!(std::ptr::null_mut(), {
         let Some(device) = device_of(dev) else {
@@ -248,7 +290,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             Ok(d) => d,
             Err(e) => {
                 eprintln!("softroce: {e}");
-                return null_errno(e.raw_os_error().unwrap_or(libc::ENODEV));
+                return null_errno(open_errno(&e));
             }
         };
         let async_fd = udp.device().as_raw_fd();

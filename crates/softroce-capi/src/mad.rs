@@ -156,13 +156,16 @@ impl MadPort {
 
 /// The port of the engine device behind `ctx`, made on first use.
 fn port_of(ctx: *mut crate::abi::ibv_context) -> Result<Arc<MadPort>, c_int> {
-    static PORTS: OnceLock<Mutex<HashMap<IpAddr, Arc<MadPort>>>> = OnceLock::new();
+    // A forked child's contexts are its own: it does not get the parent's ports.
+    type Ports = crate::device::PerProcess<HashMap<IpAddr, Arc<MadPort>>>;
+    static PORTS: OnceLock<Mutex<Ports>> = OnceLock::new();
     if ctx.is_null() {
         return Err(libc::EINVAL);
     }
     // SAFETY: the caller passes a context from ibv_open_device that it has not closed.
     let c = unsafe { context(ctx) };
-    let mut ports = PORTS.get_or_init(Default::default).lock();
+    let mut guard = PORTS.get_or_init(Default::default).lock();
+    let ports = guard.get();
     if let Some(p) = ports.get(&c.device.addr.ip) {
         return Ok(p.clone());
     }

@@ -147,19 +147,74 @@ struct State {
     rng: u64,
     /// The last multicast membership handle handed out (0 is none).
     last_mc: u64,
+    /// The process this state belongs to: a forked child starts afresh ([`state`]).
+    pid: u32,
 }
 
 // SAFETY: the raw pointers are libibverbs handles (contexts, PDs) and our own boxes, used only
 // under the state's lock; libibverbs objects may be used from any thread.
 unsafe impl Send for State {}
 
+/// The process's rdma_cm state, made on first use.
+static STATE: OnceLock<Result<Mutex<State>, c_int>> = OnceLock::new();
+
+/// The process's rdma_cm state, locked. In a `fork`ed child the first call replaces the
+/// parent's state with a new one: the parent's open devices, ids and channels are the
+/// parent's (their driver threads did not fork, and libibverbs.so.1 gives a child none of the
+/// parent's devices), so the child opens the devices it uses itself. The parent's state is
+/// leaked in the child, not dropped. The lock is held across `fork` (`pthread_atfork`), so a
+/// child never inherits it locked by a thread that does not exist there (a driver thread
+/// takes it every few milliseconds). Errors: those of the first `init_state`, or of the
+/// child's.
 fn state() -> Result<MutexGuard<'static, State>, c_int> {
-    static STATE: OnceLock<Result<Mutex<State>, c_int>> = OnceLock::new();
-    let s = STATE.get_or_init(|| init_state().map(Mutex::new));
-    match s {
-        Ok(m) => Ok(m.lock()),
-        Err(e) => Err(*e),
+    let s = STATE.get_or_init(|| {
+        // SAFETY: registers plain functions with no arguments. A failure (ENOMEM) leaves a
+        // child to inherit the lock as it is.
+        unsafe {
+            libc::pthread_atfork(
+                Some(lock_for_fork),
+                Some(unlock_after_fork),
+                Some(unlock_after_fork),
+            )
+        };
+        init_state().map(Mutex::new)
+    });
+    let m = s.as_ref().map_err(|e| *e)?;
+    let mut st = m.lock();
+    if st.pid != std::process::id() {
+        let fresh = init_state()?;
+        std::mem::forget(std::mem::replace(&mut *st, fresh));
     }
+    Ok(st)
+}
+
+std::thread_local! {
+    /// The state's lock, held by the forking thread from [`lock_for_fork`] to
+    /// [`unlock_after_fork`] (in the child, that thread's copy).
+    static FORK_LOCK: std::cell::RefCell<Option<MutexGuard<'static, State>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare handler: takes the state's lock, so that no other thread holds
+/// it at the fork.
+extern "C" fn lock_for_fork() {
+    if let Some(Ok(m)) = STATE.get() {
+        let g = m.lock();
+        let _ = FORK_LOCK.try_with(|l| {
+            if let Ok(mut held) = l.try_borrow_mut() {
+                *held = Some(g);
+            }
+        });
+    }
+}
+
+/// `pthread_atfork` parent and child handler: lets go of the lock [`lock_for_fork`] took.
+extern "C" fn unlock_after_fork() {
+    let _ = FORK_LOCK.try_with(|l| {
+        if let Ok(mut held) = l.try_borrow_mut() {
+            drop(held.take());
+        }
+    });
 }
 
 fn init_state() -> Result<State, c_int> {
@@ -202,6 +257,7 @@ fn init_state() -> Result<State, c_int> {
         ids: HashMap::new(),
         rng: seed | 1,
         last_mc: 0,
+        pid: std::process::id(),
     })
 }
 

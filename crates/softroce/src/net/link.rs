@@ -95,6 +95,9 @@ impl UdpOptions {
 #[derive(Debug)]
 pub struct UdpLink {
     pub(super) ip: IpAddr,
+    /// `recv` on the list of sockets a forked child does not keep (`super::fork`); before
+    /// `recv`, so that it is taken off the list before the socket closes.
+    _unshared: super::fork::Unshared,
     pub(super) recv: UdpSocket,
     pub(super) raw: Option<RawRx>,
     pub(super) send: Mutex<foldhash::HashMap<u16, Arc<SendSockets>>>,
@@ -186,6 +189,7 @@ impl UdpLink {
         let busy_poll = opts.busy_poll && raw.is_none();
         Ok(UdpLink {
             ip,
+            _unshared: super::fork::unshared(recv.as_raw_fd()),
             recv: recv.into(),
             raw,
             send: Mutex::new(foldhash::HashMap::default()),

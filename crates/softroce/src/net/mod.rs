@@ -22,6 +22,7 @@
 //!   driver thread; send sockets name the device's interface for multicast.
 //! - `raw`: the raw IPv4 socket of the exact ICRC mode (CAP_NET_RAW), and the cutting of a
 //!   UDP GSO send it sees whole into its datagrams.
+//! - `fork`: a forked child does not keep the parent's device ports (`pthread_atfork`).
 //! - `sock`: how the device's UDP sockets are made (shared by `udp` and `mcast`).
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
 //!   drive the same devices and engines deterministically.
@@ -32,6 +33,7 @@ pub mod batch;
 pub mod clock;
 pub mod cm;
 pub mod discover;
+mod fork;
 mod iface;
 mod link;
 mod mcast;
