@@ -5,7 +5,7 @@
 //! runs in seconds; docs/performance.md and the README list the rest, checked by hand.
 //! Skipped, saying why, only when a tool is not installed. Every program is killed after a
 //! deadline. Addresses 127.0.115.30–.59 and 127.0.190.60–.61 (one pair per test, so tests
-//! run in parallel). Every `$SOFTROCE_BUSY_POLL` value (unset, 0, 1, always, garbage, empty)
+//! run in parallel). Every `$SOFTROCE_BUSY_POLL` value (unset, 0, 1, always, adaptive, garbage, empty)
 //! runs ibv_rc_pingpong -c and ib_write_bw.
 
 mod exec_support;
@@ -224,8 +224,8 @@ fn pingpongs_with_completion_channels_and_uc() {
     }
 }
 
-// Every value of $SOFTROCE_BUSY_POLL drives the library correctly: unset and anything
-// unknown (adaptive), 0 (never), 1 and always (always). ibv_rc_pingpong checks its data
+// Every value of $SOFTROCE_BUSY_POLL drives the library correctly: unset, 1, always and
+// anything unknown (busy polling), adaptive, 0 (never). ibv_rc_pingpong checks its data
 // (-c); ib_write_bw runs its iterations. Addresses 127.0.190.60-.61.
 #[test]
 fn every_busy_poll_value_runs_rc_pingpong_and_ib_write_bw() {
@@ -234,6 +234,7 @@ fn every_busy_poll_value_runs_rc_pingpong_and_ib_write_bw() {
         Some("0"),
         Some("1"),
         Some("always"),
+        Some("adaptive"),
         Some("garbage"),
         Some(""),
     ] {

@@ -201,19 +201,20 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> &'a Context {
     unsafe { &*(ctx as *mut u8).sub(off).cast::<Context>() }
 }
 
-/// The environment variable that chooses how `ibv_poll_cq` drives a device: unset (or
-/// `adaptive`): adaptive busy polling (`UdpOptions::busy_poll_adaptive`: the polling thread
-/// receives from the socket itself only while the device's own thread is found late, as
-/// when spinning threads hold every core); `1` or `always`: always; `0`: never (the
-/// device's thread receives).
+/// The environment variable that chooses how `ibv_poll_cq` drives a device: unset (or `1`,
+/// `always`, or anything not below): busy polling (`UdpOptions::busy_poll`: the polling
+/// thread receives from the socket itself); `adaptive`: busy polling except while the device
+/// mostly sends (`UdpOptions::busy_poll_adaptive`: then its own thread receives the ACKs,
+/// which pays on a machine whose cores other work keeps busy and costs on an idle one);
+/// `0`: never (the device's thread receives). Measured in docs/performance.md.
 pub const SOFTROCE_BUSY_POLL: &str = "SOFTROCE_BUSY_POLL";
 
 /// `(busy_poll, busy_poll_adaptive)` from `$SOFTROCE_BUSY_POLL` ([`SOFTROCE_BUSY_POLL`]).
 fn busy_poll_from_env() -> (bool, bool) {
     match std::env::var_os(SOFTROCE_BUSY_POLL) {
         Some(v) if v == "0" => (false, false),
-        Some(v) if v == "1" || v == "always" => (true, false),
-        _ => (true, true),
+        Some(v) if v == "adaptive" => (true, true),
+        _ => (true, false),
     }
 }
 

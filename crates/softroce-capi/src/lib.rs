@@ -8,10 +8,10 @@
 //!
 //! - Devices: one per address in `$SOFTROCE_IP` (`softroce::net::discover`), named
 //!   `softroce0`, `softroce1`, …; `ibv_open_device` binds the address's UDP port 4791 (two
-//!   opens of one device in a process share the engine device). Devices open in adaptive
-//!   busy-polling mode (`UdpOptions::busy_poll_adaptive`: the thread in `ibv_poll_cq`
-//!   receives from the socket itself while the driver thread is found late);
-//!   `$SOFTROCE_BUSY_POLL` `0` turns it off, `1` makes it unconditional;
+//!   opens of one device in a process share the engine device). Devices open in
+//!   busy-polling mode (`UdpOptions::busy_poll`: the thread in `ibv_poll_cq` receives from
+//!   the socket itself); `$SOFTROCE_BUSY_POLL` `0` turns it off, `adaptive` leaves receiving
+//!   to the driver thread while the device mostly sends (`UdpOptions::busy_poll_adaptive`);
 //!   `ibv_get_cq_event` hands receiving back to the driver thread before it blocks
 //!   (`UdpDevice::poller_sleeps`).
 //! - Extended objects (`ex.rs`): every QP is a `struct ibv_qp_ex` and every CQ a

@@ -56,10 +56,13 @@ pub struct UdpOptions {
     /// mostly sending. Every 2 ms the driver thread weighs the datagrams sent against those
     /// received: a device that sent more than four per one received (the requester of bulk
     /// WRITEs or SENDs) leaves receiving its ACKs to the driver thread, which then works in
-    /// parallel with the application (a busy poll that receives those ACKs also transmits
-    /// what they let out, in the application's thread: 0.6-0.75× of the bandwidth on 2
-    /// cores, docs/performance.md); in any other mix (ping-pong, a receiver of bulk data)
-    /// busy polls take the socket, as without this option. Off by default.
+    /// parallel with the application; in any other mix (ping-pong, a receiver of bulk data)
+    /// busy polls take the socket, as without this option. Whether that pays depends on
+    /// spare cores (docs/performance.md): on a 2-core machine that other work keeps busy a
+    /// bulk sender gained bandwidth; on an idle one it got about half of what plain busy
+    /// polling gets (its spinning application, its driver thread and the peer's then share
+    /// two cores). Off by default; softroce's libibverbs.so.1 turns it on with
+    /// `SOFTROCE_BUSY_POLL=adaptive`.
     pub busy_poll_adaptive: bool,
     /// Turn off every batching offload (UDP GSO on send, UDP GRO on receive, `sendmmsg` /
     /// `recvmmsg`): one system call per datagram, as on a kernel without them. The offloads
