@@ -17,6 +17,21 @@ pub fn link_mtu(ip: IpAddr) -> Option<u32> {
     interface_mtu(&name)
 }
 
+/// The active MTU kernel rxe gives its port on a netdev of `netdev_mtu` bytes: the largest IB
+/// MTU not above `netdev_mtu` − 80 (`RXE_MAX_HDR_LENGTH`), 256 when not even that fits, at
+/// most 4096 (rxe_net.c `rxe_set_mtu`, rxe_param.h `eth_mtu_int_to_enum`): 1024 on a
+/// 1500-byte Ethernet link, 4096 on `lo` (65536).
+pub fn rxe_port_mtu(netdev_mtu: u32) -> crate::transport::PathMtu {
+    use crate::transport::PathMtu;
+    match netdev_mtu.saturating_sub(80) {
+        m if m >= 4096 => PathMtu::Mtu4096,
+        m if m >= 2048 => PathMtu::Mtu2048,
+        m if m >= 1024 => PathMtu::Mtu1024,
+        m if m >= 512 => PathMtu::Mtu512,
+        _ => PathMtu::Mtu256,
+    }
+}
+
 /// The name of the interface holding `ip`, from `getifaddrs`.
 fn interface_of(ip: IpAddr) -> Option<Vec<u8>> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
@@ -98,6 +113,26 @@ fn interface_mtu(name: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rxe_port_mtu_follows_rxe_set_mtu() {
+        use crate::transport::PathMtu::*;
+        for (netdev, want) in [
+            (65536, Mtu4096),
+            (4176, Mtu4096),
+            (4175, Mtu2048),
+            (2128, Mtu2048),
+            (2127, Mtu1024),
+            (1500, Mtu1024),
+            (1104, Mtu1024),
+            (1103, Mtu512),
+            (592, Mtu512),
+            (591, Mtu256),
+            (0, Mtu256),
+        ] {
+            assert_eq!(rxe_port_mtu(netdev), want, "netdev MTU {netdev}");
+        }
+    }
 
     #[test]
     fn loopback_has_the_loopback_mtu() {

@@ -47,7 +47,7 @@ pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
 pub use cm::CmDriver;
-pub use iface::link_mtu;
+pub use iface::{link_mtu, rxe_port_mtu};
 pub use link::UdpLink;
 pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};
