@@ -3,7 +3,7 @@
 //! P_Key tables, async events).
 
 use crate::abi::*;
-use crate::{ffi, neg_errno, null_errno};
+use crate::{ffi, ffi_errno, neg_errno, null_errno};
 use core::ffi::{c_char, c_int, c_void};
 use parking_lot::Mutex;
 use softroce::net::discover::{self, DeviceAddr};
@@ -437,7 +437,7 @@ pub(crate) extern "C" fn ibv_query_device(
     ctx: *mut ibv_context,
     attr: *mut ibv_device_attr,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if ctx.is_null() || attr.is_null() {
             return libc::EINVAL;
         }
@@ -454,7 +454,7 @@ unsafe extern "C" fn query_device_ex_op(
     attr: *mut ibv_device_attr_ex,
     attr_size: usize,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         // SAFETY: `input` is NULL or readable (the caller's contract).
         if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
             return libc::EINVAL;
@@ -512,7 +512,7 @@ unsafe extern "C" fn query_port_op(
     attr: *mut ibv_port_attr,
     attr_len: usize,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if ctx.is_null() || attr.is_null() {
             return libc::EINVAL;
         }

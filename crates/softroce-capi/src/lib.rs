@@ -66,6 +66,21 @@ macro_rules! ffi {
 }
 pub(crate) use ffi;
 
+/// [`ffi!`] for the verbs that rdma-core runs through a kernel command and that return an
+/// errno value (`ibv_modify_qp`, `ibv_destroy_cq`, …): a failure also leaves that value in
+/// `errno`, as the failed system call does under rdma-core (tutorials `perror()` it); a
+/// panic is `EIO`.
+macro_rules! ffi_errno {
+    ($body:block) => {{
+        let r: core::ffi::c_int = $crate::ffi!(libc::EIO, $body);
+        if r > 0 {
+            $crate::set_errno(r);
+        }
+        r
+    }};
+}
+pub(crate) use ffi_errno;
+
 /// Sets the calling thread's `errno`.
 pub(crate) fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid.

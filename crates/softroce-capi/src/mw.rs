@@ -9,7 +9,7 @@
 //! PD, window state) fail.
 
 use crate::abi::*;
-use crate::ffi;
+use crate::{ffi, ffi_errno};
 use crate::objects::{Mr, Pd, Qp, free, obj};
 use core::ffi::c_int;
 use softroce::verbs::{self, AccessFlags, BindMw, MwType, SendFlags, SendWr, WrOpcode};
@@ -69,7 +69,7 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: c_int) -> *mu
 /// `ops.dealloc_mw`: frees the window; its R_Key stops working at once (a type 2 window's
 /// binding goes with it).
 pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if mw.is_null() {
             return libc::EINVAL;
         }

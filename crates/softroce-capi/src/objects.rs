@@ -4,7 +4,7 @@
 
 use crate::abi::*;
 use crate::device::{Context, context, path_mtu, wait_readable};
-use crate::{ffi, neg_errno, null_errno};
+use crate::{ffi, ffi_errno, neg_errno, null_errno};
 use core::ffi::{c_int, c_uint, c_void};
 use parking_lot::Mutex;
 use softroce::verbs::{
@@ -125,7 +125,7 @@ pub(crate) extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 }
 
 pub(crate) extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if pd.is_null() {
             return libc::EINVAL;
         }
@@ -243,7 +243,7 @@ pub(crate) extern "C" fn ibv_rereg_mr(
 }
 
 pub(crate) extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if mr.is_null() {
             return libc::EINVAL;
         }
@@ -276,7 +276,7 @@ pub(crate) extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
 }
 
 pub(crate) extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if ch.is_null() {
             return libc::EINVAL;
         }
@@ -350,7 +350,7 @@ pub(crate) extern "C" fn ibv_create_cq(
 /// those it holds. EINVAL for 0, past `max_cqe`, or fewer than the completions waiting to be
 /// polled (as rxe).
 pub(crate) extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if cq.is_null() || cqe <= 0 {
             return libc::EINVAL;
         }
@@ -378,7 +378,7 @@ pub(crate) extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 }
 
 pub(crate) extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if cq.is_null() {
             return libc::EINVAL;
         }
@@ -581,7 +581,7 @@ pub(crate) extern "C" fn ibv_modify_qp(
     attr: *mut ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if qp.is_null() || attr.is_null() {
             return libc::EINVAL;
         }
@@ -669,7 +669,7 @@ pub(crate) extern "C" fn ibv_query_qp(
     _mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if qp.is_null() || attr.is_null() || init.is_null() {
             return libc::EINVAL;
         }
@@ -700,7 +700,7 @@ pub(crate) extern "C" fn ibv_query_qp(
 }
 
 pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if qp.is_null() {
             return libc::EINVAL;
         }
@@ -717,7 +717,7 @@ pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 }
 
 pub(crate) extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if qp.is_null() || gid.is_null() {
             return libc::EINVAL;
         }
@@ -731,7 +731,7 @@ pub(crate) extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
 }
 
 pub(crate) extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if qp.is_null() || gid.is_null() {
             return libc::EINVAL;
         }
@@ -789,7 +789,7 @@ pub(crate) extern "C" fn ibv_modify_srq(
     attr: *mut ibv_srq_attr,
     mask: c_int,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if srq.is_null() || attr.is_null() {
             return libc::EINVAL;
         }
@@ -808,7 +808,7 @@ pub(crate) extern "C" fn ibv_modify_srq(
 }
 
 pub(crate) extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if srq.is_null() || attr.is_null() {
             return libc::EINVAL;
         }
@@ -832,7 +832,7 @@ pub(crate) extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
 }
 
 pub(crate) extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if srq.is_null() {
             return libc::EINVAL;
         }
@@ -1063,7 +1063,7 @@ pub(crate) extern "C" fn ibv_create_ah_from_wc(
 }
 
 pub(crate) extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    ffi!(libc::EIO, {
+    ffi_errno!({
         if ah.is_null() {
             return libc::EINVAL;
         }
