@@ -484,6 +484,31 @@ static void gid_table(void)
 	   pa.gid_tbl_len, strerror(ENODATA));
 }
 
+/* Objects in use: EBUSY from ibv_dealloc_pd and ibv_destroy_cq, as kernel uverbs answers,
+ * and the handles stay valid; in the right order every destroy succeeds. */
+static void in_use(void)
+{
+	struct side s;
+	struct ibv_pd *p = ibv_alloc_pd(ctx[0]);
+	CHECK(p, "ibv_alloc_pd: %s", strerror(errno));
+	struct ibv_pd *saved = pd[0];
+	pd[0] = p;
+	make_side(&s, 0, 16);
+	pd[0] = saved;
+	int r = ibv_dealloc_pd(p);
+	CHECK(r == EBUSY && errno == EBUSY, "dealloc of a PD with a QP and an MR: %d", r);
+	r = ibv_destroy_cq(s.cq);
+	CHECK(r == EBUSY && errno == EBUSY, "destroy of a CQ a QP uses: %d", r);
+	CHECK(ibv_destroy_qp(s.qp) == 0, "ibv_destroy_qp");
+	CHECK(ibv_destroy_cq(s.cq) == 0, "ibv_destroy_cq after its QP");
+	r = ibv_dealloc_pd(p);
+	CHECK(r == EBUSY, "dealloc of a PD with an MR: %d", r);
+	CHECK(ibv_dereg_mr(s.mr) == 0, "ibv_dereg_mr");
+	CHECK(ibv_dealloc_pd(p) == 0, "ibv_dealloc_pd once unused");
+	free(s.buf);
+	OK("in use: ibv_dealloc_pd and ibv_destroy_cq EBUSY, then each destroy in order succeeds");
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -518,6 +543,7 @@ int main(void)
 	import_device();
 	gid_table();
 	ah_from_wc();
+	in_use();
 
 	for (int i = 0; i < 2; i++) {
 		ibv_dealloc_pd(pd[i]);

@@ -9,8 +9,8 @@
 //! PD, window state) fail.
 
 use crate::abi::*;
-use crate::{ffi, ffi_errno};
 use crate::objects::{Mr, Pd, Qp, free, obj};
+use crate::{ffi, ffi_errno};
 use core::ffi::c_int;
 use softroce::verbs::{self, AccessFlags, BindMw, MwType, SendFlags, SendWr, WrOpcode};
 
@@ -48,6 +48,8 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: c_int) -> *mu
         let p = unsafe { obj::<Pd, _>(pd) };
         match p.pd.alloc_mw(t) {
             Ok(mw) => {
+                // SAFETY: the live PD the window is made on.
+                unsafe { crate::objects::uses(pd, true, true) };
                 let rkey = mw.rkey();
                 Box::into_raw(Box::new(Mw {
                     ibv: ibv_mw {
@@ -73,8 +75,11 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
         if mw.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: a live window the caller gives up.
-        unsafe { free::<Mw, _>(mw) };
+        // SAFETY: a live window the caller gives up; its PD is live while it is.
+        unsafe {
+            crate::objects::uses((*mw).pd, true, false);
+            free::<Mw, _>(mw);
+        }
         0
     })
 }

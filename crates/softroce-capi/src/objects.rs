@@ -12,12 +12,15 @@ use softroce::verbs::{
     SrqAttr, SrqAttrMask, SrqInitAttr,
 };
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A protection domain.
 #[repr(C)]
 pub(crate) struct Pd {
     pub ibv: ibv_pd,
     pub pd: verbs::Pd,
+    /// MRs, MWs, QPs, SRQs and AHs made on this PD and not yet destroyed ([`uses`]).
+    pub users: AtomicU32,
 }
 
 /// A memory region over the caller's memory.
@@ -40,6 +43,8 @@ pub(crate) struct CompChannel {
 pub(crate) struct Cq {
     pub ibv: ibv_cq_ex,
     pub cq: verbs::Cq,
+    /// How many send and receive queues of live QPs this CQ is ([`uses`]).
+    pub users: AtomicU32,
     /// The completion `ibv_start_poll` / `ibv_next_poll` last took.
     pub current: Mutex<ibv_wc>,
 }
@@ -83,6 +88,29 @@ pub(crate) unsafe fn obj<'a, T, C>(p: *mut C) -> &'a T {
     unsafe { &*p.cast::<T>() }
 }
 
+/// Counts a user of a PD (an MR, MW, QP, SRQ or AH made on it: `is_pd`) or of a CQ (a live
+/// QP's send or receive CQ), `on` when made, off when destroyed: `ibv_dealloc_pd` and
+/// `ibv_destroy_cq` refuse with EBUSY while any remain and the handle stays valid, as kernel
+/// uverbs does with its objects' `usecnt`.
+///
+/// # Safety
+/// `p` is a live `ibv_pd` (`is_pd`) or `ibv_cq` of ours.
+pub(crate) unsafe fn uses<C>(p: *mut C, is_pd: bool, on: bool) {
+    // SAFETY: our caller's contract.
+    let n = unsafe {
+        if is_pd {
+            &obj::<Pd, _>(p).users
+        } else {
+            &obj::<Cq, _>(p).users
+        }
+    };
+    if on {
+        n.fetch_add(1, Ordering::AcqRel);
+    } else {
+        n.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Frees a handle made by `Box::into_raw` of a `T`.
 ///
 /// # Safety
@@ -116,6 +144,7 @@ pub(crate) extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                         handle,
                     },
                     pd,
+                    users: AtomicU32::new(0),
                 }))
                 .cast()
             }
@@ -128,6 +157,10 @@ pub(crate) extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     ffi_errno!({
         if pd.is_null() {
             return libc::EINVAL;
+        }
+        // SAFETY: a live PD (the caller's contract).
+        if unsafe { obj::<Pd, _>(pd) }.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
         }
         // SAFETY: a live PD that the caller gives up.
         unsafe { free::<Pd, _>(pd) };
@@ -188,6 +221,10 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
                 AccessFlags(access & ACCESS_KNOWN),
             )
         };
+        if mr.is_ok() {
+            // SAFETY: the live PD the MR is made on.
+            unsafe { uses(pd, true, true) };
+        }
         match mr {
             Ok(mr) => Box::into_raw(Box::new(Mr {
                 ibv: ibv_mr {
@@ -247,8 +284,11 @@ pub(crate) extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if mr.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: a live MR that the caller gives up.
-        unsafe { free::<Mr, _>(mr) };
+        // SAFETY: a live MR that the caller gives up; its PD is live while it is.
+        unsafe {
+            uses((*mr).pd, true, false);
+            free::<Mr, _>(mr);
+        }
         0
     })
 }
@@ -339,6 +379,7 @@ pub(crate) extern "C" fn ibv_create_cq(
         let p = Box::into_raw(Box::new(Cq {
             ibv,
             cq,
+            users: AtomicU32::new(0),
             current: Mutex::new(ibv_wc::default()),
         }));
         c.cqs.lock().insert(num, p as usize);
@@ -384,6 +425,9 @@ pub(crate) extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         // SAFETY: a live CQ.
         let q = unsafe { obj::<Cq, _>(cq) };
+        if q.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
         // SAFETY: its context is live while it is.
         let c = unsafe { context(q.ibv.context) };
         c.cqs.lock().remove(&q.cq.cq_num());
@@ -556,6 +600,12 @@ pub(crate) extern "C" fn ibv_create_qp(
             .qps
             .lock()
             .insert(num, q as usize);
+        // SAFETY: the PD and CQs the QP was made with, live (checked above).
+        unsafe {
+            uses(pd, true, true);
+            uses(init.send_cq, false, true);
+            uses(init.recv_cq, false, true);
+        }
         q.cast()
     })
 }
@@ -710,8 +760,14 @@ pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             .qps
             .lock()
             .remove(&q.ibv.qp_base.qp_num);
-        // SAFETY: the caller gives the QP up.
-        unsafe { free::<Qp, _>(qp) };
+        let b = &q.ibv.qp_base;
+        // SAFETY: its PD and CQs are live while it is; then the caller gives the QP up.
+        unsafe {
+            uses(b.pd, true, false);
+            uses(b.send_cq, false, false);
+            uses(b.recv_cq, false, false);
+            free::<Qp, _>(qp);
+        }
         0
     })
 }
@@ -763,6 +819,8 @@ pub(crate) extern "C" fn ibv_create_srq(
             Err(e) => return null_errno(e.errno()),
         };
         let num = srq.srq_num();
+        // SAFETY: the live PD the SRQ is made on.
+        unsafe { uses(pd, true, true) };
         let s = Box::into_raw(Box::new(Srq {
             ibv: ibv_srq {
                 context: p.ibv.context,
@@ -843,6 +901,7 @@ pub(crate) extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
                 return e.errno();
             }
             context(s.ibv.context).srqs.lock().remove(&s.ibv.handle);
+            uses(s.ibv.pd, true, false);
             free::<Srq, _>(srq);
         }
         0
@@ -860,7 +919,12 @@ pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             Ok(a) => a,
             Err(e) => return null_errno(e),
         };
-        match p.pd.create_ah(&a) {
+        let ah = p.pd.create_ah(&a);
+        if ah.is_ok() {
+            // SAFETY: the live PD the AH is made on.
+            unsafe { uses(pd, true, true) };
+        }
+        match ah {
             Ok(ah) => Box::into_raw(Box::new(Ah {
                 ibv: ibv_ah {
                     context: p.ibv.context,
@@ -1067,8 +1131,11 @@ pub(crate) extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         if ah.is_null() {
             return libc::EINVAL;
         }
-        // SAFETY: a live AH the caller gives up.
-        unsafe { free::<Ah, _>(ah) };
+        // SAFETY: a live AH the caller gives up; its PD is live while it is.
+        unsafe {
+            uses((*ah).pd, true, false);
+            free::<Ah, _>(ah);
+        }
         0
     })
 }
