@@ -417,19 +417,19 @@ fn fill_device_attr(c: &Context, out: &mut ibv_device_attr) {
     out.max_mr = a.max_mr as c_int;
     out.max_pd = a.max_pd as c_int;
     out.max_qp_rd_atom = a.max_qp_rd_atom as c_int;
-    out.max_res_rd_atom = (a.max_qp_rd_atom * a.max_qp) as c_int;
+    out.max_res_rd_atom = a.max_res_rd_atom as c_int;
     out.max_qp_init_rd_atom = a.max_qp_init_rd_atom as c_int;
     out.atomic_cap = 1; // IBV_ATOMIC_HCA
-    out.max_mw = a.max_mr as c_int;
-    out.max_mcast_grp = 8192;
-    out.max_mcast_qp_attach = 56;
-    out.max_total_mcast_qp_attach = 8192 * 56;
-    out.max_ah = 1 << 15;
+    out.max_mw = a.max_mw as c_int;
+    out.max_mcast_grp = a.max_mcast_grp as c_int;
+    out.max_mcast_qp_attach = a.max_mcast_qp_attach as c_int;
+    out.max_total_mcast_qp_attach = a.max_total_mcast_qp_attach as c_int;
+    out.max_ah = a.max_ah as c_int;
     out.max_srq = a.max_srq as c_int;
     out.max_srq_wr = a.max_srq_wr as c_int;
     out.max_srq_sge = a.max_srq_sge as c_int;
-    out.max_pkeys = 64;
-    out.local_ca_ack_delay = 15;
+    out.max_pkeys = a.max_pkeys;
+    out.local_ca_ack_delay = a.local_ca_ack_delay;
     out.phys_port_cnt = a.phys_port_cnt;
 }
 
@@ -496,7 +496,7 @@ fn port_attr(c: &Context, port_num: u8) -> Result<ibv_port_attr, i32> {
         sm_sl: 0,
         subnet_timeout: 0,
         init_type_reply: 0,
-        active_width: 2, // 4X
+        active_width: 1, // 1X, as rxe 6.1 on the interop guest's virtio NIC
         active_speed: 1, // rxe reports the netdev's speed; SDR here
         phys_state: 5,   // LINK_UP
         link_layer: 2,   // IBV_LINK_LAYER_ETHERNET

@@ -81,7 +81,8 @@ pub struct DeviceAttr {
     pub max_mcast_qp_attach: u32,
     /// Most QP attachments over all groups (rxe `RXE_MAX_TOT_MCAST_QP_ATTACH`).
     pub max_total_mcast_qp_attach: u32,
-    /// Most address handles (rxe `RXE_MAX_AH`; softroce sets no lower limit).
+    /// Most address handles: what rxe 6.1 reports (`ibv_devinfo -v` in the interop guest,
+    /// 32767); softroce sets no lower limit.
     pub max_ah: u32,
     /// Most P_Keys (rxe `RXE_MAX_PKEYS`).
     pub max_pkeys: u16,
@@ -336,7 +337,7 @@ impl Device {
             max_mcast_grp: super::base::MAX_MCAST_GRP as u32,
             max_mcast_qp_attach: super::base::MAX_MCAST_QP_ATTACH as u32,
             max_total_mcast_qp_attach: 0x7_0000,
-            max_ah: 1 << 20,
+            max_ah: 32767,
             max_pkeys: 64,
             local_ca_ack_delay: 15,
         }
