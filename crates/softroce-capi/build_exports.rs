@@ -36,10 +36,10 @@ struct Export {
     kind: String,
 }
 
-/// Writes `$OUT_DIR/exports.rs` (included by the crate's lib.rs, which defines `jump!` and
-/// `set_errno`) and the version script, and tells cargo how to link. Panics (failing the
-/// build) on a malformed `exports.txt`. The caller says `rerun-if-changed` for this file
-/// (its path differs per crate).
+/// Writes `$OUT_DIR/exports.rs` (included by the crate's lib.rs, which defines `set_errno`;
+/// the file defines the trampolines' `jump!` itself) and the version script, and tells cargo
+/// how to link. Panics (failing the build) on a malformed `exports.txt`. The caller says
+/// `rerun-if-changed` for this file (its path differs per crate).
 pub fn generate(lib: &Library) {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
@@ -95,7 +95,13 @@ pub fn generate(lib: &Library) {
     // needs its target defined in the same object file, which a Rust function in another
     // codegen unit is not.)
     let errno = lib.unsupported_errno;
-    let mut rs = String::new();
+    // The tail jump of a trampoline to its Rust function `{f}`.
+    let mut rs = String::from(
+        "#[cfg(target_arch = \"x86_64\")]\n\
+         macro_rules! jump {\n    () => {\n        \"jmp {f}\"\n    };\n}\n\
+         #[cfg(target_arch = \"aarch64\")]\n\
+         macro_rules! jump {\n    () => {\n        \"b {f}\"\n    };\n}\n",
+    );
     for (i, e) in exports.iter().enumerate() {
         let sym = format!("{}{}{}", e.name, if e.default { "@@" } else { "@" }, e.node);
         let tramp = format!("{}{i}", lib.trampoline_prefix);
@@ -136,7 +142,7 @@ pub fn generate(lib: &Library) {
             rs,
             "core::arch::global_asm!(\".pushsection .text.{tramp},\\\"ax\\\",@progbits\", \
              \".globl {tramp}\", \".type {tramp},@function\", \"{tramp}:\", \
-             crate::jump!(), \".size {tramp},.-{tramp}\", \".popsection\", \
+             jump!(), \".size {tramp},.-{tramp}\", \".popsection\", \
              \".symver {tramp}, {sym}\", f = sym {target});"
         );
     }

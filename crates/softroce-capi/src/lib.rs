@@ -99,22 +99,6 @@ pub(crate) fn neg_errno(e: i32) -> i32 {
     -1
 }
 
-/// The tail jump of an export trampoline to its Rust function `{f}`.
-#[cfg(target_arch = "x86_64")]
-macro_rules! jump {
-    () => {
-        "jmp {f}"
-    };
-}
-#[cfg(target_arch = "aarch64")]
-macro_rules! jump {
-    () => {
-        "b {f}"
-    };
-}
-#[cfg(not(test))]
-pub(crate) use jump;
-
 // The versioned symbols (generated from exports.txt by build.rs). Not in the unit-test
 // binary, which is an executable without the version script.
 #[cfg(not(test))]
