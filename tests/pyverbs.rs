@@ -7,18 +7,22 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[test]
-fn pyverbs_suite_through_softroce_exec() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pyverbs.sh");
+/// Runs scripts/`script` with `args` and `$SOFTROCE` set to this build's softroce, killed
+/// after `limit`; asserts it exited 0 and prints its last line. Exit 77 is a skip (printed
+/// with the script's reason).
+fn run_check_script(script: &str, args: &[&str], limit: Duration, what: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(script);
     let mut child = Command::new("bash")
         .arg(&script)
-        .args(["--check", "--ip", "127.0.121.9"])
+        .args(args)
         .env("SOFTROCE", env!("CARGO_BIN_EXE_softroce"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + limit;
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
@@ -34,11 +38,21 @@ fn pyverbs_suite_through_softroce_exec() {
     }
     assert!(
         out.status.success(),
-        "pyverbs ({}):\n{text}\n{}",
+        "{what} ({}):\n{text}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{}", text.lines().last().unwrap_or(""));
+}
+
+#[test]
+fn pyverbs_suite_through_softroce_exec() {
+    run_check_script(
+        "pyverbs.sh",
+        &["--check", "--ip", "127.0.121.9"],
+        Duration::from_secs(120),
+        "pyverbs",
+    );
 }
 
 /// pyverbs' rdma_cm tests (test_rdmacm), by `scripts/pyverbs-rdmacm.sh --check`: in a
@@ -50,34 +64,10 @@ fn pyverbs_suite_through_softroce_exec() {
 /// (docs/pyverbs.md, "rdma_cm"). Skipped, saying why, without root or pyverbs.
 #[test]
 fn pyverbs_rdmacm_tests_in_a_private_namespace() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pyverbs-rdmacm.sh");
-    let mut child = Command::new("bash")
-        .arg(&script)
-        .arg("--check")
-        .env("SOFTROCE", env!("CARGO_BIN_EXE_softroce"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    if out.status.code() == Some(77) {
-        println!("SKIPPED: {text}");
-        return;
-    }
-    assert!(
-        out.status.success(),
-        "pyverbs rdma_cm ({}):\n{text}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    run_check_script(
+        "pyverbs-rdmacm.sh",
+        &["--check"],
+        Duration::from_secs(180),
+        "pyverbs rdma_cm",
     );
-    println!("{}", text.lines().last().unwrap_or(""));
 }
