@@ -62,34 +62,16 @@ fn seed_rdma_server_and_client_run_unmodified() {
     };
     let port = "7471";
 
-    let srv = exec(SERVER_IP, &[server.as_os_str(), port.as_ref()])
-        .spawn()
-        .unwrap();
-    wait_device(SERVER_IP.parse().unwrap());
-    // rdma_listen opens the device, then listens: a moment for the second step.
-    std::thread::sleep(Duration::from_millis(300));
-    let cli = exec(
+    let r = server_then_client(
+        SERVER_IP,
+        &[server.as_os_str(), port.as_ref()],
         CLIENT_IP,
         &[client.as_os_str(), SERVER_IP.as_ref(), port.as_ref()],
-    )
-    .spawn()
-    .unwrap();
-    let c = wait(cli, Duration::from_secs(20), "rdma_client");
-    let s = wait(srv, Duration::from_secs(20), "rdma_server");
+        Duration::from_secs(20),
+        ("rdma_server", "rdma_client"),
+    );
     let _ = std::fs::remove_dir_all(&dir);
-
-    let (cout, sout) = (
-        String::from_utf8_lossy(&c.stdout),
-        String::from_utf8_lossy(&s.stdout),
-    );
-    let report = format!(
-        "client ({}):\n{cout}{}\nserver ({}):\n{sout}{}",
-        c.status,
-        String::from_utf8_lossy(&c.stderr),
-        s.status,
-        String::from_utf8_lossy(&s.stderr)
-    );
-    assert!(c.status.success() && s.status.success(), "{report}");
+    let (cout, sout, report) = (&r.client, &r.server, &r.report);
     assert!(
         cout.lines().any(|l| l == "[client] write done, status=0"),
         "{report}"

@@ -26,7 +26,7 @@ fn srq_on_the_passive_side_and_create_qp_ex_on_the_active_side() {
         return;
     };
 
-    let srv = exec(
+    let r = server_then_client(
         SERVER_IP,
         &[
             exe.as_os_str(),
@@ -34,13 +34,6 @@ fn srq_on_the_passive_side_and_create_qp_ex_on_the_active_side() {
             SERVER_IP.as_ref(),
             PORT.as_ref(),
         ],
-    )
-    .spawn()
-    .unwrap();
-    wait_device(SERVER_IP.parse().unwrap());
-    // rdma_create_ep opens the device, then rdma_listen listens: a moment for the second step.
-    std::thread::sleep(Duration::from_millis(300));
-    let cli = exec(
         CLIENT_IP,
         &[
             exe.as_os_str(),
@@ -48,24 +41,11 @@ fn srq_on_the_passive_side_and_create_qp_ex_on_the_active_side() {
             SERVER_IP.as_ref(),
             PORT.as_ref(),
         ],
-    )
-    .spawn()
-    .unwrap();
-    let c = wait(cli, Duration::from_secs(30), "cm_srq client");
-    let s = wait(srv, Duration::from_secs(30), "cm_srq server");
+        Duration::from_secs(30),
+        ("cm_srq server", "cm_srq client"),
+    );
     let _ = std::fs::remove_dir_all(&dir);
-    let (cout, sout) = (
-        String::from_utf8_lossy(&c.stdout),
-        String::from_utf8_lossy(&s.stdout),
-    );
-    let report = format!(
-        "client ({}):\n{cout}{}\nserver ({}):\n{sout}{}",
-        c.status,
-        String::from_utf8_lossy(&c.stderr),
-        s.status,
-        String::from_utf8_lossy(&s.stderr)
-    );
-    assert!(c.status.success() && s.status.success(), "{report}");
+    let (cout, sout, report) = (&r.client, &r.server, &r.report);
     for line in [
         "[server] rdma_create_srq_ex without TYPE: EINVAL",
         "[server] rdma_create_srq_ex(XRC): EOPNOTSUPP, nothing left behind",

@@ -142,3 +142,48 @@ pub fn run_c_checks(name: &str, ips: &str, args: &[&str], checks: usize) -> Opti
     );
     Some(text)
 }
+
+/// What [`server_then_client`] returns: each side's stdout, and a report of both sides'
+/// statuses, stdouts and stderrs for assertion messages.
+pub struct ServerClient {
+    pub server: String,
+    pub client: String,
+    pub report: String,
+}
+
+/// Runs `server` through `softroce exec` on `sip`, waits until its device is open and 300 ms
+/// more (an rdma_cm server listens a moment after it opens its device), then `client` on
+/// `cip`; waits up to `limit` for each (named `names` in a timeout's message) and asserts that
+/// both exited 0.
+pub fn server_then_client<S: AsRef<OsStr>>(
+    sip: &str,
+    server: &[S],
+    cip: &str,
+    client: &[S],
+    limit: Duration,
+    names: (&str, &str),
+) -> ServerClient {
+    let srv = exec(sip, server).spawn().unwrap();
+    wait_device(sip.parse().unwrap());
+    std::thread::sleep(Duration::from_millis(300));
+    let cli = exec(cip, client).spawn().unwrap();
+    let c = wait(cli, limit, names.1);
+    let s = wait(srv, limit, names.0);
+    let (cout, sout) = (
+        String::from_utf8_lossy(&c.stdout).into_owned(),
+        String::from_utf8_lossy(&s.stdout).into_owned(),
+    );
+    let report = format!(
+        "client ({}):\n{cout}{}\nserver ({}):\n{sout}{}",
+        c.status,
+        String::from_utf8_lossy(&c.stderr),
+        s.status,
+        String::from_utf8_lossy(&s.stderr)
+    );
+    assert!(c.status.success() && s.status.success(), "{report}");
+    ServerClient {
+        server: sout,
+        client: cout,
+        report,
+    }
+}
