@@ -21,9 +21,17 @@ fn pair(n: u8) -> (Side, Side) {
         busy_poll: true,
         ..UdpOptions::default()
     };
-    let ip = |h| IpAddr::V4(Ipv4Addr::new(127, 0, 25, 2 * n + h));
-    let a = side(ip(1), &opts).expect("device a");
-    let b = side(ip(2), &opts).expect("device b");
+    // ACK timeout 4.3 s: only an ACK that is never sent (not a thread descheduled on a
+    // loaded machine) can make the requester retry.
+    connected(2 * n + 1, 2 * n + 2, &opts, Some(20))
+}
+
+/// Two devices on 127.0.25.`a` and .`b` with `opts`, their RC QPs connected (path MTU 1024;
+/// ACK `timeout` as given, else the default).
+fn connected(a: u8, b: u8, opts: &UdpOptions, timeout: Option<u8>) -> (Side, Side) {
+    let ip = |h| IpAddr::V4(Ipv4Addr::new(127, 0, 25, h));
+    let a = side(ip(a), opts).expect("device a");
+    let b = side(ip(b), opts).expect("device b");
     for (me, peer, mine, theirs) in [(&a, &b, 1, 2), (&b, &a, 2, 1)] {
         let mut c = softroce::verbs::RcConnect::new(
             peer.qp.qp_num(),
@@ -32,9 +40,9 @@ fn pair(n: u8) -> (Side, Side) {
             mine,
         );
         c.path_mtu = PathMtu::Mtu1024;
-        // ACK timeout 4.3 s: only an ACK that is never sent (not a thread descheduled on a
-        // loaded machine) can make the requester retry.
-        c.timeout = 20;
+        if let Some(t) = timeout {
+            c.timeout = t;
+        }
         me.qp.connect_rc(&c).expect("connect_rc");
     }
     (a, b)
@@ -168,19 +176,7 @@ fn adaptive_busy_poll_leaves_a_bulk_requester_to_its_driver_thread() {
         busy_poll_adaptive: true,
         ..UdpOptions::default()
     };
-    let ip = |h: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 25, 20 + h));
-    let a = side(ip(1), &opts).expect("device a");
-    let b = side(ip(2), &opts).expect("device b");
-    for (me, peer, mine, theirs) in [(&a, &b, 1, 2), (&b, &a, 2, 1)] {
-        let mut c = softroce::verbs::RcConnect::new(
-            peer.qp.qp_num(),
-            softroce::verbs::Gid::from_ip(peer.dev.ip()),
-            theirs,
-            mine,
-        );
-        c.path_mtu = PathMtu::Mtu1024;
-        me.qp.connect_rc(&c).expect("connect_rc");
-    }
+    let (a, b) = connected(21, 22, &opts, None);
     assert!(
         a.dev.link().busy_polls_receive(),
         "busy polls receive at first"
