@@ -161,6 +161,81 @@ fn one_send_reaches_every_attached_qp_with_the_qkey() {
     assert!(x.mcast_members(&gid).is_empty());
 }
 
+// While an application thread busy-polls its CQ (mckey's receiver spins on ibv_poll_cq),
+// the driver thread of a busy-polling device only serves timers: the busy polls must
+// receive the group sockets too, or the group's datagrams never reach the engine (the
+// mckey test hung in about half its runs).
+#[test]
+fn a_busy_polling_receiver_gets_the_group_while_it_spins() {
+    let busy = UdpOptions {
+        busy_poll: true,
+        ..UdpOptions::default()
+    };
+    let open_busy = |ip: Ipv4Addr| {
+        UdpDevice::open_with_options(DeviceConfig::new("softroce_mcast", IpAddr::V4(ip)), &busy)
+            .expect("open device (run inside `unshare -n` with lo up)")
+    };
+    let (r, s) = (
+        open_busy(Ipv4Addr::new(127, 0, 24, 31)),
+        open(Ipv4Addr::new(127, 0, 24, 32)),
+    );
+    let gid = Gid::from(Ipv4Addr::new(239, 24, 0, 2));
+    let (pr, ps) = (r.alloc_pd().unwrap(), s.alloc_pd().unwrap());
+    let rx = ud(&r, &pr, QKEY);
+    rx.qp.attach_mcast(&gid, 0).unwrap();
+    const MESSAGES: u64 = 10;
+    // A receive for each message (`ud` posted the first), all into one buffer.
+    for _ in 1..MESSAGES {
+        rx.qp
+            .post_recv(&[RecvWr {
+                wr_id: u64::from(rx.qp.qp_num()),
+                sg_list: vec![rx.buf.sge(0, (40 + LEN) as u32)],
+            }])
+            .unwrap();
+    }
+    let spinning = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let spinner = scope.spawn(|| {
+            // Spins as mckey does; the deadline only ends a failing run.
+            let end = std::time::Instant::now() + Duration::from_secs(20);
+            let mut wc = [softroce::verbs::Wc::default()];
+            let mut got = Vec::new();
+            while (got.len() as u64) < MESSAGES && std::time::Instant::now() < end {
+                if r.poll_cq(&rx.cq, &mut wc) == 1 {
+                    got.push(wc[0]);
+                }
+                spinning.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            got
+        });
+        eventually("the receiver spinning", || {
+            spinning.load(std::sync::atomic::Ordering::Relaxed)
+        });
+        let sender = ud(&s, &ps, QKEY);
+        let sbuf = ps.reg_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
+        sbuf.write(0, &payload()).unwrap();
+        let ah = ps.create_ah(&AhAttr::roce_v2(gid)).unwrap();
+        for i in 0..MESSAGES {
+            let mut wr = SendWr::new(i, WrOpcode::Send, vec![sbuf.sge(0, LEN as u32)]);
+            wr.ud = Some(ah.dest(MULTICAST_QPN, QKEY));
+            sender.qp.post_send(&[wr]).unwrap();
+            assert_eq!(wait_one(&sender.cq).status, WcStatus::Success);
+        }
+        let got = spinner.join().unwrap();
+        assert_eq!(
+            got.len() as u64,
+            MESSAGES,
+            "the spinning receiver got {} of {MESSAGES} group datagrams (rcvd_pkts {})",
+            got.len(),
+            rx.qp.counters().rcvd_pkts
+        );
+        for wc in got {
+            assert_eq!(wc.status, WcStatus::Success);
+            assert_eq!(wc.byte_len, (40 + LEN) as u32);
+        }
+    });
+}
+
 #[test]
 fn attach_and_detach_refuse_what_ibv_attach_mcast_refuses() {
     let d = open(Ipv4Addr::new(127, 0, 24, 24));

@@ -106,6 +106,8 @@ pub struct UdpLink {
     pub(super) send: Mutex<foldhash::HashMap<u16, Arc<SendSockets>>>,
     /// One socket per joined multicast group, bound to group:4791 (`super::mcast`).
     pub(super) mcast: Mutex<HashMap<IpAddr, Arc<UdpSocket>>>,
+    /// How many groups `mcast` holds, read without its lock by every busy poll.
+    pub(super) mcast_groups: std::sync::atomic::AtomicUsize,
     pub(super) capture: Option<Arc<Capture>>,
     /// TTL / hop limit of our sockets for unicast (for the capture).
     pub(super) hop_limit: u8,
@@ -197,6 +199,7 @@ impl UdpLink {
             raw,
             send: Mutex::new(foldhash::HashMap::default()),
             mcast: Mutex::new(HashMap::new()),
+            mcast_groups: std::sync::atomic::AtomicUsize::new(0),
             capture: opts.capture.clone(),
             hop_limit,
             tx_datagrams: AtomicU64::new(0),
@@ -710,13 +713,17 @@ impl Link for UdpLink {
 
     fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
         let s = super::mcast::join(self.ip, group)?;
-        self.mcast.lock().insert(group, Arc::new(s));
+        let mut groups = self.mcast.lock();
+        groups.insert(group, Arc::new(s));
+        self.mcast_groups.store(groups.len(), Ordering::Relaxed);
         Ok(())
     }
 
     fn leave_multicast(&self, group: IpAddr) {
         // Closing the socket leaves the group.
-        self.mcast.lock().remove(&group);
+        let mut groups = self.mcast.lock();
+        groups.remove(&group);
+        self.mcast_groups.store(groups.len(), Ordering::Relaxed);
     }
 
     fn send_batch(&self, ts: &[Transmit]) -> usize {

@@ -96,6 +96,7 @@ impl UdpDevice {
             let poller = Arc::new(BusyPoller {
                 device: device.clone(),
                 link: link.clone(),
+                group_buf: parking_lot::Mutex::new(Vec::new()),
             });
             device.set_poll_hook(Arc::new(BusyPoll(Arc::downgrade(&poller))));
             poller
@@ -193,6 +194,9 @@ impl PollHook for BusyPoll {
 struct BusyPoller {
     device: Device,
     link: Arc<UdpLink>,
+    /// The receive buffer of the multicast group sockets (64 KiB once a group is joined),
+    /// taken with `try_lock` by one poller at a time.
+    group_buf: parking_lot::Mutex<Vec<u8>>,
 }
 
 impl BusyPoller {
@@ -230,6 +234,14 @@ impl BusyPoller {
         {
             deliver(&self.device, link, &rx, false, true);
             delivered = true;
+        }
+        // The group sockets too: while a thread busy-polls, the driver thread only serves
+        // timers, so nobody else would receive them (mckey's receiver spins on its CQ).
+        if link.mcast_groups.load(Ordering::Relaxed) > 0
+            && let Some(mut buf) = self.group_buf.try_lock()
+        {
+            buf.resize(GROUP_BUF_LEN, 0);
+            delivered |= drain_groups(&self.device, link, &mut buf) > 0;
         }
         let n = cq.poll_queued(out);
         // The ACKs held back wait while the application has something new to act on (what
@@ -303,6 +315,9 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                 // by `UdpDevice::poller_sleeps`).
                 polls_seen = polls;
                 std::thread::park_timeout(park.min(BUSY_DRIVER_NAP));
+                // The pollers drain the group sockets; this is for a poller that only
+                // takes what its CQ holds (adaptive mode) or stopped between two turns.
+                drain_groups(device, link, &mut buf);
                 device.handle_timeouts();
                 continue;
             }
@@ -366,15 +381,7 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
                 ) => {}
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
         }
-        let groups: Vec<_> = link
-            .mcast
-            .lock()
-            .iter()
-            .map(|(g, s)| (*g, s.clone()))
-            .collect();
-        for (group, sock) in groups {
-            drain_group(device, link, group, &sock, &mut buf);
-        }
+        drain_groups(device, link, &mut buf);
         device.handle_timeouts();
     }
 }
@@ -432,11 +439,38 @@ impl TrafficMix {
     }
 }
 
-/// Hands the datagrams waiting on group socket `sock` to the device (at most a batch).
-fn drain_group(device: &Device, link: &UdpLink, group: IpAddr, sock: &UdpSocket, buf: &mut [u8]) {
-    for _ in 0..DRAIN_BATCH {
+/// Hands the datagrams waiting on every multicast group socket of `link` to the device (at
+/// most [`DRAIN_BATCH`] per group), without blocking; `buf` holds the largest datagram.
+/// Returns how many were handed over. Called by the driver thread on each turn and by busy
+/// polls, so that group traffic moves whichever of them runs.
+fn drain_groups(device: &Device, link: &UdpLink, buf: &mut [u8]) -> usize {
+    if link.mcast_groups.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
+    let groups: Vec<_> = link
+        .mcast
+        .lock()
+        .iter()
+        .map(|(g, s)| (*g, s.clone()))
+        .collect();
+    groups
+        .iter()
+        .map(|(group, sock)| drain_group(device, link, *group, sock, buf))
+        .sum()
+}
+
+/// Hands the datagrams waiting on group socket `sock` to the device (at most a batch);
+/// returns how many.
+fn drain_group(
+    device: &Device,
+    link: &UdpLink,
+    group: IpAddr,
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> usize {
+    for taken in 0..DRAIN_BATCH {
         let Ok((n, src)) = sock.recv_from(buf) else {
-            return;
+            return taken;
         };
         let data = buf.get(..n).unwrap_or_default();
         link.rx_datagrams
@@ -446,10 +480,13 @@ fn drain_group(device: &Device, link: &UdpLink, group: IpAddr, sock: &UdpSocket,
         }
         device.handle_multicast_datagram(src, group, data);
     }
+    DRAIN_BATCH
 }
 
-/// Most datagrams taken from one group socket per driver turn.
+/// Most datagrams taken from one group socket per driver turn or busy poll.
 const DRAIN_BATCH: usize = 64;
+/// The size of a busy poller's group receive buffer: the largest UDP datagram.
+const GROUP_BUF_LEN: usize = 65536;
 
 /// How long the driver thread spins on non-blocking receives before it blocks, while
 /// traffic flows.
@@ -504,4 +541,100 @@ fn deliver(device: &Device, link: &UdpLink, batch: &RecvBatch, per_buffer: bool,
     // The last QPs answer here, while the ACKs are still held.
     drop(rx);
     link.holding_acks.store(false, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::{
+        AccessFlags, AhAttr, Gid, MULTICAST_QPN, QpCap, QpInitAttr, QpType, RecvWr, SendWr,
+        WcStatus, WrOpcode,
+    };
+    use std::net::Ipv4Addr;
+
+    /// A device on `ip` in busy-polling mode whose driver thread is stopped: only busy polls
+    /// move its sockets.
+    fn busy_device_without_driver(ip: Ipv4Addr) -> UdpDevice {
+        let opts = UdpOptions {
+            busy_poll: true,
+            ..UdpOptions::default()
+        };
+        let mut d = UdpDevice::open_with_options(
+            DeviceConfig::new("softroce_busy_mcast", IpAddr::V4(ip)),
+            &opts,
+        )
+        .expect("open a device on loopback");
+        d.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = d.thread.take() {
+            t.join().expect("driver thread");
+        }
+        d
+    }
+
+    // While an application thread busy-polls, the driver thread only serves timers
+    // (mckey's receiver spins on ibv_poll_cq): the busy polls must receive the multicast
+    // group sockets as well as the unicast one, or group datagrams reach the engine only
+    // when the spinning thread happens to be descheduled for the driver's nap (the mckey
+    // test hung in about half its runs). With the driver stopped, a poll is the only
+    // receiver, so this fails whenever a busy poll skips the group sockets.
+    #[test]
+    fn a_busy_poll_receives_the_multicast_group_sockets() {
+        let r = busy_device_without_driver(Ipv4Addr::new(127, 0, 24, 41));
+        let s = UdpDevice::open(
+            "softroce_mcast_tx",
+            IpAddr::V4(Ipv4Addr::new(127, 0, 24, 42)),
+        )
+        .expect("open a device on loopback");
+        let group = Gid::from(Ipv4Addr::new(239, 24, 0, 3));
+        const QKEY: u32 = 0x1234_5678;
+        let ud = |d: &Device| {
+            let pd = d.alloc_pd().unwrap();
+            let cq = d.create_cq(8).unwrap();
+            let qp = pd
+                .create_qp(&QpInitAttr {
+                    qp_type: QpType::Ud,
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    cap: QpCap::default(),
+                    sq_sig_all: true,
+                    srq: None,
+                })
+                .unwrap();
+            qp.ready_ud(QKEY, 0).unwrap();
+            let mr = pd.reg_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+            (pd, cq, qp, mr)
+        };
+        let (_rpd, rcq, rqp, rmr) = ud(&r);
+        rqp.post_recv(&[RecvWr {
+            wr_id: 7,
+            sg_list: vec![rmr.sge(0, 256)],
+        }])
+        .unwrap();
+        rqp.attach_mcast(&group, 0).unwrap();
+        let (spd, scq, sqp, smr) = ud(&s);
+        smr.write(0, b"to the group").unwrap();
+        let ah = spd.create_ah(&AhAttr::roce_v2(group)).unwrap();
+        let mut wr = SendWr::new(1, WrOpcode::Send, vec![smr.sge(0, 12)]);
+        wr.ud = Some(ah.dest(MULTICAST_QPN, QKEY));
+        sqp.post_send(&[wr]).unwrap();
+        let mut wc = [Wc::default()];
+        assert_eq!(scq.wait(&mut wc, Duration::from_secs(10)), 1);
+        assert_eq!(wc[0].status, WcStatus::Success);
+        // The datagram is on the group socket (loopback delivers within the send); the
+        // deadline only ends a failing run.
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        let mut polls = 0u64;
+        while r.poll_cq(&rcq, &mut wc) == 0 {
+            polls += 1;
+            assert!(
+                std::time::Instant::now() < end,
+                "{polls} busy polls took nothing from the group socket"
+            );
+        }
+        assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, 7));
+        assert_eq!(wc[0].byte_len, 40 + 12);
+        let mut got = [0u8; 12];
+        rmr.read(40, &mut got).unwrap();
+        assert_eq!(&got, b"to the group");
+    }
 }
