@@ -380,8 +380,11 @@ struct Conn {
     response_timeout: Duration,
     /// Retries granted to each message of this connection.
     max_cm_retries: u8,
-    /// Whether `(peer, remote_comm_id)` is in `by_remote` (passive side).
-    registered: bool,
+    /// The key `(peer, comm ID)` under which this connection is in `by_remote` (passive
+    /// side: the comm ID of the REQ or the request ID of the SIDR_REQ), kept apart from
+    /// `remote_comm_id` so that the entry goes with the connection whatever later messages
+    /// say.
+    registered: Option<u32>,
 }
 
 /// The CM engine of one port. See the module documentation.
@@ -459,6 +462,41 @@ impl CmEngine {
             .filter(|&q| q != 0)
     }
 
+    /// Checks the engine's tables against each other: every `by_remote` entry names a live
+    /// connection registered under that very key, and every registered connection has its
+    /// entry. For tests and fuzz targets, which call it after each step.
+    /// Errors: a description of the first inconsistency.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (&(peer, remote), &id) in &self.by_remote {
+            match self.conns.get(&id) {
+                None => {
+                    return Err(format!(
+                        "by_remote ({peer}, {remote:#x}) names connection {id:#x}, which is gone"
+                    ));
+                }
+                Some(c) if c.peer != peer || c.registered != Some(remote) => {
+                    return Err(format!(
+                        "by_remote ({peer}, {remote:#x}) names connection {id:#x}, registered \
+                         as ({}, {:?})",
+                        c.peer, c.registered
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        for (&id, c) in &self.conns {
+            if let Some(key) = c.registered
+                && self.by_remote.get(&(c.peer, key)) != Some(&id)
+            {
+                return Err(format!(
+                    "connection {id:#x} registered as ({}, {key:#x}) has no by_remote entry",
+                    c.peer
+                ));
+            }
+        }
+        Ok(())
+    }
+
     // ---- mutators ----
 
     /// Accepts REQs and SIDR_REQs for `service_id`.
@@ -524,7 +562,7 @@ impl CmEngine {
         };
         let timeout = self.response_timeout(c.cm_response_timeout);
         let retries = c.max_cm_retries;
-        let conn = self.conn_mut(id);
+        let conn = self.conn_api(CommId(id))?;
         conn.tid = tid;
         conn.service_id = p.service_id;
         conn.response_timeout = timeout;
@@ -539,7 +577,7 @@ impl CmEngine {
     pub fn accept(&mut self, now: Instant, id: CommId, p: &AcceptParams) -> Result<(), CmError> {
         self.expect_state(id, "accept", &[CmState::ReqRcvd, CmState::MraReqSent])?;
         let private_data = copy_pd::<196>(&p.private_data)?;
-        let conn = self.conn_mut(id.0);
+        let conn = self.conn_api(id)?;
         conn.state = CmState::RepSent;
         let rep = RepRepr {
             local_comm_id: id.0,
@@ -566,7 +604,7 @@ impl CmEngine {
     /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] unless REP_RCVD.
     pub fn establish(&mut self, _now: Instant, id: CommId) -> Result<(), CmError> {
         self.expect_state(id, "establish", &[CmState::RepRcvd])?;
-        let conn = self.conn_mut(id.0);
+        let conn = self.conn_api(id)?;
         conn.state = CmState::Established;
         let rtu = RtuRepr {
             local_comm_id: id.0,
@@ -599,7 +637,7 @@ impl CmEngine {
         } else {
             msg_ref::REQ
         };
-        let c = self.conn_mut(id.0);
+        let c = self.conn_api(id)?;
         let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         self.send_rej_pd(peer, tid, id.0, remote, which, CmReject::Consumer, pd);
         self.remove(id.0);
@@ -614,7 +652,7 @@ impl CmEngine {
     /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] in any other state.
     pub fn cancel(&mut self, _now: Instant, id: CommId) -> Result<(), CmError> {
         self.expect_state(id, "cancel", &[CmState::ReqSent, CmState::MraReqRcvd])?;
-        let c = self.conn_mut(id.0);
+        let c = self.conn_api(id)?;
         let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         self.send_rej(peer, tid, id.0, remote, msg_ref::REQ, CmReject::Timeout);
         self.remove(id.0);
@@ -632,7 +670,7 @@ impl CmEngine {
             "reject_no_listener",
             &[CmState::ReqRcvd, CmState::MraReqSent],
         )?;
-        let c = self.conn_mut(id.0);
+        let c = self.conn_api(id)?;
         let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         self.send_rej(peer, tid, 0, remote, msg_ref::REQ, CmReject::NoListener);
         self.remove(id.0);
@@ -654,7 +692,7 @@ impl CmEngine {
             ],
         )?;
         let own_tid = (u64::from(self.tid_hi) << 32) | u64::from(id.0);
-        let conn = self.conn_mut(id.0);
+        let conn = self.conn_api(id)?;
         if state == CmState::DreqRcvd {
             let drep = DrepRepr {
                 local_comm_id: id.0,
@@ -693,7 +731,7 @@ impl CmEngine {
         let timeout = self.response_timeout(self.config.cm_response_timeout);
         let retries = self.config.max_cm_retries;
         let tid = (u64::from(self.tid_hi) << 32) | u64::from(id);
-        let conn = self.conn_mut(id);
+        let conn = self.conn_api(CommId(id))?;
         conn.tid = tid;
         conn.service_id = service_id;
         conn.response_timeout = timeout;
@@ -722,7 +760,7 @@ impl CmEngine {
     ) -> Result<(), CmError> {
         self.expect_state(id, "sidr_reply", &[CmState::SidrReqRcvd])?;
         let private_data = copy_pd::<136>(private_data)?;
-        let c = self.conn_mut(id.0);
+        let c = self.conn_api(id)?;
         let (peer, tid, request_id, service_id) = (c.peer, c.tid, c.remote_comm_id, c.service_id);
         let rep = SidrRepRepr {
             request_id,

@@ -131,14 +131,14 @@ impl CmEngine {
             return Err(CmDropReason::TooManyConnections);
         };
         let timeout = self.response_timeout(r.local_cm_response_timeout);
-        let c = self.conn_mut(id);
+        let c = self.conn_mut(id)?;
         c.remote_comm_id = r.local_comm_id;
         c.remote_qpn = r.local_qpn;
         c.service_id = r.service_id;
         c.tid = tid;
         c.response_timeout = timeout;
         c.max_cm_retries = r.max_cm_retries;
-        c.registered = true;
+        c.registered = Some(r.local_comm_id);
         self.by_remote.insert((src, r.local_comm_id), id);
         let cma = CmaHdr::new_checked(&r.private_data[..])
             .map(|h| CmaHdrRepr::parse(&h))
@@ -154,7 +154,7 @@ impl CmEngine {
     }
 
     fn on_dup_req(&mut self, id: u32, tid: u64, r: &ReqRepr) -> Result<(), CmDropReason> {
-        let c = self.conn_mut(id);
+        let c = self.conn_mut(id)?;
         match c.state {
             // IBTA C12: a duplicate REQ while the consumer decides gets an MRA.
             CmState::ReqRcvd => {
@@ -194,7 +194,7 @@ impl CmEngine {
     fn on_mra(&mut self, now: Instant, src: IpAddr, r: &MraRepr) -> Result<(), CmDropReason> {
         let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
         let wait = self.response_timeout(r.service_timeout);
-        let c = self.conn_mut(id);
+        let c = self.conn_mut(id)?;
         let next = match (c.state, r.message_mraed) {
             (CmState::ReqSent | CmState::MraReqRcvd, msg_ref::REQ) => CmState::MraReqRcvd,
             (CmState::RepSent | CmState::MraRepRcvd, msg_ref::REP) => CmState::MraRepRcvd,
@@ -202,7 +202,9 @@ impl CmEngine {
         };
         // IBTA C12: an MRA stops retransmission and stretches the wait by its service timeout.
         c.state = next;
-        if c.remote_comm_id == 0 {
+        // The active side learns the peer's ID from the first MRA or REP; the passive side
+        // keeps the one its REQ gave (and under which `by_remote` holds it).
+        if c.remote_comm_id == 0 && c.registered.is_none() {
             c.remote_comm_id = r.local_comm_id;
         }
         c.deadline = Some(now + wait);
@@ -221,7 +223,7 @@ impl CmEngine {
             }
             Err(e) => return Err(e),
         };
-        match self.conn_mut(id).state {
+        match self.conn_mut(id)?.state {
             CmState::ReqSent
             | CmState::MraReqRcvd
             | CmState::RepRcvd
@@ -255,7 +257,7 @@ impl CmEngine {
             return Ok(());
         }
         let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
-        let c = self.conn_mut(id);
+        let c = self.conn_mut(id)?;
         match c.state {
             CmState::ReqSent | CmState::MraReqRcvd => {
                 c.state = CmState::RepRcvd;
@@ -281,7 +283,7 @@ impl CmEngine {
 
     fn on_rtu(&mut self, src: IpAddr, r: &RtuRepr) -> Result<(), CmDropReason> {
         let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
-        let c = self.conn_mut(id);
+        let c = self.conn_mut(id)?;
         match c.state {
             CmState::RepSent | CmState::MraRepRcvd => {
                 c.state = CmState::Established;
@@ -315,7 +317,7 @@ impl CmEngine {
             return Ok(());
         }
         let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
-        let c = self.conn_mut(id);
+        let c = self.conn_mut(id)?;
         match c.state {
             CmState::Established | CmState::RepSent | CmState::MraRepRcvd | CmState::RepRcvd => {
                 c.state = CmState::DreqRcvd;
@@ -348,7 +350,7 @@ impl CmEngine {
 
     fn on_drep(&mut self, now: Instant, src: IpAddr, r: &DrepRepr) -> Result<(), CmDropReason> {
         let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
-        if self.conn_mut(id).state != CmState::DreqSent {
+        if self.conn_mut(id)?.state != CmState::DreqSent {
             return Err(CmDropReason::UnexpectedResponse);
         }
         self.enter_timewait(now, id);
@@ -380,11 +382,11 @@ impl CmEngine {
             self.push_mad(src, tid, CmMsgRepr::SidrRep(refuse(CmReject::NoResources)));
             return Err(CmDropReason::TooManyConnections);
         };
-        let c = self.conn_mut(id);
+        let c = self.conn_mut(id)?;
         c.remote_comm_id = r.request_id;
         c.service_id = r.service_id;
         c.tid = tid;
-        c.registered = true;
+        c.registered = Some(r.request_id);
         self.by_remote.insert((src, r.request_id), id);
         self.events.push_back(CmEvent::SidrRequest {
             id: CommId(id),
@@ -414,22 +416,23 @@ impl CmEngine {
 
     /// A timer of connection `id` is due.
     fn fire(&mut self, now: Instant, id: u32) {
-        let c = self.conn_mut(id);
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         c.deadline = None;
         let (state, retries_left) = (c.state, c.retries_left);
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         let resendable = matches!(
             state,
             CmState::ReqSent | CmState::RepSent | CmState::DreqSent | CmState::SidrReqSent
         );
         if resendable && retries_left > 0 {
-            let c = self.conn_mut(id);
             c.retries_left -= 1;
             c.deadline = Some(now + c.response_timeout);
             self.counters.retransmits += 1;
             self.resend_raw(id);
             return;
         }
-        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         match state {
             // IBTA C12: no REP after all retries: REJ(timeout), UNREACHABLE.
             CmState::ReqSent | CmState::MraReqRcvd => {
@@ -506,7 +509,7 @@ impl CmEngine {
                     retries_left: 0,
                     response_timeout: Duration::ZERO,
                     max_cm_retries: 0,
-                    registered: false,
+                    registered: None,
                 },
             );
             return Ok(id);
@@ -514,12 +517,16 @@ impl CmEngine {
         Err(CmError::NoMem)
     }
 
-    /// The connection `id`. Panics: if there is none (callers looked it up first).
-    pub(super) fn conn_mut(&mut self, id: u32) -> &mut Conn {
-        match self.conns.get_mut(&id) {
-            Some(c) => c,
-            None => panic!("CM connection {id:#x} vanished"),
-        }
+    /// The connection `id`, for a message handler. Errors: [`CmDropReason::UnknownCommId`]
+    /// if there is none (the message is dropped and counted, never a panic: a table entry
+    /// that names a connection already gone must not kill the thread driving the engine).
+    pub(super) fn conn_mut(&mut self, id: u32) -> Result<&mut Conn, CmDropReason> {
+        self.conns.get_mut(&id).ok_or(CmDropReason::UnknownCommId)
+    }
+
+    /// The connection `id`, for an API call. Errors: [`CmError::NoSuchId`].
+    pub(super) fn conn_api(&mut self, id: CommId) -> Result<&mut Conn, CmError> {
+        self.conns.get_mut(&id.0).ok_or(CmError::NoSuchId)
     }
 
     pub(super) fn expect_state(
@@ -549,7 +556,9 @@ impl CmEngine {
 
     /// Queues `msg` on connection `id` with its TID; `remember` keeps it for resending.
     pub(super) fn send(&mut self, id: u32, msg: CmMsgRepr, remember: bool) {
-        let c = self.conn_mut(id);
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         let bytes = Box::new(
             CmMadRepr {
                 hdr: MadHdrRepr::cm(c.tid, msg.attr_id()),
@@ -571,7 +580,9 @@ impl CmEngine {
     /// Sends `msg`, keeps it, and arms the response timer with all retries.
     pub(super) fn send_and_arm(&mut self, now: Instant, id: u32, msg: CmMsgRepr) {
         self.send(id, msg, true);
-        let c = self.conn_mut(id);
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         c.deadline = Some(now + c.response_timeout);
         c.retries_left = c.max_cm_retries;
     }
@@ -583,7 +594,9 @@ impl CmEngine {
     }
 
     fn resend_raw(&mut self, id: u32) {
-        let c = self.conn_mut(id);
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         if let Some(bytes) = c.last_sent.clone() {
             let peer = c.peer;
             self.counters.mads_sent += 1;
@@ -646,7 +659,9 @@ impl CmEngine {
 
     pub(super) fn enter_timewait(&mut self, now: Instant, id: u32) {
         let wait = ib_time(self.config.packet_life_time.saturating_add(1));
-        let c = self.conn_mut(id);
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
         c.state = CmState::Timewait;
         c.deadline = Some(now + wait);
         c.retries_left = 0;
@@ -654,9 +669,9 @@ impl CmEngine {
 
     pub(super) fn remove(&mut self, id: u32) {
         if let Some(c) = self.conns.remove(&id)
-            && c.registered
+            && let Some(key) = c.registered
         {
-            self.by_remote.remove(&(c.peer, c.remote_comm_id));
+            self.by_remote.remove(&(c.peer, key));
         }
     }
 }

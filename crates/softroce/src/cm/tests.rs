@@ -699,3 +699,93 @@ fn route_mtu_follows_the_link_mtu_as_rdma_cm() {
     assert_eq!(rdma_cm_route_mtu(256 + 95), None);
     assert_eq!(rdma_cm_route_mtu(0), None);
 }
+
+/// A hand-made MAD from A to B carrying `msg`, with TID 1.
+fn mad_of(msg: CmMsgRepr) -> [u8; MAD_LEN] {
+    CmMadRepr {
+        hdr: MadHdrRepr::cm(1, msg.attr_id()),
+        msg,
+    }
+    .to_bytes()
+}
+
+/// B in REP_SENT for a REQ whose local comm ID is 0, then an MRA for the REP that carries a
+/// non-zero local comm ID (what a structured fuzzer found, issue "Reliability" item 5).
+/// Returns the pair, B's ID and the REQ as sent.
+fn rep_sent_for_comm_id_0_then_mra() -> (Pair, CommId, ReqRepr) {
+    let (mut p, _a_id, req) = Pair::req_sent();
+    let CmMsgRepr::Req(mut r) = parse(&req[0]) else {
+        panic!()
+    };
+    r.local_comm_id = 0;
+    p.b.handle_mad(p.now, A_IP, &mad_of(CmMsgRepr::Req(r)));
+    let Some(CmEvent::ConnectRequest { id: b_id, .. }) = p.b.poll_event() else {
+        panic!("B reports no ConnectRequest for comm ID 0")
+    };
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    let _rep = p.take_b();
+    let mra = MraRepr {
+        local_comm_id: 0x5eed,
+        remote_comm_id: b_id.0,
+        message_mraed: msg_ref::REP,
+        service_timeout: 10,
+        private_data: [0; 222],
+    };
+    p.b.handle_mad(p.now, A_IP, &mad_of(CmMsgRepr::Mra(mra)));
+    assert_eq!(p.b.state(b_id), Some(CmState::MraRepRcvd));
+    p.b.check_invariants().unwrap();
+    (p, b_id, r)
+}
+
+// The connection's by_remote entry is the key its REQ registered (comm ID 0), whatever the
+// MRA says, so it goes with the connection: the next REQ with comm ID 0 is a new request,
+// not a duplicate of a connection that is gone (which panicked the CM driver thread).
+#[test]
+fn rep_sent_mra_with_other_comm_id_then_rej_leaves_no_entry_behind() {
+    let (mut p, b_id, r) = rep_sent_for_comm_id_0_then_mra();
+    let rej = RejRepr {
+        local_comm_id: 0x5eed,
+        remote_comm_id: b_id.0,
+        message_rejected: msg_ref::REP,
+        rejected_info_length: 0,
+        reason: RejReason::CONSUMER_DEFINED,
+        ari: [0; 72],
+        private_data: [0; 148],
+    };
+    p.b.handle_mad(p.now, A_IP, &mad_of(CmMsgRepr::Rej(rej)));
+    assert!(matches!(p.b.poll_event(), Some(CmEvent::Rejected { id, .. }) if id == b_id));
+    assert_eq!(p.b.connection_count(), 0);
+    p.b.check_invariants().unwrap();
+    // A REJ(timeout) with comm IDs 0 names nothing now: dropped and counted.
+    let drops = p.b.counters().drops(CmDropReason::UnknownCommId);
+    let mut rej0 = rej;
+    (rej0.local_comm_id, rej0.remote_comm_id) = (0, 0);
+    rej0.reason = RejReason::TIMEOUT;
+    p.b.handle_mad(p.now, A_IP, &mad_of(CmMsgRepr::Rej(rej0)));
+    assert_eq!(p.b.counters().drops(CmDropReason::UnknownCommId), drops + 1);
+    // The same REQ again is a new request.
+    p.b.handle_mad(p.now, A_IP, &mad_of(CmMsgRepr::Req(r)));
+    assert!(matches!(
+        p.b.poll_event(),
+        Some(CmEvent::ConnectRequest { id, .. }) if id != b_id
+    ));
+    p.b.check_invariants().unwrap();
+}
+
+// The same with the MRA's timer ending the connection (no RTU within the MRA's service
+// timeout: REJ(timeout) and Unreachable).
+#[test]
+fn rep_sent_mra_with_other_comm_id_then_timeout_leaves_no_entry_behind() {
+    let (mut p, b_id, r) = rep_sent_for_comm_id_0_then_mra();
+    let deadline = p.b.poll_timeout().unwrap();
+    p.advance_to(deadline);
+    assert_eq!(p.b.poll_event(), Some(CmEvent::Unreachable { id: b_id }));
+    assert_eq!(p.b.connection_count(), 0);
+    p.b.check_invariants().unwrap();
+    p.b.handle_mad(p.now, A_IP, &mad_of(CmMsgRepr::Req(r)));
+    assert!(matches!(
+        p.b.poll_event(),
+        Some(CmEvent::ConnectRequest { .. })
+    ));
+    p.b.check_invariants().unwrap();
+}
