@@ -461,6 +461,16 @@ static void zero_based_mw(void)
 	errno = 0;
 	int r = ibv_bind_mw(s.qp, mw1, &b1);
 	CHECK(r == EINVAL, "ibv_bind_mw of a zero-based type 1 window: %d (%s)", r, strerror(r));
+	CHECK(errno == EINVAL, "errno after the refused zero-based bind: %d", errno);
+	/* rxe's provider leaves every error of ibv_bind_mw in errno: also one from posting. */
+	struct rc z;
+	rc_make(&z, 0, 0, 0); /* its QP stays in RESET */
+	b1.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+	errno = 0;
+	r = ibv_bind_mw(z.qp, mw1, &b1);
+	CHECK(r != 0 && errno == r, "ibv_bind_mw on a RESET QP: %d, errno %d", r, errno);
+	rc_free(&z);
+	b1.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ZERO_BASED;
 
 	struct ibv_mw *mw2 = ibv_alloc_mw(pd[0], IBV_MW_TYPE_2);
 	CHECK(mw2, "ibv_alloc_mw type 2");

@@ -131,30 +131,43 @@ pub(crate) unsafe extern "C" fn bind_mw(
     bind: *mut ibv_mw_bind,
 ) -> c_int {
     ffi!(libc::EIO, {
-        if qp.is_null() || mw.is_null() || bind.is_null() {
-            return libc::EINVAL;
+        // SAFETY: our caller's contract, passed on.
+        let rc = unsafe { bind_mw_errno(qp, mw, bind) };
+        // rxe's provider (rxe_bind_mw) leaves its return value in errno on every error path.
+        if rc != 0 {
+            crate::set_errno(rc);
         }
-        // SAFETY: live objects of this library (the caller's contract).
-        let (q, b) = unsafe { (obj::<Qp, _>(qp), &*bind) };
-        // rxe's provider refuses a zero-based type 1 bind before posting it.
-        if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
-            crate::set_errno(libc::EINVAL);
-            return libc::EINVAL;
-        }
-        // SAFETY: as above.
-        let rkey = verbs::inc_rkey(unsafe { obj::<Mw, _>(mw) }.mw.rkey());
-        // SAFETY: as above.
-        let wr = match unsafe { bind_wr(b.wr_id, b.send_flags, mw, rkey, &b.bind_info) } {
-            Ok(wr) => wr,
-            Err(e) => return e,
-        };
-        match q.qp.post_send(&[wr]) {
-            Ok(()) => {
-                // SAFETY: a live window; the program does not write it concurrently.
-                unsafe { (*mw).rkey = rkey };
-                0
-            }
-            Err(e) => e.errno(),
-        }
+        rc
     })
+}
+
+/// The body of [`bind_mw`]: 0 or the errno value.
+///
+/// # Safety
+/// As [`bind_mw`]: null or live objects of this library.
+unsafe fn bind_mw_errno(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw_bind) -> c_int {
+    if qp.is_null() || mw.is_null() || bind.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: live objects of this library (the caller's contract).
+    let (q, b) = unsafe { (obj::<Qp, _>(qp), &*bind) };
+    // rxe's provider refuses a zero-based type 1 bind before posting it.
+    if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: as above.
+    let rkey = verbs::inc_rkey(unsafe { obj::<Mw, _>(mw) }.mw.rkey());
+    // SAFETY: as above.
+    let wr = match unsafe { bind_wr(b.wr_id, b.send_flags, mw, rkey, &b.bind_info) } {
+        Ok(wr) => wr,
+        Err(e) => return e,
+    };
+    match q.qp.post_send(&[wr]) {
+        Ok(()) => {
+            // SAFETY: a live window; the program does not write it concurrently.
+            unsafe { (*mw).rkey = rkey };
+            0
+        }
+        Err(e) => e.errno(),
+    }
 }
