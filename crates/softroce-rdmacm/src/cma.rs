@@ -370,10 +370,11 @@ fn errno_or(default: c_int) -> c_int {
     }
 }
 
+/// The library's time: one [`SystemClock`](softroce::net::SystemClock) for the process, the
+/// engine's adapter of the real clock.
 fn now() -> Instant {
-    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
-    let e = *EPOCH.get_or_init(std::time::Instant::now);
-    Instant::from_nanos(e.elapsed().as_nanos() as u64 + 1)
+    static CLOCK: OnceLock<softroce::net::SystemClock> = OnceLock::new();
+    softroce::verbs::Clock::now(CLOCK.get_or_init(softroce::net::SystemClock::new))
 }
 
 // ---------------------------------------------------------------------------------------

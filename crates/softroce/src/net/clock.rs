@@ -4,8 +4,10 @@ use crate::transport::Instant;
 use crate::verbs::Clock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The real monotonic clock: ns since this clock was made.
-#[derive(Debug)]
+/// The real monotonic clock: ns since this clock was made, plus 1, so that no reading is
+/// [`Instant::ZERO`] (the start of a simulation's clock). The one adapter of the real clock:
+/// devices, the CM driver and librdmacm.so.1 all read time through it.
+#[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
     origin: std::time::Instant,
 }
@@ -27,7 +29,8 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Instant {
-        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        let ns = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Instant::from_nanos(ns.saturating_add(1))
     }
 }
 

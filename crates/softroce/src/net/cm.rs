@@ -16,7 +16,7 @@
 use crate::cm::rdma_cm::req_matches_listener;
 use crate::cm::{CmConfig, CmEngine, CmError, CmEvent, CommId};
 use crate::transport::Instant;
-use crate::verbs::{CmPort, Cq, Device, Error, ErrorKind, Wc};
+use crate::verbs::{Clock, CmPort, Cq, Device, Error, ErrorKind, Wc};
 use crate::wire::cm::SidrStatus;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -41,7 +41,8 @@ struct Shared {
     /// Signalled whenever an event lands in a mailbox.
     arrived: Condvar,
     stop: AtomicBool,
-    epoch: std::time::Instant,
+    /// The engine's time ([`SystemClock`](super::SystemClock), as the device's).
+    clock: super::SystemClock,
 }
 
 #[derive(Debug)]
@@ -57,7 +58,7 @@ struct Inner {
 
 impl Shared {
     fn now(&self) -> Instant {
-        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64 + 1)
+        self.clock.now()
     }
 }
 
@@ -151,7 +152,7 @@ impl CmDriver {
             }),
             arrived: Condvar::new(),
             stop: AtomicBool::new(false),
-            epoch: std::time::Instant::now(),
+            clock: super::SystemClock::new(),
         });
         let thread = {
             let (shared, cq) = (shared.clone(), dev.gsi_cq());
