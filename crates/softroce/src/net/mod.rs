@@ -26,6 +26,8 @@
 //! - `sock`: how the device's UDP sockets are made (shared by `udp` and `mcast`).
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
 //!   drive the same devices and engines deterministically.
+//! - [`steer`]: the `SO_REUSEPORT` steering program that lets processes share a device
+//!   address: each datagram to the socket of the process that owns its QP or CM ID.
 //! - [`oob`]: the out-of-band TCP exchange of QP endpoints and remote buffers that the
 //!   examples and the demo use.
 
@@ -43,6 +45,7 @@ pub mod pcap_reader;
 mod raw;
 pub mod sim;
 mod sock;
+pub mod steer;
 pub mod udp;
 
 pub use clock::{ManualClock, SystemClock};
