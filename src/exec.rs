@@ -24,6 +24,12 @@ pub struct ExecArgs {
     /// sets SOFTROCE_IP for the program. Default: SOFTROCE_IP as set, else 127.0.0.1.
     #[arg(long)]
     ip: Option<String>,
+    /// Write every RoCEv2 datagram that the program's devices (and its children's) send and
+    /// receive to this pcap (created or truncated here; each process appends whole records,
+    /// so a datagram between two of them appears twice, as sent and as received). Read it
+    /// with `softroce decode` or Wireshark.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
     /// The program and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     program: Vec<OsString>,
@@ -67,6 +73,14 @@ pub fn run(args: ExecArgs) -> Result<(), BoxError> {
     if let Some(ip) = &args.ip {
         parse_device_list(ip)?;
         cmd.env(SOFTROCE_IP, ip);
+    }
+    if let Some(file) = &args.pcap {
+        // Created (truncated) with its header now; the program's processes append to it.
+        std::fs::File::create(file).map_err(|e| format!("--pcap {}: {e}", file.display()))?;
+        softroce::net::Capture::append(file)
+            .map_err(|e| format!("--pcap {}: {e}", file.display()))?;
+        let abs = std::path::absolute(file)?;
+        cmd.env(softroce::net::pcap::SOFTROCE_PCAP, abs);
     }
     let mut path = dir.into_os_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {

@@ -102,3 +102,73 @@ fn ibv_rc_pingpong_between_two_processes() {
         assert!(text.contains("GID ::ffff:127.0.115.1"), "{who}:\n{text}");
     }
 }
+
+// `softroce exec --pcap FILE` (issue 25 item 4): every datagram of the program's devices and
+// of its children's goes to FILE, which `softroce decode` reads. The program is a shell whose
+// two children each run tests/c/verbs_gaps.c (RC traffic between its two devices) on their
+// own pair of addresses, one after the other: the capture holds both pairs' traffic and every
+// record's ICRC checks.
+#[test]
+fn exec_pcap_captures_the_program_and_its_children() {
+    let dir = std::env::temp_dir().join(format!("softroce-exec-pcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(prog) = compile_c("verbs_gaps", &dir) else {
+        return;
+    };
+    let pcap = dir.join("children.pcap");
+    let script = format!(
+        "SOFTROCE_IP=127.0.151.1,127.0.151.2 {p} && SOFTROCE_IP=127.0.151.3,127.0.151.4 {p}",
+        p = prog.display()
+    );
+    let mut cmd = std::process::Command::new(SOFTROCE);
+    cmd.args(["exec", "--pcap"])
+        .arg(&pcap)
+        .args(["--", "sh", "-c", &script]);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = wait(
+        cmd.spawn().unwrap(),
+        Duration::from_secs(90),
+        "verbs_gaps x2",
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decoded = std::process::Command::new(SOFTROCE)
+        .arg("decode")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&decoded.stdout).into_owned();
+    assert!(
+        decoded.status.success(),
+        "decode: {}\n{}",
+        decoded.status,
+        String::from_utf8_lossy(&decoded.stderr)
+    );
+    let frames: Vec<&str> = text.lines().collect();
+    for pair in [
+        ("127.0.151.1", "127.0.151.2"),
+        ("127.0.151.3", "127.0.151.4"),
+    ] {
+        let n = frames
+            .iter()
+            .filter(|l| {
+                l.contains(&format!("{}:", pair.0)) && l.contains(&format!("{}:4791", pair.1))
+            })
+            .count();
+        assert!(
+            n > 0,
+            "no datagram from {} to {} in the capture:\n{text}",
+            pair.0,
+            pair.1
+        );
+    }
+    let bad: Vec<&&str> = frames.iter().filter(|l| !l.contains("icrc=ok")).collect();
+    assert!(bad.is_empty(), "records whose ICRC does not check: {bad:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

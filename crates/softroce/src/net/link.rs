@@ -87,10 +87,40 @@ impl UdpOptions {
         *PROCESS_DEFAULT.lock() = Some(opts);
     }
 
-    /// The options set by [`UdpOptions::set_process_default`], else the defaults.
+    /// The options set by [`UdpOptions::set_process_default`], else the defaults with, when
+    /// [`SOFTROCE_PCAP`](super::pcap::SOFTROCE_PCAP) names a file, the process's capture
+    /// appending to it ([`Capture::append`], opened once; if it cannot be, the reason is said
+    /// on stderr once and devices open without a capture).
     pub fn process_default() -> UdpOptions {
-        PROCESS_DEFAULT.lock().clone().unwrap_or_default()
+        if let Some(o) = PROCESS_DEFAULT.lock().clone() {
+            return o;
+        }
+        UdpOptions {
+            capture: env_capture(),
+            ..UdpOptions::default()
+        }
     }
+}
+
+/// The capture [`SOFTROCE_PCAP`](super::pcap::SOFTROCE_PCAP) asks for, opened on first use.
+fn env_capture() -> Option<Arc<Capture>> {
+    static CAPTURE: std::sync::OnceLock<Option<Arc<Capture>>> = std::sync::OnceLock::new();
+    CAPTURE
+        .get_or_init(|| {
+            let path = std::env::var_os(super::pcap::SOFTROCE_PCAP).filter(|p| !p.is_empty())?;
+            match Capture::append(std::path::Path::new(&path)) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    eprintln!(
+                        "softroce: {}={}: {e}; devices open without a capture",
+                        super::pcap::SOFTROCE_PCAP,
+                        path.to_string_lossy()
+                    );
+                    None
+                }
+            }
+        })
+        .clone()
 }
 
 /// The UDP side of a device: a receive socket on port 4791 and send sockets per source port,

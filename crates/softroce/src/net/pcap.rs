@@ -109,6 +109,38 @@ impl Capture {
         Capture::to_writer(Box::new(BufWriter::new(file)))
     }
 
+    /// Appends to the pcap file at `path`, shared with other processes that append to it
+    /// (the children of `softroce exec --pcap`, through [`SOFTROCE_PCAP`]): it is created
+    /// with its header if missing or empty, and each record is written with one `write(2)`
+    /// on an `O_APPEND` descriptor, so records of different processes never interleave
+    /// (nothing is buffered: a killed process loses no record it wrote). A datagram between
+    /// two processes sharing the file is written by each, as sent and as received.
+    /// Errors: the file cannot be opened, locked or written, or holds something shorter than
+    /// a pcap header.
+    pub fn append(path: &Path) -> io::Result<Arc<Capture>> {
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)?;
+        // The check for an empty file and the header are one step among the processes.
+        file.lock()?;
+        let len = file.metadata()?.len();
+        if len != 0 && len < PCAP_HEADER_LEN as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: not a pcap file ({len} bytes)", path.display()),
+            ));
+        }
+        let records = AppendRecords {
+            file,
+            pending: Vec::new(),
+            header_left: PCAP_HEADER_LEN,
+            write_header: len == 0,
+        };
+        // `to_writer` writes the header (or `records` skips it) and so unlocks the file.
+        Capture::to_writer(Box::new(records))
+    }
+
     /// A capture into any writer (e.g. a `Vec<u8>` behind a lock, in tests).
     /// Errors: writing the pcap header failed.
     pub fn to_writer(w: Box<dyn Write + Send>) -> io::Result<Arc<Capture>> {
@@ -251,6 +283,68 @@ fn write_locked(g: &mut Inner, packet: &[u8]) {
                 g.first_error = Some(e.to_string());
             }
         }
+    }
+}
+
+/// The environment variable that makes every device a process opens append its datagrams to
+/// that pcap file ([`Capture::append`]), unless the process chose its own options
+/// ([`UdpOptions::set_process_default`](super::UdpOptions::set_process_default)). Set by
+/// `softroce exec --pcap FILE` for the program and its children.
+pub const SOFTROCE_PCAP: &str = "SOFTROCE_PCAP";
+
+/// Bytes of a pcap file header.
+const PCAP_HEADER_LEN: usize = 24;
+/// Bytes of a pcap record header (timestamp, captured and original length).
+const PCAP_RECORD_HEADER_LEN: usize = 16;
+
+/// A writer that turns what a [`PcapWriter`] writes into whole records, each appended with
+/// one `write(2)` (see [`Capture::append`]). The file header is written only when
+/// `write_header`, else dropped. The file lock taken by `Capture::append` is released once
+/// the header has gone.
+struct AppendRecords {
+    file: File,
+    /// Bytes of a record not yet complete.
+    pending: Vec<u8>,
+    /// Bytes of the file header still to come from the writer.
+    header_left: usize,
+    write_header: bool,
+}
+
+impl Write for AppendRecords {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        if self.header_left > 0 {
+            if self.pending.len() < self.header_left {
+                return Ok(buf.len());
+            }
+            let header: Vec<u8> = self.pending.drain(..self.header_left).collect();
+            self.header_left = 0;
+            if self.write_header {
+                self.file.write_all(&header)?;
+            }
+            self.file.unlock()?;
+        }
+        while self.pending.len() >= PCAP_RECORD_HEADER_LEN {
+            let mut incl = [0u8; 4];
+            incl.copy_from_slice(&self.pending[8..12]);
+            let whole = PCAP_RECORD_HEADER_LEN + u32::from_ne_bytes(incl) as usize;
+            if self.pending.len() < whole {
+                break;
+            }
+            // One write of the whole record: O_APPEND places it at the end as one piece.
+            let n = self.file.write(&self.pending[..whole])?;
+            if n != whole {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    format!("pcap record cut short: {n} of {whole} bytes written"),
+                ));
+            }
+            self.pending.drain(..whole);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
