@@ -69,9 +69,12 @@ pub fn serve(
         gid: Gid::from_ip(ip),
     };
     let them = me.exchange(&mut tcp)?;
+    // The client's device address is its GID's; the TCP address is only the exchange's.
     log(&format!(
-        "[server] client {peer}: QPN {:#x}, GID {}",
-        them.qpn, them.gid
+        "[server] client device {}: QPN {:#x}, GID {} (exchanged over TCP from {peer})",
+        them.gid.ip(),
+        them.qpn,
+        them.gid
     ));
     qp.connect_rc(&RcConnect::new(them.qpn, them.gid, them.psn, me.psn))?;
     RemoteBuf {

@@ -90,8 +90,17 @@ enum Command {
     /// A scriptable RC responder: prints its QPN, PSN and MRs as JSON, then takes JSON
     /// commands on stdin and reports every completion as a JSON line.
     Target(target::TargetArgs),
-    /// Runs an unmodified verbs program (linked with libibverbs) on softroce devices:
-    /// `softroce exec [--ip ADDR[,ADDR…]] -- PROGRAM [ARGS…]`.
+    /// Runs an unmodified verbs or rdma_cm program (linked with libibverbs / librdmacm) on
+    /// softroce devices: `softroce exec [--ip ADDR[,ADDR…]] [--pcap FILE] -- PROGRAM [ARGS…]`.
+    #[command(after_help = "What new users hit:\n  \
+        - Build with --release: the debug build is about 50x slower per message.\n  \
+        - Use GID index 1 (-g 1 for rdma-core's examples, -x 1 for perftest): index 0 is the \
+        link-local GID,\n    which softroce does not send from (ibv_modify_qp to RTR fails, \
+        EINVAL).\n  \
+        - One address per process: a second process on an address gets EADDRINUSE; every \
+        address\n    of 127.0.0.0/8 is loopback (--ip 127.0.0.2, 127.0.0.3, ...).\n  \
+        - SOFTROCE_LOG=debug says what the devices did; the README's Troubleshooting table \
+        lists\n    the common messages.")]
     Exec(exec::ExecArgs),
     /// Explains every frame of a pcap or pcapng file (Ethernet, raw IP or Linux cooked).
     Decode {

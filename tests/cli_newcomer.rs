@@ -174,3 +174,35 @@ fn perf_names_the_perftest_options_it_lacks_and_lists_its_tests() {
         "{out}"
     );
 }
+
+// Issue 25 item 7: the demo's server names its client by the client's device address (the
+// GID the client sent), not by the TCP source address of the exchange.
+#[test]
+fn demo_names_the_client_by_its_device_address() {
+    let (ok, out) = alone(&[
+        "demo",
+        "--server-ip",
+        "127.0.91.40",
+        "--client-ip",
+        "127.0.91.41",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("[server] client device 127.0.91.41: QPN ")),
+        "{out}"
+    );
+}
+
+// Issue 22 item 6: the GID-index message is one sentence, without the runs of spaces a
+// string continued without a backslash left in it.
+#[test]
+fn the_gid_index_message_has_no_runs_of_spaces() {
+    let (ok, out) = alone(&["pingpong", "--rc", "-g", "0", "--ip", "127.0.91.42"]);
+    assert!(!ok, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("-g 0: GID[0]"))
+        .unwrap_or_else(|| panic!("no GID message: {out}"));
+    assert!(!line.contains("  "), "{line}");
+}
