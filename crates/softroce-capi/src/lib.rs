@@ -20,7 +20,7 @@
 //!   post_recv), `qp_ex.rs` (the `ibv_wr_*` builder); `wr.rs` converts receive WR lists for
 //!   qp.rs and srq.rs; `device.rs` lists and opens devices and fills each context's function
 //!   tables from the object files. Each object file depends on the handle layer, the engine
-//!   and the objects it is made from, never in a circle.
+//!   and the objects it is made from, never in a circle (`module_tests.rs` checks it).
 //! - Extended objects: every QP is a `struct ibv_qp_ex` and every CQ a `struct ibv_cq_ex`;
 //!   `ibv_create_qp_ex` with send ops fills the `ibv_wr_*` builder, `ibv_create_cq_ex` the
 //!   `ibv_start_poll` / `ibv_wc_read_*` functions.
@@ -61,6 +61,8 @@ mod wr;
 
 #[cfg(test)]
 mod layout_tests;
+#[cfg(test)]
+mod module_tests;
 
 // The entry points, by name at the crate root for the generated exports (`crate::<name>`,
 // build_exports.rs). The object files name each other by module, never through these.
