@@ -14,13 +14,21 @@
 //!   to the driver thread while the device mostly sends (`UdpOptions::busy_poll_adaptive`);
 //!   `ibv_get_cq_event` hands receiving back to the driver thread before it blocks
 //!   (`UdpDevice::poller_sleeps`).
-//! - Extended objects (`ex.rs`): every QP is a `struct ibv_qp_ex` and every CQ a
-//!   `struct ibv_cq_ex`; `ibv_create_qp_ex` with send ops fills the `ibv_wr_*` builder,
-//!   `ibv_create_cq_ex` the `ibv_start_poll` / `ibv_wc_read_*` functions.
-//! - Handles: every object is one `Box` of a `#[repr(C)]` struct whose first field is the C
-//!   struct libibverbs defines (`*mut ibv_qp` and `*mut Qp` convert by cast), freed by its
-//!   `ibv_destroy_*`. The context is a `verbs_context` (whose last field is the `ibv_context`
-//!   handed out) followed by softroce's state.
+//! - Files: one per object, as rdma-core's libibverbs splits its commands (cmd_cq.c,
+//!   cmd_qp.c, …): `context.rs`, `pd.rs`, `mr.rs`, `mw.rs`, `comp_channel.rs`, `cq.rs`
+//!   (with polling and the extended CQ), `srq.rs`, `ah.rs`, `qp.rs` (with post_send /
+//!   post_recv), `qp_ex.rs` (the `ibv_wr_*` builder); `wr.rs` converts receive WR lists for
+//!   qp.rs and srq.rs; `device.rs` lists and opens devices and fills each context's function
+//!   tables from the object files. Each object file depends on the handle layer, the engine
+//!   and the objects it is made from, never in a circle (`module_tests.rs` checks it).
+//! - Extended objects: every QP is a `struct ibv_qp_ex` and every CQ a `struct ibv_cq_ex`;
+//!   `ibv_create_qp_ex` with send ops fills the `ibv_wr_*` builder, `ibv_create_cq_ex` the
+//!   `ibv_start_poll` / `ibv_wc_read_*` functions.
+//! - Handles (`handle.rs`): every object is one `Box` of a `#[repr(C)]` struct whose first
+//!   field is the C struct libibverbs defines, freed by its `ibv_destroy_*`. The context is a
+//!   `verbs_context` (whose last field is the `ibv_context` handed out) followed by
+//!   softroce's state. `Castable` ties each C handle type to its one Rust object and
+//!   `handle::try_ref` is the one checked conversion (a NULL handle is EINVAL through `?`).
 //! - Symbols: `exports.txt` lists every symbol of rdma-core 44's libibverbs.so.1 with its
 //!   version node; build.rs makes the version script and one `.symver` per symbol. What
 //!   softroce does not implement returns EOPNOTSUPP (NULL/-1 with errno, as each returns).
@@ -34,22 +42,41 @@
 #![cfg_attr(test, allow(dead_code, unused_imports, unused_macros))]
 
 pub mod abi;
+mod ah;
+mod comp_channel;
+mod context;
+mod cq;
 mod device;
-mod ex;
+mod handle;
 mod log;
 mod mad;
+mod mr;
 mod mw;
-mod objects;
-mod post;
+mod pd;
+mod qp;
+mod qp_ex;
+mod srq;
 mod strings;
+mod wr;
 
 #[cfg(test)]
 mod layout_tests;
+#[cfg(test)]
+mod module_tests;
 
+// The entry points, by name at the crate root for the generated exports (`crate::<name>`,
+// build_exports.rs). The object files name each other by module, never through these.
+pub(crate) use ah::*;
+pub(crate) use comp_channel::*;
+pub(crate) use context::*;
+pub(crate) use cq::*;
 pub(crate) use device::*;
-pub(crate) use ex::ibv_qp_to_qp_ex;
 pub(crate) use mad::{softroce_mad_recv, softroce_mad_send};
-pub(crate) use objects::*;
+pub(crate) use mr::*;
+pub(crate) use pd::*;
+pub(crate) use qp::*;
+pub(crate) use qp_ex::ibv_qp_to_qp_ex;
+pub(crate) use srq::*;
 pub(crate) use strings::*;
 
 /// Runs an `extern "C"` body, turning a panic into `$on_panic` with errno `EIO`.
@@ -97,6 +124,32 @@ pub(crate) fn null_errno<T>(e: i32) -> *mut T {
 pub(crate) fn neg_errno(e: i32) -> i32 {
     set_errno(e);
     -1
+}
+
+/// The return value of a verb that returns an errno value: 0, or the error of `body`, in
+/// which `?` works (a NULL handle is `EINVAL`, `handle::NullHandle`). Leaves `errno` alone
+/// (`ffi_errno!` sets it for the verbs that do).
+pub(crate) fn errno_result(
+    body: impl FnOnce() -> Result<(), core::ffi::c_int>,
+) -> core::ffi::c_int {
+    match body() {
+        Ok(()) => 0,
+        Err(e) => e,
+    }
+}
+
+/// The return value of a constructor: the handle `body` made, or NULL with errno set to its
+/// error ([`null_errno`]).
+pub(crate) fn ptr_result<T>(body: impl FnOnce() -> Result<*mut T, core::ffi::c_int>) -> *mut T {
+    body().unwrap_or_else(null_errno)
+}
+
+/// The return value of a verb whose man page says "-1 and errno": the value of `body`, or
+/// -1 with errno set to its error ([`neg_errno`]).
+pub(crate) fn neg_result(
+    body: impl FnOnce() -> Result<core::ffi::c_int, core::ffi::c_int>,
+) -> core::ffi::c_int {
+    body().unwrap_or_else(neg_errno)
 }
 
 // The versioned symbols (generated from exports.txt by build.rs). Not in the unit-test

@@ -17,7 +17,11 @@
 //! contexts opened on it. Completions are taken with `Cq::poll_queued` / `Cq::wait`, which do
 //! not drive the link: receiving stays with the device's driver thread or its busy poller.
 
-use crate::{context, ffi, neg_errno};
+use crate::abi::ibv_context;
+use crate::context::Context;
+use crate::device::PerProcess;
+use crate::handle::try_ref;
+use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
 use softroce::transport::UdDest;
@@ -155,22 +159,20 @@ impl MadPort {
 }
 
 /// The port of the engine device behind `ctx`, made on first use.
-fn port_of(ctx: *mut crate::abi::ibv_context) -> Result<Arc<MadPort>, c_int> {
+fn port_of(ctx: *mut ibv_context) -> Result<Arc<MadPort>, c_int> {
     // A forked child's contexts are its own: it does not get the parent's ports.
-    type Ports = crate::device::PerProcess<HashMap<IpAddr, Arc<MadPort>>>;
+    type Ports = PerProcess<HashMap<IpAddr, Arc<MadPort>>>;
     static PORTS: OnceLock<Mutex<Ports>> = OnceLock::new();
-    if ctx.is_null() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: the caller passes a context from ibv_open_device that it has not closed.
-    let c = unsafe { context(ctx) };
+    // SAFETY: the caller passes NULL or a context from ibv_open_device that it has not
+    // closed.
+    let c: &Context = unsafe { try_ref(ctx) }?;
     let mut guard = PORTS.get_or_init(Default::default).lock();
     let ports = guard.get();
-    if let Some(p) = ports.get(&c.device.addr.ip) {
+    if let Some(p) = ports.get(&c.addr.ip) {
         return Ok(p.clone());
     }
     let p = Arc::new(MadPort::open(c.dev.device()).map_err(|e| e.errno())?);
-    ports.insert(c.device.addr.ip, p.clone());
+    ports.insert(c.addr.ip, p.clone());
     Ok(p)
 }
 
@@ -199,7 +201,7 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
 }
 
 pub(crate) extern "C" fn softroce_mad_send(
-    ctx: *mut crate::abi::ibv_context,
+    ctx: *mut ibv_context,
     dst: *const libc::sockaddr,
     mad: *const c_void,
     len: usize,
@@ -222,7 +224,7 @@ pub(crate) extern "C" fn softroce_mad_send(
 }
 
 pub(crate) extern "C" fn softroce_mad_recv(
-    ctx: *mut crate::abi::ibv_context,
+    ctx: *mut ibv_context,
     mad: *mut c_void,
     src: *mut libc::sockaddr_storage,
     timeout_ms: c_int,

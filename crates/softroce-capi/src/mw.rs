@@ -1,6 +1,7 @@
 //! Memory windows: the `ibv_context_ops` entries behind verbs.h's static inline
-//! `ibv_alloc_mw`, `ibv_dealloc_mw` and `ibv_bind_mw`, and the BIND_MW work request of
-//! `ibv_post_send` and `ibv_wr_bind_mw`, over the engine's `verbs::Mw`.
+//! `ibv_alloc_mw` and `ibv_dealloc_mw`, and the BIND_MW work request ([`bind_wr`]) that
+//! `ibv_bind_mw` (`qp::bind_mw`, which posts it on the QP), `ibv_post_send` and
+//! `ibv_wr_bind_mw` (qp_ex.rs) make, over the engine's `verbs::Mw`.
 //!
 //! Every bind is a BIND_MW work request (as rxe: `ibv_bind_mw` of a type 1 window posts one
 //! with the next R_Key, `ibv_inc_rkey` of the current one; a type 2 window is bound by the
@@ -9,8 +10,10 @@
 //! PD, window state) fail.
 
 use crate::abi::*;
-use crate::objects::{Mr, Pd, Qp, free, obj};
-use crate::{ffi, ffi_errno};
+use crate::handle::{Castable, free, into_handle, try_ref};
+use crate::mr::Mr;
+use crate::pd::Pd;
+use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::c_int;
 use softroce::verbs::{self, AccessFlags, BindMw, MwType, SendFlags, SendWr, WrOpcode};
 
@@ -19,6 +22,11 @@ use softroce::verbs::{self, AccessFlags, BindMw, MwType, SendFlags, SendWr, WrOp
 pub(crate) struct Mw {
     pub ibv: ibv_mw,
     pub mw: verbs::Mw,
+}
+
+// SAFETY: `ibv_mw` is the first field of the `#[repr(C)]` `Mw` that `alloc_mw` boxes.
+unsafe impl Castable for ibv_mw {
+    type RustType = Mw;
 }
 
 /// `IBV_MW_TYPE_1`, `IBV_MW_TYPE_2`.
@@ -30,41 +38,34 @@ const IBV_MW_TYPE_2: c_int = 2;
 /// accepts and ignores them.
 const MW_ACCESS: u32 = 0xe;
 /// `IBV_ACCESS_ZERO_BASED`: a window addressed from 0 (type 2 only).
-const ACCESS_ZERO_BASED: u32 = 0x20;
+pub(crate) const ACCESS_ZERO_BASED: u32 = 0x20;
 
 /// `ops.alloc_mw`: a window of type 1 or 2 on `pd`; another type is EINVAL (rxe), and
 /// past 4096 windows ENOMEM.
 pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: c_int) -> *mut ibv_mw {
     ffi!(std::ptr::null_mut(), {
-        let t = match mw_type {
-            IBV_MW_TYPE_1 => MwType::Type1,
-            IBV_MW_TYPE_2 => MwType::Type2,
-            _ => return crate::null_errno(libc::EINVAL),
-        };
-        if pd.is_null() {
-            return crate::null_errno(libc::EINVAL);
-        }
-        // SAFETY: a live PD (the caller's contract).
-        let p = unsafe { obj::<Pd, _>(pd) };
-        match p.pd.alloc_mw(t) {
-            Ok(mw) => {
-                // SAFETY: the live PD the window is made on.
-                unsafe { crate::objects::uses(pd, true, true) };
-                let rkey = mw.rkey();
-                Box::into_raw(Box::new(Mw {
-                    ibv: ibv_mw {
-                        context: p.ibv.context,
-                        pd,
-                        rkey,
-                        handle: rkey,
-                        type_: mw_type,
-                    },
-                    mw,
-                }))
-                .cast()
-            }
-            Err(e) => crate::null_errno(e.errno()),
-        }
+        ptr_result(|| {
+            let t = match mw_type {
+                IBV_MW_TYPE_1 => MwType::Type1,
+                IBV_MW_TYPE_2 => MwType::Type2,
+                _ => return Err(libc::EINVAL),
+            };
+            // SAFETY: NULL or a live PD (the caller's contract).
+            let p: &Pd = unsafe { try_ref(pd) }?;
+            let mw = p.pd.alloc_mw(t).map_err(|e| e.errno())?;
+            p.users.hold();
+            let rkey = mw.rkey();
+            Ok(into_handle(Mw {
+                ibv: ibv_mw {
+                    context: p.ibv.context,
+                    pd,
+                    rkey,
+                    handle: rkey,
+                    type_: mw_type,
+                },
+                mw,
+            }))
+        })
     })
 }
 
@@ -72,15 +73,14 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: c_int) -> *mu
 /// binding goes with it).
 pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
     ffi_errno!({
-        if mw.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: a live window the caller gives up; its PD is live while it is.
-        unsafe {
-            crate::objects::uses((*mw).pd, true, false);
-            free::<Mw, _>(mw);
-        }
-        0
+        errno_result(|| {
+            // SAFETY: NULL or a live window; its PD is live while it is.
+            let p: &Pd = unsafe { try_ref(try_ref(mw)?.ibv.pd) }?;
+            p.users.release();
+            // SAFETY: a live window the caller gives up.
+            unsafe { free(mw) };
+            Ok(())
+        })
     })
 }
 
@@ -98,16 +98,15 @@ pub(crate) unsafe fn bind_wr(
     rkey: u32,
     info: &ibv_mw_bind_info,
 ) -> Result<SendWr, c_int> {
-    if mw.is_null() || (info.mr.is_null() && info.length != 0) {
-        return Err(libc::EINVAL);
-    }
     // SAFETY: our caller's contract.
-    let w = unsafe { obj::<Mw, _>(mw) };
-    let mr_lkey = if info.mr.is_null() {
-        0
-    } else {
-        // SAFETY: our caller's contract.
-        unsafe { obj::<Mr, _>(info.mr) }.mr.lkey()
+    let w = unsafe { try_ref(mw) }?;
+    // SAFETY: our caller's contract.
+    let mr: Result<&Mr, _> = unsafe { try_ref(info.mr) };
+    let mr_lkey = match mr {
+        Ok(m) => m.mr.lkey(),
+        // An unbind names no MR.
+        Err(_) if info.length == 0 => 0,
+        Err(e) => return Err(e.into()),
     };
     let mut wr = SendWr::new(wr_id, WrOpcode::BindMw, Vec::new());
     wr.send_flags = SendFlags(send_flags & 0xf);
@@ -120,54 +119,4 @@ pub(crate) unsafe fn bind_wr(
         access: AccessFlags(info.mw_access_flags & (MW_ACCESS | ACCESS_ZERO_BASED)),
     });
     Ok(wr)
-}
-
-/// `ops.bind_mw` (`ibv_bind_mw`, type 1 windows; verbs.h checked the type and the PDs):
-/// posts a BIND_MW work request with R_Key `ibv_inc_rkey(mw->rkey)` and, once it is
-/// posted, sets `mw->rkey` to it (the key is usable when the bind completes).
-pub(crate) unsafe extern "C" fn bind_mw(
-    qp: *mut ibv_qp,
-    mw: *mut ibv_mw,
-    bind: *mut ibv_mw_bind,
-) -> c_int {
-    ffi!(libc::EIO, {
-        // SAFETY: our caller's contract, passed on.
-        let rc = unsafe { bind_mw_errno(qp, mw, bind) };
-        // rxe's provider (rxe_bind_mw) leaves its return value in errno on every error path.
-        if rc != 0 {
-            crate::set_errno(rc);
-        }
-        rc
-    })
-}
-
-/// The body of [`bind_mw`]: 0 or the errno value.
-///
-/// # Safety
-/// As [`bind_mw`]: null or live objects of this library.
-unsafe fn bind_mw_errno(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw_bind) -> c_int {
-    if qp.is_null() || mw.is_null() || bind.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: live objects of this library (the caller's contract).
-    let (q, b) = unsafe { (obj::<Qp, _>(qp), &*bind) };
-    // rxe's provider refuses a zero-based type 1 bind before posting it.
-    if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
-        return libc::EINVAL;
-    }
-    // SAFETY: as above.
-    let rkey = verbs::inc_rkey(unsafe { obj::<Mw, _>(mw) }.mw.rkey());
-    // SAFETY: as above.
-    let wr = match unsafe { bind_wr(b.wr_id, b.send_flags, mw, rkey, &b.bind_info) } {
-        Ok(wr) => wr,
-        Err(e) => return e,
-    };
-    match q.qp.post_send(&[wr]) {
-        Ok(()) => {
-            // SAFETY: a live window; the program does not write it concurrently.
-            unsafe { (*mw).rkey = rkey };
-            0
-        }
-        Err(e) => e.errno(),
-    }
 }

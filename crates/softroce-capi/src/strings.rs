@@ -1,11 +1,21 @@
 //! The string and rate helpers of libibverbs (`ibv_wc_status_str`, `ibv_event_type_str`,
 //! `ibv_node_type_str`, `ibv_port_state_str`, `ibv_rate_to_mult`, ...). Source: rdma-core
-//! libibverbs/enum_strs.c and verbs.c.
+//! libibverbs/enum_strs.c and verbs.c. Also [`copy_str`], which fills the fixed-size
+//! strings of the C structs.
 
 use core::ffi::{CStr, c_char, c_int};
 use softroce::verbs::WcStatus;
 use std::ffi::CString;
 use std::sync::OnceLock;
+
+/// Copies `s` into the fixed C string `dst`, cut to leave room for the terminating NUL (the
+/// rest of `dst` is left as it was, zeros in every caller).
+pub(crate) fn copy_str(dst: &mut [c_char], s: &str) {
+    let n = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+}
 
 pub(crate) extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
     static TEXT: OnceLock<Vec<CString>> = OnceLock::new();

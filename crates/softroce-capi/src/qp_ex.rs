@@ -1,34 +1,19 @@
-//! The extended QP and CQ: `verbs_context.create_qp_ex` (what verbs.h's inline
+//! The extended QP: `verbs_context.create_qp_ex` (what verbs.h's inline
 //! `ibv_create_qp_ex` calls), `ibv_qp_to_qp_ex` and the work request builder of
-//! `struct ibv_qp_ex` (`ibv_wr_start` … `ibv_wr_complete`); `verbs_context.create_cq_ex`
-//! and the polling functions of `struct ibv_cq_ex` (`ibv_start_poll`, `ibv_next_poll`,
-//! `ibv_end_poll`, `ibv_wc_read_*`). Behaviour follows rdma-core's rxe provider
+//! `struct ibv_qp_ex` (`ibv_wr_start` … `ibv_wr_complete`; its state is the QP's
+//! `WrBuild`). The extended CQ is `cq.rs`'s. Behaviour follows rdma-core's rxe provider
 //! (providers/rxe/rxe.c): the builder queues WRs from `wr_start` and posts them all in
 //! `wr_complete`, which returns the first error met while building (posting none of them);
 //! `wr_abort` drops them.
 
 use crate::abi::*;
-use crate::objects::{Ah, Cq, Qp, obj};
-use crate::post::wc_to_c;
-use crate::{ffi, null_errno};
-use core::ffi::{c_int, c_uint, c_void};
-use softroce::verbs::{SendFlags, SendWr, Sge, Wc, WrOpcode};
-
-/// The WRs a `wr_start` … `wr_complete` sequence builds, and the first error met.
-#[derive(Default)]
-pub(crate) struct WrBuild {
-    wrs: Vec<SendWr>,
-    /// `inline[i]`: the bytes `wr_set_inline_data(_list)` copied for `wrs[i]`.
-    inline: Vec<Option<Vec<u8>>>,
-    err: c_int,
-}
-
-impl WrBuild {
-    fn push(&mut self, wr: SendWr) {
-        self.wrs.push(wr);
-        self.inline.push(None);
-    }
-}
+use crate::ah::Ah;
+use crate::handle::{try_mut, try_ref};
+use crate::mw::bind_wr;
+use crate::qp::{Qp, WrBuild, ibv_create_qp};
+use crate::{ffi, ptr_result};
+use core::ffi::{c_int, c_void};
+use softroce::verbs::{SendFlags, SendWr, Sge, WrOpcode};
 
 /// The `IBV_QP_EX_WITH_*` operations softroce builds (rxe's: all but TSO and ATOMIC_WRITE).
 const SEND_OPS_SUPPORTED: u64 = (1 << 0) // RDMA_WRITE
@@ -50,44 +35,42 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     ffi!(std::ptr::null_mut(), {
-        if attr.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        // SAFETY: a readable, writable init attr (the caller's contract).
-        let a = unsafe { &mut *attr };
-        let known =
-            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        if a.comp_mask & !known != 0
-            || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
-        {
-            return null_errno(libc::EOPNOTSUPP);
-        }
-        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        let send_ops =
-            (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
-        if send_ops.is_some_and(|f| f & !SEND_OPS_SUPPORTED != 0) {
-            return null_errno(libc::EOPNOTSUPP);
-        }
-        // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr` (verbs.h's
-        // inline ibv_create_qp_ex makes the same cast).
-        let qp = crate::objects::ibv_create_qp(a.pd, attr.cast());
-        if !qp.is_null() && send_ops.is_some() {
-            // SAFETY: just made by ibv_create_qp: a live `Qp`.
-            unsafe { enable_qp_ex(qp.cast()) };
-        }
-        qp
+        ptr_result(|| {
+            // SAFETY: NULL or a readable, writable init attr (the caller's contract).
+            let a = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
+            let known = IBV_QP_INIT_ATTR_PD
+                | IBV_QP_INIT_ATTR_CREATE_FLAGS
+                | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+            if a.comp_mask & !known != 0
+                || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+            {
+                return Err(libc::EOPNOTSUPP);
+            }
+            if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let send_ops =
+                (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
+            if send_ops.is_some_and(|f| f & !SEND_OPS_SUPPORTED != 0) {
+                return Err(libc::EOPNOTSUPP);
+            }
+            // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr` (verbs.h's
+            // inline ibv_create_qp_ex makes the same cast).
+            let qp = ibv_create_qp(a.pd, attr.cast());
+            if send_ops.is_some() {
+                // SAFETY: NULL (with errno set), or just made by ibv_create_qp: a live `Qp` no
+                // other thread uses yet.
+                if let Ok(q) = unsafe { try_mut(qp) } {
+                    enable_qp_ex(q);
+                }
+            }
+            Ok(qp)
+        })
     })
 }
 
-/// Makes `qp` an extended QP: fills the builder's function table.
-///
-/// # Safety
-/// `qp` is a live `Qp` no other thread uses yet.
-unsafe fn enable_qp_ex(qp: *mut Qp) {
-    // SAFETY: our caller's contract.
-    let q = unsafe { &mut *qp };
+/// Makes `q` an extended QP: fills the builder's function table.
+fn enable_qp_ex(q: &mut Qp) {
     q.is_ex = true;
     let x = &mut q.ibv;
     x.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
@@ -114,14 +97,10 @@ unsafe fn enable_qp_ex(qp: *mut Qp) {
 /// (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`), else NULL.
 pub(crate) extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     ffi!(std::ptr::null_mut(), {
-        if qp.is_null() {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: a live QP of this library.
-        if unsafe { obj::<Qp, _>(qp) }.is_ex {
-            qp.cast()
-        } else {
-            std::ptr::null_mut()
+        // SAFETY: NULL or a live QP of this library.
+        match unsafe { try_ref(qp) } {
+            Ok(q) if q.is_ex => qp.cast(),
+            _ => std::ptr::null_mut(),
         }
     })
 }
@@ -130,11 +109,10 @@ pub(crate) extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 /// nothing: a panic is swallowed, and the next `wr_complete` reports EIO).
 fn with_build(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut WrBuild)) {
     ffi!((), {
-        if qp.is_null() {
+        // SAFETY: NULL or an extended QP of this library (the caller's contract).
+        let Ok(q) = (unsafe { try_ref(qp) }) else {
             return;
-        }
-        // SAFETY: an extended QP of this library (the caller's contract).
-        let q = unsafe { obj::<Qp, _>(qp) };
+        };
         let mut b = q.build.lock();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(q, &mut b)));
         if r.is_err() && b.err == 0 {
@@ -207,7 +185,7 @@ unsafe extern "C" fn wr_bind_mw(
             Err(libc::EINVAL)
         } else {
             // SAFETY: live objects of this library (the caller's contract).
-            unsafe { crate::mw::bind_wr(q.ibv.wr_id, q.ibv.wr_flags, mw, rkey, &*info) }
+            unsafe { bind_wr(q.ibv.wr_id, q.ibv.wr_flags, mw, rkey, &*info) }
         };
         match r {
             Ok(wr) => b.push(wr),
@@ -266,11 +244,8 @@ unsafe extern "C" fn wr_set_ud_addr(
     remote_qkey: u32,
 ) {
     last_wr(qp, |_, w, _| {
-        if ah.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: a live AH of this library (the caller's contract).
-        let ah = unsafe { obj::<Ah, _>(ah) };
+        // SAFETY: NULL or a live AH of this library (the caller's contract).
+        let ah: &Ah = unsafe { try_ref(ah) }?;
         w.ud = Some(ah.ah.dest(remote_qpn, remote_qkey));
         Ok(())
     });
@@ -415,11 +390,10 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
 
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     ffi!(libc::EIO, {
-        if qp.is_null() {
+        // SAFETY: NULL or an extended QP of this library (the caller's contract).
+        let Ok(q) = (unsafe { try_ref(qp) }) else {
             return libc::EINVAL;
-        }
-        // SAFETY: an extended QP of this library (the caller's contract).
-        let q = unsafe { obj::<Qp, _>(qp) };
+        };
         let mut b = q.build.lock();
         let wrs = std::mem::take(&mut b.wrs);
         let inline = std::mem::take(&mut b.inline);
@@ -444,146 +418,4 @@ unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
         b.inline.clear();
         b.err = 0;
     });
-}
-
-/// `IBV_WC_STANDARD_FLAGS`: what an extended CQ of softroce can report (as rxe).
-const WC_STANDARD_FLAGS: u64 = 0x7f;
-/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
-const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
-/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (a hint).
-const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
-
-/// `verbs_context.create_cq_ex`: a CQ whose completions are also read with
-/// `ibv_start_poll` … `ibv_end_poll`. `wc_flags` beyond `IBV_WC_STANDARD_FLAGS`
-/// (timestamps, CVLAN, flow tag, TM info) are EOPNOTSUPP.
-pub(crate) unsafe extern "C" fn create_cq_ex(
-    ctx: *mut ibv_context,
-    attr: *mut ibv_cq_init_attr_ex,
-) -> *mut ibv_cq_ex {
-    ffi!(std::ptr::null_mut(), {
-        if attr.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        // SAFETY: a readable init attr (the caller's contract).
-        let a = unsafe { &*attr };
-        if a.wc_flags & !WC_STANDARD_FLAGS != 0
-            || a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
-            || (a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
-                && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0)
-        {
-            return null_errno(libc::EOPNOTSUPP);
-        }
-        let Ok(cqe) = c_int::try_from(a.cqe) else {
-            return null_errno(libc::EINVAL);
-        };
-        let cq = crate::objects::ibv_create_cq(
-            ctx,
-            cqe,
-            a.cq_context,
-            a.channel,
-            a.comp_vector as c_int,
-        );
-        if cq.is_null() {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: just made by ibv_create_cq: a live `Cq` no other thread knows yet.
-        let x = unsafe { &mut (*cq.cast::<Cq>()).ibv };
-        x.start_poll = Some(start_poll);
-        x.next_poll = Some(next_poll);
-        x.end_poll = Some(end_poll);
-        x.read_opcode = Some(read_opcode);
-        x.read_vendor_err = Some(read_vendor_err);
-        x.read_byte_len = Some(read_byte_len);
-        x.read_imm_data = Some(read_imm_data);
-        x.read_qp_num = Some(read_qp_num);
-        x.read_src_qp = Some(read_src_qp);
-        x.read_wc_flags = Some(read_wc_flags);
-        x.read_slid = Some(read_slid);
-        x.read_sl = Some(read_sl);
-        x.read_dlid_path_bits = Some(read_dlid_path_bits);
-        cq.cast()
-    })
-}
-
-/// Takes the next completion of `cq` as the current one: 0, or ENOENT when it is empty.
-fn advance(cq: *mut ibv_cq_ex) -> c_int {
-    ffi!(libc::EIO, {
-        if cq.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: a live CQ of this library (the caller's contract).
-        let q = unsafe { obj::<Cq, _>(cq) };
-        // SAFETY: its context is live while it is.
-        let c = unsafe { crate::device::context(q.ibv.context) };
-        let mut one = [Wc::default()];
-        if c.dev.poll_cq(&q.cq, &mut one) == 0 {
-            return libc::ENOENT;
-        }
-        let w = wc_to_c(&one[0]);
-        // SAFETY: the program's own CQ struct, which it reads between polls; only the
-        // polling thread writes it (the API's rule).
-        unsafe {
-            (*cq).status = w.status;
-            (*cq).wr_id = w.wr_id;
-        }
-        *q.current.lock() = w;
-        0
-    })
-}
-
-unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
-    // SAFETY: NULL or readable (the caller's contract).
-    if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
-        return libc::EINVAL;
-    }
-    advance(cq)
-}
-
-unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
-    advance(cq)
-}
-
-unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
-
-/// A field of the current completion of `cq`.
-fn current<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&ibv_wc) -> T) -> T {
-    ffi!(T::default(), {
-        if cq.is_null() {
-            return T::default();
-        }
-        // SAFETY: a live CQ of this library (the caller's contract).
-        let q = unsafe { obj::<Cq, _>(cq) };
-        f(&q.current.lock())
-    })
-}
-
-unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> c_int {
-    current(cq, |w| w.opcode)
-}
-unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w| w.vendor_err)
-}
-unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w| w.byte_len)
-}
-unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w| w.imm_data)
-}
-unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w| w.qp_num)
-}
-unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w| w.src_qp)
-}
-unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
-    current(cq, |w| w.wc_flags)
-}
-unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w| u32::from(w.slid))
-}
-unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
-    current(cq, |w| w.sl)
-}
-unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
-    current(cq, |w| w.dlid_path_bits)
 }

@@ -1,0 +1,307 @@
+//! Address handles: `ibv_create_ah`, `ibv_destroy_ah`, and the AH attributes that answer a
+//! UD receive (`ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`), over the engine's
+//! `verbs::Ah`. [`ah_attr`] is the one conversion of an `ibv_ah_attr`, also used by
+//! `ibv_modify_qp` (qp.rs).
+
+use crate::abi::*;
+use crate::context::{GID_TBL_LEN, ibv_query_gid, ibv_query_gid_type};
+use crate::handle::{Castable, free, into_handle, try_ref};
+use crate::pd::Pd;
+use crate::{errno_result, ffi, ffi_errno, neg_errno, ptr_result};
+use core::ffi::{c_int, c_uint};
+use softroce::verbs::{self, AhAttr, Gid};
+
+/// An address handle.
+#[repr(C)]
+pub(crate) struct Ah {
+    pub ibv: ibv_ah,
+    pub ah: verbs::Ah,
+}
+
+// SAFETY: `ibv_ah` is the first field of the `#[repr(C)]` `Ah` that `ibv_create_ah` boxes.
+unsafe impl Castable for ibv_ah {
+    type RustType = Ah;
+}
+
+/// The engine's address from an `ibv_ah_attr`. Errors: `EINVAL` without a GRH.
+pub(crate) fn ah_attr(a: &ibv_ah_attr) -> Result<AhAttr, c_int> {
+    // A RoCE port routes by GID: an address without a GRH is refused (as rxe, through
+    // ib_core's rdma_check_ah_attr).
+    if a.is_global == 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(AhAttr {
+        dgid: Gid(a.grh.dgid.raw),
+        sgid_index: a.grh.sgid_index,
+        flow_label: a.grh.flow_label,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        port_num: a.port_num,
+    })
+}
+
+pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    ffi!(std::ptr::null_mut(), {
+        ptr_result(|| {
+            // SAFETY: NULL or a live PD, NULL or a readable attr.
+            let (p, a): (&Pd, _) = unsafe { (try_ref(pd)?, attr.as_ref().ok_or(libc::EINVAL)?) };
+            let ah = p.pd.create_ah(&ah_attr(a)?).map_err(|e| e.errno())?;
+            p.users.hold();
+            Ok(into_handle(Ah {
+                ibv: ibv_ah {
+                    context: p.ibv.context,
+                    pd,
+                    handle: 0,
+                },
+                ah,
+            }))
+        })
+    })
+}
+
+/// `IBV_WC_GRH`: the receive buffer starts with the 40-byte network header.
+const IBV_WC_GRH: c_uint = 1 << 0;
+/// `IBV_GID_TYPE_SYSFS_IB_ROCE_V1` and `IBV_GID_TYPE_SYSFS_ROCE_V2` (what
+/// `ibv_query_gid_type` reports).
+const GID_TYPE_SYSFS_ROCE_V1: u32 = 0;
+const GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
+/// The IPv6 next header that marks a RoCE v1 GRH (the IB BTH), as libibverbs names it.
+const IB_NEXT_HDR: u8 = 0x1b;
+
+/// Which network header the 40-byte GRH area of a UD receive holds: 4 (20 bytes of zeros,
+/// then an IPv4 header, as rxe writes it), 6 (an IPv6 header), or `None` (errno
+/// `EPROTONOSUPPORT`). An area whose first nibble says 6 is still IPv4 when its last 20
+/// bytes are an IPv4 header with IHL 5 and a right checksum. Source: libibverbs 44
+/// `verbs.c` `get_grh_header_version`.
+fn grh_version(g: &[u8; 40]) -> Option<u8> {
+    let ip4 = &g[20..40];
+    if g[0] >> 4 != 6 {
+        return (ip4[0] >> 4 == 4).then_some(4);
+    }
+    if ip4[0] & 0x0f != 5 {
+        return Some(6);
+    }
+    // The header's one's-complement sum with the checksum field taken as 0, complemented.
+    let sum: u32 = (0..10)
+        .filter(|&i| i != 5)
+        .map(|i| u32::from(u16::from_ne_bytes([ip4[2 * i], ip4[2 * i + 1]])))
+        .sum();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let check = !(folded as u16);
+    Some(if u16::from_ne_bytes([ip4[10], ip4[11]]) == check {
+        4
+    } else {
+        6
+    })
+}
+
+/// The GID index of `port_num` whose GID is `gid` and whose type is `gid_type`, found as
+/// libibverbs' `ibv_find_gid_index` finds it: walking the table from index 0 with
+/// `ibv_query_gid` and `ibv_query_gid_type` until one matches or a query fails (past the
+/// table: -1, errno EINVAL).
+fn find_gid_index(ctx: *mut ibv_context, port_num: u8, gid: &[u8; 16], gid_type: u32) -> c_int {
+    for i in 0..GID_TBL_LEN as c_int {
+        let mut g = ibv_gid { raw: [0; 16] };
+        if ibv_query_gid(ctx, port_num, i, &mut g) != 0 {
+            return -1;
+        }
+        let mut t = 0u32;
+        if ibv_query_gid_type(ctx, port_num, i as u32, &mut t) != 0 {
+            return -1;
+        }
+        if g.raw == *gid && t == gid_type {
+            return i;
+        }
+    }
+    // The index past the table fails as every query there does.
+    let mut g = ibv_gid { raw: [0; 16] };
+    ibv_query_gid(ctx, port_num, GID_TBL_LEN as c_int, &mut g)
+}
+
+/// `ibv_init_ah_from_wc`: the address handle attributes that answer a UD receive, computed
+/// as libibverbs 44 computes them (generic code in rdma-core, the same on rxe). Always:
+/// `dlid`, `sl`, `src_path_bits` from the WC, `port_num`, and `grh.flow_label` from the
+/// GRH area's first word. With `IBV_WC_GRH` (every softroce UD receive has it),
+/// `is_global` = 1 and, for an IPv4 header (in the area's last 20 bytes): `dgid` = the
+/// IPv4-mapped source address, `sgid_index` = the RoCE v2 GID of the destination address,
+/// `hop_limit` = its TTL, `traffic_class` = its TOS byte; for an IPv6 header: `dgid` = its
+/// source, `sgid_index` = the GID of its destination (RoCE v2 when the next header is UDP,
+/// v1 for 0x1b), `hop_limit` and `traffic_class` from it. Without `IBV_WC_GRH` it returns
+/// 0 with `is_global` = 0 (which `ibv_create_ah` then refuses on a RoCE port).
+///
+/// Errors (-1, errno): `EINVAL` for a multicast destination or when no GID of the port
+/// matches (the failing `ibv_query_gid` past the table); `EPROTONOSUPPORT` for a GRH area
+/// that is neither IPv4 nor IPv6 or an IPv6 next header other than UDP / 0x1b; `EINVAL`
+/// for a NULL argument (libibverbs would crash). Source: libibverbs 44 `verbs.c`
+/// (`ibv_init_ah_from_wc`, `set_ah_attr_by_ipv4`, `set_ah_attr_by_ipv6`,
+/// `ibv_find_gid_index`).
+pub(crate) extern "C" fn ibv_init_ah_from_wc(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    ffi!(neg_errno(libc::EIO), {
+        if ctx.is_null() || wc.is_null() || grh.is_null() || ah_attr.is_null() {
+            return neg_errno(libc::EINVAL);
+        }
+        let mut g = [0u8; 40];
+        // SAFETY: the caller's work completion (readable) and its 40-byte GRH area, which
+        // is the program's receive buffer: copied out, never referenced.
+        let wc = unsafe {
+            std::ptr::copy_nonoverlapping(grh.cast_const(), g.as_mut_ptr(), 40);
+            wc.read_unaligned()
+        };
+        let head = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+        let mut a = ibv_ah_attr {
+            dlid: wc.slid,
+            sl: wc.sl,
+            src_path_bits: wc.dlid_path_bits,
+            port_num,
+            ..Default::default()
+        };
+        a.grh.flow_label = head & 0x000f_ffff;
+        let mut ret = 0;
+        if wc.wc_flags & IBV_WC_GRH != 0 {
+            a.is_global = 1;
+            ret = match grh_version(&g) {
+                Some(4) => {
+                    let ip4 = &g[20..40];
+                    let mapped = |b: &[u8]| {
+                        std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3])
+                            .to_ipv6_mapped()
+                            .octets()
+                    };
+                    if ip4[16] >> 4 == 0xe {
+                        // A class D (multicast) destination is in no GID table.
+                        neg_errno(libc::EINVAL)
+                    } else {
+                        let i = find_gid_index(
+                            ctx,
+                            port_num,
+                            &mapped(&ip4[16..20]),
+                            GID_TYPE_SYSFS_ROCE_V2,
+                        );
+                        if i >= 0 {
+                            a.grh.dgid.raw = mapped(&ip4[12..16]);
+                            a.grh.sgid_index = i as u8;
+                            a.grh.hop_limit = ip4[8];
+                            a.grh.traffic_class = ip4[1];
+                        }
+                        i.min(0)
+                    }
+                }
+                Some(_) => {
+                    let (sgid, dgid) = (&g[8..24], &g[24..40]);
+                    let gid_type = match g[6] {
+                        17 => Some(GID_TYPE_SYSFS_ROCE_V2),
+                        IB_NEXT_HDR => Some(GID_TYPE_SYSFS_ROCE_V1),
+                        _ => None,
+                    };
+                    match gid_type {
+                        _ if dgid[0] == 0xff => neg_errno(libc::EINVAL),
+                        None => neg_errno(libc::EPROTONOSUPPORT),
+                        Some(t) => {
+                            a.grh.dgid.raw.copy_from_slice(sgid);
+                            let mut want = [0u8; 16];
+                            want.copy_from_slice(dgid);
+                            let i = find_gid_index(ctx, port_num, &want, t);
+                            if i >= 0 {
+                                a.grh.sgid_index = i as u8;
+                                a.grh.hop_limit = g[7];
+                                a.grh.traffic_class = (head >> 20) as u8;
+                            }
+                            i.min(0)
+                        }
+                    }
+                }
+                None => neg_errno(libc::EPROTONOSUPPORT),
+            };
+        }
+        // SAFETY: writable (the caller's contract). libibverbs fills it even on failure.
+        unsafe { ah_attr.write_unaligned(a) };
+        ret
+    })
+}
+
+/// `ibv_create_ah_from_wc`: [`ibv_init_ah_from_wc`], then `ibv_create_ah`.
+pub(crate) extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    port_num: u8,
+) -> *mut ibv_ah {
+    ffi!(std::ptr::null_mut(), {
+        ptr_result(|| {
+            // SAFETY: NULL or a live PD.
+            let p: &Pd = unsafe { try_ref(pd) }?;
+            let mut a = ibv_ah_attr::default();
+            if ibv_init_ah_from_wc(p.ibv.context, port_num, wc, grh, &mut a) != 0 {
+                // NULL with the errno ibv_init_ah_from_wc set.
+                return Ok(std::ptr::null_mut());
+            }
+            Ok(ibv_create_ah(pd, &mut a))
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live AH; its PD is live while it is.
+            let p: &Pd = unsafe { try_ref(try_ref(ah)?.ibv.pd) }?;
+            p.users.release();
+            // SAFETY: a live AH the caller gives up.
+            unsafe { free(ah) };
+            Ok(())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grh_version;
+
+    /// The GRH area of a UD receive as rxe writes it for IPv4: 20 zero bytes, then the
+    /// IPv4 header (here 127.0.150.2 -> 127.0.150.1, TTL 64, UDP, right checksum).
+    fn rxe_ipv4_area() -> [u8; 40] {
+        let mut g = [0u8; 40];
+        g[20..40].copy_from_slice(&[
+            0x45, 0x00, 0x00, 0x3c, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 127, 0, 150, 2,
+            127, 0, 150, 1,
+        ]);
+        let sum: u32 = (0..10)
+            .map(|i| u32::from(u16::from_be_bytes([g[20 + 2 * i], g[21 + 2 * i]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        g[30..32].copy_from_slice(&(!(folded as u16)).to_be_bytes());
+        g
+    }
+
+    // libibverbs get_grh_header_version: a first nibble other than 6 with an IPv4 header in
+    // the last 20 bytes is IPv4; neither is EPROTONOSUPPORT.
+    #[test]
+    fn grh_version_ipv4_as_rxe_writes_it() {
+        assert_eq!(grh_version(&rxe_ipv4_area()), Some(4));
+        assert_eq!(grh_version(&[0u8; 40]), None);
+    }
+
+    // libibverbs get_grh_header_version: a first nibble of 6 is IPv6 unless the last 20
+    // bytes are an IPv4 header with IHL 5 and a right checksum.
+    #[test]
+    fn grh_version_ipv6_unless_a_checked_ipv4_header_follows() {
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[6] = 17;
+        v6[7] = 64;
+        v6[23] = 1; // source ::1
+        v6[39] = 1; // destination ::1
+        assert_eq!(grh_version(&v6), Some(6));
+        let mut both = rxe_ipv4_area();
+        both[0] = 0x60;
+        assert_eq!(grh_version(&both), Some(4));
+        both[31] ^= 1; // a wrong checksum: IPv6 after all
+        assert_eq!(grh_version(&both), Some(6));
+    }
+}

@@ -1,0 +1,455 @@
+//! Contexts (an open device): the `Context` behind an `ibv_context`, and the queries made
+//! on one (`ibv_query_device`, `ibv_query_port`, the GID and P_Key tables, async events).
+//! Opening and closing a device is `device.rs`'s.
+
+use crate::abi::*;
+use crate::handle::{Castable, try_ref};
+use crate::strings::copy_str;
+use crate::{errno_result, ffi, ffi_errno, neg_errno, neg_result};
+use core::ffi::{c_int, c_void};
+use parking_lot::Mutex;
+use softroce::net::UdpDevice;
+use softroce::net::discover::DeviceAddr;
+use softroce::verbs::EventElement;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// An open device: the `verbs_context` (whose `context` is the `ibv_context` programs hold),
+/// then softroce's state.
+#[repr(C)]
+pub(crate) struct Context {
+    pub vctx: verbs_context,
+    pub dev: Arc<UdpDevice>,
+    /// The address of the device of the list this context opened.
+    pub addr: &'static DeviceAddr,
+    /// CQ number → `*mut Cq`, for `ibv_get_cq_event` and CQ async events.
+    pub cqs: Mutex<HashMap<u32, usize>>,
+    /// QP number → `*mut Qp`, for QP async events.
+    pub qps: Mutex<HashMap<u32, usize>>,
+    /// SRQ number → `*mut Srq`, for SRQ async events.
+    pub srqs: Mutex<HashMap<u32, usize>>,
+    /// `ibv_context.cmd_fd`: softroce has no uverbs command file, so this is `/dev/null`,
+    /// open for the context's life. Programs that only `dup` it (pyverbs' shared-PD test,
+    /// before `ibv_import_device`) get a valid descriptor, and `ibv_import_device` then says
+    /// EOPNOTSUPP, as rdma-core does for a device that cannot import.
+    pub cmd_fd: Option<std::os::fd::OwnedFd>,
+}
+
+// SAFETY: a context's `ibv_context` is `vctx.context` of a `#[repr(C)]` `Context`, boxed by
+// `ibv_open_device` (`into_handle`).
+unsafe impl Castable for ibv_context {
+    type RustType = Context;
+    const OFFSET: usize =
+        std::mem::offset_of!(Context, vctx) + std::mem::offset_of!(verbs_context, context);
+}
+
+fn fill_device_attr(c: &Context, out: &mut ibv_device_attr) {
+    let a = c.dev.device().query_device();
+    // SAFETY: ibv_device_attr is plain old data; all zeros is a valid value.
+    *out = unsafe { std::mem::zeroed() };
+    copy_str(&mut out.fw_ver, &a.fw_ver);
+    out.node_guid = a.node_guid.to_be();
+    out.sys_image_guid = a.sys_image_guid.to_be();
+    out.max_mr_size = a.max_mr_size;
+    out.page_size_cap = 0xffff_f000; // rxe: RXE_PAGE_SIZE_CAP
+    out.vendor_id = a.vendor_id;
+    out.vendor_part_id = 0;
+    out.hw_ver = 0;
+    out.max_qp = a.max_qp as c_int;
+    out.max_qp_wr = a.max_qp_wr as c_int;
+    // rxe's RXE_DEVICE_CAP_FLAGS, in `enum ibv_device_cap_flags` bits: BAD_PKEY_CNTR,
+    // BAD_QKEY_CNTR, AUTO_PATH_MIG, CHANGE_PHY_PORT, UD_AV_PORT_ENFORCE, PORT_ACTIVE_EVENT,
+    // SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, MEM_WINDOW, MEM_MGT_EXTENSIONS,
+    // MEM_WINDOW_TYPE_2B.
+    out.device_cap_flags = (1 << 1)
+        | (1 << 2)
+        | (1 << 4)
+        | (1 << 5)
+        | (1 << 6)
+        | (1 << 10)
+        | (1 << 11)
+        | (1 << 12)
+        | (1 << 13)
+        | (1 << 17)
+        | (1 << 21)
+        | (1 << 24);
+    out.max_sge = a.max_sge as c_int;
+    out.max_sge_rd = a.max_sge as c_int;
+    out.max_cq = a.max_cq as c_int;
+    out.max_cqe = (a.max_cqe - 1) as c_int;
+    out.max_mr = a.max_mr as c_int;
+    out.max_pd = a.max_pd as c_int;
+    out.max_qp_rd_atom = a.max_qp_rd_atom as c_int;
+    out.max_res_rd_atom = a.max_res_rd_atom as c_int;
+    out.max_qp_init_rd_atom = a.max_qp_init_rd_atom as c_int;
+    out.atomic_cap = 1; // IBV_ATOMIC_HCA
+    out.max_mw = a.max_mw as c_int;
+    out.max_mcast_grp = a.max_mcast_grp as c_int;
+    out.max_mcast_qp_attach = a.max_mcast_qp_attach as c_int;
+    out.max_total_mcast_qp_attach = a.max_total_mcast_qp_attach as c_int;
+    out.max_ah = a.max_ah as c_int;
+    out.max_srq = a.max_srq as c_int;
+    out.max_srq_wr = a.max_srq_wr as c_int;
+    out.max_srq_sge = a.max_srq_sge as c_int;
+    out.max_pkeys = a.max_pkeys;
+    out.local_ca_ack_delay = a.local_ca_ack_delay;
+    out.phys_port_cnt = a.phys_port_cnt;
+}
+
+pub(crate) extern "C" fn ibv_query_device(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live context, NULL or a writable attribute struct (the
+            // caller's contract).
+            let (c, attr) = unsafe { (try_ref(ctx)?, attr.as_mut().ok_or(libc::EINVAL)?) };
+            fill_device_attr(c, attr);
+            Ok(())
+        })
+    })
+}
+
+/// `verbs_context.query_device_ex`: `orig_attr` and zeros (no extended capabilities).
+pub(crate) unsafe extern "C" fn query_device_ex_op(
+    ctx: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    ffi_errno!({
+        // SAFETY: `input` is NULL or readable (the caller's contract).
+        if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+            return libc::EINVAL;
+        }
+        if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        // SAFETY: `attr` is writable for `attr_size` bytes and `ctx` is a live context.
+        unsafe {
+            std::ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
+            let Ok(c) = try_ref(ctx) else {
+                // verbs.h's inline ibv_query_device_ex only calls this on a live context.
+                return libc::EINVAL;
+            };
+            fill_device_attr(c, &mut (*attr).orig_attr);
+            let n = std::mem::size_of::<ibv_device_attr_ex>();
+            if attr_size >= n {
+                (*attr).phys_port_cnt_ex = 1;
+            }
+        }
+        0
+    })
+}
+
+fn port_attr(c: &Context, port_num: u8) -> Result<ibv_port_attr, i32> {
+    let p = c.dev.device().query_port(port_num).map_err(|e| e.errno())?;
+    let a = c.dev.device().query_device();
+    Ok(ibv_port_attr {
+        state: c_int::from(p.state),
+        max_mtu: p.max_mtu as c_int,
+        active_mtu: p.active_mtu as c_int,
+        gid_tbl_len: GID_TBL_LEN.max(p.gid_tbl_len) as c_int,
+        // rxe: RXE_PORT_CAP_FLAGS = IBV_PORT_CM_SUP
+        port_cap_flags: 1 << 16,
+        max_msg_sz: a.max_msg_sz.min(u64::from(u32::MAX)) as u32,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: p.pkey_tbl_len,
+        lid: 0,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1, // IBV_VL_0 ... rxe reports 1
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        active_width: 1, // 1X, as rxe 6.1 on the interop guest's virtio NIC
+        active_speed: 1, // rxe reports the netdev's speed; SDR here
+        phys_state: 5,   // LINK_UP
+        link_layer: 2,   // IBV_LINK_LAYER_ETHERNET
+        flags: 0,
+        port_cap_flags2: 0,
+    })
+}
+
+/// `verbs_context.query_port`, what the static inline `ibv_query_port` calls.
+pub(crate) unsafe extern "C" fn query_port_op(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+    attr_len: usize,
+) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live context.
+            let c = unsafe { try_ref(ctx) }?;
+            if attr.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let p = port_attr(c, port_num)?;
+            let n = attr_len.min(std::mem::size_of::<ibv_port_attr>());
+            // SAFETY: `attr` is writable for `attr_len` bytes; we write at most that.
+            unsafe {
+                std::ptr::copy_nonoverlapping((&raw const p).cast::<u8>(), attr.cast::<u8>(), n)
+            };
+            Ok(())
+        })
+    })
+}
+
+/// The exported `ibv_query_port` (the fallback of the inline one for contexts without
+/// `verbs_context.query_port`): the struct up to and including `link_layer`.
+pub(crate) extern "C" fn ibv_query_port(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    let n = std::mem::offset_of!(ibv_port_attr, link_layer) + 1;
+    // SAFETY: forwards the caller's pointers; the compat struct holds at least `n` bytes.
+    unsafe { query_port_op(ctx, port_num, attr, n) }
+}
+
+/// Entries of the port's GID table that `ibv_query_port` reports (`gid_tbl_len`): rxe's
+/// `RXE_PORT_GID_TBL_LEN`. softroce fills the first few (the device's GIDs); the rest are
+/// empty, as on rxe: `ibv_query_gid` reads them as zeros, `ibv_query_gid_ex` says ENODATA.
+pub(crate) const GID_TBL_LEN: u32 = 1024;
+
+/// GID `index` of port `port_num`: `Ok(None)` for an empty entry of the table, EINVAL for a
+/// port other than 1 or an index past [`GID_TBL_LEN`].
+fn gid_slot(
+    c: &Context,
+    port_num: u32,
+    index: u32,
+) -> Result<Option<softroce::verbs::GidEntry>, i32> {
+    let port = u8::try_from(port_num).map_err(|_| libc::EINVAL)?;
+    c.dev.device().query_port(port).map_err(|e| e.errno())?;
+    if index >= GID_TBL_LEN {
+        return Err(libc::EINVAL);
+    }
+    let Ok(index) = u8::try_from(index) else {
+        return Ok(None);
+    };
+    Ok(c.dev.device().query_gid(port, index).ok())
+}
+
+pub(crate) extern "C" fn ibv_query_gid(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    ffi!(neg_errno(libc::EIO), {
+        neg_result(|| {
+            // SAFETY: NULL or a live context, NULL or a writable GID (the caller's contract).
+            let (c, gid) = unsafe { (try_ref(ctx)?, gid.as_mut().ok_or(libc::EINVAL)?) };
+            if index < 0 {
+                return Err(libc::EINVAL);
+            }
+            // An empty entry reads as zeros (rdma-core: "preserve API behavior for empty GID").
+            let e = gid_slot(c, u32::from(port_num), index as u32)?;
+            gid.raw = e.map_or([0; 16], |e| e.gid.0);
+            Ok(0)
+        })
+    })
+}
+
+/// `ibv_query_gid_type` (IBVERBS_PRIVATE_34, used by ibv_devinfo): every softroce GID is
+/// RoCE v2 (`IBV_GID_TYPE_SYSFS_ROCE_V2` = 1).
+pub(crate) extern "C" fn ibv_query_gid_type(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    index: u32,
+    gid_type: *mut u32,
+) -> c_int {
+    ffi!(neg_errno(libc::EIO), {
+        neg_result(|| {
+            // SAFETY: NULL or a live context, NULL or a writable u32 (the caller's contract).
+            let (c, gid_type) = unsafe { (try_ref(ctx)?, gid_type.as_mut().ok_or(libc::EINVAL)?) };
+            // An empty entry is IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0), as rdma-core says for one.
+            let e = gid_slot(c, u32::from(port_num), index)?;
+            *gid_type = u32::from(e.is_some());
+            Ok(0)
+        })
+    })
+}
+
+/// `IBV_GID_TYPE_ROCE_V2` of `enum ibv_gid_type`.
+const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+
+pub(crate) extern "C" fn _ibv_query_gid_ex(
+    ctx: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    ffi!(libc::EIO, {
+        errno_result(|| {
+            // SAFETY: NULL or a live context.
+            let c = unsafe { try_ref(ctx) }?;
+            if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+                return Err(libc::EINVAL);
+            }
+            let e = gid_slot(c, port_num, gid_index)?.ok_or(libc::ENODATA)?;
+            // SAFETY: `entry` is writable for `entry_size` bytes.
+            unsafe {
+                *entry = ibv_gid_entry {
+                    gid: ibv_gid { raw: e.gid.0 },
+                    gid_index,
+                    port_num,
+                    gid_type: IBV_GID_TYPE_ROCE_V2,
+                    ndev_ifindex: 0,
+                }
+            };
+            Ok(())
+        })
+    })
+}
+
+pub(crate) extern "C" fn _ibv_query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    ffi!(-(libc::EIO as isize), {
+        // SAFETY: NULL or a live context.
+        let Ok(c) = (unsafe { try_ref(ctx) }) else {
+            return -(libc::EINVAL as isize);
+        };
+        if flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return -(libc::EINVAL as isize);
+        }
+        let gids = c.dev.device().gids();
+        if gids.len() > max_entries {
+            return -(libc::EINVAL as isize);
+        }
+        for (i, e) in gids.iter().enumerate() {
+            // SAFETY: `entries` holds `max_entries` entries of `entry_size` bytes.
+            unsafe {
+                let p = entries
+                    .cast::<u8>()
+                    .add(i * entry_size)
+                    .cast::<ibv_gid_entry>();
+                p.write_unaligned(ibv_gid_entry {
+                    gid: ibv_gid { raw: e.gid.0 },
+                    gid_index: u32::from(e.index),
+                    port_num: 1,
+                    gid_type: IBV_GID_TYPE_ROCE_V2,
+                    ndev_ifindex: 0,
+                });
+            }
+        }
+        gids.len() as isize
+    })
+}
+
+/// The one P_Key: the default full-membership 0xFFFF (network order in `*pkey`).
+pub(crate) extern "C" fn ibv_query_pkey(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    ffi!(neg_errno(libc::EIO), {
+        neg_result(|| {
+            // SAFETY: NULL or a live context, NULL or a writable u16 (the caller's contract).
+            let (_, pkey) = unsafe { (try_ref(ctx)?, pkey.as_mut().ok_or(libc::EINVAL)?) };
+            if port_num != 1 || index != 0 {
+                return Err(libc::EINVAL);
+            }
+            *pkey = 0xffff_u16.to_be();
+            Ok(0)
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_get_pkey_index(
+    ctx: *mut ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
+    ffi!(-1, {
+        neg_result(|| {
+            // SAFETY: NULL or a live context.
+            unsafe { try_ref(ctx) }?;
+            if port_num != 1 {
+                return Err(libc::EINVAL);
+            }
+            if u16::from_be(pkey) & 0x7fff == 0x7fff {
+                Ok(0)
+            } else {
+                Err(libc::ENOENT)
+            }
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_get_async_event(
+    ctx: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    ffi!(neg_errno(libc::EIO), {
+        neg_result(|| {
+            // SAFETY: NULL or a live context.
+            let c = unsafe { try_ref(ctx) }?;
+            if event.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let dev = c.dev.device();
+            let ev = loop {
+                if let Some(ev) = dev.try_get_async_event() {
+                    break ev;
+                }
+                wait_readable(c.vctx.context.async_fd)?;
+            };
+            let element: *mut c_void = match ev.element {
+                EventElement::Qp(n) => c.qps.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
+                EventElement::Cq(n) => c.cqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
+                EventElement::Srq(n) => c.srqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
+                EventElement::Port(p) => usize::from(p) as *mut c_void,
+            };
+            // SAFETY: writable (the caller's contract).
+            unsafe {
+                *event = ibv_async_event {
+                    element,
+                    event_type: ev.event_type as c_int,
+                }
+            };
+            Ok(0)
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+
+/// Waits until `fd` is readable: blocks in `poll` for a blocking fd; for an fd the program
+/// made non-blocking, fails with `EAGAIN` at once (as a `read` would).
+pub(crate) fn wait_readable(fd: c_int) -> Result<(), i32> {
+    // SAFETY: fcntl on an fd we own; no pointers.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+        return Err(libc::EAGAIN);
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    }
+}

@@ -1,0 +1,576 @@
+//! Queue pairs: `ibv_create_qp`, `ibv_modify_qp`, `ibv_query_qp`, `ibv_destroy_qp`, the
+//! multicast attachments, and the data path of a QP: the `ibv_context_ops` entries behind
+//! verbs.h's static inline `ibv_post_send`, `ibv_post_recv` and `ibv_bind_mw` (a BIND_MW
+//! posted on the QP). Each converts the program's work requests to the engine's (a list
+//! walk; SGE addresses are the program's virtual addresses). The extended QP's builder
+//! (`ibv_wr_*`) is `qp_ex.rs`'s.
+
+use crate::abi::*;
+use crate::ah::{Ah, ah_attr};
+use crate::context::Context;
+use crate::cq::Cq;
+use crate::handle::{Castable, free, into_handle, try_ref};
+use crate::mw::{ACCESS_ZERO_BASED, Mw, bind_wr};
+use crate::pd::Pd;
+use crate::srq::Srq;
+use crate::wr::{finish_recv, recv_wrs, sges};
+use crate::{errno_result, ffi, ffi_errno, ptr_result};
+use core::ffi::c_int;
+use parking_lot::Mutex;
+use softroce::verbs::{
+    self, AccessFlags, Gid, PathMtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    SendFlags, SendWr, WrOpcode,
+};
+
+/// A queue pair, with what `ibv_query_qp` reports that the engine does not keep: the
+/// attributes last set by `ibv_modify_qp`, and the creation attributes. Every QP is a
+/// `struct ibv_qp_ex` (whose first field is the `struct ibv_qp`); those made by
+/// `ibv_create_qp_ex` with send ops have its `ibv_wr_*` functions set and `is_ex`.
+#[repr(C)]
+pub(crate) struct Qp {
+    pub ibv: ibv_qp_ex,
+    pub qp: verbs::Qp,
+    pub is_ex: bool,
+    /// The WRs of an `ibv_wr_start` … `ibv_wr_complete` sequence.
+    pub build: Mutex<WrBuild>,
+    pub cap: ibv_qp_cap,
+    pub sq_sig_all: c_int,
+    pub attr: Mutex<ibv_qp_attr>,
+}
+
+// SAFETY: `ibv_qp_ex` is the first field of the `#[repr(C)]` `Qp` that `ibv_create_qp`
+// boxes.
+unsafe impl Castable for ibv_qp_ex {
+    type RustType = Qp;
+}
+
+// SAFETY: `struct ibv_qp_ex` begins with its `struct ibv_qp` (`qp_base`), so an `ibv_qp`
+// is at offset 0 of a `Qp` too.
+unsafe impl Castable for ibv_qp {
+    type RustType = Qp;
+}
+
+/// The WRs a `wr_start` … `wr_complete` sequence builds (qp_ex.rs), and the first error
+/// met.
+#[derive(Default)]
+pub(crate) struct WrBuild {
+    pub wrs: Vec<SendWr>,
+    /// `inline[i]`: the bytes `wr_set_inline_data(_list)` copied for `wrs[i]`.
+    pub inline: Vec<Option<Vec<u8>>>,
+    pub err: c_int,
+}
+
+impl WrBuild {
+    /// Starts a new WR (with no inline data yet).
+    pub(crate) fn push(&mut self, wr: SendWr) {
+        self.wrs.push(wr);
+        self.inline.push(None);
+    }
+}
+
+fn qp_type(v: c_int) -> Option<QpType> {
+    match v {
+        2 => Some(QpType::Rc),
+        3 => Some(QpType::Uc),
+        4 => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+pub(crate) fn qp_state(v: c_int) -> Option<QpState> {
+    match v {
+        0 => Some(QpState::Reset),
+        1 => Some(QpState::Init),
+        2 => Some(QpState::Rtr),
+        3 => Some(QpState::Rts),
+        4 => Some(QpState::Sqd),
+        5 => Some(QpState::Sqe),
+        6 => Some(QpState::Err),
+        _ => None,
+    }
+}
+
+/// The engine's path MTU from an `enum ibv_mtu` value.
+pub(crate) fn path_mtu(v: c_int) -> Option<PathMtu> {
+    match v {
+        1 => Some(PathMtu::Mtu256),
+        2 => Some(PathMtu::Mtu512),
+        3 => Some(PathMtu::Mtu1024),
+        4 => Some(PathMtu::Mtu2048),
+        5 => Some(PathMtu::Mtu4096),
+        _ => None,
+    }
+}
+
+pub(crate) extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    ffi!(std::ptr::null_mut(), {
+        ptr_result(|| {
+            // SAFETY: NULL or a live PD, NULL or a readable/writable init attr (the
+            // caller's contract).
+            let (p, init): (&Pd, _) = unsafe { (try_ref(pd)?, init.as_mut().ok_or(libc::EINVAL)?) };
+            let ty = qp_type(init.qp_type).ok_or(libc::EOPNOTSUPP)?;
+            // SAFETY: NULL or live CQs of this context (the caller's contract).
+            let (scq, rcq): (&Cq, &Cq) =
+                unsafe { (try_ref(init.send_cq)?, try_ref(init.recv_cq)?) };
+            // SAFETY: NULL (no SRQ) or a live SRQ of this context.
+            let srq = unsafe { try_ref(init.srq) }.ok().map(|s: &Srq| &s.srq);
+            let cap = QpCap {
+                max_send_wr: init.cap.max_send_wr,
+                max_recv_wr: init.cap.max_recv_wr,
+                max_send_sge: init.cap.max_send_sge,
+                max_recv_sge: init.cap.max_recv_sge,
+                max_inline_data: init.cap.max_inline_data,
+            };
+            let attr = QpInitAttr {
+                qp_type: ty,
+                send_cq: &scq.cq,
+                recv_cq: &rcq.cq,
+                cap,
+                sq_sig_all: init.sq_sig_all != 0,
+                srq,
+            };
+            let qp = p.pd.create_qp(&attr).map_err(|e| e.errno())?;
+            // As the kernel's create_qp response does: the send queue's capacities as rxe
+            // sized them (`max_inline_data` and `max_send_sge` may grow, `Pd::create_qp`).
+            let sized = qp.cap();
+            init.cap.max_send_sge = sized.max_send_sge;
+            init.cap.max_inline_data = sized.max_inline_data;
+            if srq.is_some() {
+                init.cap.max_recv_wr = 0;
+                init.cap.max_recv_sge = 0;
+            }
+            let num = qp.qp_num();
+            // SAFETY: all zeros is a valid `ibv_qp_ex` (NULL function pointers, numbers).
+            let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+            ibv.qp_base = ibv_qp {
+                context: p.ibv.context,
+                qp_context: init.qp_context,
+                pd,
+                send_cq: init.send_cq,
+                recv_cq: init.recv_cq,
+                srq: init.srq,
+                handle: num,
+                qp_num: num,
+                state: 0,
+                qp_type: init.qp_type,
+                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                cond: libc::PTHREAD_COND_INITIALIZER,
+                events_completed: 0,
+            };
+            let q: *mut ibv_qp = into_handle(Qp {
+                ibv,
+                qp,
+                is_ex: false,
+                build: Mutex::new(Default::default()),
+                cap: init.cap,
+                sq_sig_all: init.sq_sig_all,
+                attr: Mutex::new(ibv_qp_attr {
+                    port_num: 1,
+                    ..Default::default()
+                }),
+            });
+            // SAFETY: the PD's context is live.
+            let c: &Context = unsafe { try_ref(p.ibv.context) }?;
+            c.qps.lock().insert(num, q as usize);
+            // The PD and CQs the QP was made with.
+            p.users.hold();
+            scq.users.hold();
+            rcq.users.hold();
+            Ok(q)
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live QP, NULL or a readable attr.
+            let (q, a): (&Qp, _) = unsafe { (try_ref(qp)?, attr.as_ref().ok_or(libc::EINVAL)?) };
+            let mask = QpAttrMask(mask as u32);
+            let mut e = QpAttr::default();
+            if mask.contains(QpAttrMask::STATE) {
+                match qp_state(a.qp_state) {
+                    Some(s) => e.qp_state = s,
+                    None => return Err(libc::EINVAL),
+                }
+            }
+            if mask.contains(QpAttrMask::CUR_STATE) {
+                match qp_state(a.cur_qp_state) {
+                    Some(s) => e.cur_qp_state = s,
+                    None => return Err(libc::EINVAL),
+                }
+            }
+            if mask.contains(QpAttrMask::PATH_MTU) {
+                match path_mtu(a.path_mtu) {
+                    Some(m) => e.path_mtu = m,
+                    None => return Err(libc::EINVAL),
+                }
+            }
+            if mask.contains(QpAttrMask::AV) {
+                match ah_attr(&a.ah_attr) {
+                    Ok(ah) => e.ah_attr = ah,
+                    Err(err) => return Err(err),
+                }
+            }
+            e.qkey = a.qkey;
+            e.rq_psn = a.rq_psn;
+            e.sq_psn = a.sq_psn;
+            e.dest_qp_num = a.dest_qp_num;
+            e.qp_access_flags = AccessFlags(a.qp_access_flags);
+            e.pkey_index = a.pkey_index;
+            e.max_rd_atomic = a.max_rd_atomic;
+            e.max_dest_rd_atomic = a.max_dest_rd_atomic;
+            e.min_rnr_timer = a.min_rnr_timer;
+            e.port_num = a.port_num;
+            e.timeout = a.timeout;
+            e.retry_cnt = a.retry_cnt;
+            e.rnr_retry = a.rnr_retry;
+            if let Err(err) = q.qp.modify(&e, mask) {
+                return Err(err.errno());
+            }
+            // What ibv_query_qp reports back.
+            let mut s = q.attr.lock();
+            macro_rules! keep {
+            ($bit:ident: $($f:ident),+) => {
+                if mask.contains(QpAttrMask::$bit) {
+                    $(s.$f = a.$f;)+
+                }
+            };
+        }
+            keep!(EN_SQD_ASYNC_NOTIFY: en_sqd_async_notify);
+            keep!(ACCESS_FLAGS: qp_access_flags);
+            keep!(PKEY_INDEX: pkey_index);
+            keep!(PORT: port_num);
+            keep!(QKEY: qkey);
+            keep!(AV: ah_attr);
+            keep!(PATH_MTU: path_mtu);
+            keep!(TIMEOUT: timeout);
+            keep!(RETRY_CNT: retry_cnt);
+            keep!(RNR_RETRY: rnr_retry);
+            keep!(RQ_PSN: rq_psn);
+            keep!(MAX_QP_RD_ATOMIC: max_rd_atomic);
+            keep!(MIN_RNR_TIMER: min_rnr_timer);
+            keep!(SQ_PSN: sq_psn);
+            keep!(MAX_DEST_RD_ATOMIC: max_dest_rd_atomic);
+            keep!(PATH_MIG_STATE: path_mig_state);
+            keep!(DEST_QPN: dest_qp_num);
+            if mask.contains(QpAttrMask::STATE) {
+                // SAFETY: the program's own QP struct; libibverbs updates `state` here too.
+                unsafe { (*qp).state = a.qp_state };
+            }
+            Ok(())
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live QP.
+            let q: &Qp = unsafe { try_ref(qp) }?;
+            if attr.is_null() || init.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let mut a = *q.attr.lock();
+            let state = q.qp.state() as c_int;
+            a.qp_state = state;
+            a.cur_qp_state = state;
+            a.cap = q.cap;
+            a.sq_draining = u8::from(q.qp.state() == QpState::Sqd);
+            // SAFETY: writable out structs (the caller's contract).
+            unsafe {
+                *attr = a;
+                *init = ibv_qp_init_attr {
+                    qp_context: q.ibv.qp_base.qp_context,
+                    send_cq: q.ibv.qp_base.send_cq,
+                    recv_cq: q.ibv.qp_base.recv_cq,
+                    srq: q.ibv.qp_base.srq,
+                    cap: q.cap,
+                    qp_type: q.ibv.qp_base.qp_type,
+                    sq_sig_all: q.sq_sig_all,
+                };
+                (*qp).state = state;
+            }
+            Ok(())
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live QP; its context, PD and CQs outlive it.
+            let q: &Qp = unsafe { try_ref(qp) }?;
+            let b = &q.ibv.qp_base;
+            // SAFETY: as above.
+            let (c, p, scq, rcq): (&Context, &Pd, &Cq, &Cq) = unsafe {
+                (
+                    try_ref(b.context)?,
+                    try_ref(b.pd)?,
+                    try_ref(b.send_cq)?,
+                    try_ref(b.recv_cq)?,
+                )
+            };
+            c.qps.lock().remove(&b.qp_num);
+            p.users.release();
+            scq.users.release();
+            rcq.users.release();
+            // SAFETY: the caller gives the QP up.
+            unsafe { free(qp) };
+            Ok(())
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live QP, NULL or a readable GID.
+            let (q, g): (&Qp, _) = unsafe { (try_ref(qp)?, gid.as_ref().ok_or(libc::EINVAL)?) };
+            q.qp.attach_mcast(&Gid(g.raw), lid).map_err(|e| e.errno())
+        })
+    })
+}
+
+pub(crate) extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    ffi_errno!({
+        errno_result(|| {
+            // SAFETY: NULL or a live QP, NULL or a readable GID.
+            let (q, g): (&Qp, _) = unsafe { (try_ref(qp)?, gid.as_ref().ok_or(libc::EINVAL)?) };
+            q.qp.detach_mcast(&Gid(g.raw), lid).map_err(|e| e.errno())
+        })
+    })
+}
+
+fn wr_opcode(v: c_int) -> Option<WrOpcode> {
+    Some(match v {
+        0 => WrOpcode::RdmaWrite,
+        1 => WrOpcode::RdmaWriteWithImm,
+        2 => WrOpcode::Send,
+        3 => WrOpcode::SendWithImm,
+        4 => WrOpcode::RdmaRead,
+        5 => WrOpcode::AtomicCmpAndSwp,
+        6 => WrOpcode::AtomicFetchAndAdd,
+        7 => WrOpcode::LocalInv,
+        8 => WrOpcode::BindMw,
+        9 => WrOpcode::SendWithInv,
+        // TSO (10) and DRIVER1 (11) need a raw packet QP.
+        _ => return None,
+    })
+}
+
+/// One `ibv_send_wr` as the engine's `SendWr`.
+///
+/// # Safety
+/// `w` is a readable WR whose pointers (SGE list, AH) are valid, as `ibv_post_send` requires.
+unsafe fn send_wr(w: &ibv_send_wr, qp_type: c_int) -> Result<SendWr, c_int> {
+    let opcode = wr_opcode(w.opcode).ok_or(libc::EINVAL)?;
+    if opcode == WrOpcode::BindMw {
+        let b = w.bind_mw;
+        // SAFETY: our caller's contract (the window and MR are live objects).
+        return unsafe { bind_wr(w.wr_id, w.send_flags, b.mw, b.rkey, &b.bind_info) };
+    }
+    // SAFETY: our caller's contract.
+    let mut wr = SendWr::new(w.wr_id, opcode, unsafe { sges(w.sg_list, w.num_sge)? });
+    wr.send_flags = SendFlags(w.send_flags & 0xf);
+    match opcode {
+        WrOpcode::LocalInv | WrOpcode::SendWithInv => wr.invalidate_rkey = w.imm_data,
+        // `imm_data` is in network order; the engine holds the wire bytes as a BE number.
+        _ => wr.imm_data = u32::from_be(w.imm_data),
+    }
+    // SAFETY: which union member is meaningful follows from the opcode and QP type.
+    unsafe {
+        match opcode {
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
+                wr.remote_addr = w.wr.rdma.remote_addr;
+                wr.rkey = w.wr.rdma.rkey;
+            }
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+                wr.remote_addr = w.wr.atomic.remote_addr;
+                wr.rkey = w.wr.atomic.rkey;
+                wr.compare_add = w.wr.atomic.compare_add;
+                wr.swap = w.wr.atomic.swap;
+            }
+            _ => {}
+        }
+        if qp_type == 4 {
+            let ud = w.wr.ud;
+            let ah: &Ah = try_ref(ud.ah)?;
+            wr.ud = Some(ah.ah.dest(ud.remote_qpn, ud.remote_qkey));
+        }
+    }
+    Ok(wr)
+}
+
+/// The data of an IBV_SEND_INLINE WR, copied from its SGEs' addresses at post time, as
+/// rxe's provider copies them into the WQE (`init_send_wqe`): any readable memory (stack,
+/// heap, registered or not), no lkey checked. `Ok(None)` for a WR without the flag or for an
+/// opcode that carries no data (the engine posts those as usual).
+///
+/// Errors: `EINVAL` when the SGEs add up to more than the QP's `max_inline_data`, whatever
+/// the opcode (rxe's provider `validate_send_wr`).
+///
+/// # Safety
+/// For an inline WR, each SGE addresses `length` readable bytes (libibverbs' contract: the
+/// caller may reuse them as soon as `ibv_post_send` returns).
+unsafe fn inline_bytes(wr: &SendWr, max_inline_data: u32) -> Result<Option<Vec<u8>>, c_int> {
+    if !wr.send_flags.contains(SendFlags::INLINE) {
+        return Ok(None);
+    }
+    // In 64 bits: rxe's provider sums in 32, so lengths that wrap pass its check and
+    // overrun its WQE (spec/deviations.toml); here they are EINVAL.
+    let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    if length > u64::from(max_inline_data) {
+        return Err(libc::EINVAL);
+    }
+    if !matches!(
+        wr.opcode,
+        WrOpcode::Send
+            | WrOpcode::SendWithImm
+            | WrOpcode::SendWithInv
+            | WrOpcode::RdmaWrite
+            | WrOpcode::RdmaWriteWithImm
+    ) {
+        return Ok(None);
+    }
+    let mut data = vec![0u8; length as usize];
+    let mut at = 0usize;
+    for s in wr.sg_list.iter().filter(|s| s.length > 0) {
+        let n = s.length as usize;
+        // SAFETY: the source is `n` readable bytes of the program's memory (our caller's
+        // contract), copied without forming a reference to them; the destination is
+        // `data[at..at + n]`, inside `data` because the lengths sum to `data.len()`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                s.addr as usize as *const u8,
+                data.as_mut_ptr().add(at),
+                n,
+            )
+        };
+        at += n;
+    }
+    Ok(Some(data))
+}
+
+/// `ops.post_send`. Returns 0, or an errno with `*bad_wr` at the first WR not posted.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP.
+        let Ok(q) = (unsafe { try_ref::<ibv_qp>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let mut ptrs = Vec::new();
+        let mut wrs = Vec::new();
+        let mut inline = Vec::new();
+        let mut failed = None;
+        let mut p = wr;
+        while !p.is_null() {
+            // SAFETY: the program's WR list, readable as ibv_post_send requires.
+            let w = unsafe { &*p };
+            // SAFETY: as above.
+            let r = unsafe { send_wr(w, q.ibv.qp_base.qp_type) }.and_then(|e| {
+                // SAFETY: an inline WR's SGEs address readable bytes (libibverbs'
+                // contract: the provider copies them before ibv_post_send returns).
+                unsafe { inline_bytes(&e, q.cap.max_inline_data) }.map(|d| (e, d))
+            });
+            match r {
+                Ok((e, data)) => {
+                    inline.push(data);
+                    wrs.push(e);
+                    ptrs.push(p);
+                }
+                Err(e) => {
+                    failed = Some((p, e));
+                    break;
+                }
+            }
+            p = w.next;
+        }
+        let mut ret = 0;
+        if !wrs.is_empty()
+            && let Err(e) = q.qp.post_send_gathered(&wrs, inline)
+        {
+            let i = e.bad_wr().unwrap_or(0).min(ptrs.len() - 1);
+            failed = Some((ptrs[i], e.errno()));
+        }
+        if let Some((p, e)) = failed {
+            if !bad_wr.is_null() {
+                // SAFETY: writable (the caller's contract).
+                unsafe { *bad_wr = p };
+            }
+            ret = e;
+        }
+        ret
+    })
+}
+
+/// `ops.post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP.
+        let Ok(q) = (unsafe { try_ref::<ibv_qp>(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the program's WR list.
+        let (wrs, ptrs, failed) = unsafe { recv_wrs(wr) };
+        finish_recv(wrs, ptrs, failed, bad_wr, |w| q.qp.post_recv(w))
+    })
+}
+
+/// `ops.bind_mw` (`ibv_bind_mw`, type 1 windows; verbs.h checked the type and the PDs):
+/// posts a BIND_MW work request with R_Key `ibv_inc_rkey(mw->rkey)` and, once it is
+/// posted, sets `mw->rkey` to it (the key is usable when the bind completes).
+pub(crate) unsafe extern "C" fn bind_mw(
+    qp: *mut ibv_qp,
+    mw: *mut ibv_mw,
+    bind: *mut ibv_mw_bind,
+) -> c_int {
+    ffi!(libc::EIO, {
+        let rc = errno_result(|| {
+            // SAFETY: NULL or live objects of this library (the caller's contract).
+            let (q, w, b): (&Qp, &Mw, _) = unsafe {
+                (
+                    try_ref(qp)?,
+                    try_ref(mw)?,
+                    bind.as_ref().ok_or(libc::EINVAL)?,
+                )
+            };
+            // rxe's provider refuses a zero-based type 1 bind before posting it.
+            if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
+                return Err(libc::EINVAL);
+            }
+            let rkey = verbs::inc_rkey(w.mw.rkey());
+            // SAFETY: as above.
+            let wr = unsafe { bind_wr(b.wr_id, b.send_flags, mw, rkey, &b.bind_info) }?;
+            q.qp.post_send(&[wr]).map_err(|e| e.errno())?;
+            // SAFETY: a live window; the program does not write it concurrently.
+            unsafe { (*mw).rkey = rkey };
+            Ok(())
+        });
+        // rxe's provider (rxe_bind_mw) leaves its return value in errno on every error path.
+        if rc != 0 {
+            crate::set_errno(rc);
+        }
+        rc
+    })
+}
