@@ -374,7 +374,14 @@ fn describe(
                     GidType::RoceV2 => "RoCE v2",
                 };
                 let ip6 = std::net::Ipv6Addr::from(g.gid.0);
-                w!("\t\t\tGID[{:>3}]:\t\t{ip6}, {kind}", g.index);
+                // rdma-core's line, and for the link-local entry what a QP told to use it
+                // gets (issue 25 item 2).
+                let note = if g.gid == softroce::verbs::Gid::from_ip(dev.ip()) {
+                    ""
+                } else {
+                    " (link-local: softroce sends only from its address, GID 1; use -g 1 / -x 1)"
+                };
+                w!("\t\t\tGID[{:>3}]:\t\t{ip6}, {kind}{note}", g.index);
             }
         }
         w!();

@@ -54,14 +54,28 @@ fn c_program_fork_reopen_through_softroce_exec() {
     run_c_program("fork_reopen", "127.0.115.61,127.0.115.62");
 }
 
+// Issue 25 item 2: GID index 0 fails RTR with EINVAL (errno too), and the library says why
+// and what to pass instead on stderr, once per process, not once per call.
+#[test]
+fn c_program_gid_index_0_is_einval_with_one_hint() {
+    let Some(stderr) = run_c_program("gid_index", "127.0.115.71,127.0.115.72") else {
+        return;
+    };
+    let hints = stderr
+        .lines()
+        .filter(|l| l.contains("GID index 0 is the link-local GID; pass GID index 1"))
+        .count();
+    assert_eq!(hints, 1, "{stderr}");
+}
+
 /// Compiles tests/c/`name`.c and runs it on two softroce devices (`ips`, comma-separated);
-/// it must exit 0 after printing "all passed".
-fn run_c_program(name: &str, ips: &str) {
+/// it must exit 0 after printing "all passed". Returns its stderr; None when skipped.
+fn run_c_program(name: &str, ips: &str) -> Option<String> {
     if !Path::new("/usr/include/infiniband/verbs.h").exists() {
         println!(
             "SKIPPED: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)"
         );
-        return;
+        return None;
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let dir = std::env::temp_dir().join(format!("softroce-capi-c-{name}-{}", std::process::id()));
@@ -77,7 +91,7 @@ fn run_c_program(name: &str, ips: &str) {
         Ok(o) => o,
         Err(e) => {
             println!("SKIPPED: cannot run cc: {e}");
-            return;
+            return None;
         }
     };
     assert!(
@@ -110,4 +124,5 @@ fn run_c_program(name: &str, ips: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     println!("{text}");
+    Some(String::from_utf8_lossy(&out.stderr).into_owned())
 }

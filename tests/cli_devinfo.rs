@@ -81,6 +81,7 @@ fn verbose_prints_rxe_s_fields_in_ibv_devinfo_s_order() {
         "\t\t\tport_cap_flags:\t\t0x00010000\n",
         "\t\t\tactive_width:\t\t1X (1)\n\t\t\tactive_speed:\t\t2.5 Gbps (1)\n\t\t\tphys_state:\t\tLINK_UP (5)\n",
         "\t\t\tGID[  0]:\t\tfe80::",
+        ", RoCE v2 (link-local: softroce sends only from its address, GID 1; use -g 1 / -x 1)\n",
         "\t\t\tGID[  1]:\t\t::ffff:127.0.91.6, RoCE v2\n\n",
     ];
     let mut at = 0;

@@ -184,6 +184,19 @@ pub(crate) extern "C" fn ibv_create_qp(
     })
 }
 
+/// Says once per process, on stderr, why a modify to RTR with GID index 0 failed and what to
+/// pass instead (rdma-core's tools print only "Failed to modify QP to RTR"); the errno stays
+/// EINVAL, as on rxe.
+fn link_local_sgid_hint(err: &softroce::verbs::Error) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "softroce: ibv_modify_qp: {err}: GID index 0 is the link-local GID; pass GID index 1 \
+             (-g 1 to rdma-core's examples, -x 1 to perftest, sgid_index = 1 in ibv_ah_attr)"
+        );
+    });
+}
+
 pub(crate) extern "C" fn ibv_modify_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
@@ -233,6 +246,10 @@ pub(crate) extern "C" fn ibv_modify_qp(
             e.retry_cnt = a.retry_cnt;
             e.rnr_retry = a.rnr_retry;
             if let Err(err) = q.qp.modify(&e, mask) {
+                tracing::debug!(target: "softroce::verbs", qpn = q.qp.qp_num(), "ibv_modify_qp: {err}");
+                if err.what().ends_with(softroce::verbs::LINK_LOCAL_SGID) {
+                    link_local_sgid_hint(&err);
+                }
                 return Err(err.errno());
             }
             // What ibv_query_qp reports back.

@@ -36,7 +36,9 @@ pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, ch
 pub use mr::Mr;
 pub use mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
 pub use pd::Pd;
-pub use qp::{Qp, QpInitAttr, RcConnect, rdma_get_udp_sport, rxe_initial_udp_sport};
+pub use qp::{
+    LINK_LOCAL_SGID, Qp, QpInitAttr, RcConnect, rdma_get_udp_sport, rxe_initial_udp_sport,
+};
 pub use rx::{RxBatch, RxHeaders};
 pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
 

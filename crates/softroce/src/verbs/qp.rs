@@ -17,6 +17,12 @@ use crate::transport::{
 };
 use std::net::IpAddr;
 
+/// What `modify_qp` says of an address vector whose `sgid_index` names the link-local GID
+/// (index 0, as on kernel rxe), which a softroce device does not send from: its sockets are
+/// bound to the device address, GID 1. The error is EINVAL, as on rxe for a GID that cannot
+/// be used; frontends recognise it by this text to name the fix.
+pub const LINK_LOCAL_SGID: &str =
+    "sgid_index names the link-local GID, which this device does not send from (use 1)";
 /// The UDP source port rxe gives a QP at creation: `0xC000 + hash_32(qpn, 14)`, where
 /// `hash_32(v, 14) = (v × 0x61C88647 mod 2^32) >> 18`. Source: rxe `rxe_qp.c`
 /// `rxe_qp_init_req`; Linux `include/linux/hash.h`. Example: QPN 0x13 → 0xD078.
@@ -245,9 +251,7 @@ impl Qp {
             // link-local GID derived from the MAC, names no address the device's sockets are
             // bound to, so nothing could be sent from it with a correct ICRC.
             if local.gid != Gid::from_ip(self.dev.shared.cfg.ip) {
-                return Err(refused(
-                    "sgid_index names the link-local GID, which this device does not send from (use 1)",
-                ));
+                return Err(refused(LINK_LOCAL_SGID));
             }
             let local_ip = self.dev.shared.cfg.ip;
             if remote.is_ipv4() != local_ip.is_ipv4() {
