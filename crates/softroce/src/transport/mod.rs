@@ -6,8 +6,9 @@
 //! [`QpEngine::handle_packet`] and [`QpEngine::handle_timeout`], posts work with
 //! [`QpEngine::post_send`] / [`QpEngine::post_recv`], and drains output with
 //! [`QpEngine::poll_transmit`] (datagrams to send), [`QpEngine::poll_completion`] (work
-//! completions) and [`QpEngine::poll_timeout`] (when to call `handle_timeout`). The
-//! vocabulary (QP types, states, attributes, flags) is in types.rs. `now` must
+//! completions) and [`QpEngine::poll_timeout`] (when to call `handle_timeout`). The engine
+//! owns its QP state: [`QpEngine::modify`] checks each `modify_qp` against the transition
+//! table (modify.rs) before it changes anything; the vocabulary is in types.rs. `now` must
 //! not decrease between calls. Local operations (REG_MR, LOCAL_INV, BIND_MW) send nothing:
 //! when `poll_transmit` has nothing left, [`QpEngine::run_local_ops`] executes those the
 //! requester has reached (then poll again). Nothing here does I/O, reads a clock or uses a
@@ -22,6 +23,7 @@ mod counters;
 mod error;
 mod local_ops;
 mod memory;
+mod modify;
 mod mw;
 mod requester;
 mod responder;
@@ -38,6 +40,10 @@ pub use local_ops::MAX_INLINE_DATA;
 pub use memory::{
     AtomicOp, ForeignMem, MAX_MR, MAX_MW, MemError, MrBytes, MrEntry, MrKind, MrState,
     MrTable as MemoryTable, MwEntry, MwState, MwType, is_mw_key,
+};
+pub use modify::{
+    ModifyError, ModifyErrorKind, Params, QpAttrMask, QpModify, TRANSITIONS, Transition,
+    check_modify,
 };
 pub use mw::{BindMw, RegMr, inc_rkey};
 pub use srq::{QpEvent, SrqQueue};
@@ -171,17 +177,31 @@ impl QpEngine {
     pub fn attrs(&self) -> &QpAttrs {
         &self.attrs
     }
-    /// Attributes, for the verbs layer to update after it validated a `modify_qp`.
-    pub fn attrs_mut(&mut self) -> &mut QpAttrs {
+    /// Attributes, for unit tests that change one behind the transition table's back
+    /// (everything else goes through [`QpEngine::modify`]).
+    #[cfg(test)]
+    fn attrs_mut(&mut self) -> &mut QpAttrs {
         &mut self.attrs
     }
     /// The path set at RTR.
     pub fn path(&self) -> Option<Path> {
         self.path
     }
-    /// Sets the path (verbs `modify_qp` with an address vector).
+    /// Sets the path of a datagram QP (UD, GSI), fixed at creation: the local address and
+    /// UDP source port it sends from. A connected QP's path comes with AV in
+    /// [`QpEngine::modify`].
     pub fn set_path(&mut self, p: Path) {
         self.path = Some(p);
+    }
+    /// Sets the path MTU of a datagram QP (UD, GSI), fixed at creation from the port's
+    /// active MTU as rxe does (`modify_qp` takes no PATH_MTU for them). A connected QP's
+    /// comes with PATH_MTU in [`QpEngine::modify`].
+    pub fn set_datagram_path_mtu(&mut self, mtu: PathMtu) {
+        debug_assert!(
+            self.qp_type.is_datagram(),
+            "a connected QP's MTU is modify_qp's"
+        );
+        self.attrs.path_mtu = mtu;
     }
     /// Lets RC and UC request packets leave their payload in the MR it comes from when it
     /// lies in one SGE ([`Transmit::tail`]), for a link that sends every datagram before
@@ -219,8 +239,8 @@ impl QpEngine {
     /// Moves the QP to `new`, with the side effects of entering that state: RESET clears
     /// everything; RTR loads `rq_psn` into the responder; RTS loads `sq_psn` into the
     /// requester and completer; ERR flushes both queues with `IBV_WC_WR_FLUSH_ERR`.
-    /// The verbs layer checks that the transition and its attributes are allowed.
-    pub fn set_state(&mut self, new: QpState) {
+    /// Unchecked: [`QpEngine::modify`] checks the transition and its attributes first.
+    fn set_state(&mut self, new: QpState) {
         let old = self.state;
         tracing::debug!(
             target: "softroce::qp",
