@@ -2,10 +2,10 @@
 //! completion-channel creation, the asynchronous event queue, QP1 (GSI), counters and timers.
 
 use super::base::{
-    Device, DeviceConfig, FIRST_QPN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType, MAX_CQE, MAX_QP,
+    Device, DeviceConfig, FIRST_QPN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType, MAX_QP,
     MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
 };
-use super::cq::{CompChannel, Cq, CqShared, PollHook};
+use super::cq::{CompChannel, Cq, CqShared, MAX_CQE, PollHook};
 use super::event::{AsyncEvent, AsyncEvents, EventElement, EventFd, EventType, SignalQueue};
 use super::pd::Pd;
 use super::qp::{Qp, rxe_initial_udp_sport};
