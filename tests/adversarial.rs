@@ -10,7 +10,8 @@ use softroce::net::ManualClock;
 use softroce::net::sim::RecordingLink;
 use softroce::transport::{
     AccessFlags, Completion, Counters, CqSel, DropReason, Instant, MemoryTable, Path, PathMtu,
-    QpCap, QpEngine, QpState, QpType, RecvWr, SendWr, Sge, WcStatus, WrOpcode,
+    QpAttrMask, QpAttrs, QpCap, QpEngine, QpModify, QpState, QpType, RecvWr, SendWr, Sge, WcStatus,
+    WrOpcode,
 };
 use softroce::verbs::{Cq, Device, DeviceConfig, Gid, Mr, Pd, Qp, QpInitAttr, RcConnect};
 use softroce::wire::{
@@ -92,6 +93,9 @@ struct Rig {
     va: u64,
     now: Instant,
     fed: u64,
+    /// The attributes and path the QP was brought up with (to bring it up again).
+    attrs: QpAttrs,
+    path: Path,
 }
 
 /// One parsed packet the engine sent.
@@ -107,36 +111,37 @@ struct Out {
 
 fn rig_with(c: Cfg) -> Rig {
     let mut e = QpEngine::new(QPN, c.qp_type, PD, QpCap::default(), false);
-    let a = e.attrs_mut();
-    a.qkey = QKEY;
-    a.path_mtu = c.mtu;
-    a.dest_qp_num = DEST;
-    a.rq_psn = Psn::new(c.rq_psn);
-    a.sq_psn = Psn::new(c.sq_psn);
-    a.qp_access_flags = c.qp_access;
-    a.max_dest_rd_atomic = c.max_dest_rd_atomic;
-    a.max_rd_atomic = 4;
-    a.min_rnr_timer = 5;
-    a.retry_cnt = c.retry_cnt;
-    a.rnr_retry = c.rnr_retry;
-    a.timeout = c.timeout;
-    e.set_path(Path {
+    let attrs = QpAttrs {
+        qkey: QKEY,
+        path_mtu: c.mtu,
+        dest_qp_num: DEST,
+        rq_psn: Psn::new(c.rq_psn),
+        sq_psn: Psn::new(c.sq_psn),
+        qp_access_flags: c.qp_access,
+        max_dest_rd_atomic: c.max_dest_rd_atomic,
+        max_rd_atomic: 4,
+        min_rnr_timer: 5,
+        retry_cnt: c.retry_cnt,
+        rnr_retry: c.rnr_retry,
+        timeout: c.timeout,
+    };
+    let path = Path {
         local: IpAddr::V4(ME),
         remote: IpAddr::V4(PEER),
         src_port: 0xc000,
         ip: Default::default(),
-    });
-    let walk: &[QpState] = match c.state {
-        QpState::Reset => &[],
-        QpState::Init => &[QpState::Init],
-        QpState::Rtr => &[QpState::Init, QpState::Rtr],
-        QpState::Rts => &[QpState::Init, QpState::Rtr, QpState::Rts],
-        QpState::Sqd => &[QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd],
-        QpState::Sqe => &[QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqe],
-        QpState::Err => &[QpState::Init, QpState::Rtr, QpState::Rts, QpState::Err],
     };
-    for s in walk {
-        e.set_state(*s);
+    if c.qp_type.is_datagram() {
+        // A datagram QP's source and path MTU are fixed at creation.
+        e.set_path(path);
+        e.set_datagram_path_mtu(c.mtu);
+    }
+    if c.state == QpState::Sqe {
+        // modify_qp never enters SQE (only a send error does): RTS, then forced.
+        e.modify_to(QpState::Rts, &attrs, Some(path)).unwrap();
+        e.force_state_unchecked(QpState::Sqe);
+    } else {
+        e.modify_to(c.state, &attrs, Some(path)).unwrap();
     }
     let mut mem = MemoryTable::new(3);
     let key = mem.register(PD, c.mr_len, all_access()).unwrap();
@@ -148,6 +153,8 @@ fn rig_with(c: Cfg) -> Rig {
         va,
         now: Instant::ZERO,
         fed: 0,
+        attrs,
+        path,
     }
 }
 
@@ -1559,7 +1566,6 @@ fn every_aeth_syndrome_byte_is_handled() {
                 ..Cfg::default()
             },
         );
-        r.e.attrs_mut();
         r.feed(ack(PSN, b), &[]);
         let wcs = r.completions();
         let status = wcs.first().map(|c| c.wc.status);
@@ -2259,9 +2265,12 @@ fn run_engine_sequence(steps: &[Step], mtu: PathMtu) -> RunStats {
             // Bring the QP back so the sequence keeps exploring (RESET keeps the path).
             revived += 1;
             let _ = r.completions();
-            for st in [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts] {
-                r.e.set_state(st);
-            }
+            let reset = QpModify {
+                qp_state: QpState::Reset,
+                ..QpModify::default()
+            };
+            r.e.modify(&reset, QpAttrMask::STATE).unwrap();
+            r.e.modify_to(QpState::Rts, &r.attrs, Some(r.path)).unwrap();
         }
         assert!(r.e.sq_outstanding() <= QpCap::default().max_send_wr as usize);
         assert!(r.e.rq_outstanding() <= QpCap::default().max_recv_wr as usize + 1);

@@ -6,8 +6,8 @@
 
 use softroce::transport::{
     AccessFlags, CqSel, DropReason, Instant, IpFields, MULTICAST_QPN, MemoryTable, Path, PathMtu,
-    QpCap, QpEngine, QpState, QpType, RecvWr, SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
-    WrOpcode,
+    QpAttrMask, QpAttrs, QpCap, QpEngine, QpModify, QpState, QpType, RecvWr, SendWr, Sge, Wc,
+    WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use softroce::wire::{BthRepr, DethRepr, Opcode, PacketRepr, Psn, RocePacket};
 use std::net::{IpAddr, Ipv4Addr};
@@ -30,27 +30,33 @@ struct Side {
 
 fn side(t: QpType, qpn: u32, dest: u32, ip: IpAddr, peer: IpAddr) -> Side {
     let mut e = QpEngine::new(qpn, t, PD, QpCap::default(), true);
-    let a = e.attrs_mut();
-    a.path_mtu = PathMtu::Mtu1024;
-    a.dest_qp_num = dest;
-    a.rq_psn = Psn::new(0x100);
-    a.sq_psn = Psn::new(0x100);
-    a.qkey = QKEY;
-    a.qp_access_flags =
-        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    a.max_rd_atomic = 4;
-    a.max_dest_rd_atomic = 4;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    e.set_path(Path {
+    let attrs = QpAttrs {
+        path_mtu: PathMtu::Mtu1024,
+        dest_qp_num: dest,
+        rq_psn: Psn::new(0x100),
+        sq_psn: Psn::new(0x100),
+        qkey: QKEY,
+        qp_access_flags: AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
+        timeout: 14,
+        retry_cnt: 7,
+        ..QpAttrs::default()
+    };
+    let path = Path {
         local: ip,
         remote: peer,
         src_port: 0xc000,
         ip: IpFields::default(),
-    });
-    for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-        e.set_state(s);
+    };
+    if t.is_datagram() {
+        // A datagram QP's source is fixed at creation.
+        e.set_path(path);
     }
+    e.modify_to(QpState::Rts, &attrs, Some(path))
+        .expect("RESET -> RTS");
     let mut mem = MemoryTable::new(7);
     let all = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
@@ -236,7 +242,12 @@ fn issue_14_send_longer_than_the_receive_is_a_length_error_as_ibta_says() {
 
 fn ud_side(qpn: u32, ip: IpAddr) -> Side {
     let mut s = side(QpType::Ud, qpn, 0, ip, ip);
-    s.e.attrs_mut().qkey = QKEY;
+    let m = QpModify {
+        qkey: QKEY,
+        ..QpModify::default()
+    };
+    s.e.modify(&m, QpAttrMask::QKEY)
+        .expect("RTS -> RTS with a Q_Key");
     s
 }
 

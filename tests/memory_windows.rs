@@ -11,8 +11,8 @@
 
 use softroce::net::UdpDevice;
 use softroce::transport::{
-    AccessFlags, CqSel, Instant, MemoryTable, Path, PathMtu, QpCap, QpEngine, QpState, QpType,
-    RecvWr, SendFlags, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, CqSel, Instant, MemoryTable, Path, PathMtu, QpAttrs, QpCap, QpEngine, QpState,
+    QpType, RecvWr, SendFlags, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use softroce::verbs::{
     Cq, ErrorKind, Gid, Mr, Mw, MwBind, MwType, Pd, Qp, QpInitAttr, RcConnect, Wc,
@@ -724,24 +724,25 @@ fn engines(max_inline_data: u32) -> (Node, Node) {
             ..QpCap::default()
         };
         let mut e = QpEngine::new(qpn, QpType::Rc, PD, cap, false);
-        let at = e.attrs_mut();
-        at.dest_qp_num = dest;
-        at.path_mtu = PathMtu::Mtu1024;
-        at.qp_access_flags = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        at.max_dest_rd_atomic = 4;
-        at.max_rd_atomic = 4;
-        at.rq_psn = Psn::new(0x10);
-        at.sq_psn = Psn::new(0x10);
-        at.min_rnr_timer = 1;
-        e.set_path(Path {
+        let attrs = QpAttrs {
+            dest_qp_num: dest,
+            path_mtu: PathMtu::Mtu1024,
+            qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            max_dest_rd_atomic: 4,
+            max_rd_atomic: 4,
+            rq_psn: Psn::new(0x10),
+            sq_psn: Psn::new(0x10),
+            min_rnr_timer: 1,
+            ..QpAttrs::default()
+        };
+        let path = Path {
             local,
             remote,
             src_port: 0xc000,
             ip: Default::default(),
-        });
-        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-            e.set_state(s);
-        }
+        };
+        e.modify_to(QpState::Rts, &attrs, Some(path))
+            .expect("RESET -> RTS");
         Node {
             e,
             mem: MemoryTable::new(seed),
@@ -1311,15 +1312,18 @@ fn engine_opcodes_by_qp_type() {
     use softroce::transport::PostError;
     for qp_type in [QpType::Uc, QpType::Ud] {
         let mut e = QpEngine::new(0x11, qp_type, PD, QpCap::default(), false);
-        e.set_path(Path {
+        let path = Path {
             local: A_IP,
             remote: B_IP,
             src_port: 0xc000,
             ip: Default::default(),
-        });
-        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-            e.set_state(s);
+        };
+        if qp_type.is_datagram() {
+            // A datagram QP's source is fixed at creation.
+            e.set_path(path);
         }
+        e.modify_to(QpState::Rts, &QpAttrs::default(), Some(path))
+            .expect("RESET -> RTS");
         let mut mem = MemoryTable::new(1);
         let mr = mem
             .register(PD, 64, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)

@@ -7,8 +7,8 @@ mod common;
 
 use common::{CapturedDatagram, datagrams};
 use softroce::transport::{
-    AccessFlags, Instant, MemoryTable, Path, PathMtu, QpCap, QpEngine, QpState, QpType, SendWr,
-    Sge, Transmit, WrOpcode,
+    AccessFlags, Instant, MemoryTable, Path, PathMtu, QpAttrMask, QpAttrs, QpCap, QpEngine,
+    QpModify, QpState, QpType, SendWr, Sge, Transmit, WrOpcode,
 };
 use softroce::wire::{IcrcIp, Psn, RocePacket, icrc_of_body};
 
@@ -28,24 +28,30 @@ fn engine_of(
 ) -> QpEngine {
     // `local` is a datagram this engine's side sent: its source is our address.
     let mut e = QpEngine::new(qpn, t, PD, QpCap::default(), false);
-    let a = e.attrs_mut();
-    a.path_mtu = PathMtu::Mtu1024;
-    a.dest_qp_num = dest;
-    a.sq_psn = Psn::new(sq_psn);
-    a.rq_psn = Psn::new(rq_psn);
-    a.qp_access_flags =
-        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    a.max_rd_atomic = 16;
-    a.max_dest_rd_atomic = 16;
-    e.set_path(Path {
+    let attrs = QpAttrs {
+        path_mtu: PathMtu::Mtu1024,
+        dest_qp_num: dest,
+        sq_psn: Psn::new(sq_psn),
+        rq_psn: Psn::new(rq_psn),
+        qp_access_flags: AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        ..QpAttrs::default()
+    };
+    let path = Path {
         local: local.src,
         remote: local.dst,
         src_port: local.src_port,
         ip: Default::default(),
-    });
-    for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-        e.set_state(s);
+    };
+    if t.is_datagram() {
+        // A datagram QP's source is fixed at creation.
+        e.set_path(path);
     }
+    e.modify_to(QpState::Rts, &attrs, Some(path))
+        .expect("RESET -> RTS");
     e
 }
 
@@ -456,8 +462,13 @@ fn ud_send_only_with_immediate_and_its_udp_source_port() {
             s.repr.bth.psn.value(),
             0,
         );
-        a.attrs_mut().qkey = deth.qkey;
-        a.attrs_mut().path_mtu = PathMtu::Mtu4096;
+        let m = QpModify {
+            qkey: deth.qkey,
+            ..QpModify::default()
+        };
+        a.modify(&m, QpAttrMask::QKEY)
+            .expect("RTS -> RTS with a Q_Key");
+        a.set_datagram_path_mtu(PathMtu::Mtu4096);
         let mut wr = SendWr::new(
             1,
             op,

@@ -357,25 +357,30 @@ fn posting_follows_the_qp_state() {
 /// progress continues while the QP drains); IBTA ch. 10 (SQ drain).
 #[test]
 fn sqd_finishes_the_started_message_and_starts_no_new_one() {
-    use softroce::transport::{Instant, MemoryTable, Path, QpEngine};
+    use softroce::transport::{Instant, MemoryTable, Path, QpAttrs, QpEngine, QpModify};
     use softroce::wire::{AethRepr, BthRepr, IcrcIp, Opcode, PacketRepr, Psn, RocePacket};
     let me = IpAddr::V4(DEV_IP);
     let peer = IpAddr::V4(PEER_IP);
     let mut e = QpEngine::new(0x11, QpType::Rc, 1, QpCap::default(), true);
-    let a = e.attrs_mut();
-    a.dest_qp_num = 0x22;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.max_rd_atomic = 1;
-    e.set_path(Path {
+    let attrs = QpAttrs {
+        dest_qp_num: 0x22,
+        timeout: 14,
+        retry_cnt: 7,
+        max_rd_atomic: 1,
+        ..QpAttrs::default()
+    };
+    let path = Path {
         local: me,
         remote: peer,
         src_port: 0xc000,
         ip: Default::default(),
-    });
-    for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-        e.set_state(s);
-    }
+    };
+    e.modify_to(QpState::Rts, &attrs, Some(path))
+        .expect("RESET -> RTS");
+    let to = |qp_state| QpModify {
+        qp_state,
+        ..QpModify::default()
+    };
     let mut mem = MemoryTable::new(7);
     let key = mem.register(1, 8192, AccessFlags::LOCAL_WRITE).unwrap();
     let va = mem.get(key).unwrap().iova;
@@ -397,7 +402,10 @@ fn sqd_finishes_the_started_message_and_starts_no_new_one() {
     let t0 = Instant::ZERO;
     assert!(e.poll_transmit(t0, &mem).is_some());
     assert!(e.poll_transmit(t0, &mem).is_some());
-    e.set_state(QpState::Sqd);
+    assert_eq!(
+        e.modify(&to(QpState::Sqd), QpAttrMask::STATE),
+        Ok(QpState::Sqd)
+    );
     // A new WR is accepted in SQD but waits.
     let mut w2 = SendWr::new(2, WrOpcode::RdmaWrite, vec![sge(4096, 8)]);
     w2.remote_addr = 0x2000;
@@ -430,7 +438,10 @@ fn sqd_finishes_the_started_message_and_starts_no_new_one() {
     assert!(psns(&mut e, &mem, later).is_empty());
     assert_eq!(e.sq_outstanding(), 1);
     // Back to RTS: WR 2 starts.
-    e.set_state(QpState::Rts);
+    assert_eq!(
+        e.modify(&to(QpState::Rts), QpAttrMask::STATE),
+        Ok(QpState::Rts)
+    );
     assert_eq!(psns(&mut e, &mem, later), [4]);
 }
 

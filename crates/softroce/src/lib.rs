@@ -24,8 +24,8 @@
 //!
 //! ```
 //! use softroce::transport::{
-//!     AccessFlags, Instant, MemoryTable, Path, QpCap, QpEngine, QpState, QpType, SendWr, Sge,
-//!     WcStatus, WrOpcode,
+//!     AccessFlags, Instant, MemoryTable, Path, QpAttrs, QpCap, QpEngine, QpState, QpType,
+//!     SendWr, Sge, WcStatus, WrOpcode,
 //! };
 //! use softroce::wire::{Psn, RocePacket};
 //! use std::net::{IpAddr, Ipv4Addr};
@@ -33,15 +33,16 @@
 //! let (ip_a, ip_b) = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
 //! let qp = |qpn, peer, local, remote| {
 //!     let mut e = QpEngine::new(qpn, QpType::Rc, 1, QpCap::default(), false);
-//!     let a = e.attrs_mut();
-//!     a.dest_qp_num = peer;
-//!     a.rq_psn = Psn::new(0x100);
-//!     a.sq_psn = Psn::new(0x100);
-//!     a.qp_access_flags = AccessFlags::REMOTE_WRITE;
-//!     e.set_path(Path { local, remote, src_port: 0xc000, ip: Default::default() });
-//!     for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-//!         e.set_state(s);
-//!     }
+//!     let attrs = QpAttrs {
+//!         dest_qp_num: peer,
+//!         rq_psn: Psn::new(0x100),
+//!         sq_psn: Psn::new(0x100),
+//!         qp_access_flags: AccessFlags::REMOTE_WRITE,
+//!         ..QpAttrs::default()
+//!     };
+//!     let path = Path { local, remote, src_port: 0xc000, ip: Default::default() };
+//!     // RESET -> INIT -> RTR -> RTS, each step checked against the modify_qp table.
+//!     e.modify_to(QpState::Rts, &attrs, Some(path)).unwrap();
 //!     e
 //! };
 //! let (mut a, mut b) = (qp(0x11, 0x22, ip_a, ip_b), qp(0x22, 0x11, ip_b, ip_a));

@@ -119,7 +119,7 @@ impl QpEngine {
         self.srq.events.push_back(ev);
     }
 
-    /// Hook of [`QpEngine::set_state`]: the events of a state change made by `modify_qp`.
+    /// Hook of [`QpEngine::modify`]: the events of a state change made by `modify_qp`.
     pub(super) fn on_modify_state(&mut self, old: QpState, new: QpState) {
         match new {
             QpState::Sqd if old == QpState::Rts => self.srq.sq_draining = true,
@@ -272,12 +272,21 @@ impl SrqQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::{QpAttrMask, QpAttrs, QpModify};
 
     fn wr(id: u64, sges: usize) -> RecvWr {
         RecvWr {
             wr_id: id,
             sg_list: vec![crate::transport::Sge::default(); sges],
         }
+    }
+
+    fn to_err(e: &mut QpEngine) {
+        let m = QpModify {
+            qp_state: QpState::Err,
+            ..QpModify::default()
+        };
+        e.modify(&m, QpAttrMask::STATE).unwrap();
     }
 
     fn srq_qp() -> QpEngine {
@@ -289,7 +298,8 @@ mod tests {
             false,
         );
         e.attach_srq();
-        e.set_state(QpState::Init);
+        e.modify_to(QpState::Init, &QpAttrs::default(), None)
+            .unwrap();
         e
     }
 
@@ -300,12 +310,12 @@ mod tests {
             e.post_recv(wr(9, 1)),
             Err(PostError::Invalid("the QP takes its receives from an SRQ"))
         );
-        e.set_state(QpState::Err);
+        to_err(&mut e);
         assert!(e.poll_completion().is_none(), "nothing flushed");
         assert_eq!(e.poll_event(), Some(QpEvent::LastWqeReached));
         assert_eq!(e.poll_event(), None);
         // ERR -> ERR raises nothing more.
-        e.set_state(QpState::Err);
+        to_err(&mut e);
         assert_eq!(e.poll_event(), None);
     }
 
@@ -315,13 +325,14 @@ mod tests {
     /// An RC QP on an SRQ in RTR expecting PSN 0, from PEER.
     fn srq_qp_rtr() -> QpEngine {
         let mut e = srq_qp();
-        e.set_path(crate::transport::Path {
+        let path = crate::transport::Path {
             local: ME,
             remote: PEER,
             src_port: 0xc000,
             ip: Default::default(),
-        });
-        e.set_state(QpState::Rtr);
+        };
+        e.modify_to(QpState::Rtr, &QpAttrs::default(), Some(path))
+            .unwrap();
         e
     }
 
@@ -406,7 +417,9 @@ mod tests {
             Default::default(),
             false,
         );
-        plain.set_state(QpState::Init);
+        plain
+            .modify_to(QpState::Init, &QpAttrs::default(), None)
+            .unwrap();
         plain.enter_error();
         assert_eq!(plain.poll_event(), Some(QpEvent::Fatal));
         assert_eq!(plain.poll_event(), None);

@@ -63,10 +63,9 @@ pub struct GidEntry {
     pub gid_type: GidType,
 }
 
-/// Largest queue depth, SGE count, CQ size.
+/// Largest queue depth, SGE count (the CQ size limit is cq.rs's `MAX_CQE`).
 pub(super) const MAX_QP_WR: u32 = 16384;
 pub(super) const MAX_SGE: u32 = 32;
-pub(super) const MAX_CQE: u32 = 1 << 20;
 pub(super) const MAX_QP: u32 = 1 << 16;
 pub(super) const MAX_RD_ATOM: u32 = 128;
 /// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.

@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+/// Largest CQ size (`max_cqe`), in CQEs.
+pub(super) const MAX_CQE: u32 = 1 << 20;
+
 /// How long [`Cq::wait`] polls before it sleeps.
 const CQ_WAIT_SPIN: Duration = Duration::from_micros(20);
 
@@ -183,7 +186,7 @@ impl Cq {
     /// holds. Errors: `EINVAL` for 0, more than the device's `max_cqe`, or fewer than the
     /// completions queued now (rxe: `rxe_cq_chk_attr`).
     pub fn resize(&self, cqe: u32) -> Result<()> {
-        if cqe == 0 || cqe > super::base::MAX_CQE {
+        if cqe == 0 || cqe > MAX_CQE {
             return Err(Error::new(ErrorKind::Inval, "resize_cq: cqe out of range"));
         }
         if (cqe as usize) < self.shared.queued.load(Ordering::Acquire) {

@@ -2,17 +2,17 @@
 //! completion-channel creation, the asynchronous event queue, QP1 (GSI), counters and timers.
 
 use super::base::{
-    Device, DeviceConfig, FIRST_QPN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType, MAX_CQE, MAX_QP,
+    Device, DeviceConfig, FIRST_QPN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType, MAX_QP,
     MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
 };
-use super::cq::{CompChannel, Cq, CqShared, PollHook};
+use super::cq::{CompChannel, Cq, CqShared, MAX_CQE, PollHook};
 use super::event::{AsyncEvent, AsyncEvents, EventElement, EventFd, EventType, SignalQueue};
 use super::pd::Pd;
 use super::qp::{Qp, rxe_initial_udp_sport};
 use super::srq::{MAX_SRQ, MAX_SRQ_SGE, MAX_SRQ_WR};
 use super::{Clock, Error, ErrorKind, Gid, Link, Result};
 use crate::transport::{
-    Counters, Instant, MemoryTable, Path, PathMtu, QpCap, QpEngine, QpState, QpType,
+    Counters, Instant, MemoryTable, Path, PathMtu, QpAttrs, QpCap, QpEngine, QpState, QpType,
 };
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -167,13 +167,14 @@ fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
         src_port: link.source_port(rxe_initial_udp_sport(GSI_QPN)),
         ip: crate::transport::IpFields::default(),
     });
-    let a = e.attrs_mut();
-    a.path_mtu = cfg.active_mtu;
-    a.qkey = crate::transport::GSI_QKEY;
-    a.sq_psn = crate::wire::Psn::new(0);
-    e.set_state(QpState::Init);
-    e.set_state(QpState::Rtr);
-    e.set_state(QpState::Rts);
+    e.set_datagram_path_mtu(cfg.active_mtu);
+    let attrs = QpAttrs {
+        qkey: crate::transport::GSI_QKEY,
+        sq_psn: crate::wire::Psn::new(0),
+        ..QpAttrs::default()
+    };
+    let up = e.modify_to(QpState::Rts, &attrs, None);
+    assert_eq!(up, Ok(()), "QP1's bring-up follows the transition table");
     e
 }
 

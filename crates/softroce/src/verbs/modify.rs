@@ -1,107 +1,15 @@
-//! `modify_qp`: the attribute struct, the attribute mask, and the table of allowed state
-//! transitions with their required and optional attributes (also in `spec/qp_states.toml`,
-//! compared row by row in `tests/spec_tables_qp.rs`).
+//! `modify_qp` at the verbs boundary: the attribute struct (`struct ibv_qp_attr`, with its
+//! address vector) and [`check_modify`], which reports the engine's table check
+//! ([`crate::transport::check_modify`]) as `EINVAL`. The mask and the transition table live in
+//! the engine (`transport/modify.rs`, also in `spec/qp_states.toml`, compared row by row in
+//! `tests/spec_tables_qp.rs`) and are re-exported here.
 //!
 //! Source: IBTA Vol 1 ch. 10 (QP state transitions); kernel ib_core `qp_state_table` and
 //! `ib_modify_qp_is_ok`, which rxe applies before `rxe_qp_chk_attr`.
 
 use super::{Error, ErrorKind, Gid};
-use crate::transport::{AccessFlags, IpFields, PathMtu, QpState, QpType};
-use crate::wire::Psn;
-
-/// Which fields of [`QpAttr`] a `modify_qp` call sets. Bit values are `enum ibv_qp_attr_mask`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub struct QpAttrMask(pub u32);
-
-impl QpAttrMask {
-    /// `IBV_QP_STATE`.
-    pub const STATE: QpAttrMask = QpAttrMask(1 << 0);
-    /// `IBV_QP_CUR_STATE`.
-    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
-    /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`.
-    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
-    /// `IBV_QP_ACCESS_FLAGS`.
-    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
-    /// `IBV_QP_PKEY_INDEX`.
-    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
-    /// `IBV_QP_PORT`.
-    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
-    /// `IBV_QP_QKEY`.
-    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
-    /// `IBV_QP_AV`.
-    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
-    /// `IBV_QP_PATH_MTU`.
-    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
-    /// `IBV_QP_TIMEOUT`.
-    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
-    /// `IBV_QP_RETRY_CNT`.
-    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
-    /// `IBV_QP_RNR_RETRY`.
-    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
-    /// `IBV_QP_RQ_PSN`.
-    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
-    /// `IBV_QP_MAX_QP_RD_ATOMIC`.
-    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
-    /// `IBV_QP_ALT_PATH`.
-    pub const ALT_PATH: QpAttrMask = QpAttrMask(1 << 14);
-    /// `IBV_QP_MIN_RNR_TIMER`.
-    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
-    /// `IBV_QP_SQ_PSN`.
-    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
-    /// `IBV_QP_MAX_DEST_RD_ATOMIC`.
-    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
-    /// `IBV_QP_PATH_MIG_STATE`.
-    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
-    /// `IBV_QP_CAP`.
-    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
-    /// `IBV_QP_DEST_QPN`.
-    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
-
-    /// Every named bit with its `IBV_QP_*` name (without the prefix), in bit order.
-    pub const NAMES: [(QpAttrMask, &'static str); 21] = [
-        (Self::STATE, "STATE"),
-        (Self::CUR_STATE, "CUR_STATE"),
-        (Self::EN_SQD_ASYNC_NOTIFY, "EN_SQD_ASYNC_NOTIFY"),
-        (Self::ACCESS_FLAGS, "ACCESS_FLAGS"),
-        (Self::PKEY_INDEX, "PKEY_INDEX"),
-        (Self::PORT, "PORT"),
-        (Self::QKEY, "QKEY"),
-        (Self::AV, "AV"),
-        (Self::PATH_MTU, "PATH_MTU"),
-        (Self::TIMEOUT, "TIMEOUT"),
-        (Self::RETRY_CNT, "RETRY_CNT"),
-        (Self::RNR_RETRY, "RNR_RETRY"),
-        (Self::RQ_PSN, "RQ_PSN"),
-        (Self::MAX_QP_RD_ATOMIC, "MAX_QP_RD_ATOMIC"),
-        (Self::ALT_PATH, "ALT_PATH"),
-        (Self::MIN_RNR_TIMER, "MIN_RNR_TIMER"),
-        (Self::SQ_PSN, "SQ_PSN"),
-        (Self::MAX_DEST_RD_ATOMIC, "MAX_DEST_RD_ATOMIC"),
-        (Self::PATH_MIG_STATE, "PATH_MIG_STATE"),
-        (Self::CAP, "CAP"),
-        (Self::DEST_QPN, "DEST_QPN"),
-    ];
-
-    /// True when every bit of `o` is set.
-    pub const fn contains(self, o: QpAttrMask) -> bool {
-        self.0 & o.0 == o.0
-    }
-
-    /// The mask bit with this name.
-    pub fn from_name(name: &str) -> Option<QpAttrMask> {
-        Self::NAMES
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map(|(m, _)| *m)
-    }
-}
-
-impl core::ops::BitOr for QpAttrMask {
-    type Output = QpAttrMask;
-    fn bitor(self, o: QpAttrMask) -> QpAttrMask {
-        QpAttrMask(self.0 | o.0)
-    }
-}
+use crate::transport::{AccessFlags, IpFields, ModifyError, PathMtu, QpModify, QpState, QpType};
+pub use crate::transport::{Params, QpAttrMask, TRANSITIONS, Transition};
 
 /// Address vector (`struct ibv_ah_attr` with its GRH) for RoCEv2: the peer is named by its
 /// GID, whose IPv4-mapped form selects IPv4.
@@ -212,238 +120,43 @@ impl Default for QpAttr {
     }
 }
 
-/// The attributes one QP type must and may set in one transition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Params {
-    /// Attributes that must be in the mask (besides STATE).
-    pub required: QpAttrMask,
-    /// Attributes that may be in the mask.
-    pub optional: QpAttrMask,
-}
-
-/// One row of the transition table: a (from, to) pair that `modify_qp` accepts, with the
-/// attributes of each QP type. A pair not in [`TRANSITIONS`] is refused for every type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transition {
-    /// From state.
-    pub from: QpState,
-    /// To state.
-    pub to: QpState,
-    /// RC attributes.
-    pub rc: Params,
-    /// UC attributes.
-    pub uc: Params,
-    /// UD attributes.
-    pub ud: Params,
-    /// GSI (QP1) attributes.
-    pub gsi: Params,
-}
-
-impl Transition {
-    /// The attributes of `qp_type` in this transition.
-    pub const fn params(&self, qp_type: QpType) -> Params {
-        match qp_type {
-            QpType::Rc => self.rc,
-            QpType::Uc => self.uc,
-            QpType::Ud => self.ud,
-            QpType::Gsi => self.gsi,
+impl QpAttr {
+    /// The engine's part of this call: every field but the address vector, which the device
+    /// resolves into a [`crate::transport::Path`] itself.
+    pub fn to_modify(&self) -> QpModify {
+        QpModify {
+            qp_state: self.qp_state,
+            cur_qp_state: self.cur_qp_state,
+            path_mtu: self.path_mtu,
+            qkey: self.qkey,
+            rq_psn: self.rq_psn,
+            sq_psn: self.sq_psn,
+            dest_qp_num: self.dest_qp_num,
+            qp_access_flags: self.qp_access_flags,
+            path: None,
+            pkey_index: self.pkey_index,
+            max_rd_atomic: self.max_rd_atomic,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+            min_rnr_timer: self.min_rnr_timer,
+            port_num: self.port_num,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
         }
     }
 }
 
-const fn m(bits: &[QpAttrMask]) -> QpAttrMask {
-    let mut v = 0;
-    let mut i = 0;
-    while i < bits.len() {
-        v |= bits[i].0;
-        i += 1;
-    }
-    QpAttrMask(v)
-}
-
-const fn p(required: &[QpAttrMask], optional: &[QpAttrMask]) -> Params {
-    Params {
-        required: m(required),
-        optional: m(optional),
+impl From<ModifyError> for Error {
+    /// Every refused `modify_qp` is `EINVAL`, its message naming the transition.
+    fn from(e: ModifyError) -> Error {
+        Error::new(ErrorKind::Inval, e.to_string())
     }
 }
-
-use QpAttrMask as A;
-use QpState as S;
-
-/// No attributes besides STATE.
-const NONE: Params = p(&[], &[]);
-
-/// A row whose four QP types take no attribute (the moves to RESET and ERR).
-const fn bare(from: QpState, to: QpState) -> Transition {
-    Transition {
-        from,
-        to,
-        rc: NONE,
-        uc: NONE,
-        ud: NONE,
-        gsi: NONE,
-    }
-}
-
-const RC_INIT: &[QpAttrMask] = &[A::PKEY_INDEX, A::PORT, A::ACCESS_FLAGS];
-const UD_INIT: &[QpAttrMask] = &[A::PKEY_INDEX, A::PORT, A::QKEY];
-const GSI_INIT: &[QpAttrMask] = &[A::PKEY_INDEX, A::QKEY];
-const RTR_OPT: &[QpAttrMask] = &[A::ALT_PATH, A::ACCESS_FLAGS, A::PKEY_INDEX];
-const RC_RTS_OPT: &[QpAttrMask] = &[
-    A::CUR_STATE,
-    A::ALT_PATH,
-    A::ACCESS_FLAGS,
-    A::MIN_RNR_TIMER,
-    A::PATH_MIG_STATE,
-];
-const UC_RTS_OPT: &[QpAttrMask] = &[
-    A::CUR_STATE,
-    A::ALT_PATH,
-    A::ACCESS_FLAGS,
-    A::PATH_MIG_STATE,
-];
-const UD_RTS_OPT: &[QpAttrMask] = &[A::CUR_STATE, A::QKEY];
-const SQD_OPT: Params = p(&[], &[A::EN_SQD_ASYNC_NOTIFY]);
-
-/// The transition table, mirrored row by row in `spec/qp_states.toml` (and compared with it
-/// in `tests/spec_tables_qp.rs`). Source: ib_core `qp_state_table`.
-pub const TRANSITIONS: &[Transition] = &[
-    bare(S::Reset, S::Reset),
-    Transition {
-        from: S::Reset,
-        to: S::Init,
-        rc: p(RC_INIT, &[]),
-        uc: p(RC_INIT, &[]),
-        ud: p(UD_INIT, &[]),
-        gsi: p(GSI_INIT, &[]),
-    },
-    bare(S::Init, S::Reset),
-    bare(S::Init, S::Err),
-    Transition {
-        from: S::Init,
-        to: S::Init,
-        rc: p(&[], RC_INIT),
-        uc: p(&[], RC_INIT),
-        ud: p(&[], UD_INIT),
-        gsi: p(&[], GSI_INIT),
-    },
-    Transition {
-        from: S::Init,
-        to: S::Rtr,
-        rc: p(
-            &[
-                A::AV,
-                A::PATH_MTU,
-                A::DEST_QPN,
-                A::RQ_PSN,
-                A::MAX_DEST_RD_ATOMIC,
-                A::MIN_RNR_TIMER,
-            ],
-            RTR_OPT,
-        ),
-        uc: p(&[A::AV, A::PATH_MTU, A::DEST_QPN, A::RQ_PSN], RTR_OPT),
-        ud: p(&[], GSI_INIT),
-        gsi: p(&[], GSI_INIT),
-    },
-    bare(S::Rtr, S::Reset),
-    bare(S::Rtr, S::Err),
-    Transition {
-        from: S::Rtr,
-        to: S::Rts,
-        rc: p(
-            &[
-                A::SQ_PSN,
-                A::TIMEOUT,
-                A::RETRY_CNT,
-                A::RNR_RETRY,
-                A::MAX_QP_RD_ATOMIC,
-            ],
-            RC_RTS_OPT,
-        ),
-        uc: p(&[A::SQ_PSN], UC_RTS_OPT),
-        ud: p(&[A::SQ_PSN], UD_RTS_OPT),
-        gsi: p(&[A::SQ_PSN], UD_RTS_OPT),
-    },
-    bare(S::Rts, S::Reset),
-    bare(S::Rts, S::Err),
-    Transition {
-        from: S::Rts,
-        to: S::Rts,
-        rc: p(&[], RC_RTS_OPT),
-        uc: p(&[], UC_RTS_OPT),
-        ud: p(&[], UD_RTS_OPT),
-        gsi: p(&[], UD_RTS_OPT),
-    },
-    Transition {
-        from: S::Rts,
-        to: S::Sqd,
-        rc: SQD_OPT,
-        uc: SQD_OPT,
-        ud: SQD_OPT,
-        gsi: SQD_OPT,
-    },
-    bare(S::Sqd, S::Reset),
-    bare(S::Sqd, S::Err),
-    Transition {
-        from: S::Sqd,
-        to: S::Rts,
-        rc: p(&[], RC_RTS_OPT),
-        uc: p(&[], UC_RTS_OPT),
-        ud: p(&[], UD_RTS_OPT),
-        gsi: p(&[], UD_RTS_OPT),
-    },
-    Transition {
-        from: S::Sqd,
-        to: S::Sqd,
-        rc: p(
-            &[],
-            &[
-                A::PORT,
-                A::AV,
-                A::TIMEOUT,
-                A::RETRY_CNT,
-                A::RNR_RETRY,
-                A::MAX_QP_RD_ATOMIC,
-                A::MAX_DEST_RD_ATOMIC,
-                A::ALT_PATH,
-                A::ACCESS_FLAGS,
-                A::PKEY_INDEX,
-                A::MIN_RNR_TIMER,
-                A::PATH_MIG_STATE,
-            ],
-        ),
-        uc: p(
-            &[],
-            &[
-                A::AV,
-                A::ALT_PATH,
-                A::ACCESS_FLAGS,
-                A::PKEY_INDEX,
-                A::PATH_MIG_STATE,
-            ],
-        ),
-        ud: p(&[], GSI_INIT),
-        gsi: p(&[], GSI_INIT),
-    },
-    bare(S::Sqe, S::Reset),
-    bare(S::Sqe, S::Err),
-    // RC never enters SQE (a send error takes it to ERR); ib_core still marks the pair
-    // valid with no RC attributes, and so does this table.
-    Transition {
-        from: S::Sqe,
-        to: S::Rts,
-        rc: NONE,
-        uc: p(&[], &[A::CUR_STATE, A::ACCESS_FLAGS]),
-        ud: p(&[], UD_RTS_OPT),
-        gsi: p(&[], UD_RTS_OPT),
-    },
-    bare(S::Err, S::Reset),
-    bare(S::Err, S::Err),
-];
 
 /// Checks a `modify_qp` call against the table before anything changes (rxe
-/// `rxe_qp_chk_attr` after `ib_modify_qp_is_ok`). Returns the target state.
+/// `rxe_qp_chk_attr` after `ib_modify_qp_is_ok`). Returns the target state. The check is the
+/// engine's ([`crate::transport::check_modify`], which [`crate::transport::QpEngine::modify`]
+/// runs again before it commits); the address vector is the device's to check.
 ///
 /// Errors (all `EINVAL`): a (from, to) pair not in [`TRANSITIONS`] ("transition not
 /// allowed"); a required attribute missing (the message names the first one in bit order);
@@ -457,75 +170,19 @@ pub fn check_modify(
     attr: &QpAttr,
     mask: QpAttrMask,
 ) -> Result<QpState, Error> {
-    let new = if mask.contains(A::STATE) {
-        attr.qp_state
-    } else {
-        cur
-    };
-    let inval = |msg: String| Error::new(ErrorKind::Inval, msg);
-    let arrow = format!("modify_qp {}->{}", cur.name(), new.name());
-    let Some(row) = TRANSITIONS.iter().find(|t| t.from == cur && t.to == new) else {
-        return Err(inval(format!(
-            "{arrow}: transition not allowed for {qp_type:?} QPs"
-        )));
-    };
-    let row = row.params(qp_type);
-    for (bit, name) in A::NAMES.iter().skip(1) {
-        if row.required.contains(*bit) && !mask.contains(*bit) {
-            return Err(inval(format!("{arrow}: missing {name}")));
-        }
-    }
-    for (bit, name) in A::NAMES.iter().skip(1) {
-        if mask.contains(*bit) && !row.required.contains(*bit) && !row.optional.contains(*bit) {
-            return Err(inval(format!("{arrow}: attribute {name} not allowed")));
-        }
-    }
-    if mask.contains(A::CUR_STATE) && attr.cur_qp_state != cur {
-        return Err(inval(format!(
-            "{arrow}: CUR_STATE {} does not match",
-            attr.cur_qp_state.name()
-        )));
-    }
-    let range = |ok: bool, what: &str| {
-        if ok {
-            Ok(())
-        } else {
-            Err(inval(format!("{arrow}: {what} out of range")))
-        }
-    };
-    if mask.contains(A::TIMEOUT) {
-        range(attr.timeout <= 31, "TIMEOUT")?;
-    }
-    if mask.contains(A::RETRY_CNT) {
-        range(attr.retry_cnt <= 7, "RETRY_CNT")?;
-    }
-    if mask.contains(A::RNR_RETRY) {
-        range(attr.rnr_retry <= 7, "RNR_RETRY")?;
-    }
-    if mask.contains(A::MIN_RNR_TIMER) {
-        range(attr.min_rnr_timer <= 31, "MIN_RNR_TIMER")?;
-    }
-    if mask.contains(A::PORT) {
-        range(attr.port_num == 1, "PORT")?;
-    }
-    if mask.contains(A::PKEY_INDEX) {
-        range(attr.pkey_index == 0, "PKEY_INDEX")?;
-    }
-    if mask.contains(A::RQ_PSN) {
-        range(attr.rq_psn <= Psn::MASK, "RQ_PSN")?;
-    }
-    if mask.contains(A::SQ_PSN) {
-        range(attr.sq_psn <= Psn::MASK, "SQ_PSN")?;
-    }
-    if mask.contains(A::DEST_QPN) {
-        range(attr.dest_qp_num <= 0x00ff_ffff, "DEST_QPN")?;
-    }
-    Ok(new)
+    Ok(crate::transport::check_modify(
+        qp_type,
+        cur,
+        &attr.to_modify(),
+        mask,
+    )?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use QpAttrMask as A;
+    use QpState as S;
     use QpType as T;
 
     fn rc_rtr_mask() -> QpAttrMask {

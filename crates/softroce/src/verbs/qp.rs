@@ -7,7 +7,7 @@ use super::base::{
     QpSlot, State,
 };
 use super::cq::Cq;
-use super::modify::{AhAttr, QpAttrMask as A, check_modify};
+use super::modify::{AhAttr, QpAttrMask as A};
 use super::pd::Pd;
 use super::srq::Srq;
 use super::{Error, ErrorKind, Gid, QpAttr, QpAttrMask, Result};
@@ -128,7 +128,7 @@ impl Pd {
                 src_port,
                 ip: crate::transport::IpFields::default(),
             });
-            engine.attrs_mut().path_mtu = self.dev.shared.cfg.active_mtu;
+            engine.set_datagram_path_mtu(self.dev.shared.cfg.active_mtu);
         }
         st.qps.insert(
             qpn,
@@ -229,10 +229,10 @@ impl Qp {
             .get_mut(&self.qpn)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "modify_qp: QP destroyed"))?;
         let e = &mut slot.engine;
-        let new = check_modify(e.qp_type(), e.state(), attr, mask)?;
-        let mut path = None;
+        let mut m = attr.to_modify();
+        let new = e.check_modify(&m, mask)?;
         if mask.contains(A::AV) {
-            // Named as check_modify names its errors: "modify_qp INIT->RTR: …".
+            // Named as the engine names its errors: "modify_qp INIT->RTR: …".
             let refused = |why: &str| {
                 Error::new(
                     ErrorKind::Inval,
@@ -264,57 +264,15 @@ impl Qp {
             };
             let want = rdma_get_udp_sport(ah.flow_label, self.qpn, dqpn);
             let src_port = self.dev.shared.link.source_port(want);
-            path = Some(Path {
+            m.path = Some(Path {
                 local: local_ip,
                 remote,
                 src_port,
                 ip: ah.ip_fields(),
             });
         }
-        // Everything checked: commit.
-        let a = e.attrs_mut();
-        if mask.contains(A::PATH_MTU) {
-            a.path_mtu = attr.path_mtu;
-        }
-        if mask.contains(A::DEST_QPN) {
-            a.dest_qp_num = attr.dest_qp_num;
-        }
-        if mask.contains(A::RQ_PSN) {
-            a.rq_psn = crate::wire::Psn::new(attr.rq_psn);
-        }
-        if mask.contains(A::SQ_PSN) {
-            a.sq_psn = crate::wire::Psn::new(attr.sq_psn);
-        }
-        if mask.contains(A::TIMEOUT) {
-            a.timeout = attr.timeout;
-        }
-        if mask.contains(A::RETRY_CNT) {
-            a.retry_cnt = attr.retry_cnt;
-        }
-        if mask.contains(A::RNR_RETRY) {
-            a.rnr_retry = attr.rnr_retry;
-        }
-        if mask.contains(A::MIN_RNR_TIMER) {
-            a.min_rnr_timer = attr.min_rnr_timer;
-        }
-        if mask.contains(A::MAX_QP_RD_ATOMIC) {
-            a.max_rd_atomic = attr.max_rd_atomic;
-        }
-        if mask.contains(A::MAX_DEST_RD_ATOMIC) {
-            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-        }
-        if mask.contains(A::ACCESS_FLAGS) {
-            a.qp_access_flags = attr.qp_access_flags;
-        }
-        if mask.contains(A::QKEY) {
-            a.qkey = attr.qkey;
-        }
-        if let Some(p) = path {
-            e.set_path(p);
-        }
-        if mask.contains(A::STATE) {
-            e.set_state(new);
-        }
+        // Everything checked: the engine checks again and commits.
+        e.modify(&m, mask)?;
         let now = self.dev.now();
         self.dev.pump(&mut st, self.qpn, now);
         Ok(())

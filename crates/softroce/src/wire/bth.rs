@@ -1,9 +1,6 @@
 //! Base Transport Header (BTH).
 
-use super::{Error, Opcode, Psn, Result, be16, be24, put_be24};
-
-/// Length of the BTH in bytes.
-pub const BTH_LEN: usize = 12;
+use super::{BTH_LEN, Error, Opcode, Psn, Result, be16, be24, put_be24};
 
 mod field {
     use core::ops::Range;

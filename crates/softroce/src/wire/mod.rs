@@ -97,6 +97,10 @@ pub const ROCE_V2_UDP_PORT: u16 = 4791;
 /// Length of the invariant CRC that closes every RoCEv2 packet, in bytes.
 pub const ICRC_LEN: usize = 4;
 
+/// Length of the Base Transport Header in bytes: the start of every packet's layout, which
+/// [`Bth`] reads and [`ExtHeaders`] counts the extension headers' offsets from.
+pub const BTH_LEN: usize = 12;
+
 /// The default (full-membership) partition key; rxe sends and accepts only this one.
 pub const DEFAULT_PKEY: u16 = 0xffff;
 

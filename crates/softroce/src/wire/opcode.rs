@@ -192,7 +192,7 @@ impl ExtHeaders {
         if !self.contains(h) {
             return None;
         }
-        let mut off = super::bth::BTH_LEN;
+        let mut off = super::BTH_LEN;
         for (flag, len, _) in Self::ORDER {
             if flag == h {
                 return Some(off);
@@ -206,7 +206,7 @@ impl ExtHeaders {
 
     /// Total length in bytes of BTH plus the extension headers.
     pub fn header_len(self) -> usize {
-        let mut off = super::bth::BTH_LEN;
+        let mut off = super::BTH_LEN;
         for (flag, len, _) in Self::ORDER {
             if self.contains(flag) {
                 off += len;
