@@ -5,7 +5,7 @@
 //! (`device`) and the receive path (`rx`) build on this file; it uses only `cq` and `event`.
 
 use super::cq::{CqShared, PollHook};
-use super::event::{AsyncEvents, EventElement, EventType};
+use super::event::{AsyncEvents, EventElement, EventType, SignalQueue};
 use super::{Clock, Error, ErrorKind, Gid, Link, Result};
 use crate::transport::{
     Completion, Counters, CqSel, Instant, MemoryTable, PathMtu, QpEngine, QpEvent, SrqQueue,
@@ -13,7 +13,7 @@ use crate::transport::{
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// How to build a device.
 #[derive(Debug, Clone)]
@@ -118,6 +118,15 @@ pub(super) struct Shared {
     pub(super) events: AsyncEvents,
     /// The link's CQ poll hook ([`Device::set_poll_hook`]).
     pub(super) poll_hook: OnceLock<Arc<dyn PollHook>>,
+    /// Why the device failed ([`Device::fail`]); unset while it works.
+    pub(super) failed: OnceLock<String>,
+    /// Never sends: [`Device::fail`] drops it, which wakes every [`Cq::wait`](super::Cq::wait)
+    /// sleeping on a clone of `fatal_rx` (each CQ of the device holds one).
+    pub(super) fatal_tx: Mutex<Option<crossbeam_channel::Sender<()>>>,
+    pub(super) fatal_rx: crossbeam_channel::Receiver<()>,
+    /// The queues of the completion channels made on this device, which
+    /// [`Device::fail`] closes.
+    pub(super) channels: Mutex<Vec<Weak<SignalQueue<Weak<CqShared>>>>>,
 }
 
 /// A softroce device: one IP address, one port, a GID table, and the verbs objects made on

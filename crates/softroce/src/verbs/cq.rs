@@ -30,6 +30,9 @@ pub(super) struct CqShared {
     pub(super) notify: CqNotify,
     /// The device's poll hook, if its link installed one ([`PollHook`]).
     pub(super) hook: OnceLock<Arc<dyn PollHook>>,
+    /// The device's fatal signal: nothing is ever sent on it; it disconnects when the
+    /// device fails ([`Device::fail`](super::Device::fail)), which wakes [`Cq::wait`].
+    pub(super) fatal: OnceLock<crossbeam_channel::Receiver<()>>,
 }
 
 /// What a poll of a CQ does beyond taking its completions, provided by the link: a link
@@ -59,6 +62,7 @@ impl CqShared {
             overflows: AtomicU64::new(0),
             notify: Default::default(),
             hook: OnceLock::new(),
+            fatal: OnceLock::new(),
         }
     }
 
@@ -148,7 +152,9 @@ impl Cq {
 
     /// Waits up to `timeout` for at least one completion, then takes what else is queued
     /// ([`Cq::poll_queued`]; a wait sleeps, it does not drive the link).
-    /// Returns 0 on timeout, and at once for an empty `out`.
+    /// Returns 0 on timeout, and at once for an empty `out`. On a failed device
+    /// ([`Device::fail`](super::Device::fail): its driver thread panicked) it returns at
+    /// once, with what the CQ holds (the flushed WRs among them), 0 if nothing.
     pub fn wait(&self, out: &mut [Wc], timeout: Duration) -> usize {
         let now = std::time::Instant::now();
         let deadline = now + timeout;
@@ -161,9 +167,19 @@ impl Cq {
         let Some(first) = out.first_mut() else {
             return 0;
         };
-        match self.shared.ring_rx.recv_deadline(deadline) {
-            Ok(wc) => *first = self.shared.taken(wc),
-            Err(_) => return 0,
+        let ring = &self.shared.ring_rx;
+        let got = match self.shared.fatal.get() {
+            None => ring.recv_deadline(deadline).ok(),
+            // Completions first; the fatal signal only ends a wait for none.
+            Some(fatal) => crossbeam_channel::select_biased! {
+                recv(ring) -> wc => wc.ok(),
+                recv(fatal) -> _ => ring.try_recv().ok(),
+                default(deadline.saturating_duration_since(std::time::Instant::now())) => None,
+            },
+        };
+        match got {
+            Some(wc) => *first = self.shared.taken(wc),
+            None => return 0,
         }
         1 + self.poll_queued(&mut out[1..])
     }
@@ -238,7 +254,9 @@ impl core::fmt::Debug for CompChannel {
 impl CompChannel {
     /// `ibv_get_cq_event`: waits up to `timeout` for the next CQ event and returns the CQ.
     /// The CQ is disarmed; call [`Cq::req_notify`] again for the next event, and acknowledge
-    /// it with [`CompChannel::ack_cq_events`]. Errors: `EAGAIN` on timeout.
+    /// it with [`CompChannel::ack_cq_events`]. Errors: `EAGAIN` on timeout; `EIO` once the
+    /// device that made the channel failed ([`CompChannel::is_closed`]) and the events
+    /// raised before are taken.
     pub fn get_cq_event(&self, timeout: Duration) -> Result<Cq> {
         let deadline = std::time::Instant::now().checked_add(timeout);
         loop {
@@ -252,6 +270,12 @@ impl CompChannel {
                         return Ok(Cq::from_shared(cq));
                     }
                 }
+                None if self.is_closed() => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        "get_cq_event: the device failed (its driver thread stopped)",
+                    ));
+                }
                 None => {
                     return Err(Error::new(
                         ErrorKind::Again,
@@ -260,6 +284,14 @@ impl CompChannel {
                 }
             }
         }
+    }
+
+    /// True once the device that made the channel failed
+    /// ([`Device::fail`](super::Device::fail)): no event will come after those pending, and
+    /// the channel's descriptor stays readable, so a caller that polls it must check this
+    /// when [`CompChannel::try_get_cq_event`] gives nothing.
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
     }
 
     /// The next CQ event if one is pending, without waiting.

@@ -217,6 +217,8 @@ impl Device {
             },
         ];
         let gsi_cq = Arc::new(CqShared::new(GSI_CQE));
+        let (fatal_tx, fatal_rx) = crossbeam_channel::bounded(0);
+        let _ = gsi_cq.fatal.set(fatal_rx.clone());
         let mut qps = BTreeMap::new();
         qps.insert(
             GSI_QPN,
@@ -249,6 +251,10 @@ impl Device {
                 gsi_cq,
                 events: AsyncEvents::new(),
                 poll_hook: OnceLock::new(),
+                failed: OnceLock::new(),
+                fatal_tx: Mutex::new(Some(fatal_tx)),
+                fatal_rx,
+                channels: Mutex::new(Vec::new()),
             }),
         };
         // rxe raises IB_EVENT_PORT_ACTIVE when its netdev comes up (`rxe_port_up`).
@@ -425,6 +431,7 @@ impl Device {
         if let Some(hook) = self.shared.poll_hook.get() {
             let _ = shared.hook.set(hook.clone());
         }
+        let _ = shared.fatal.set(self.shared.fatal_rx.clone());
         Ok(Cq { shared })
     }
 
@@ -490,7 +497,8 @@ impl Device {
     /// Errors: `EAGAIN` when none arrived in time.
     /// Events raised: `IBV_EVENT_PORT_ACTIVE` (port 1, once when the device is made),
     /// `IBV_EVENT_QP_FATAL`, `IBV_EVENT_QP_LAST_WQE_REACHED`, `IBV_EVENT_SQ_DRAINED` (QPN)
-    /// and `IBV_EVENT_SRQ_LIMIT_REACHED` (SRQ number). Source: rxe raises the same ones from
+    /// and `IBV_EVENT_SRQ_LIMIT_REACHED` (SRQ number); `IBV_EVENT_DEVICE_FATAL` (port 1)
+    /// when the device fails ([`Device::fail`]). Source: rxe raises the same ones from
     /// `rxe_qp.c`, `rxe_comp.c`, `rxe_resp.c` and `rxe_net.c` (`rxe_port_up`).
     pub fn get_async_event(&self, timeout: Duration) -> Result<AsyncEvent> {
         self.async_events()
@@ -519,9 +527,16 @@ impl Device {
                 format!("create_comp_channel: eventfd: {e}"),
             )
         })?;
-        Ok(CompChannel {
-            shared: Arc::new(SignalQueue::new(Some(fd), usize::MAX)),
-        })
+        let shared = Arc::new(SignalQueue::new(Some(fd), usize::MAX));
+        // Registered, then checked, under the lock `fail` drains the list under (after it
+        // set `failed`): a channel made while the device fails is closed by one of the two.
+        let mut channels = self.shared.channels.lock();
+        channels.retain(|c| c.strong_count() > 0);
+        channels.push(Arc::downgrade(&shared));
+        if self.shared.failed.get().is_some() {
+            shared.close();
+        }
+        Ok(CompChannel { shared })
     }
 
     /// `ibv_create_cq` with a completion channel: like [`Device::create_cq`], and
@@ -531,6 +546,60 @@ impl Device {
         let cq = self.create_cq(cqe)?;
         *cq.shared().notify.channel.lock() = Some(channel.clone());
         Ok(cq)
+    }
+}
+
+impl Device {
+    /// Marks the device failed, as a device that hits a fatal error does (mlx5
+    /// `mlx5_ib_handle_internal_error`; the kernel's uverbs closes its event files): every
+    /// QP not in RESET or ERR enters ERR, which completes its outstanding WRs with
+    /// `IBV_WC_WR_FLUSH_ERR`; `IBV_EVENT_DEVICE_FATAL` (port 1) is raised; the completion
+    /// channels made on the device close ([`CompChannel::get_cq_event`] fails with `EIO`
+    /// once their pending events are taken, and their descriptors stay readable); and every
+    /// [`Cq::wait`] returns at once, now and later, with what its CQ holds. What a driver
+    /// thread that panicked calls (`net::UdpDevice`); `reason` says why, for
+    /// [`Device::failure`]. A second call changes nothing. Other verbs keep working on the
+    /// device's objects (destroying them, polling, modify_qp), but nothing receives for
+    /// them any more.
+    pub fn fail(&self, reason: &str) {
+        if self.shared.failed.set(reason.to_string()).is_err() {
+            return;
+        }
+        tracing::error!(
+            target: "softroce::verbs",
+            device = %self.shared.cfg.name,
+            "device failed: {reason}"
+        );
+        {
+            let now = self.now();
+            let mut st = self.shared.state.lock();
+            let live: Vec<u32> = st
+                .qps
+                .iter()
+                .filter(|(_, s)| !matches!(s.engine.state(), QpState::Reset | QpState::Err))
+                .map(|(q, _)| *q)
+                .collect();
+            for qpn in live {
+                if let Some(slot) = st.qps.get_mut(&qpn) {
+                    slot.engine.set_state(QpState::Err);
+                }
+                self.pump(&mut st, qpn, now);
+            }
+        }
+        self.shared
+            .events
+            .push(EventType::DeviceFatal, EventElement::Port(1));
+        for ch in self.shared.channels.lock().drain(..) {
+            if let Some(q) = ch.upgrade() {
+                q.close();
+            }
+        }
+        drop(self.shared.fatal_tx.lock().take());
+    }
+
+    /// Why the device failed ([`Device::fail`]), or `None` while it works.
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.failed.get().map(String::as_str)
     }
 }
 
