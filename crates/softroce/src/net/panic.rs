@@ -4,7 +4,34 @@
 //! `tracing::error!` with target `softroce::net`, seen with `SOFTROCE_LOG`), then fail what
 //! they drove, so that every caller waiting on them gets an error instead of a silent hang.
 //!
+//! The C libraries have a test hook to cause such a panic ([`SOFTROCE_TEST_PANIC`]); the
+//! Rust types have `inject_panic_for_test` methods.
+//!
 //! Panics: never (a payload that is not a string is reported as such).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Test hook of the C libraries, read once per process: `SOFTROCE_TEST_PANIC=<thread>:<ms>`
+/// makes the named threads panic about `<ms>` milliseconds after they start, to test what a
+/// panic there does. `<thread>` is `device` (each device driver thread libibverbs.so.1
+/// starts) or `rdmacm` (each CM driver thread librdmacm.so.1 starts). Not for use outside
+/// tests; anything else in the variable is ignored.
+pub const SOFTROCE_TEST_PANIC: &str = "SOFTROCE_TEST_PANIC";
+
+/// The delay [`SOFTROCE_TEST_PANIC`] sets for `thread` (`device` or `rdmacm`), if it names
+/// that thread. The variable is read at the first call.
+pub fn test_panic_delay(thread: &str) -> Option<Duration> {
+    static HOOK: OnceLock<Option<(String, Duration)>> = OnceLock::new();
+    let hook = HOOK.get_or_init(|| {
+        let v = std::env::var(SOFTROCE_TEST_PANIC).ok()?;
+        let (name, ms) = v.split_once(':')?;
+        Some((name.to_string(), Duration::from_millis(ms.parse().ok()?)))
+    });
+    hook.as_ref()
+        .filter(|(name, _)| name == thread)
+        .map(|(_, d)| *d)
+}
 
 /// The message a panic carried: its `&str` or `String` payload (what `panic!` with a format
 /// gives), else a placeholder.
