@@ -3,7 +3,8 @@
  * (librdmacm's CM driver thread panics) or device:<ms> (libibverbs' device driver thread
  * panics); argv[1] is the device address, argv[2] "rdmacm" or "device". A listener blocks in
  * rdma_get_cm_event until the panic, then gets RDMA_CM_EVENT_DEVICE_REMOVAL with status
- * -EIO; binding a new id to the device fails with EIO. With "device", a completion channel
+ * -EIO; binding a new id to the device fails with EIO, and a synchronous listener's
+ * rdma_get_request (its event came meanwhile) fails with EIO. With "device", a completion channel
  * wait (ibv_get_cq_event) on the device fails with EIO too, and ibv_get_async_event gives
  * IBV_EVENT_DEVICE_FATAL. Prints one line per check and "cm_panic: end N" (N failed
  * checks), exiting with N. */
@@ -39,7 +40,8 @@ int main(int argc, char **argv)
 {
 	struct sockaddr_in a, b;
 	struct rdma_event_channel *ch;
-	struct rdma_cm_id *listen, *late;
+	struct rdma_cm_id *listen, *late, *sync_listen, *req;
+	struct rdma_addrinfo hints, *res;
 	struct rdma_cm_event *ev = NULL;
 	struct ibv_comp_channel *cc = NULL;
 	struct ibv_cq *cq = NULL;
@@ -57,6 +59,15 @@ int main(int argc, char **argv)
 		perror("listener");
 		return 100;
 	}
+	memset(&hints, 0, sizeof hints);
+	hints.ai_flags = RAI_PASSIVE;
+	hints.ai_port_space = RDMA_PS_TCP;
+	if (rdma_getaddrinfo(argv[1], "7473", &hints, &res) ||
+	    rdma_create_ep(&sync_listen, res, NULL, NULL) || rdma_listen(sync_listen, 1)) {
+		perror("synchronous listener");
+		return 100;
+	}
+	rdma_freeaddrinfo(res);
 	if (device) {
 		cc = ibv_create_comp_channel(listen->verbs);
 		cq = cc ? ibv_create_cq(listen->verbs, 4, NULL, cc, 0) : NULL;
@@ -81,6 +92,10 @@ int main(int argc, char **argv)
 		      strerror(err));
 		rdma_destroy_id(late);
 	}
+	rc = rdma_get_request(sync_listen, &req);
+	err = errno;
+	CHECK(rc == -1 && err == EIO, "a synchronous rdma_get_request: EIO (rc %d, %s)", rc,
+	      strerror(err));
 	if (device) {
 		struct ibv_async_event aev;
 		struct ibv_cq *evcq;
@@ -101,6 +116,7 @@ int main(int argc, char **argv)
 		ibv_destroy_cq(cq);
 		ibv_destroy_comp_channel(cc);
 	}
+	rdma_destroy_ep(sync_listen);
 	rdma_destroy_id(listen);
 	rdma_destroy_event_channel(ch);
 	printf("cm_panic: end %d\n", failed);
