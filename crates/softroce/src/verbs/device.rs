@@ -570,7 +570,9 @@ impl Device {
             device = %self.shared.cfg.name,
             "device failed: {reason}"
         );
-        {
+        // The state may be half-changed by the panic that got us here: should the flush
+        // panic too, the waiters below are woken all the same.
+        let flush = || {
             let now = self.now();
             let mut st = self.shared.state.lock();
             let live: Vec<u32> = st
@@ -585,7 +587,8 @@ impl Device {
                 }
                 self.pump(&mut st, qpn, now);
             }
-        }
+        };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(flush));
         self.shared
             .events
             .push(EventType::DeviceFatal, EventElement::Port(1));
