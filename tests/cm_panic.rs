@@ -3,11 +3,11 @@
 //! `SOFTROCE_TEST_PANIC` (softroce::net::panic) making one thread panic 500 ms after it
 //! starts: librdmacm.so.1's CM driver thread (`rdmacm`), then libibverbs.so.1's device
 //! driver thread (`device`). A listener blocked in rdma_get_cm_event gets DEVICE_REMOVAL
-//! (status -EIO), a later bind fails with EIO, and so does a synchronous listener's
-//! rdma_get_request; with the device's thread, ibv_get_cq_event fails with EIO too and
-//! IBV_EVENT_DEVICE_FATAL is raised. Each run must report the panic on stderr. The 60 s
-//! limit only ends a run that hangs. Skipped, saying why, only when librdmacm-dev or a C
-//! compiler is missing (CI installs them).
+//! (status -EIO), as does a listener on the wildcard address; a later bind fails with EIO,
+//! and so does a synchronous listener's rdma_get_request; with the device's thread,
+//! ibv_get_cq_event fails with EIO too and IBV_EVENT_DEVICE_FATAL is raised. Each run must
+//! report the panic on stderr. The 60 s limit only ends a run that hangs. Skipped, saying
+//! why, only when librdmacm-dev or a C compiler is missing (CI installs them).
 
 mod exec_support;
 use exec_support::*;
@@ -50,7 +50,7 @@ fn a_librdmacm_driver_panic_fails_the_devices_ids() {
     panic_in(
         "rdmacm",
         "127.0.226.1",
-        3,
+        4,
         "librdmacm CM driver thread of device softroce0",
     );
 }
@@ -60,7 +60,7 @@ fn a_device_driver_panic_fails_rdma_cm_and_the_completion_channel() {
     panic_in(
         "device",
         "127.0.226.2",
-        5,
+        6,
         "device softroce0 driver thread panicked",
     );
 }

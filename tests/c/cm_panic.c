@@ -3,7 +3,8 @@
  * (librdmacm's CM driver thread panics) or device:<ms> (libibverbs' device driver thread
  * panics); argv[1] is the device address, argv[2] "rdmacm" or "device". A listener blocks in
  * rdma_get_cm_event until the panic, then gets RDMA_CM_EVENT_DEVICE_REMOVAL with status
- * -EIO; binding a new id to the device fails with EIO, and a synchronous listener's
+ * -EIO, and so does a listener on the wildcard address (the process has no other device);
+ * binding a new id to the device fails with EIO, and a synchronous listener's
  * rdma_get_request (its event came meanwhile) fails with EIO. With "device", a completion channel
  * wait (ibv_get_cq_event) on the device fails with EIO too, and ibv_get_async_event gives
  * IBV_EVENT_DEVICE_FATAL. Prints one line per check and "cm_panic: end N" (N failed
@@ -39,8 +40,8 @@ static struct sockaddr_in in4(const char *ip, int port)
 int main(int argc, char **argv)
 {
 	struct sockaddr_in a, b;
-	struct rdma_event_channel *ch;
-	struct rdma_cm_id *listen, *late, *sync_listen, *req;
+	struct rdma_event_channel *ch, *wild_ch;
+	struct rdma_cm_id *listen, *late, *sync_listen, *req, *wild;
 	struct rdma_addrinfo hints, *res;
 	struct rdma_cm_event *ev = NULL;
 	struct ibv_comp_channel *cc = NULL;
@@ -57,6 +58,13 @@ int main(int argc, char **argv)
 	if (!ch || rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP) ||
 	    rdma_bind_addr(listen, (struct sockaddr *)&a) || rdma_listen(listen, 1)) {
 		perror("listener");
+		return 100;
+	}
+	b = in4("0.0.0.0", 7474);
+	wild_ch = rdma_create_event_channel();
+	if (!wild_ch || rdma_create_id(wild_ch, &wild, NULL, RDMA_PS_TCP) ||
+	    rdma_bind_addr(wild, (struct sockaddr *)&b) || rdma_listen(wild, 1)) {
+		perror("wildcard listener");
 		return 100;
 	}
 	memset(&hints, 0, sizeof hints);
@@ -81,6 +89,12 @@ int main(int argc, char **argv)
 	CHECK(rc == 0 && ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL && ev->status == -EIO,
 	      "a blocked rdma_get_cm_event returns DEVICE_REMOVAL, status -EIO (rc %d, %s, status %d)",
 	      rc, rc == 0 ? rdma_event_str(ev->event) : "-", rc == 0 ? ev->status : 0);
+	if (rc == 0)
+		rdma_ack_cm_event(ev);
+	rc = rdma_get_cm_event(wild_ch, &ev);
+	CHECK(rc == 0 && ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL && ev->status == -EIO,
+	      "the wildcard listener gets DEVICE_REMOVAL, status -EIO (rc %d, %s, status %d)", rc,
+	      rc == 0 ? rdma_event_str(ev->event) : "-", rc == 0 ? ev->status : 0);
 	if (rc == 0)
 		rdma_ack_cm_event(ev);
 	b = in4(argv[1], 7472);
@@ -117,6 +131,8 @@ int main(int argc, char **argv)
 		ibv_destroy_comp_channel(cc);
 	}
 	rdma_destroy_ep(sync_listen);
+	rdma_destroy_id(wild);
+	rdma_destroy_event_channel(wild_ch);
 	rdma_destroy_id(listen);
 	rdma_destroy_event_channel(ch);
 	printf("cm_panic: end %d\n", failed);

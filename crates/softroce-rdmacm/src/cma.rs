@@ -711,8 +711,8 @@ fn driver_thread(dev: usize, ctx: usize) {
     let _ = std::panic::catch_unwind(|| fail_device(dev, why));
 }
 
-/// Fails device `dev` for `why`: every live id on it gets RDMA_CM_EVENT_DEVICE_REMOVAL
-/// with status `-EIO` (a synchronous id's waiting call returns EIO), and later calls that
+/// Fails device `dev` for `why`: every live id on it (and, once every device failed, every
+/// listener on the wildcard address) gets RDMA_CM_EVENT_DEVICE_REMOVAL with status `-EIO` (a synchronous id's waiting call returns EIO), and later calls that
 /// need the device fail with EIO ([`State::open`]). The kernel's rdma_cm sends the same
 /// event when a device goes away (cma.c `cma_process_remove`), with status 0; the status
 /// says here that the id cannot be used any more (spec/deviations.toml).
@@ -725,10 +725,15 @@ fn fail_device(dev: usize, why: String) {
         return;
     }
     d.failed = Some(why);
+    // A listener on the wildcard address listens on every device: it is told once none is
+    // left (the kernel's wildcard listener, too, keeps listening on the other devices).
+    let none_left = st.devs.iter().all(|d| d.failed.is_some());
     let ids: Vec<usize> = st
         .ids
         .iter()
-        .filter(|(_, s)| s.dev == Some(dev) && !s.destroyed)
+        .filter(|(_, s)| {
+            !s.destroyed && (s.dev == Some(dev) || (none_left && s.dev.is_none() && s.listening))
+        })
         .map(|(&id, _)| id)
         .collect();
     for id in ids {
