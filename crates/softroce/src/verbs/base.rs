@@ -120,10 +120,11 @@ pub(super) struct Shared {
     pub(super) poll_hook: OnceLock<Arc<dyn PollHook>>,
     /// Why the device failed ([`Device::fail`]); unset while it works.
     pub(super) failed: OnceLock<String>,
-    /// Never sends: [`Device::fail`] drops it, which wakes every [`Cq::wait`](super::Cq::wait)
-    /// sleeping on a clone of `fatal_rx` (each CQ of the device holds one).
-    pub(super) fatal_tx: Mutex<Option<crossbeam_channel::Sender<()>>>,
-    pub(super) fatal_rx: crossbeam_channel::Receiver<()>,
+    /// Set by [`Device::fail`]; every CQ of the device holds it, so that a
+    /// [`Cq::wait`](super::Cq::wait) does not sleep once it is set.
+    pub(super) fatal: Arc<std::sync::atomic::AtomicBool>,
+    /// The device's CQs (QP1's too), which [`Device::fail`] wakes.
+    pub(super) cqs: Mutex<Vec<Weak<CqShared>>>,
     /// The queues of the completion channels made on this device, which
     /// [`Device::fail`] closes.
     pub(super) channels: Mutex<Vec<Weak<SignalQueue<Weak<CqShared>>>>>,

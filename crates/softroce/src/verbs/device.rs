@@ -217,8 +217,9 @@ impl Device {
             },
         ];
         let gsi_cq = Arc::new(CqShared::new(GSI_CQE));
-        let (fatal_tx, fatal_rx) = crossbeam_channel::bounded(0);
-        let _ = gsi_cq.fatal.set(fatal_rx.clone());
+        let fatal = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _ = gsi_cq.failed.set(fatal.clone());
+        let gsi_weak = Arc::downgrade(&gsi_cq);
         let mut qps = BTreeMap::new();
         qps.insert(
             GSI_QPN,
@@ -252,8 +253,8 @@ impl Device {
                 events: AsyncEvents::new(),
                 poll_hook: OnceLock::new(),
                 failed: OnceLock::new(),
-                fatal_tx: Mutex::new(Some(fatal_tx)),
-                fatal_rx,
+                cqs: Mutex::new(vec![gsi_weak]),
+                fatal,
                 channels: Mutex::new(Vec::new()),
             }),
         };
@@ -431,7 +432,14 @@ impl Device {
         if let Some(hook) = self.shared.poll_hook.get() {
             let _ = shared.hook.set(hook.clone());
         }
-        let _ = shared.fatal.set(self.shared.fatal_rx.clone());
+        let _ = shared.failed.set(self.shared.fatal.clone());
+        let mut cqs = self.shared.cqs.lock();
+        if cqs.len() == cqs.capacity() {
+            // Before the list grows (amortized O(1) a CQ): forget the CQs destroyed since.
+            cqs.retain(|c| c.strong_count() > 0);
+        }
+        cqs.push(Arc::downgrade(&shared));
+        drop(cqs);
         Ok(Cq { shared })
     }
 
@@ -597,7 +605,18 @@ impl Device {
                 q.close();
             }
         }
-        drop(self.shared.fatal_tx.lock().take());
+        // Set before the wake-ups: a waiter that looks after its wake-up sees it, and one
+        // that looks before sleeps until the wake-up comes.
+        self.shared.fatal.store(true, Ordering::SeqCst);
+        for cq in self
+            .shared
+            .cqs
+            .lock()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            cq.wake();
+        }
     }
 
     /// Why the device failed ([`Device::fail`]), or `None` while it works.
