@@ -539,7 +539,10 @@ impl Device {
         // Registered, then checked, under the lock `fail` drains the list under (after it
         // set `failed`): a channel made while the device fails is closed by one of the two.
         let mut channels = self.shared.channels.lock();
-        channels.retain(|c| c.strong_count() > 0);
+        if channels.len() == channels.capacity() {
+            // Before the list grows (amortized O(1) a channel): forget those destroyed since.
+            channels.retain(|c| c.strong_count() > 0);
+        }
         channels.push(Arc::downgrade(&shared));
         if self.shared.failed.get().is_some() {
             shared.close();
