@@ -406,6 +406,11 @@ fn poll_loop(t: &Target) {
     loop {
         let stopping = t.stop.load(Ordering::SeqCst);
         let n = t.cq.wait(&mut wcs, POLL_PERIOD);
+        if n == 0 && t.dev.failure().is_some() {
+            // The device failed (its driver thread panicked, reported on stderr): waits
+            // return at once now; keep this loop's pace instead of spinning.
+            std::thread::sleep(POLL_PERIOD);
+        }
         for wc in &wcs[..n] {
             let line = on_wc(t, wc);
             emit(t, &line);

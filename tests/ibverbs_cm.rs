@@ -315,3 +315,29 @@ fn seed_c_rdma_client_writes_into_a_rust_listener() {
     let text = b"Hello RDMA from client! Data lands directly in server memory.";
     assert_eq!(&buf.to_vec()[..text.len()], text);
 }
+
+// No silent hang (issue 22): a panic in the device's CM driver thread makes a listener
+// blocked in get_request return EIO, and a wait on a CQ after a panic in the device's own
+// driver thread returns EIO too. The 20 s deadline only ends a run that hangs.
+#[test]
+fn a_cm_driver_panic_fails_a_blocked_get_request_then_a_device_panic_a_cq_wait() {
+    let ctx = open("127.0.170.20");
+    let listener = CmListener::bind(&ctx, 7471).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = listener.get_request(Duration::from_secs(3600));
+        let _ = tx.send(r.map(|_| ()).map_err(|e| e.errno()));
+    });
+    ctx.cm().unwrap().inject_panic_for_test();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(Err(5)));
+
+    let cq = ctx.create_cq(4, 0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut wc = [Wc::default()];
+        let r = cq.wait(&mut wc, Duration::from_secs(3600)).map(|w| w.len());
+        let _ = tx.send(r.map_err(|e| e.errno()));
+    });
+    ctx.inject_panic_for_test();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(Err(5)));
+}

@@ -160,6 +160,11 @@ pub(crate) extern "C" fn ibv_get_cq_event(
                 if let Some(q) = ch.ch.try_get_cq_event() {
                     break q;
                 }
+                // The device failed (its driver thread panicked): no event will come, and the
+                // channel's fd stays readable. The kernel's uverbs says EIO on a closed event file.
+                if ch.ch.is_closed() {
+                    return Err(libc::EIO);
+                }
                 // This thread blocks: in busy-polling mode the driver thread receives now.
                 c.dev.poller_sleeps();
                 wait_readable(ch.ibv.fd)?;

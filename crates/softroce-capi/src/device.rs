@@ -233,6 +233,16 @@ fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
         &opts,
     )?);
     open.insert(addr.ip, Arc::downgrade(&d));
+    if let Some(delay) = softroce::net::panic::test_panic_delay("device") {
+        // The test hook `SOFTROCE_TEST_PANIC=device:<ms>`: the driver thread panics then.
+        let d = Arc::downgrade(&d);
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            if let Some(d) = d.upgrade() {
+                d.inject_panic_for_test();
+            }
+        });
+    }
     Ok(d)
 }
 

@@ -34,6 +34,11 @@
 //!   softroce does not implement returns EOPNOTSUPP (NULL/-1 with errno, as each returns).
 //! - Errors: every entry point runs inside `ffi!`, which turns a panic into the function's
 //!   error return (errno `EIO`); no panic crosses the C boundary.
+//! - A device's driver thread that panics fails the device (`Device::fail`): its QPs are
+//!   flushed, `IBV_EVENT_DEVICE_FATAL` is raised, `ibv_get_cq_event` returns EIO once the
+//!   pending events are taken, and `softroce_mad_recv` EIO (librdmacm then fails the
+//!   device's ids). `SOFTROCE_TEST_PANIC=device:<ms>` is the test hook that causes it
+//!   (`softroce::net::panic::SOFTROCE_TEST_PANIC`).
 //! - `SOFTROCE_LOG`: the first `ibv_get_device_list` installs the engine's event log on
 //!   stderr, as the `softroce` CLI does (`log.rs`).
 //! - Memory: `ibv_reg_mr` registers the caller's memory itself (`Pd::reg_mr_user`); RDMA

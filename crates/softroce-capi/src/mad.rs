@@ -8,7 +8,8 @@
 //!                       const void *mad, size_t len);          /* 0, or -1 and errno */
 //! int softroce_mad_recv(struct ibv_context *ctx, void *mad /* 256 bytes */,
 //!                       struct sockaddr_storage *src, int timeout_ms);
-//!                       /* 1: a MAD; 0: none within timeout_ms; -1 and errno */
+//!                       /* 1: a MAD; 0: none within timeout_ms; -1 and errno:
+//!                          EIO once the device failed (its driver thread panicked) */
 //! ```
 //!
 //! Only bytes cross the boundary, so the two libraries share the device registry and engine
@@ -41,6 +42,7 @@ const SEND_SLOTS: usize = 64;
 const SEND_TAG: u64 = 1 << 63;
 
 struct MadPort {
+    dev: softroce::verbs::Device,
     qp: Qp,
     cq: Cq,
     recv_mr: Mr,
@@ -58,6 +60,7 @@ impl MadPort {
     fn open(dev: &softroce::verbs::Device) -> softroce::verbs::Result<MadPort> {
         let pd = dev.gsi_pd();
         let port = MadPort {
+            dev: dev.clone(),
             qp: dev.gsi_qp(),
             cq: dev.gsi_cq(),
             recv_mr: pd.reg_mr(RECV_SLOTS * SLOT, AccessFlags::LOCAL_WRITE)?,
@@ -139,13 +142,19 @@ impl MadPort {
         })
     }
 
-    fn recv(&self, timeout: Duration) -> Option<(IpAddr, Vec<u8>)> {
+    /// The next MAD received, waiting up to `timeout`; `None` if none came. Errors: `EIO`
+    /// once the device failed and nothing received before is left (its CQ waits return at
+    /// once then: the caller would spin).
+    fn recv(&self, timeout: Duration) -> Result<Option<(IpAddr, Vec<u8>)>, c_int> {
         {
             let mut st = self.st.lock();
             self.drain(&mut st);
             if let Some(m) = st.received.pop_front() {
-                return Some(m);
+                return Ok(Some(m));
             }
+        }
+        if self.dev.failure().is_some() {
+            return Err(libc::EIO);
         }
         let mut one = [Wc::default()];
         let got = self.cq.wait(&mut one, timeout);
@@ -154,7 +163,7 @@ impl MadPort {
             self.completion(&mut st, &one[0]);
         }
         self.drain(&mut st);
-        st.received.pop_front()
+        Ok(st.received.pop_front())
     }
 }
 
@@ -237,8 +246,10 @@ pub(crate) extern "C" fn softroce_mad_recv(
             Ok(p) => p,
             Err(e) => return neg_errno(e),
         };
-        let Some((from, bytes)) = port.recv(Duration::from_millis(timeout_ms.max(0) as u64)) else {
-            return 0;
+        let (from, bytes) = match port.recv(Duration::from_millis(timeout_ms.max(0) as u64)) {
+            Ok(Some(m)) => m,
+            Ok(None) => return 0,
+            Err(e) => return neg_errno(e),
         };
         // SAFETY: the caller passes 256 writable bytes at `mad` and a sockaddr_storage.
         unsafe {

@@ -106,12 +106,12 @@ impl CmListener {
     /// The next connection request (`rdma_get_cm_event` → RDMA_CM_EVENT_CONNECT_REQUEST),
     /// waiting up to `timeout`. Answer it with [`ConnectRequest::accept`] or
     /// [`ConnectRequest::reject`]; dropping it rejects it.
-    /// Errors: `ETIMEDOUT` when none came within `timeout`.
+    /// Errors: `ETIMEDOUT` when none came within `timeout`; `EIO` when the device's CM failed (its driver thread panicked, or the device did).
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let Some(ev) = self.driver.next_request(self.service_id, left) else {
+            let Some(ev) = self.driver.next_request(self.service_id, left)? else {
                 return Err(timed_out(format!(
                     "no connection request on {} within {timeout:?}",
                     self.local
@@ -193,7 +193,7 @@ impl ConnectRequest {
     ///
     /// Errors: `EINVAL` for a QP that is not RC, is on another device, or more than 196
     /// bytes of private data; [`Error::Rejected`] if the peer refused the REP;
-    /// `ETIMEDOUT` when no RTU came (after the CM's retries, or 30 s).
+    /// `ETIMEDOUT` when no RTU came (after the CM's retries, or 30 s); `EIO` when the device's CM failed (its driver thread panicked, or the device did).
     pub fn accept_with(
         mut self,
         qp: PreparedQueuePair,
@@ -333,7 +333,7 @@ impl PreparedQueuePair {
     /// `ETIMEDOUT` when no answer came within `timeout` (the REQ is then withdrawn with a
     /// REJ, as rdma_cm does for an id destroyed mid-connect) or after the CM's retries;
     /// `EINVAL` for a QP that is not RC, more than 56 bytes of private data or an address
-    /// of the other IP family.
+    /// of the other IP family; `EIO` when the device's CM failed (its driver thread panicked, or the device did).
     pub fn connect(
         self,
         addr: SocketAddr,
@@ -381,7 +381,7 @@ impl PreparedQueuePair {
         let mut expired = false;
         let rep = loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match driver.next_event(id, left) {
+            match driver.next_event(id, left)? {
                 Some(CmEvent::ConnectResponse { rep, .. }) => break rep,
                 Some(CmEvent::Rejected {
                     reason,
@@ -500,7 +500,7 @@ impl CmConnection {
         let deadline = std::time::Instant::now() + timeout;
         while self.state == ConnState::Connecting {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.driver.next_event(self.id, left) {
+            match self.driver.next_event(self.id, left)? {
                 Some(CmEvent::Established { .. }) => self.state = ConnState::Established,
                 Some(CmEvent::Rejected {
                     reason,
@@ -547,12 +547,12 @@ impl CmConnection {
 
     /// Waits up to `timeout` for the peer to disconnect (RDMA_CM_EVENT_DISCONNECTED: its
     /// DREQ came). Then call [`CmConnection::disconnect`] (or drop) to answer with the DREP.
-    /// Errors: `ETIMEDOUT` when the peer stayed connected.
+    /// Errors: `ETIMEDOUT` when the peer stayed connected; `EIO` when the device's CM failed (its driver thread panicked, or the device did).
     pub fn wait_for_disconnect(&mut self, timeout: Duration) -> Result<()> {
         let deadline = std::time::Instant::now() + timeout;
         while self.state == ConnState::Established {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.driver.next_event(self.id, left) {
+            match self.driver.next_event(self.id, left)? {
                 Some(CmEvent::Disconnected { .. }) => self.state = ConnState::PeerDisconnected,
                 Some(_) => {}
                 None => {
@@ -570,7 +570,7 @@ impl CmConnection {
     /// the DREP) and waits up to `timeout` for the peer's DREP (DISCONNECTED). Later calls
     /// do nothing.
     /// Errors: `ETIMEDOUT` when no DREP came within `timeout` (the CM still retries the
-    /// DREQ, then gives up on its own).
+    /// DREQ, then gives up on its own); `EIO` when the device's CM failed (its driver thread panicked, or the device did).
     pub fn disconnect(&mut self, timeout: Duration) -> Result<()> {
         if self.state == ConnState::Closed {
             return Ok(());
@@ -591,7 +591,7 @@ impl CmConnection {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.driver.next_event(id, left) {
+            match self.driver.next_event(id, left)? {
                 Some(CmEvent::Disconnected { .. }) => return Ok(()),
                 Some(_) => {}
                 None => {

@@ -347,7 +347,7 @@ impl Context {
         Ok(CompletionQueue {
             cq: self.dev.create_cq(n)?,
             id,
-            _dev: self.dev.clone(),
+            dev: self.dev.clone(),
         })
     }
 
@@ -377,6 +377,14 @@ impl Context {
     pub fn cm(&self) -> Result<Arc<softroce::net::CmDriver>> {
         Ok(self.dev.cm()?)
     }
+
+    /// Test hook: makes the device's driver thread panic
+    /// ([`UdpDevice::inject_panic_for_test`](softroce::net::UdpDevice::inject_panic_for_test)),
+    /// which fails the device. Not for use outside tests.
+    #[doc(hidden)]
+    pub fn inject_panic_for_test(&self) {
+        self.dev.inject_panic_for_test();
+    }
 }
 
 /// A completion queue (`ibv_cq`).
@@ -384,7 +392,7 @@ impl Context {
 pub struct CompletionQueue {
     cq: verbs::Cq,
     id: isize,
-    _dev: Arc<UdpDevice>,
+    dev: Arc<UdpDevice>,
 }
 
 impl CompletionQueue {
@@ -399,8 +407,19 @@ impl CompletionQueue {
     /// Like [`CompletionQueue::poll`], but first waits up to `timeout` for at least one
     /// completion (softroce addition, in place of a completion channel). Returns the filled
     /// prefix, empty on timeout.
+    /// Errors: `EIO` when the device failed (its driver thread panicked) and the CQ holds
+    /// nothing more (the WRs outstanding then were flushed into it first).
     pub fn wait<'c>(&self, completions: &'c mut [Wc], timeout: Duration) -> Result<&'c mut [Wc]> {
         let n = self.cq.wait(completions, timeout);
+        if n == 0
+            && !completions.is_empty()
+            && let Some(why) = self.dev.failure()
+        {
+            return Err(Error::Verbs(verbs::Error::new(
+                verbs::ErrorKind::Io,
+                format!("wait on a CQ of device {}: {why}", self.dev.name()),
+            )));
+        }
         Ok(completions.get_mut(..n).unwrap_or_default())
     }
 

@@ -94,6 +94,10 @@ struct Dev {
     ip: IpAddr,
     ibv_dev: *mut ibv_device,
     open: Option<OpenDev>,
+    /// Why the device failed: its CM driver thread panicked, or libibverbs.so.1's device
+    /// did (`softroce_mad_recv` says EIO). Its ids got DEVICE_REMOVAL ([`fail_device`]);
+    /// the calls that need the device fail with EIO from then on.
+    failed: Option<String>,
 }
 
 #[derive(Default)]
@@ -243,6 +247,7 @@ fn init_state() -> Result<State, c_int> {
                     ip: a.ip,
                     ibv_dev: d,
                     open: None,
+                    failed: None,
                 });
             }
         }
@@ -277,7 +282,11 @@ impl State {
     }
 
     /// Opens device `i` (context, PD, CM engine, QP1 port, driver thread) if not yet open.
+    /// Errors: `EIO` once the device failed ([`fail_device`]); those of opening it.
     fn open(&mut self, i: usize) -> Result<&mut OpenDev, c_int> {
+        if self.devs[i].failed.is_some() {
+            return Err(libc::EIO);
+        }
         if self.devs[i].open.is_none() {
             let ibv = ibv()?;
             let d = &self.devs[i];
@@ -325,7 +334,7 @@ impl State {
             let name = format!("softroce-cm-{}", self.devs[i].name);
             std::thread::Builder::new()
                 .name(name)
-                .spawn(move || driver(i, ctx))
+                .spawn(move || driver_thread(i, ctx))
                 .map_err(|_| libc::EAGAIN)?;
         }
         self.devs[i].open.as_mut().ok_or(libc::ENODEV)
@@ -680,17 +689,81 @@ fn qp_err(ibv: &Ibv, qp: *mut ibv_qp) {
 // ---------------------------------------------------------------------------------------
 // The CM driver
 
-/// A device's driver thread: waits on QP1 up to the engine's next timer, feeds MADs and
-/// timers to the engine, and pumps.
-fn driver(dev: usize, ctx: usize) {
-    let Ok(ibv) = ibv() else { return };
+/// A device's driver thread: [`driver`] under `catch_unwind`. No silent hang: when it
+/// panics (reported on stderr and through `tracing`, `softroce::net::panic`) or finds the
+/// device failed, the device fails ([`fail_device`]), so that no caller waits for an event
+/// that will not come.
+fn driver_thread(dev: usize, ctx: usize) {
+    let run = || driver(dev, ctx);
+    let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(None) => return,
+        Ok(Some(why)) => why,
+        Err(p) => {
+            let msg = softroce::net::panic::message(&*p);
+            let name = state().map_or(String::new(), |st| st.devs[dev].name.clone());
+            softroce::net::panic::report(
+                &format!("librdmacm CM driver thread of device {name}"),
+                &msg,
+                "its rdma_cm ids get DEVICE_REMOVAL and their calls fail with EIO",
+            );
+            format!("its CM driver thread panicked: {msg}")
+        }
+    };
+    let _ = std::panic::catch_unwind(|| fail_device(dev, why));
+}
+
+/// Fails device `dev` for `why`: every live id on it (and, once every device failed, every
+/// listener on the wildcard address) gets RDMA_CM_EVENT_DEVICE_REMOVAL with status `-EIO` (a synchronous id's waiting call returns EIO), and later calls that
+/// need the device fail with EIO ([`State::open`]). The kernel's rdma_cm sends the same
+/// event when a device goes away (cma.c `cma_process_remove`), with status 0; the status
+/// says here that the id cannot be used any more (spec/deviations.toml).
+fn fail_device(dev: usize, why: String) {
+    let Ok(mut st) = state() else { return };
+    let Some(d) = st.devs.get_mut(dev) else {
+        return;
+    };
+    if d.failed.is_some() {
+        return;
+    }
+    d.failed = Some(why);
+    // A listener on the wildcard address listens on every device: it is told once none is
+    // left (the kernel's wildcard listener, too, keeps listening on the other devices).
+    let none_left = st.devs.iter().all(|d| d.failed.is_some());
+    let ids: Vec<usize> = st
+        .ids
+        .iter()
+        .filter(|(_, s)| {
+            !s.destroyed && (s.dev == Some(dev) || (none_left && s.dev.is_none() && s.listening))
+        })
+        .map(|(&id, _)| id)
+        .collect();
+    for id in ids {
+        post(new_event(
+            id as *mut rdma_cm_id,
+            event::DEVICE_REMOVAL,
+            -libc::EIO,
+        ));
+    }
+}
+
+/// The driver loop: waits on QP1 up to the engine's next timer, feeds MADs and timers to
+/// the engine, and pumps. Returns why the device failed, if it did (`softroce_mad_recv`
+/// says EIO); `None` when the state or the device is gone. Panics (only) when the test hook
+/// `SOFTROCE_TEST_PANIC=rdmacm:<ms>` asks it to.
+fn driver(dev: usize, ctx: usize) -> Option<String> {
+    let ibv = ibv().ok()?;
     let mut mad = [0u8; 256];
+    let panic_at =
+        softroce::net::panic::test_panic_delay("rdmacm").map(|d| std::time::Instant::now() + d);
     loop {
         let timeout_ms = {
-            let Ok(mut st) = state() else { return };
-            let Some(o) = st.devs[dev].open.as_mut() else {
-                return;
-            };
+            let mut st = state().ok()?;
+            // The test hook (nothing else sets it): the one panic here is the one a test
+            // asks for, with the state's lock held, as a real one could be.
+            if panic_at.is_some_and(|t| std::time::Instant::now() >= t) {
+                panic!("panic injected by a test (SOFTROCE_TEST_PANIC)");
+            }
+            let o = st.devs[dev].open.as_mut()?;
             match o.cm.poll_timeout() {
                 Some(t) => {
                     (t.as_nanos().saturating_sub(now().as_nanos()) / 1_000_000).min(DRIVER_TICK_MS)
@@ -711,9 +784,13 @@ fn driver(dev: usize, ctx: usize) {
             )
         };
         if got < 0 {
+            if errno_or(0) == libc::EIO {
+                // The device failed (its driver thread panicked): QP1 is gone.
+                return Some("its device failed".to_string());
+            }
             std::thread::sleep(std::time::Duration::from_millis(DRIVER_TICK_MS));
         }
-        let Ok(mut st) = state() else { return };
+        let mut st = state().ok()?;
         let t = now();
         if let Some(o) = st.devs[dev].open.as_mut() {
             if got == 1

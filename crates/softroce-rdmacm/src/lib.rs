@@ -15,6 +15,11 @@
 //!   (`softroce_mad_recv` with the engine's next timer as timeout), feeds the MADs and timers
 //!   to the engine, and turns its events into rdma_cm events (applying REQ/REP to the id's
 //!   QP as librdmacm does: INIT at `rdma_create_qp`, RTR/RTS at accept and at the REP).
+//!   No silent hang: a driver thread that panics (reported on stderr), or whose device
+//!   failed (`softroce_mad_recv` says EIO), fails its device: each of the device's ids gets
+//!   RDMA_CM_EVENT_DEVICE_REMOVAL with status -EIO and the calls that need the device fail
+//!   with EIO. `SOFTROCE_TEST_PANIC=rdmacm:<ms>` is the test hook that makes the driver
+//!   threads panic (`softroce::net::panic::SOFTROCE_TEST_PANIC`), read once.
 //! - Event channels: an eventfd in semaphore mode per channel plus a queue;
 //!   `rdma_get_cm_event` blocks in `read(2)` on it (EAGAIN when the program made the fd
 //!   non-blocking), so the fd works with poll/select as librdmacm's does.

@@ -12,6 +12,10 @@
 //!
 //! Time: the real monotonic clock, from when the driver started. Locks: one mutex over the
 //! port and the mailboxes; nothing blocks while holding it.
+//!
+//! Failure: when the driver thread panics (reported as `net::panic` says), or sees its
+//! device fail ([`Device::fail`]), the CM is failed for good: every wait for an event or a
+//! request, pending or later, returns `EIO` ([`CmDriver::failure`] says why).
 
 use crate::cm::rdma_cm::req_matches_listener;
 use crate::cm::{CmConfig, CmEngine, CmError, CmEvent, CommId};
@@ -43,6 +47,12 @@ struct Shared {
     stop: AtomicBool,
     /// The engine's time ([`SystemClock`](super::SystemClock), as the device's).
     clock: super::SystemClock,
+    /// Makes the driver thread panic at its next turn ([`CmDriver::inject_panic_for_test`]).
+    panic_for_test: AtomicBool,
+    /// Why the CM failed; set once, then `arrived` is signalled under the `inner` lock.
+    failed: std::sync::OnceLock<String>,
+    /// The device's name, for messages.
+    name: String,
 }
 
 #[derive(Debug)]
@@ -59,6 +69,24 @@ struct Inner {
 impl Shared {
     fn now(&self) -> Instant {
         self.clock.now()
+    }
+
+    /// Fails the CM for `why` and wakes every waiter (the flag is set before the lock is
+    /// taken, and waiters check it under the lock, so none misses it).
+    fn fail(&self, why: String) {
+        let _ = self.failed.set(why);
+        let _inner = self.inner.lock();
+        self.arrived.notify_all();
+    }
+
+    /// The error of a wait on a failed CM.
+    fn failed_error(&self) -> Option<Error> {
+        self.failed.get().map(|why| {
+            Error::new(
+                ErrorKind::Io,
+                format!("the CM of device {} failed: {why}", self.name),
+            )
+        })
     }
 }
 
@@ -153,12 +181,27 @@ impl CmDriver {
             arrived: Condvar::new(),
             stop: AtomicBool::new(false),
             clock: super::SystemClock::new(),
+            panic_for_test: AtomicBool::new(false),
+            failed: std::sync::OnceLock::new(),
+            name: dev.name().to_string(),
         });
         let thread = {
-            let (shared, cq) = (shared.clone(), dev.gsi_cq());
+            let (shared, dev) = (shared.clone(), dev.clone());
             std::thread::Builder::new()
                 .name(format!("softroce-cm-{}", dev.name()))
-                .spawn(move || drive(&shared, &cq))
+                .spawn(move || {
+                    // No silent hang: a panic fails the CM, which wakes its waiters.
+                    let run = || drive(&shared, &dev);
+                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+                        let msg = super::panic::message(&*p);
+                        super::panic::report(
+                            &format!("CM driver thread of device {}", dev.name()),
+                            &msg,
+                            "the CM is now failed",
+                        );
+                        shared.fail(format!("its driver thread panicked: {msg}"));
+                    }
+                })
                 .map_err(|_| Error::new(ErrorKind::Again, "CmDriver: cannot start its thread"))?
         };
         Ok(CmDriver {
@@ -216,7 +259,12 @@ impl CmDriver {
 
     /// The oldest ConnectRequest (or SidrRequest) for `service_id`, waiting up to
     /// `timeout`; `None` on timeout or if nobody listens on it.
-    pub fn next_request(&self, service_id: u64, timeout: Duration) -> Option<CmEvent> {
+    /// Errors: `EIO` once the CM failed ([`CmDriver::failure`]), at once or while waiting.
+    pub fn next_request(
+        &self,
+        service_id: u64,
+        timeout: Duration,
+    ) -> crate::verbs::Result<Option<CmEvent>> {
         self.wait(timeout, |inner| {
             inner
                 .requests
@@ -227,7 +275,12 @@ impl CmDriver {
     }
 
     /// The oldest event of connection `id`, waiting up to `timeout`; `None` on timeout.
-    pub fn next_event(&self, id: CommId, timeout: Duration) -> Option<CmEvent> {
+    /// Errors: `EIO` once the CM failed ([`CmDriver::failure`]), at once or while waiting.
+    pub fn next_event(
+        &self,
+        id: CommId,
+        timeout: Duration,
+    ) -> crate::verbs::Result<Option<CmEvent>> {
         self.wait(timeout, |inner| {
             Ok(inner.events.get_mut(&id).and_then(|q| q.pop_front()))
         })
@@ -255,19 +308,36 @@ impl CmDriver {
         }
     }
 
+    /// Why the CM failed (its driver thread panicked, or its device failed), or `None`
+    /// while it works.
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.failed.get().map(String::as_str)
+    }
+
+    /// Test hook: makes the driver thread panic at its next turn (within [`DRIVER_TICK`]),
+    /// to check what a panic there does (the CM fails and its waiters get `EIO`). Not for
+    /// use outside tests.
+    #[doc(hidden)]
+    pub fn inject_panic_for_test(&self) {
+        self.shared.panic_for_test.store(true, Ordering::SeqCst);
+    }
+
     /// `take` under the lock until it gives an event (or `Err`: give up), waiting for the
-    /// driver between tries, up to `timeout`.
+    /// driver between tries, up to `timeout`. Errors: `EIO` when the CM failed.
     fn wait(
         &self,
         timeout: Duration,
         mut take: impl FnMut(&mut Inner) -> Result<Option<CmEvent>, ()>,
-    ) -> Option<CmEvent> {
+    ) -> crate::verbs::Result<Option<CmEvent>> {
         let deadline = std::time::Instant::now() + timeout;
         let mut inner = self.shared.inner.lock();
         loop {
+            if let Some(e) = self.shared.failed_error() {
+                return Err(e);
+            }
             match take(&mut inner) {
-                Ok(Some(ev)) => return Some(ev),
-                Err(()) => return None,
+                Ok(Some(ev)) => return Ok(Some(ev)),
+                Err(()) => return Ok(None),
                 Ok(None) => {}
             }
             if self
@@ -276,7 +346,10 @@ impl CmDriver {
                 .wait_until(&mut inner, deadline)
                 .timed_out()
             {
-                return take(&mut inner).ok().flatten();
+                if let Some(e) = self.shared.failed_error() {
+                    return Err(e);
+                }
+                return Ok(take(&mut inner).ok().flatten());
             }
         }
     }
@@ -292,10 +365,27 @@ impl Drop for CmDriver {
 }
 
 /// The driver loop: wait on QP1's CQ up to the next CM timer (at most [`DRIVER_TICK`]),
-/// hand the completions to the port, run due timers, sort the events.
-fn drive(shared: &Shared, cq: &Cq) {
+/// hand the completions to the port, run due timers, sort the events. Ends, failing the CM,
+/// when the device fails. Panics (only) when a test asked it to with `panic_for_test`.
+fn drive(shared: &Shared, dev: &Device) {
+    let cq: Cq = dev.gsi_cq();
     let mut wcs = [Wc::default(); 32];
     while !shared.stop.load(Ordering::SeqCst) {
+        // The test hook of `CmDriver::inject_panic_for_test` (nothing else sets it): the one
+        // panic here is the one a test asks for.
+        if shared.panic_for_test.load(Ordering::SeqCst) {
+            panic!("panic injected by a test (CmDriver::inject_panic_for_test)");
+        }
+        if let Some(why) = dev.failure() {
+            // QP1 is flushed and nothing receives on it: the CM cannot go on.
+            tracing::error!(
+                target: "softroce::net",
+                device = dev.name(),
+                "the CM stops: its device failed ({why})"
+            );
+            shared.fail(format!("its device failed ({why})"));
+            return;
+        }
         let wait = {
             let inner = shared.inner.lock();
             let now = shared.now();
@@ -310,5 +400,58 @@ fn drive(shared: &Shared, cq: &Cq) {
         if inner.pump(now) {
             shared.arrived.notify_all();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::UdpDevice;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    // Issue 22 (no silent hang): a panic in the CM's driver thread fails the CM. A caller
+    // blocked on it (rdma_cm's get_request, or connect/accept/disconnect waiting for their
+    // connection's event) gets EIO, and so does every later wait; the device itself keeps
+    // working. The 20 s deadline only ends a run in which the wait hangs.
+    #[test]
+    fn a_cm_driver_panic_fails_its_waits_with_eio() {
+        const SERVICE: u64 = 0x0106_0000_0000_4321;
+        let dev = UdpDevice::open(
+            "softroce_cmpanic",
+            IpAddr::V4(Ipv4Addr::new(127, 0, 24, 62)),
+        )
+        .expect("open a device on loopback");
+        let cm = dev.cm().expect("start the device's CM");
+        cm.listen(SERVICE).expect("listen");
+        let long = Duration::from_secs(3600);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for waiter in 0..2 {
+            let (cm, tx) = (cm.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let r = if waiter == 0 {
+                    cm.next_request(SERVICE, long)
+                } else {
+                    cm.next_event(CommId(7), long)
+                };
+                let _ = tx.send(r.map(|_| ()).map_err(|e| e.kind()));
+            });
+        }
+        cm.inject_panic_for_test();
+        for _ in 0..2 {
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(20)),
+                Ok(Err(ErrorKind::Io)),
+                "a CM wait returns EIO once its driver thread panicked"
+            );
+        }
+        let why = cm.failure().expect("the CM is failed");
+        assert!(why.contains("panic injected by a test"), "{why}");
+        assert_eq!(
+            cm.next_request(SERVICE, long).map_err(|e| e.kind()),
+            Err(ErrorKind::Io),
+            "a later wait fails at once"
+        );
+        assert_eq!(dev.failure(), None, "the device keeps working");
+        assert!(dev.cm().is_ok_and(|d| Arc::ptr_eq(&d, &cm)));
     }
 }

@@ -22,6 +22,8 @@
 //!   driver thread; send sockets name the device's interface for multicast.
 //! - `raw`: the raw IPv4 socket of the exact ICRC mode (CAP_NET_RAW), and the cutting of a
 //!   UDP GSO send it sees whole into its datagrams.
+//! - [`panic`]: how a thread softroce starts reports a panic before it fails what it drove
+//!   (no silent hang).
 //! - `fork`: a forked child does not keep the parent's device ports (`pthread_atfork`).
 //! - `sock`: how the device's UDP sockets are made (shared by `udp` and `mcast`).
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
@@ -40,6 +42,7 @@ mod iface;
 mod link;
 mod mcast;
 pub mod oob;
+pub mod panic;
 pub mod pcap;
 pub mod pcap_reader;
 mod raw;

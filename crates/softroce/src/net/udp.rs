@@ -41,6 +41,8 @@ pub struct UdpDevice {
     /// What the device's CQ poll hook drives, in busy-polling mode (`BusyPoll`).
     busy: Option<Arc<BusyPoller>>,
     stop: Arc<AtomicBool>,
+    /// Makes the driver thread panic at its next turn ([`UdpDevice::inject_panic_for_test`]).
+    panic_for_test: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     /// The CM on QP1, started by the first [`UdpDevice::cm`].
     cm: parking_lot::Mutex<Option<Arc<CmDriver>>>,
@@ -102,17 +104,34 @@ impl UdpDevice {
             poller
         });
         let stop = Arc::new(AtomicBool::new(false));
+        let panic_for_test = Arc::new(AtomicBool::new(false));
         let thread = {
             let (device, link, stop) = (device.clone(), link.clone(), stop.clone());
+            let panic_for_test = panic_for_test.clone();
             std::thread::Builder::new()
                 .name(format!("softroce-{}", device.name()))
-                .spawn(move || drive(&device, &link, &stop))?
+                .spawn(move || {
+                    // No silent hang: a panic fails the device, which wakes its waiters.
+                    let run = || drive(&device, &link, &stop, &panic_for_test);
+                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+                        let msg = super::panic::message(&*p);
+                        super::panic::report(
+                            &format!("device {} driver thread", device.name()),
+                            &msg,
+                            "the device is now failed",
+                        );
+                        let why = format!("its driver thread panicked: {msg}");
+                        let fail = || device.fail(&why);
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(fail));
+                    }
+                })?
         };
         Ok(UdpDevice {
             device,
             link,
             busy,
             stop,
+            panic_for_test,
             thread: Some(thread),
             cm: parking_lot::Mutex::new(None),
         })
@@ -121,12 +140,19 @@ impl UdpDevice {
     /// The device's Communication Manager (rdma_cm's connect/accept over QP1), started on
     /// first use with rdma_cm's timers ([`CmConfig::new`]): the device address, its node
     /// GUID, and a seed from the clock and the process ID. It takes over QP1; it stops when
-    /// the device closes and the last handle is gone.
-    /// Errors: those of [`CmDriver::start`].
+    /// the device closes and the last handle is gone. It fails when the device does.
+    /// Errors: those of [`CmDriver::start`]; `EIO` when the device failed before the CM
+    /// started ([`Device::failure`]).
     pub fn cm(&self) -> crate::verbs::Result<Arc<CmDriver>> {
         let mut slot = self.cm.lock();
         if let Some(d) = &*slot {
             return Ok(d.clone());
+        }
+        if let Some(why) = self.device.failure() {
+            return Err(crate::verbs::Error::new(
+                crate::verbs::ErrorKind::Io,
+                format!("device {}: {why}", self.device.name()),
+            ));
         }
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -156,6 +182,17 @@ impl UdpDevice {
     /// poll hook. Kept for callers; any CQ poll does the same.
     pub fn poll_cq(&self, cq: &Cq, out: &mut [Wc]) -> usize {
         cq.poll(out)
+    }
+
+    /// Test hook: makes the driver thread panic at its next turn, to check what a panic
+    /// there does (the device fails, [`Device::fail`], and its waiters wake). Not for use
+    /// outside tests.
+    #[doc(hidden)]
+    pub fn inject_panic_for_test(&self) {
+        self.panic_for_test.store(true, Ordering::SeqCst);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
     }
 
     /// In busy-polling mode, says that the thread that has been polling is about to block
@@ -284,8 +321,8 @@ impl Drop for UdpDevice {
 /// (engine sends answers); between datagrams, run due timers. Sleeps at most [`MAX_PARK`]
 /// so a timer armed by another thread is served late by at most that much. Plain UDP
 /// receives are batched with `recvmmsg` and, with GRO, each buffer is cut at the segment
-/// size the kernel reports.
-fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
+/// size the kernel reports. Panics (only) when a test asked it to with `panic_for_test`.
+fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool, panic_for_test: &AtomicBool) {
     let mut buf = vec![0u8; 65536];
     let mut seg_buf = Vec::with_capacity(65536);
     let mut timeout = None;
@@ -293,6 +330,11 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool) {
     let mut busy_until: Option<std::time::Instant> = None;
     let mut mix = TrafficMix::new(link);
     while !stop.load(Ordering::Relaxed) {
+        // The test hook of `UdpDevice::inject_panic_for_test` (nothing else sets it): the
+        // one panic here is the one a test asks for.
+        if panic_for_test.load(Ordering::Relaxed) {
+            panic!("panic injected by a test (UdpDevice::inject_panic_for_test)");
+        }
         let mut park = device
             .next_timeout()
             .map_or(MAX_PARK, |d| d.clamp(Duration::from_micros(1), MAX_PARK));
@@ -636,5 +678,140 @@ mod tests {
         let mut got = [0u8; 12];
         rmr.read(40, &mut got).unwrap();
         assert_eq!(&got, b"to the group");
+    }
+
+    /// Runs `f` in a thread and returns what it gives, waiting up to 20 s for it: the
+    /// deadline only ends a run in which `f` hangs (the bug these tests catch).
+    fn returns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("a waiter on the device still blocks 20 s after its driver thread panicked")
+    }
+
+    // Issue 22 (no silent hang): a panic in the device's driver thread fails the device.
+    // Waiters blocked on it then return, each with an error or what the failure flushed:
+    // a CQ wait with nothing outstanding (0), one with a receive posted (WR_FLUSH_ERR), a
+    // completion channel wait (EIO), the async event queue (IBV_EVENT_DEVICE_FATAL), and a
+    // wait on the device's CM (EIO). Later waits return at once too.
+    #[test]
+    fn a_driver_thread_panic_fails_the_device_and_wakes_its_waiters() {
+        let dev = UdpDevice::open("softroce_panic0", IpAddr::V4(Ipv4Addr::new(127, 0, 24, 61)))
+            .expect("open a device on loopback");
+        let cm = dev.cm().expect("start the device's CM");
+        cm.listen(0x0106_0000_0000_1234).expect("listen");
+        assert_eq!(
+            dev.get_async_event(Duration::from_secs(1))
+                .map(|e| e.event_type),
+            Ok(crate::verbs::EventType::PortActive)
+        );
+        let pd = dev.alloc_pd().unwrap();
+        let idle_cq = dev.create_cq(8).unwrap();
+        let rq_cq = dev.create_cq(8).unwrap();
+        let channel = dev.create_comp_channel().unwrap();
+        let armed_cq = dev.create_cq_with_channel(8, &channel).unwrap();
+        armed_cq.req_notify(false).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Ud,
+                send_cq: &rq_cq,
+                recv_cq: &rq_cq,
+                cap: QpCap::default(),
+                sq_sig_all: true,
+                srq: None,
+            })
+            .unwrap();
+        qp.ready_ud(0x1111, 0).unwrap();
+        let mr = pd.reg_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
+        qp.post_recv(&[RecvWr {
+            wr_id: 9,
+            sg_list: vec![mr.sge(0, 256)],
+        }])
+        .unwrap();
+        let long = Duration::from_secs(3600);
+        let idle = {
+            let cq = idle_cq.clone();
+            std::thread::spawn(move || cq.wait(&mut [Wc::default()], long))
+        };
+        let flushed = {
+            let cq = rq_cq.clone();
+            std::thread::spawn(move || {
+                let mut wc = [Wc::default()];
+                (cq.wait(&mut wc, long), wc[0].status, wc[0].wr_id)
+            })
+        };
+        let event = {
+            let ch = channel.clone();
+            std::thread::spawn(move || ch.get_cq_event(long).map(|_| ()).map_err(|e| e.kind()))
+        };
+        let request = {
+            let cm = cm.clone();
+            std::thread::spawn(move || {
+                cm.next_request(0x0106_0000_0000_1234, long)
+                    .map(|_| ())
+                    .map_err(|e| e.kind())
+            })
+        };
+        let fatal = {
+            let d = dev.device().clone();
+            std::thread::spawn(move || d.get_async_event(long).map(|e| e.event_type))
+        };
+        dev.inject_panic_for_test();
+        let joined = returns(move || {
+            (
+                idle.join().ok(),
+                flushed.join().ok(),
+                event.join().ok(),
+                request.join().ok(),
+                fatal.join().ok(),
+            )
+        });
+        assert_eq!(joined.0, Some(0), "an idle CQ wait returns empty");
+        assert_eq!(
+            joined.1,
+            Some((1, WcStatus::WrFlushErr, 9)),
+            "the receive is flushed"
+        );
+        assert_eq!(
+            joined.2,
+            Some(Err(crate::verbs::ErrorKind::Io)),
+            "get_cq_event fails"
+        );
+        assert_eq!(
+            joined.3,
+            Some(Err(crate::verbs::ErrorKind::Io)),
+            "the CM wait fails"
+        );
+        assert_eq!(
+            joined.4,
+            Some(Ok(crate::verbs::EventType::DeviceFatal)),
+            "IBV_EVENT_DEVICE_FATAL"
+        );
+        let why = dev.failure().expect("the device is failed");
+        assert!(why.contains("panic injected by a test"), "{why}");
+        assert!(cm.failure().is_some());
+        // Later waits do not block either.
+        let (cq, ch, cm2) = (idle_cq.clone(), channel.clone(), cm.clone());
+        let later = returns(move || {
+            (
+                cq.wait(&mut [Wc::default()], long),
+                ch.get_cq_event(long).map(|_| ()).map_err(|e| e.kind()),
+                cm2.next_event(crate::cm::CommId(1), long)
+                    .map(|_| ())
+                    .map_err(|e| e.kind()),
+            )
+        });
+        assert_eq!(
+            later,
+            (
+                0,
+                Err(crate::verbs::ErrorKind::Io),
+                Err(crate::verbs::ErrorKind::Io)
+            )
+        );
+        drop(cm);
+        drop(dev);
     }
 }

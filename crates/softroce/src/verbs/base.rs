@@ -5,7 +5,7 @@
 //! (`device`) and the receive path (`rx`) build on this file; it uses only `cq` and `event`.
 
 use super::cq::{CqShared, PollHook};
-use super::event::{AsyncEvents, EventElement, EventType};
+use super::event::{AsyncEvents, EventElement, EventType, SignalQueue};
 use super::{Clock, Error, ErrorKind, Gid, Link, Result};
 use crate::transport::{
     Completion, Counters, CqSel, Instant, MemoryTable, PathMtu, QpEngine, QpEvent, SrqQueue,
@@ -13,7 +13,7 @@ use crate::transport::{
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// How to build a device.
 #[derive(Debug, Clone)]
@@ -117,6 +117,16 @@ pub(super) struct Shared {
     pub(super) events: AsyncEvents,
     /// The link's CQ poll hook ([`Device::set_poll_hook`]).
     pub(super) poll_hook: OnceLock<Arc<dyn PollHook>>,
+    /// Why the device failed ([`Device::fail`]); unset while it works.
+    pub(super) failed: OnceLock<String>,
+    /// Set by [`Device::fail`]; every CQ of the device holds it, so that a
+    /// [`Cq::wait`](super::Cq::wait) does not sleep once it is set.
+    pub(super) fatal: Arc<std::sync::atomic::AtomicBool>,
+    /// The device's CQs (QP1's too), which [`Device::fail`] wakes.
+    pub(super) cqs: Mutex<Vec<Weak<CqShared>>>,
+    /// The queues of the completion channels made on this device, which
+    /// [`Device::fail`] closes.
+    pub(super) channels: Mutex<Vec<Weak<SignalQueue<Weak<CqShared>>>>>,
 }
 
 /// A softroce device: one IP address, one port, a GID table, and the verbs objects made on

@@ -7,7 +7,7 @@ use super::{Error, ErrorKind, Result};
 use crate::transport::{Wc, WcOpcode, WcStatus};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -23,8 +23,8 @@ pub(super) struct CqShared {
     /// The completions, oldest first: a lock-free queue (crossbeam's list channel), so that
     /// polling, empty or not, takes no lock. Only the device pushes (under its lock); any
     /// thread may poll. A thread in [`Cq::wait`] sleeps in the channel and a push wakes it.
-    pub(super) ring_tx: crossbeam_channel::Sender<Wc>,
-    pub(super) ring_rx: crossbeam_channel::Receiver<Wc>,
+    pub(super) ring_tx: crossbeam_channel::Sender<Slot>,
+    pub(super) ring_rx: crossbeam_channel::Receiver<Slot>,
     /// Completions pushed and not yet polled; at most `cqe` (the rest overflow).
     pub(super) queued: std::sync::atomic::AtomicUsize,
     /// Capacity: set at creation, changed by [`Cq::resize`].
@@ -33,6 +33,20 @@ pub(super) struct CqShared {
     pub(super) notify: CqNotify,
     /// The device's poll hook, if its link installed one ([`PollHook`]).
     pub(super) hook: OnceLock<Arc<dyn PollHook>>,
+    /// The device's failed flag, set by [`Device::fail`](super::Device::fail) before it
+    /// puts a [`Slot::Wake`] on each of its CQs.
+    pub(super) failed: OnceLock<Arc<AtomicBool>>,
+}
+
+/// What a CQ's queue carries.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Slot {
+    /// A completion.
+    Wc(Wc),
+    /// No completion: the device failed, and a thread asleep in [`Cq::wait`] must wake
+    /// ([`CqShared::wake`]). Whoever takes it puts it back once, so that it wakes the next
+    /// waiter too; polls skip it.
+    Wake,
 }
 
 /// What a poll of a CQ does beyond taking its completions, provided by the link: a link
@@ -62,7 +76,19 @@ impl CqShared {
             overflows: AtomicU64::new(0),
             notify: Default::default(),
             hook: OnceLock::new(),
+            failed: OnceLock::new(),
         }
+    }
+
+    /// Wakes the threads asleep in [`Cq::wait`] on this CQ (its device failed).
+    pub(super) fn wake(&self) {
+        // Cannot fail: `self` holds the receiving end.
+        let _ = self.ring_tx.send(Slot::Wake);
+    }
+
+    /// True once the CQ's device failed.
+    fn device_failed(&self) -> bool {
+        self.failed.get().is_some_and(|f| f.load(Ordering::SeqCst))
     }
 
     /// Adds `wc`; false when the CQ is full (the entry is dropped and counted, and the
@@ -77,7 +103,7 @@ impl CqShared {
         }
         let error = wc.status != WcStatus::Success;
         // Cannot fail: `self` holds the receiving end.
-        let _ = self.ring_tx.send(wc);
+        let _ = self.ring_tx.send(Slot::Wc(wc));
         self.notify.completed(self, solicited, error);
         true
     }
@@ -139,19 +165,29 @@ impl Cq {
     /// link's [`PollHook`]; returns how many. What a hook calls to take them.
     pub fn poll_queued(&self, out: &mut [Wc]) -> usize {
         let mut n = 0;
-        for slot in out.iter_mut() {
+        let mut woke = false;
+        while let Some(slot) = out.get_mut(n) {
             match self.shared.ring_rx.try_recv() {
-                Ok(wc) => *slot = self.shared.taken(wc),
+                Ok(Slot::Wc(wc)) => {
+                    *slot = self.shared.taken(wc);
+                    n += 1;
+                }
+                Ok(Slot::Wake) => woke = true,
                 Err(_) => break,
             }
-            n += 1;
+        }
+        if woke {
+            // For the next waiter (see `Slot::Wake`).
+            self.shared.wake();
         }
         n
     }
 
     /// Waits up to `timeout` for at least one completion, then takes what else is queued
     /// ([`Cq::poll_queued`]; a wait sleeps, it does not drive the link).
-    /// Returns 0 on timeout, and at once for an empty `out`.
+    /// Returns 0 on timeout, and at once for an empty `out`. On a failed device
+    /// ([`Device::fail`](super::Device::fail): its driver thread panicked) it returns at
+    /// once, with what the CQ holds (the flushed WRs among them), 0 if nothing.
     pub fn wait(&self, out: &mut [Wc], timeout: Duration) -> usize {
         let now = std::time::Instant::now();
         let deadline = now + timeout;
@@ -164,11 +200,21 @@ impl Cq {
         let Some(first) = out.first_mut() else {
             return 0;
         };
-        match self.shared.ring_rx.recv_deadline(deadline) {
-            Ok(wc) => *first = self.shared.taken(wc),
-            Err(_) => return 0,
+        loop {
+            if self.shared.device_failed() {
+                // Nothing will come: what is queued (the flushed WRs), at once.
+                return self.poll_queued(out);
+            }
+            match self.shared.ring_rx.recv_deadline(deadline) {
+                Ok(Slot::Wc(wc)) => {
+                    *first = self.shared.taken(wc);
+                    return 1 + self.poll_queued(&mut out[1..]);
+                }
+                // The device failed: for the next waiter, then the look above.
+                Ok(Slot::Wake) => self.shared.wake(),
+                Err(_) => return 0,
+            }
         }
-        1 + self.poll_queued(&mut out[1..])
     }
 
     /// The CQ's number, unique in the process: what an `IBV_EVENT_CQ_ERR` event names
@@ -241,7 +287,9 @@ impl core::fmt::Debug for CompChannel {
 impl CompChannel {
     /// `ibv_get_cq_event`: waits up to `timeout` for the next CQ event and returns the CQ.
     /// The CQ is disarmed; call [`Cq::req_notify`] again for the next event, and acknowledge
-    /// it with [`CompChannel::ack_cq_events`]. Errors: `EAGAIN` on timeout.
+    /// it with [`CompChannel::ack_cq_events`]. Errors: `EAGAIN` on timeout; `EIO` once the
+    /// device that made the channel failed ([`CompChannel::is_closed`]) and the events
+    /// raised before are taken.
     pub fn get_cq_event(&self, timeout: Duration) -> Result<Cq> {
         let deadline = std::time::Instant::now().checked_add(timeout);
         loop {
@@ -255,6 +303,12 @@ impl CompChannel {
                         return Ok(Cq::from_shared(cq));
                     }
                 }
+                None if self.is_closed() => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        "get_cq_event: the device failed (its driver thread stopped)",
+                    ));
+                }
                 None => {
                     return Err(Error::new(
                         ErrorKind::Again,
@@ -263,6 +317,14 @@ impl CompChannel {
                 }
             }
         }
+    }
+
+    /// True once the device that made the channel failed
+    /// ([`Device::fail`](super::Device::fail)): no event will come after those pending, and
+    /// the channel's descriptor stays readable, so a caller that polls it must check this
+    /// when [`CompChannel::try_get_cq_event`] gives nothing.
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
     }
 
     /// The next CQ event if one is pending, without waiting.
@@ -415,5 +477,44 @@ mod tests {
         );
         let rest = cq.poll(&mut all[n..]);
         assert_eq!(n + rest, 2);
+    }
+
+    // A failed device (Device::fail) wakes every thread asleep on its CQs; a poll in
+    // between neither loses the wake-up nor counts it as a completion. Waits after it return
+    // at once, with what the CQ holds. The 20 s deadline only ends a run that hangs.
+    #[test]
+    fn a_failed_device_wakes_every_waiter_of_a_cq() {
+        let cq = Cq::from_shared(Arc::new(CqShared::new(4)));
+        let failed = Arc::new(AtomicBool::new(false));
+        let _ = cq.shared().failed.set(failed.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            let (cq, tx) = (cq.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let _ = tx.send(cq.wait(&mut [Wc::default()], Duration::from_secs(3600)));
+            });
+        }
+        let sh = cq.shared().clone();
+        failed.store(true, Ordering::SeqCst);
+        sh.wake();
+        assert_eq!(
+            cq.poll(&mut [Wc::default(); 2][..]),
+            0,
+            "a poll skips the wake-up"
+        );
+        for _ in 0..3 {
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(20)),
+                Ok(0),
+                "a waiter woke"
+            );
+        }
+        assert_eq!(cq.wait(&mut [Wc::default()], Duration::from_secs(3600)), 0);
+        for i in 0..4 {
+            assert!(sh.push(wc(i), false), "a wake-up takes no CQ slot");
+        }
+        let mut out = [Wc::default(); 8];
+        assert_eq!(cq.wait(&mut out, Duration::from_secs(3600)), 4);
+        assert_eq!(out[3].wr_id, 3);
     }
 }

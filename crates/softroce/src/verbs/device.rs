@@ -218,6 +218,9 @@ impl Device {
             },
         ];
         let gsi_cq = Arc::new(CqShared::new(GSI_CQE));
+        let fatal = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _ = gsi_cq.failed.set(fatal.clone());
+        let gsi_weak = Arc::downgrade(&gsi_cq);
         let mut qps = BTreeMap::new();
         qps.insert(
             GSI_QPN,
@@ -250,6 +253,10 @@ impl Device {
                 gsi_cq,
                 events: AsyncEvents::new(),
                 poll_hook: OnceLock::new(),
+                failed: OnceLock::new(),
+                cqs: Mutex::new(vec![gsi_weak]),
+                fatal,
+                channels: Mutex::new(Vec::new()),
             }),
         };
         // rxe raises IB_EVENT_PORT_ACTIVE when its netdev comes up (`rxe_port_up`).
@@ -426,6 +433,14 @@ impl Device {
         if let Some(hook) = self.shared.poll_hook.get() {
             let _ = shared.hook.set(hook.clone());
         }
+        let _ = shared.failed.set(self.shared.fatal.clone());
+        let mut cqs = self.shared.cqs.lock();
+        if cqs.len() == cqs.capacity() {
+            // Before the list grows (amortized O(1) a CQ): forget the CQs destroyed since.
+            cqs.retain(|c| c.strong_count() > 0);
+        }
+        cqs.push(Arc::downgrade(&shared));
+        drop(cqs);
         Ok(Cq { shared })
     }
 
@@ -491,7 +506,8 @@ impl Device {
     /// Errors: `EAGAIN` when none arrived in time.
     /// Events raised: `IBV_EVENT_PORT_ACTIVE` (port 1, once when the device is made),
     /// `IBV_EVENT_QP_FATAL`, `IBV_EVENT_QP_LAST_WQE_REACHED`, `IBV_EVENT_SQ_DRAINED` (QPN)
-    /// and `IBV_EVENT_SRQ_LIMIT_REACHED` (SRQ number). Source: rxe raises the same ones from
+    /// and `IBV_EVENT_SRQ_LIMIT_REACHED` (SRQ number); `IBV_EVENT_DEVICE_FATAL` (port 1)
+    /// when the device fails ([`Device::fail`]). Source: rxe raises the same ones from
     /// `rxe_qp.c`, `rxe_comp.c`, `rxe_resp.c` and `rxe_net.c` (`rxe_port_up`).
     pub fn get_async_event(&self, timeout: Duration) -> Result<AsyncEvent> {
         self.async_events()
@@ -520,9 +536,19 @@ impl Device {
                 format!("create_comp_channel: eventfd: {e}"),
             )
         })?;
-        Ok(CompChannel {
-            shared: Arc::new(SignalQueue::new(Some(fd), usize::MAX)),
-        })
+        let shared = Arc::new(SignalQueue::new(Some(fd), usize::MAX));
+        // Registered, then checked, under the lock `fail` drains the list under (after it
+        // set `failed`): a channel made while the device fails is closed by one of the two.
+        let mut channels = self.shared.channels.lock();
+        if channels.len() == channels.capacity() {
+            // Before the list grows (amortized O(1) a channel): forget those destroyed since.
+            channels.retain(|c| c.strong_count() > 0);
+        }
+        channels.push(Arc::downgrade(&shared));
+        if self.shared.failed.get().is_some() {
+            shared.close();
+        }
+        Ok(CompChannel { shared })
     }
 
     /// `ibv_create_cq` with a completion channel: like [`Device::create_cq`], and
@@ -532,6 +558,81 @@ impl Device {
         let cq = self.create_cq(cqe)?;
         *cq.shared().notify.channel.lock() = Some(channel.clone());
         Ok(cq)
+    }
+}
+
+impl Device {
+    /// Marks the device failed, as a device that hits a fatal error does (mlx5
+    /// `mlx5_ib_handle_internal_error`; the kernel's uverbs closes its event files): every
+    /// QP not in RESET or ERR enters ERR, which completes its outstanding WRs with
+    /// `IBV_WC_WR_FLUSH_ERR`; `IBV_EVENT_DEVICE_FATAL` (port 1) is raised; the completion
+    /// channels made on the device close ([`CompChannel::get_cq_event`] fails with `EIO`
+    /// once their pending events are taken, and their descriptors stay readable); and every
+    /// [`Cq::wait`] returns at once, now and later, with what its CQ holds. What a driver
+    /// thread that panicked calls (`net::UdpDevice`); `reason` says why, for
+    /// [`Device::failure`]. A second call changes nothing. Other verbs keep working on the
+    /// device's objects (destroying them, polling, modify_qp), but nothing receives for
+    /// them any more.
+    pub fn fail(&self, reason: &str) {
+        if self.shared.failed.set(reason.to_string()).is_err() {
+            return;
+        }
+        tracing::error!(
+            target: "softroce::verbs",
+            device = %self.shared.cfg.name,
+            "device failed: {reason}"
+        );
+        // The state may be half-changed by the panic that got us here: should the flush
+        // panic too, the waiters below are woken all the same.
+        let flush = || {
+            let now = self.now();
+            let mut st = self.shared.state.lock();
+            let live: Vec<u32> = st
+                .qps
+                .iter()
+                .filter(|(_, s)| !matches!(s.engine.state(), QpState::Reset | QpState::Err))
+                .map(|(q, _)| *q)
+                .collect();
+            for qpn in live {
+                if let Some(slot) = st.qps.get_mut(&qpn) {
+                    // Any state may go to ERR (the modify_qp table), so this is not refused.
+                    let to_err = crate::transport::QpModify {
+                        qp_state: QpState::Err,
+                        ..crate::transport::QpModify::default()
+                    };
+                    let _ = slot
+                        .engine
+                        .modify(&to_err, crate::transport::QpAttrMask::STATE);
+                }
+                self.pump(&mut st, qpn, now);
+            }
+        };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(flush));
+        self.shared
+            .events
+            .push(EventType::DeviceFatal, EventElement::Port(1));
+        for ch in self.shared.channels.lock().drain(..) {
+            if let Some(q) = ch.upgrade() {
+                q.close();
+            }
+        }
+        // Set before the wake-ups: a waiter that looks after its wake-up sees it, and one
+        // that looks before sleeps until the wake-up comes.
+        self.shared.fatal.store(true, Ordering::SeqCst);
+        for cq in self
+            .shared
+            .cqs
+            .lock()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+        {
+            cq.wake();
+        }
+    }
+
+    /// Why the device failed ([`Device::fail`]), or `None` while it works.
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.failed.get().map(String::as_str)
     }
 }
 

@@ -10,7 +10,7 @@
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// An asynchronous event type, in `enum ibv_event_type` order.
@@ -170,11 +170,14 @@ impl EventFd {
     }
 }
 
-/// A queue with a condition variable and an eventfd that is readable while it is not empty.
+/// A queue with a condition variable and an eventfd that is readable while it is not empty,
+/// or for good once it is closed ([`SignalQueue::close`]).
 pub(super) struct SignalQueue<T> {
     items: Mutex<VecDeque<T>>,
     ready: Condvar,
     fd: Option<EventFd>,
+    /// Set by `close`, under the `items` lock.
+    closed: AtomicBool,
     pub(super) lost: AtomicU64,
     cap: usize,
 }
@@ -185,9 +188,28 @@ impl<T> SignalQueue<T> {
             items: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             fd,
+            closed: AtomicBool::new(false),
             lost: AtomicU64::new(0),
             cap,
         }
+    }
+
+    /// Closes the queue (its device failed): waiters wake, and from now on a wait on an
+    /// empty queue returns at once and the descriptor stays readable. Items still queued
+    /// are taken as before.
+    pub(super) fn close(&self) {
+        let q = self.items.lock();
+        self.closed.store(true, Ordering::SeqCst);
+        if let Some(fd) = &self.fd {
+            fd.set();
+        }
+        drop(q);
+        self.ready.notify_all();
+    }
+
+    /// True once [`SignalQueue::close`] ran.
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     pub(super) fn push(&self, item: T) {
@@ -207,6 +229,7 @@ impl<T> SignalQueue<T> {
     fn pop_locked(&self, q: &mut VecDeque<T>) -> Option<T> {
         let item = q.pop_front();
         if q.is_empty()
+            && !self.is_closed()
             && let Some(fd) = &self.fd
         {
             fd.clear();
@@ -222,7 +245,7 @@ impl<T> SignalQueue<T> {
     pub(super) fn pop_timeout(&self, timeout: Duration) -> Option<T> {
         let deadline = std::time::Instant::now().checked_add(timeout);
         let mut q = self.items.lock();
-        while q.is_empty() {
+        while q.is_empty() && !self.is_closed() {
             match deadline {
                 Some(d) => {
                     if self.ready.wait_until(&mut q, d).timed_out() {
@@ -288,5 +311,30 @@ mod tests {
         }
         assert_eq!(q.lost.load(Ordering::Relaxed), 2);
         assert_eq!(q.try_pop(), Some(2));
+    }
+
+    // A closed queue (its device failed) wakes its waiter, hands out what it still holds,
+    // then its waits return at once and its descriptor stays readable, so a poll(2) on it
+    // wakes too.
+    #[test]
+    fn a_closed_signal_queue_wakes_its_waiter_and_stays_readable() {
+        let q = std::sync::Arc::new(SignalQueue::<u32>::new(Some(EventFd::new().unwrap()), 8));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(q.pop_timeout(Duration::from_secs(3600)));
+            })
+        };
+        q.close();
+        // The deadline only ends a failing run.
+        assert_eq!(rx.recv_timeout(Duration::from_secs(20)), Ok(None));
+        waiter.join().unwrap();
+        assert!(q.is_closed());
+        assert!(readable(q.raw_fd()));
+        q.push(7);
+        assert_eq!(q.pop_timeout(Duration::from_secs(3600)), Some(7));
+        assert!(readable(q.raw_fd()), "readable once closed, even empty");
+        assert_eq!(q.pop_timeout(Duration::from_secs(3600)), None);
     }
 }
