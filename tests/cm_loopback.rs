@@ -220,3 +220,31 @@ fn cm_connect_send_reject_and_disconnect_over_udp() {
         assert_eq!(n.cm.recv_errors(), 0);
     }
 }
+
+// Issue 25 item 3: a connect to an address with no RoCE device (127.0.97.9, where nothing
+// listens on UDP 4791) comes back as ICMP port unreachable, and the CM reports Unreachable
+// from that, not after its retries: no retransmission was needed (the 4.3 s response timeout
+// of rdma_cm would be the first), and the engine counts it as unreachable.
+#[test]
+fn a_connect_to_an_address_without_a_device_is_unreachable_from_icmp() {
+    let t0 = std::time::Instant::now();
+    let mut a = node(IpAddr::V4(Ipv4Addr::new(127, 0, 97, 8)), 0xa8);
+    let nobody = IpAddr::V4(Ipv4Addr::new(127, 0, 97, 9));
+    let id =
+        a.cm.cm()
+            .connect(now(t0), &connect_params(nobody, PORT, 0x11, 1))
+            .unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    let ev = loop {
+        a.cm.process(now(t0)).expect("process");
+        if let Some(ev) = a.cm.cm().poll_event() {
+            break ev;
+        }
+        assert!(std::time::Instant::now() < end, "no CM event within 10 s");
+        std::thread::yield_now();
+    };
+    assert_eq!(ev, CmEvent::Unreachable { id });
+    let c = a.cm.cm().counters();
+    assert_eq!((c.unreachable, c.retransmits), (1, 0));
+    assert_eq!(a.cm.cm().connection_count(), 0);
+}

@@ -80,6 +80,9 @@ pub struct CmCounters {
     pub resends: u64,
     /// REJs sent, for any reason.
     pub rejects_sent: u64,
+    /// Connects ended because the network said their peer has no CM
+    /// ([`CmEngine::handle_unreachable`](super::CmEngine::handle_unreachable)).
+    pub unreachable: u64,
     /// Drops, indexed like [`CmDropReason::ALL`].
     drops: [u64; CmDropReason::ALL.len()],
 }

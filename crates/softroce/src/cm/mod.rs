@@ -497,6 +497,41 @@ impl CmEngine {
         Ok(())
     }
 
+    /// The network said `peer` has no CM to answer (an ICMP port unreachable for a MAD sent
+    /// there: no RoCE device at that address) or cannot be reached: every connection of ours
+    /// still waiting for that peer's first answer (REQ_SENT, MRA_REQ_RCVD, SIDR_REQ_SENT)
+    /// ends with [`CmEvent::Unreachable`] now instead of after all its retries, as the kernel
+    /// CM ends a REQ whose send failed (`cm_process_send_error` -> IB_CM_REQ_ERROR, which
+    /// rdma_cm reports as RDMA_CM_EVENT_UNREACHABLE). Connections the peer has answered are
+    /// left to their timers: a peer that answered has a CM. Returns how many ended.
+    pub fn handle_unreachable(&mut self, _now: Instant, peer: IpAddr) -> usize {
+        let ended: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.peer == peer
+                    && matches!(
+                        c.state,
+                        CmState::ReqSent | CmState::MraReqRcvd | CmState::SidrReqSent
+                    )
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &ended {
+            tracing::info!(
+                target: "softroce::cm",
+                comm_id = %format_args!("{id:#x}"),
+                %peer,
+                "connect to {peer}: unreachable (ICMP: no RoCE device there); giving up"
+            );
+            self.counters.unreachable += 1;
+            self.events
+                .push_back(CmEvent::Unreachable { id: CommId(id) });
+            self.remove(id);
+        }
+        ended.len()
+    }
+
     // ---- mutators ----
 
     /// Accepts REQs and SIDR_REQs for `service_id`.

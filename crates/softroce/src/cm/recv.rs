@@ -429,9 +429,25 @@ impl CmEngine {
         if resendable && retries_left > 0 {
             c.retries_left -= 1;
             c.deadline = Some(now + c.response_timeout);
+            tracing::debug!(
+                target: "softroce::cm",
+                comm_id = %format_args!("{id:#x}"),
+                %peer,
+                "{state:?}: no answer within {:?}; sending again ({} retries left)",
+                c.response_timeout,
+                c.retries_left
+            );
             self.counters.retransmits += 1;
             self.resend_raw(id);
             return;
+        }
+        if resendable || matches!(state, CmState::MraReqRcvd | CmState::MraRepRcvd) {
+            tracing::info!(
+                target: "softroce::cm",
+                comm_id = %format_args!("{id:#x}"),
+                %peer,
+                "{state:?}: no answer from {peer} after all retries; giving up"
+            );
         }
         match state {
             // IBTA C12: no REP after all retries: REJ(timeout), UNREACHABLE.

@@ -789,3 +789,24 @@ fn rep_sent_mra_with_other_comm_id_then_timeout_leaves_no_entry_behind() {
     ));
     p.b.check_invariants().unwrap();
 }
+
+// Issue 25 item 3: the network says B has no CM (ICMP port unreachable for the REQ): A's
+// connect ends with Unreachable at once, sends nothing more, and forgets the connection; a
+// connection B has answered, and one to another peer, are left alone.
+#[test]
+fn req_sent_icmp_unreachable_reports_unreachable_at_once() {
+    let (mut p, a_id, _req) = Pair::req_sent();
+    let (mut q, a2, _b2, _) = Pair::established();
+    assert_eq!(p.a.handle_unreachable(p.now, A_IP), 0);
+    assert_eq!(p.a.state(a_id), Some(CmState::ReqSent));
+    assert_eq!(p.a.handle_unreachable(p.now, B_IP), 1);
+    assert_eq!(p.a.poll_event(), Some(CmEvent::Unreachable { id: a_id }));
+    assert_eq!(p.a.state(a_id), None);
+    assert_eq!(p.a.poll_mad(), None);
+    assert_eq!(p.a.poll_timeout(), None);
+    assert_eq!(p.a.counters().unreachable, 1);
+    assert_eq!(q.a.handle_unreachable(q.now, B_IP), 0);
+    assert_eq!(q.a.state(a2), Some(CmState::Established));
+    q.a.check_invariants().unwrap();
+    p.a.check_invariants().unwrap();
+}

@@ -138,6 +138,10 @@ pub struct UdpLink {
     pub(super) mcast: Mutex<HashMap<IpAddr, Arc<UdpSocket>>>,
     /// How many groups `mcast` holds, read without its lock by every busy poll.
     pub(super) mcast_groups: std::sync::atomic::AtomicUsize,
+    /// Peer addresses that ICMP said have no RoCE device (or no route), from the error queue
+    /// of QP1's send sockets, for the CM ([`Link::poll_unreachable`]); at most
+    /// [`UNREACHABLE_MAX`], the oldest dropped first.
+    unreachable: Mutex<std::collections::VecDeque<IpAddr>>,
     pub(super) capture: Option<Arc<Capture>>,
     /// TTL / hop limit of our sockets for unicast (for the capture).
     pub(super) hop_limit: u8,
@@ -230,6 +234,7 @@ impl UdpLink {
             send: Mutex::new(foldhash::HashMap::default()),
             mcast: Mutex::new(HashMap::new()),
             mcast_groups: std::sync::atomic::AtomicUsize::new(0),
+            unreachable: Mutex::new(std::collections::VecDeque::new()),
             capture: opts.capture.clone(),
             hop_limit,
             tx_datagrams: AtomicU64::new(0),
@@ -704,10 +709,60 @@ impl SendSockets {
 fn send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<UdpSocket> {
     let s = new_send_socket(ip, port, udp_checksum)?;
     let _ = super::mcast::set_sending_interface(&s, ip);
+    if port == gsi_source_port() {
+        // QP1's MADs: ICMP errors for a peer without a RoCE device reach the CM
+        // (`super::icmp`; the sends of this socket retry the one send such an error fails).
+        super::icmp::set_recv_err(&s, ip)?;
+    }
     Ok(UdpSocket::from(s))
 }
 
+/// The UDP source port of QP1 (the GSI QP), whose sockets report ICMP errors: rxe's port for
+/// QPN 1, 0xD872 (docs/wire-facts.md; QP1's MADs leave from it).
+fn gsi_source_port() -> u16 {
+    crate::verbs::rxe_initial_udp_sport(1)
+}
+
+/// Most peer addresses [`UdpLink`] keeps for the CM between two [`Link::poll_unreachable`].
+const UNREACHABLE_MAX: usize = 64;
+
+impl UdpLink {
+    /// Moves the ICMP errors queued on QP1's send sockets into `unreachable`, logging each.
+    fn take_icmp_errors(&self) {
+        let Some(socks) = self.send.lock().get(&gsi_source_port()).cloned() else {
+            return;
+        };
+        let mut errs = super::icmp::drain(&socks.plain, UNREACHABLE_MAX);
+        if let Some(Some(g)) = socks.gso.get() {
+            errs.extend(super::icmp::drain(g, UNREACHABLE_MAX));
+        }
+        if errs.is_empty() {
+            return;
+        }
+        let mut q = self.unreachable.lock();
+        for e in errs {
+            tracing::info!(
+                target: "softroce::net",
+                peer = %e.dst,
+                "ICMP: {} (no RoCE device answers at that address)",
+                io::Error::from_raw_os_error(e.errno)
+            );
+            if q.len() == UNREACHABLE_MAX {
+                q.pop_front();
+            }
+            if !q.contains(&e.dst.ip()) {
+                q.push_back(e.dst.ip());
+            }
+        }
+    }
+}
+
 impl Link for UdpLink {
+    fn poll_unreachable(&self) -> Option<IpAddr> {
+        self.take_icmp_errors();
+        self.unreachable.lock().pop_front()
+    }
+
     fn gathers(&self) -> bool {
         // A capture records each datagram whole; without one, payloads go out from the MR.
         self.capture.is_none()
@@ -734,7 +789,15 @@ impl Link for UdpLink {
                 parts.iter().for_each(|p| p.copy_into(&mut whole));
                 c.send_and_record(src, dst, &whole, &self.sent_header(t), send)?;
             }
-            None => send()?,
+            None => match send() {
+                // An ICMP error for an earlier datagram of QP1's socket failed this send
+                // (the kernel reports it once, sending nothing): keep it for the CM, send again.
+                Err(e) if t.src_port == gsi_source_port() && super::icmp::is_icmp_errno(&e) => {
+                    self.take_icmp_errors();
+                    send()?;
+                }
+                r => r?,
+            },
         }
         self.tx_datagrams.fetch_add(1, Ordering::Relaxed);
         self.tx_syscalls.fetch_add(1, Ordering::Relaxed);
@@ -757,6 +820,11 @@ impl Link for UdpLink {
     }
 
     fn send_batch(&self, ts: &[Transmit]) -> usize {
+        if ts.first().is_some_and(|t| t.src_port == gsi_source_port()) {
+            // QP1's MADs (a pump's datagrams share their QP's port): one by one through
+            // `send`, which handles the ICMP errors their socket reports.
+            return ts.iter().filter(|t| self.send(t).is_err()).count();
+        }
         if self.holding_acks.load(Ordering::Relaxed) && ts.iter().all(may_wait) {
             // ACKs only: they wait for the end of the receive batch (driver thread) or the
             // next poll (busy polling, so the application's reply goes first).

@@ -22,8 +22,10 @@
 //!   driver thread; send sockets name the device's interface for multicast.
 //! - `raw`: the raw IPv4 socket of the exact ICRC mode (CAP_NET_RAW), and the cutting of a
 //!   UDP GSO send it sees whole into its datagrams.
-//! - [`panic`]: how a thread softroce starts reports a panic before it fails what it drove
+//! - [`panic`](mod@panic): how a thread softroce starts reports a panic before it fails what it drove
 //!   (no silent hang).
+//! - `icmp`: the ICMP errors QP1's send sockets report (`IP_RECVERR`): a peer address with
+//!   no RoCE device, which the CM then reports unreachable at once.
 //! - `fork`: a forked child does not keep the parent's device ports (`pthread_atfork`).
 //! - `sock`: how the device's UDP sockets are made (shared by `udp` and `mcast`).
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
@@ -38,6 +40,7 @@ pub mod clock;
 pub mod cm;
 pub mod discover;
 mod fork;
+mod icmp;
 mod iface;
 mod link;
 mod mcast;

@@ -44,6 +44,8 @@ pub fn grh_source(grh: &[u8]) -> Option<IpAddr> {
 /// QP1 of a device driving a CM engine. See the module documentation.
 #[derive(Debug)]
 pub struct CmPort {
+    /// The device, for what its link learns of unreachable peers.
+    dev: Device,
     qp: Qp,
     cq: Cq,
     recv_mr: Mr,
@@ -67,6 +69,7 @@ impl CmPort {
         )?;
         let send_mr = pd.reg_mr(CM_PORT_SEND_SLOTS * MAD_LEN, AccessFlags::LOCAL_WRITE)?;
         let port = CmPort {
+            dev: dev.clone(),
             qp: dev.gsi_qp(),
             cq: dev.gsi_cq(),
             recv_mr,
@@ -104,9 +107,13 @@ impl CmPort {
     }
 
     /// Moves everything that is ready: QP1 completions into the agent (receives reposted,
-    /// send slots freed), due CM timers, and queued MADs onto QP1's send queue.
+    /// send slots freed), the peers the network said are unreachable (ICMP, through the
+    /// device's link) into the CM, due CM timers, and queued MADs onto QP1's send queue.
     /// Errors: those of `post_recv`/`post_send` on QP1.
     pub fn process(&mut self, now: Instant) -> Result<()> {
+        while let Some(peer) = self.dev.poll_unreachable() {
+            self.agent.cm.handle_unreachable(now, peer);
+        }
         let mut wcs = [Wc::default(); 32];
         loop {
             let n = self.cq.poll(&mut wcs);

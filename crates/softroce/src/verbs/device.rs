@@ -314,6 +314,12 @@ impl Device {
         self.shared.cfg.ip
     }
 
+    /// A peer address the device's link learnt has no RoCE device ([`Link::poll_unreachable`]),
+    /// for the CM on QP1.
+    pub fn poll_unreachable(&self) -> Option<IpAddr> {
+        self.shared.link.poll_unreachable()
+    }
+
     /// `ibv_query_device`.
     pub fn query_device(&self) -> DeviceAttr {
         DeviceAttr {

@@ -221,6 +221,14 @@ pub trait Link: Send + Sync {
     /// Tells the link's receive side that a timer may now be due earlier than it planned.
     fn wake(&self) {}
 
+    /// A peer address the network said has no RoCE device (an ICMP port unreachable for a
+    /// datagram of QP1) or no route, once each, for the CM ([`CmPort::process`] hands it to
+    /// [`crate::cm::CmEngine::handle_unreachable`]). A link that learns nothing of the kind
+    /// (a simulator) returns `None`, the default.
+    fn poll_unreachable(&self) -> Option<IpAddr> {
+        None
+    }
+
     /// Starts receiving datagrams sent to the multicast address `group` (port 4791) and
     /// handing them to [`Device::handle_multicast_datagram`]; called when the first QP of
     /// the device attaches to the group. A link without IP multicast (a simulator) has
