@@ -2,6 +2,8 @@
 //! module's doc and docs/memory.md).
 
 use super::*;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 /// Application memory under an MR: `len` bytes at `ptr`, valid for reads and writes for as
 /// long as the MR lives (the contract of [`MrTable::register_user`]) and read and written by

@@ -3,6 +3,9 @@
 //! under Miri (docs/memory.md).
 
 use super::*;
+use crate::transport::{AccessFlags, Sge};
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 fn table() -> (MrTable, u32) {
     let mut t = MrTable::new(7);
