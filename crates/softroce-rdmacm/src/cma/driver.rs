@@ -1,0 +1,599 @@
+//! The CM driver: per opened device ([`State::open`]), a `CmEngine` and one thread that
+//! waits on QP1 (`softroce_mad_recv` with the engine's next timer as timeout), feeds the
+//! MADs and timers to the engine, and [`pump`]s: its events become rdma_cm events (applying
+//! the REP to the id's QP as librdmacm does; a REQ or SIDR_REQ makes a passive id), its MADs
+//! go onto QP1 (`softroce_mad_send`). Entry points pump too, after calling the engine.
+//!
+//! No silent hang: a driver thread that panics, or whose device failed, fails its device
+//! ([`fail_device`]).
+//!
+//! Sources: kernel `drivers/infiniband/core/cma.c` (service IDs, the cma header,
+//! CONNECT_REQUEST parameters as the passive side sees them, `cma_sidr_rep_handler`).
+
+use super::addr::{set_route, sockaddr_of, ud_ah_attr, write_sockaddr};
+use super::events::{Event, new_channel, new_event, post, post_on, set_private};
+use super::state::{IdState, OpenDev, Parked, State, errno_or, new_id, now, state};
+use super::transitions::{RDMA_UDP_QKEY, qp_rtr, qp_rts};
+use crate::abi::*;
+use crate::ibv::ibv;
+use core::ffi::c_int;
+use softroce::cm::rdma_cm::{
+    CMA_HDR_LEN, REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
+    req_user_private_data,
+};
+use softroce::cm::{CmConfig, CmEngine, CmEvent, CommId};
+use softroce::transport::{Instant, PathMtu};
+use softroce::verbs::RcConnect;
+use softroce::wire::cm::{
+    CmaHdr, CmaHdrRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, rdma_cm_service_id,
+};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+/// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
+pub(super) const SIDR_REQ_PRIVATE: usize = 216;
+pub(super) const SIDR_REP_PRIVATE: usize = 136;
+
+/// Longest a driver thread waits on QP1 between timer checks, in ms.
+const DRIVER_TICK_MS: u64 = 20;
+
+impl State {
+    /// Opens device `i` (context, PD, CM engine, QP1 port, driver thread) if not yet open.
+    /// Errors: `EIO` once the device failed ([`fail_device`]); those of opening it.
+    pub(super) fn open(&mut self, i: usize) -> Result<&mut OpenDev, c_int> {
+        if self.devs[i].failed.is_some() {
+            return Err(libc::EIO);
+        }
+        if self.devs[i].open.is_none() {
+            let ibv = ibv()?;
+            let d = &self.devs[i];
+            // SAFETY: `ibv_dev` is from libibverbs' list; the calls follow their prototypes.
+            let (ctx, pd, guid, mtu) = unsafe {
+                let ctx = (ibv.open_device)(d.ibv_dev);
+                if ctx.is_null() {
+                    return Err(errno_or(libc::ENODEV));
+                }
+                let pd = (ibv.alloc_pd)(ctx);
+                if pd.is_null() {
+                    return Err(errno_or(libc::ENOMEM));
+                }
+                let mut pa: ibv_port_attr = std::mem::zeroed();
+                let active = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
+                    pa.active_mtu as u8
+                } else {
+                    3
+                };
+                // rdma_cm's route MTU comes from the MTU of the interface the route leaves by
+                // (cma.c `cma_resolve_iboe_route`: 1024 on a 1500-byte link), capped by the
+                // port's: a REQ asking for 4096 there gets packets the link drops.
+                let link = softroce::net::link_mtu(d.ip)
+                    .and_then(softroce::cm::rdma_cm_route_mtu)
+                    .unwrap_or(active);
+                let mtu = active.min(link);
+                // Makes QP1's port (its receives posted) before anyone can send us a REQ.
+                let mut mad = [0u8; 256];
+                let mut src: libc::sockaddr_storage = std::mem::zeroed();
+                let _ = (ibv.mad_recv)(ctx, mad.as_mut_ptr().cast(), &mut src, 0);
+                (ctx, pd, u64::from_be((ibv.get_device_guid)(d.ibv_dev)), mtu)
+            };
+            let seed = self.random();
+            let cm = CmEngine::new(CmConfig::new(self.devs[i].ip, guid, seed));
+            self.devs[i].open = Some(OpenDev {
+                ctx,
+                pd,
+                cm,
+                comms: HashMap::new(),
+                mtu,
+                lingering: HashMap::new(),
+                parked: Vec::new(),
+            });
+            let ctx = ctx as usize;
+            let name = format!("softroce-cm-{}", self.devs[i].name);
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || driver_thread(i, ctx))
+                .map_err(|_| libc::EAGAIN)?;
+        }
+        self.devs[i].open.as_mut().ok_or(libc::ENODEV)
+    }
+}
+
+/// A device's driver thread: [`driver`] under `catch_unwind`. No silent hang: when it
+/// panics (reported on stderr and through `tracing`, `softroce::net::panic`) or finds the
+/// device failed, the device fails ([`fail_device`]), so that no caller waits for an event
+/// that will not come.
+fn driver_thread(dev: usize, ctx: usize) {
+    let run = || driver(dev, ctx);
+    let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(None) => return,
+        Ok(Some(why)) => why,
+        Err(p) => {
+            let msg = softroce::net::panic::message(&*p);
+            let name = state().map_or(String::new(), |st| st.devs[dev].name.clone());
+            softroce::net::panic::report(
+                &format!("librdmacm CM driver thread of device {name}"),
+                &msg,
+                "its rdma_cm ids get DEVICE_REMOVAL and their calls fail with EIO",
+            );
+            format!("its CM driver thread panicked: {msg}")
+        }
+    };
+    let _ = std::panic::catch_unwind(|| fail_device(dev, why));
+}
+
+/// Fails device `dev` for `why`: every live id on it (and, once every device failed, every
+/// listener on the wildcard address) gets RDMA_CM_EVENT_DEVICE_REMOVAL with status `-EIO` (a synchronous id's waiting call returns EIO), and later calls that
+/// need the device fail with EIO ([`State::open`]). The kernel's rdma_cm sends the same
+/// event when a device goes away (cma.c `cma_process_remove`), with status 0; the status
+/// says here that the id cannot be used any more (spec/deviations.toml).
+fn fail_device(dev: usize, why: String) {
+    let Ok(mut st) = state() else { return };
+    let Some(d) = st.devs.get_mut(dev) else {
+        return;
+    };
+    if d.failed.is_some() {
+        return;
+    }
+    d.failed = Some(why);
+    // A listener on the wildcard address listens on every device: it is told once none is
+    // left (the kernel's wildcard listener, too, keeps listening on the other devices).
+    let none_left = st.devs.iter().all(|d| d.failed.is_some());
+    let ids: Vec<usize> = st
+        .ids
+        .iter()
+        .filter(|(_, s)| {
+            !s.destroyed && (s.dev == Some(dev) || (none_left && s.dev.is_none() && s.listening))
+        })
+        .map(|(&id, _)| id)
+        .collect();
+    for id in ids {
+        post(new_event(
+            id as *mut rdma_cm_id,
+            event::DEVICE_REMOVAL,
+            -libc::EIO,
+        ));
+    }
+}
+
+/// The driver loop: waits on QP1 up to the engine's next timer, feeds MADs and timers to
+/// the engine, and pumps. Returns why the device failed, if it did (`softroce_mad_recv`
+/// says EIO); `None` when the state or the device is gone. Panics (only) when the test hook
+/// `SOFTROCE_TEST_PANIC=rdmacm:<ms>` asks it to.
+fn driver(dev: usize, ctx: usize) -> Option<String> {
+    let ibv = ibv().ok()?;
+    let mut mad = [0u8; 256];
+    let panic_at =
+        softroce::net::panic::test_panic_delay("rdmacm").map(|d| std::time::Instant::now() + d);
+    loop {
+        let timeout_ms = {
+            let mut st = state().ok()?;
+            // The test hook (nothing else sets it): the one panic here is the one a test
+            // asks for, with the state's lock held, as a real one could be.
+            if panic_at.is_some_and(|t| std::time::Instant::now() >= t) {
+                panic!("panic injected by a test (SOFTROCE_TEST_PANIC)");
+            }
+            let o = st.devs[dev].open.as_mut()?;
+            match o.cm.poll_timeout() {
+                Some(t) => {
+                    (t.as_nanos().saturating_sub(now().as_nanos()) / 1_000_000).min(DRIVER_TICK_MS)
+                }
+                None => DRIVER_TICK_MS,
+            }
+        };
+        // SAFETY: zeroed sockaddr_storage is valid.
+        let mut src: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is the device's context, open for the life of the process; `mad`
+        // holds 256 bytes.
+        let got = unsafe {
+            (ibv.mad_recv)(
+                ctx as *mut ibv_context,
+                mad.as_mut_ptr().cast(),
+                &mut src,
+                timeout_ms as c_int,
+            )
+        };
+        if got < 0 {
+            if errno_or(0) == libc::EIO {
+                // The device failed (its driver thread panicked): QP1 is gone.
+                return Some("its device failed".to_string());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(DRIVER_TICK_MS));
+        }
+        let mut st = state().ok()?;
+        let t = now();
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            if got == 1
+                && let Ok(from) = sockaddr_of((&src as *const libc::sockaddr_storage).cast())
+            {
+                o.cm.handle_mad(t, from.ip(), &mad);
+            }
+            if o.cm.poll_timeout().is_some_and(|d| d <= t) {
+                o.cm.handle_timeout(t);
+            }
+            end_lingers(o, t);
+        }
+        pump(&mut st, dev);
+    }
+}
+
+/// Stops listening on the service IDs of `o` whose linger is over; their parked REQs get
+/// REJ 8, as a REQ that finds no listener.
+fn end_lingers(o: &mut OpenDev, now: Instant) {
+    let over: Vec<u64> = o
+        .lingering
+        .iter()
+        .filter(|&(_, &until)| until <= now)
+        .map(|(&sid, _)| sid)
+        .collect();
+    for sid in over {
+        o.lingering.remove(&sid);
+        let _ = o.cm.unlisten(sid);
+        let (gone, kept) = std::mem::take(&mut o.parked)
+            .into_iter()
+            .partition(|p| p.req.service_id == sid);
+        o.parked = kept;
+        for p in gone {
+            let _ = o.cm.reject_no_listener(now, p.comm);
+        }
+    }
+}
+
+/// Drains device `dev`'s engine: its events into rdma_cm events, then its MADs onto QP1.
+pub(super) fn pump(st: &mut State, dev: usize) {
+    loop {
+        let Some(o) = st.devs[dev].open.as_mut() else {
+            return;
+        };
+        let Some(ev) = o.cm.poll_event() else { break };
+        on_event(st, dev, ev);
+    }
+    let Ok(ibv) = ibv() else { return };
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return;
+    };
+    while let Some(m) = o.cm.poll_mad() {
+        // SAFETY: zeroed sockaddr_storage is valid.
+        let mut dst: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        write_sockaddr(&mut dst, SocketAddr::new(m.dst, 0));
+        // SAFETY: the device's live context, a sockaddr, 256 bytes.
+        let _ = unsafe {
+            (ibv.mad_send)(
+                o.ctx,
+                (&dst as *const libc::sockaddr_storage).cast(),
+                m.mad.as_ptr().cast(),
+                m.mad.len(),
+            )
+        };
+    }
+}
+
+pub(super) fn listener_for(st: &State, dev: usize, service_id: u64) -> Option<usize> {
+    st.ids.iter().find_map(|(&addr, s)| {
+        let l = s.local?;
+        // SAFETY: every key of `ids` is a live boxed rdma_cm_id.
+        let ps = unsafe { (*(addr as *mut rdma_cm_id)).ps };
+        (s.listening
+            && !s.destroyed
+            && rdma_cm_service_id(ps as u16, l.port()) == service_id
+            && (s.dev.is_none() || s.dev == Some(dev)))
+        .then_some(addr)
+    })
+}
+
+fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
+    let Ok(ibv) = ibv() else { return };
+    let t = now();
+    let comm = ev.id();
+    if let CmEvent::ConnectRequest {
+        id: comm,
+        peer,
+        req,
+        cma,
+    } = ev
+    {
+        return connect_request(st, dev, comm, peer, req, cma);
+    }
+    if let CmEvent::SidrRequest {
+        id: comm,
+        peer,
+        req,
+    } = ev
+    {
+        return sidr_request(st, dev, comm, peer, req);
+    }
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return;
+    };
+    // A parked REQ whose peer gave up (REJ) is forgotten.
+    o.parked.retain(|p| p.comm != comm);
+    let Some(&addr) = o.comms.get(&comm) else {
+        return; // its id is gone
+    };
+    let id = addr as *mut rdma_cm_id;
+    // SAFETY: ids in `comms` are live boxes (rdma_destroy_id removes them).
+    let qp = unsafe { (*id).qp };
+    let mtu = o.mtu;
+    match ev {
+        CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {}
+        CmEvent::ConnectResponse { rep, .. } => {
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            s.rep_private = Some(rep.private_data.to_vec());
+            s.rep = Some(rep.clone());
+            if qp.is_null() {
+                let mut e = new_event(id, event::CONNECT_RESPONSE, 0);
+                set_private(&mut e, &rep.private_data[..REP_PRIVATE]);
+                e.ev.param.conn.responder_resources = rep.initiator_depth;
+                e.ev.param.conn.initiator_depth = rep.responder_resources;
+                e.ev.param.conn.qp_num = rep.local_qpn;
+                return post(e);
+            }
+            let peer = s
+                .remote
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            let mut c = RcConnect::rdma_cm_active(
+                &rep,
+                peer,
+                PathMtu::from_ibv(mtu).unwrap_or(PathMtu::Mtu1024),
+                s.responder_resources,
+                s.initiator_depth,
+                s.retry_count,
+                s.starting_psn,
+            );
+            c.timeout = s.ack_timeout.unwrap_or(c.timeout);
+            let ok = qp_rtr(ibv, qp, &c).and_then(|()| qp_rts(ibv, qp, &c));
+            let Some(o) = st.devs[dev].open.as_mut() else {
+                return;
+            };
+            match ok {
+                // The engine reports Established, which carries the REP's private data.
+                Ok(()) => {
+                    let _ = o.cm.establish(t, comm);
+                }
+                Err(e) => {
+                    let _ = o.cm.reject(t, comm, &[]);
+                    o.comms.remove(&comm);
+                    if let Some(s) = st.ids.get_mut(&addr) {
+                        s.comm = None;
+                    }
+                    post(new_event(id, event::CONNECT_ERROR, -e));
+                }
+            }
+        }
+        CmEvent::Established { .. } => {
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            let p = s.rep_private.take();
+            // The active side's rdma_establish (an external QP) completes the connection
+            // without an event (kernel rdma_establish only sends the RTU).
+            if std::mem::take(&mut s.user_established) {
+                return;
+            }
+            let mut e = new_event(id, event::ESTABLISHED, 0);
+            if let Some(p) = p {
+                set_private(&mut e, &p);
+            }
+            post(e);
+        }
+        CmEvent::Rejected {
+            reason,
+            private_data,
+            ..
+        } => {
+            o.comms.remove(&comm);
+            if let Some(s) = st.ids.get_mut(&addr) {
+                s.comm = None;
+            }
+            let mut e = new_event(id, event::REJECTED, c_int::from(reason.0));
+            set_private(&mut e, &private_data[..REJ_PRIVATE]);
+            post(e);
+        }
+        CmEvent::Unreachable { .. } => {
+            o.comms.remove(&comm);
+            if let Some(s) = st.ids.get_mut(&addr) {
+                s.comm = None;
+            }
+            post(new_event(id, event::UNREACHABLE, -libc::ETIMEDOUT));
+        }
+        CmEvent::Disconnected { .. } => post(new_event(id, event::DISCONNECTED, 0)),
+        CmEvent::TimewaitExit { .. } => {
+            o.comms.remove(&comm);
+            if let Some(s) = st.ids.get_mut(&addr) {
+                s.comm = None;
+            }
+            post(new_event(id, event::TIMEWAIT_EXIT, 0));
+        }
+        CmEvent::SidrResponse { rep, .. } => {
+            o.comms.remove(&comm);
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            s.comm = None;
+            let peer = s
+                .remote
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            post(sidr_response(id, peer, &rep));
+        }
+    }
+}
+
+/// The answer to our SIDR_REQ as rdma_cm reports it (kernel `cma_sidr_rep_handler`):
+/// ESTABLISHED with the peer's QPN, Q_Key, the address handle attributes of the route and
+/// the SIDR_REP's private data; UNREACHABLE when the peer refused (status: the SIDR status)
+/// or answered with another Q_Key than rdma_cm's (-EINVAL).
+fn sidr_response(id: *mut rdma_cm_id, peer: IpAddr, rep: &SidrRepRepr) -> Box<Event> {
+    if rep.status != SidrStatus::SUCCESS {
+        return new_event(id, event::UNREACHABLE, c_int::from(rep.status.0));
+    }
+    if rep.qkey != RDMA_UDP_QKEY {
+        return new_event(id, event::UNREACHABLE, -libc::EINVAL);
+    }
+    let mut e = new_event(id, event::ESTABLISHED, 0);
+    set_private(&mut e, &rep.private_data[..SIDR_REP_PRIVATE]);
+    // SAFETY: writing the ud member (its private data fields were just set, at the same
+    // offsets as conn's).
+    unsafe {
+        let u = &mut e.ev.param.ud;
+        u.qp_num = rep.qpn;
+        u.qkey = rep.qkey;
+        u.ah_attr = ud_ah_attr(peer);
+    }
+    e
+}
+
+/// A SIDR_REQ for a listening UD id: a new id on the device, and CONNECT_REQUEST on the
+/// listener's channel with the request's private data after the cma header (kernel
+/// `cma_sidr_req_handler`). No listener: SIDR_REP(unsupported).
+fn sidr_request(st: &mut State, dev: usize, comm: CommId, peer: IpAddr, req: Box<SidrReqRepr>) {
+    let Some(lid) = listener_for(st, dev, req.service_id) else {
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            let _ =
+                o.cm.sidr_reply(now(), comm, SidrStatus::UNSUPPORTED, 0, 0, &[]);
+        }
+        return;
+    };
+    let cma = CmaHdr::new_checked(&req.private_data[..])
+        .map(|h| CmaHdrRepr::parse(&h))
+        .ok()
+        .filter(|h| h.cma_version == 0 && matches!(h.ip_version, 4 | 6));
+    let Some(id) = passive_id(st, dev, lid, comm, peer, cma, None) else {
+        return;
+    };
+    if let Some(s) = st.ids.get_mut(&(id as usize)) {
+        s.sidr_pending = true;
+    }
+    let mut e = new_event(id, event::CONNECT_REQUEST, 0);
+    e.ev.listen_id = lid as *mut rdma_cm_id;
+    set_private(&mut e, &req.private_data[CMA_HDR_LEN..SIDR_REQ_PRIVATE]);
+    // SAFETY: writing the ud member.
+    unsafe {
+        let u = &mut e.ev.param.ud;
+        u.ah_attr = ud_ah_attr(peer);
+        u.qkey = RDMA_UDP_QKEY;
+    }
+    // SAFETY: the listener is live (listener_for checked it).
+    post_on(unsafe { (*e.ev.listen_id).channel }, e);
+}
+
+/// A new passive id for connection `comm` of device `dev`, made from listening id `lid`
+/// (its channel, context and port space; its local port; the peer's address from the cma
+/// header, else `peer`), registered in the state. None when the device is gone.
+fn passive_id(
+    st: &mut State,
+    dev: usize,
+    lid: usize,
+    comm: CommId,
+    peer: IpAddr,
+    cma: Option<CmaHdrRepr>,
+    req: Option<Box<ReqRepr>>,
+) -> Option<*mut rdma_cm_id> {
+    let dev_ip = st.devs[dev].ip;
+    // The PSN our REP announces, fixed now so that rdma_init_qp_attr (an external QP) and
+    // rdma_accept agree.
+    let starting_psn = (st.random() & 0x00ff_ffff) as u32;
+    let local_port = st
+        .ids
+        .get(&lid)
+        .and_then(|s| s.local)
+        .map_or(0, |l| l.port());
+    let o = st.devs[dev].open.as_ref()?;
+    let (ctx, pd, mtu) = (o.ctx, o.pd, o.mtu);
+    let listen = lid as *mut rdma_cm_id;
+    // SAFETY: `lid` is a live id (listener_for checked).
+    let (mut channel, context, ps) =
+        unsafe { ((*listen).channel, (*listen).context, (*listen).ps) };
+    let sync = st.ids.get(&lid).is_some_and(|s| s.sync);
+    if sync {
+        channel = new_channel()?;
+    }
+    let o = st.devs[dev].open.as_mut()?;
+    let id = new_id(channel, context, ps);
+    // SAFETY: just made.
+    unsafe {
+        (*id).verbs = ctx;
+        (*id).pd = pd;
+        (*id).port_num = 1;
+    }
+    let local = SocketAddr::new(dev_ip, local_port);
+    let remote = SocketAddr::new(
+        cma.and_then(|c| c.src_ip()).unwrap_or(peer),
+        cma.map_or(0, |c| c.port),
+    );
+    let mtu = req.as_ref().map_or(mtu, |r| mtu.min(r.path_mtu));
+    set_route(id, local, Some(remote), mtu);
+    o.comms.insert(comm, id as usize);
+    st.ids.insert(
+        id as usize,
+        IdState {
+            dev: Some(dev),
+            local: Some(local),
+            remote: Some(remote),
+            comm: Some(comm),
+            listen_id: lid,
+            req,
+            sync,
+            starting_psn,
+            ..Default::default()
+        },
+    );
+    Some(id)
+}
+
+/// A REQ for a listening id: a new id on the device, and CONNECT_REQUEST on the listener's
+/// channel (private data after the cma header; responder resources and initiator depth as
+/// the passive side sees them, kernel `cm_format_req_event`).
+pub(super) fn connect_request(
+    st: &mut State,
+    dev: usize,
+    comm: CommId,
+    peer: IpAddr,
+    req: Box<ReqRepr>,
+    cma: Option<CmaHdrRepr>,
+) {
+    let Some(lid) = listener_for(st, dev, req.service_id) else {
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            if o.lingering.contains_key(&req.service_id) {
+                o.parked.push(Parked {
+                    comm,
+                    peer,
+                    req,
+                    cma,
+                });
+            } else {
+                let _ = o.cm.reject_no_listener(now(), comm);
+            }
+        }
+        return;
+    };
+    // A listened service ID, but an rdma_cm IP header that does not parse or names another
+    // address: the kernel's rdma_cm finds no listener for it and its ib_cm answers REJ 28
+    // (consumer defined), where a service ID nobody listens on got REJ 8 above.
+    if !softroce::cm::rdma_cm::req_matches_listener(req.service_id, cma.as_ref(), st.devs[dev].ip) {
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            let _ = o.cm.reject(now(), comm, &[]);
+        }
+        return;
+    }
+    let mut e = new_event(std::ptr::null_mut(), event::CONNECT_REQUEST, 0);
+    e.ev.listen_id = lid as *mut rdma_cm_id;
+    set_private(&mut e, req_user_private_data(&req));
+    // SAFETY: writing the conn member.
+    unsafe {
+        let c = &mut e.ev.param.conn;
+        c.responder_resources = req.initiator_depth;
+        c.initiator_depth = req.responder_resources;
+        c.flow_control = u8::from(req.end_to_end_flow_control);
+        c.retry_count = req.retry_count;
+        c.rnr_retry_count = req.rnr_retry_count;
+        c.srq = u8::from(req.srq);
+        c.qp_num = req.local_qpn;
+    }
+    let Some(id) = passive_id(st, dev, lid, comm, peer, cma, Some(req)) else {
+        return;
+    };
+    e.ev.id = id;
+    // SAFETY: the listener is live (listener_for checked it).
+    post_on(unsafe { (*e.ev.listen_id).channel }, e);
+}
