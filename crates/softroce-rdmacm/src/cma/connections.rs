@@ -6,7 +6,9 @@
 //! Sources: rdma-core `librdmacm/cma.c` (the RTR/RTS sequence of `ucma_modify_qp_rtr` /
 //! `_rts`, rdma_disconnect moving the QP to ERR), kernel `drivers/infiniband/core/cma.c`.
 
-use super::driver::{SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE, connect_request, pump};
+use super::driver::{
+    End, SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE, connect_request, end_connection, pump,
+};
 use super::events::{rdma_ack_cm_event, rdma_get_cm_event, sync_result};
 use super::ids::bind;
 use super::qp::rdma_create_qp;
@@ -266,11 +268,14 @@ fn sidr_accept(
         // SAFETY: the id's live QP.
         unsafe { (*idr.qp).qp_num }
     };
-    let o = st.open(dev)?;
-    o.comms.remove(&comm);
-    let r =
-        o.cm.sidr_reply(now(), comm, SidrStatus::SUCCESS, qpn, RDMA_UDP_QKEY, user)
-            .map_err(|e| e.errno());
+    st.open(dev)?;
+    let how = End::SidrRep {
+        status: SidrStatus::SUCCESS,
+        qpn,
+        qkey: RDMA_UDP_QKEY,
+        private_data: user,
+    };
+    let r = end_connection(st, dev, id as usize, comm, now(), how);
     pump(st, dev);
     r
 }
@@ -295,15 +300,18 @@ pub(crate) extern "C" fn rdma_reject(
                 // SAFETY: the caller passes private_data_len readable bytes.
                 unsafe { std::slice::from_raw_parts(private_data.cast(), private_data_len.into()) }
             };
-            let o = st.open(dev)?;
-            o.comms.remove(&comm);
-            if sidr {
-                let data = &data[..data.len().min(SIDR_REP_PRIVATE)];
-                o.cm.sidr_reply(now(), comm, SidrStatus::REJECT, 0, 0, data)
+            st.open(dev)?;
+            let how = if sidr {
+                End::SidrRep {
+                    status: SidrStatus::REJECT,
+                    qpn: 0,
+                    qkey: 0,
+                    private_data: &data[..data.len().min(SIDR_REP_PRIVATE)],
+                }
             } else {
-                o.cm.reject(now(), comm, data)
-            }
-            .map_err(|e| e.errno())?;
+                End::Reject(data)
+            };
+            end_connection(&mut st, dev, id as usize, comm, now(), how)?;
             pump(&mut st, dev);
             Ok(())
         })();

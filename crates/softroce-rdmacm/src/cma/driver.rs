@@ -21,7 +21,7 @@ use softroce::cm::rdma_cm::{
     CMA_HDR_LEN, REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
     req_user_private_data,
 };
-use softroce::cm::{CmConfig, CmEngine, CmEvent, CommId};
+use softroce::cm::{CmConfig, CmEngine, CmEvent, CmState, CommId};
 use softroce::transport::{Instant, PathMtu};
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{
@@ -267,6 +267,85 @@ pub(super) fn pump(st: &mut State, dev: usize) {
     }
 }
 
+/// What the engine is told when a connection ends ([`end_connection`]).
+pub(super) enum End<'a> {
+    /// Nothing: the engine ended it itself (a REJ came, the peer did not answer, TimeWait
+    /// is over, the SIDR_REP came).
+    Ended,
+    /// A REJ with this private data (rdma_reject; a REP our QP could not take).
+    Reject(&'a [u8]),
+    /// A SIDR_REP (rdma_accept or rdma_reject of a SIDR request).
+    SidrRep {
+        status: SidrStatus,
+        qpn: u32,
+        qkey: u32,
+        private_data: &'a [u8],
+    },
+    /// The id is destroyed: a request it never answered is refused (`unanswered`: REJ;
+    /// `sidr_unanswered`: SIDR_REP REJECT), as rdma-core's kernel does; a connection the
+    /// application did not disconnect is disconnected, as the kernel's cm_destroy_id does:
+    /// DREQ when established, the DREP a received DREQ waits for (perftest's server destroys
+    /// its ids without rdma_disconnect; without the DREP rxe retries its DREQ and rejects
+    /// the next REQ from the same QPN as stale, REJ 10). What the engine says is ignored.
+    Destroyed {
+        unanswered: bool,
+        sidr_unanswered: bool,
+    },
+}
+
+/// Ends connection `comm` of id `addr` on device `dev` at time `now`: the id forgets it,
+/// the device forgets whose it was (later engine events for it find no id), and the engine
+/// is told as `how` says. The caller then queues the id's event or pumps. Errors: those of
+/// the engine's REJ or SIDR_REP, as errnos; none when the device is not open.
+pub(super) fn end_connection(
+    st: &mut State,
+    dev: usize,
+    addr: usize,
+    comm: CommId,
+    now: Instant,
+    how: End<'_>,
+) -> Result<(), c_int> {
+    if let Some(s) = st.ids.get_mut(&addr) {
+        s.comm = None;
+    }
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return Ok(());
+    };
+    o.comms.remove(&comm);
+    match how {
+        End::Ended => Ok(()),
+        End::Reject(data) => o.cm.reject(now, comm, data).map_err(|e| e.errno()),
+        End::SidrRep {
+            status,
+            qpn,
+            qkey,
+            private_data,
+        } => {
+            o.cm.sidr_reply(now, comm, status, qpn, qkey, private_data)
+                .map_err(|e| e.errno())
+        }
+        End::Destroyed {
+            unanswered,
+            sidr_unanswered,
+        } => {
+            if unanswered {
+                let _ = o.cm.reject(now, comm, &[]);
+            }
+            if sidr_unanswered {
+                let _ = o.cm.sidr_reply(now, comm, SidrStatus::REJECT, 0, 0, &[]);
+            }
+            let state =
+                o.cm.connections()
+                    .find(|(id, _)| *id == comm)
+                    .map(|(_, s)| s);
+            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
+                let _ = o.cm.disconnect(now, comm);
+            }
+            Ok(())
+        }
+    }
+}
+
 pub(super) fn listener_for(st: &State, dev: usize, service_id: u64) -> Option<usize> {
     st.ids.iter().find_map(|(&addr, s)| {
         let l = s.local?;
@@ -352,11 +431,7 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
                     let _ = o.cm.establish(t, comm);
                 }
                 Err(e) => {
-                    let _ = o.cm.reject(t, comm, &[]);
-                    o.comms.remove(&comm);
-                    if let Some(s) = st.ids.get_mut(&addr) {
-                        s.comm = None;
-                    }
+                    let _ = end_connection(st, dev, addr, comm, t, End::Reject(&[]));
                     post(new_event(id, event::CONNECT_ERROR, -e));
                 }
             }
@@ -382,35 +457,25 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             private_data,
             ..
         } => {
-            o.comms.remove(&comm);
-            if let Some(s) = st.ids.get_mut(&addr) {
-                s.comm = None;
-            }
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
             let mut e = new_event(id, event::REJECTED, c_int::from(reason.0));
             set_private(&mut e, &private_data[..REJ_PRIVATE]);
             post(e);
         }
         CmEvent::Unreachable { .. } => {
-            o.comms.remove(&comm);
-            if let Some(s) = st.ids.get_mut(&addr) {
-                s.comm = None;
-            }
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
             post(new_event(id, event::UNREACHABLE, -libc::ETIMEDOUT));
         }
         CmEvent::Disconnected { .. } => post(new_event(id, event::DISCONNECTED, 0)),
         CmEvent::TimewaitExit { .. } => {
-            o.comms.remove(&comm);
-            if let Some(s) = st.ids.get_mut(&addr) {
-                s.comm = None;
-            }
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
             post(new_event(id, event::TIMEWAIT_EXIT, 0));
         }
         CmEvent::SidrResponse { rep, .. } => {
-            o.comms.remove(&comm);
-            let Some(s) = st.ids.get_mut(&addr) else {
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
+            let Some(s) = st.ids.get(&addr) else {
                 return;
             };
-            s.comm = None;
             let peer = s
                 .remote
                 .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());

@@ -5,7 +5,7 @@
 //! `rdma_notify`, the ports of an id, and `rdma_get_devices`.
 
 use super::addr::{set_route, sockaddr_of, write_sockaddr};
-use super::driver::{listener_for, pump};
+use super::driver::{End, end_connection, listener_for, pump};
 use super::events::{
     drop_queued, is_sync, new_channel, new_event, post, rdma_ack_cm_event,
     rdma_destroy_event_channel, sync_result,
@@ -15,8 +15,7 @@ use super::state::{IdState, LISTEN_LINGER, State, errno_or, free_id, new_id, now
 use crate::abi::*;
 use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
-use softroce::cm::CmState;
-use softroce::wire::cm::{SidrStatus, gid_of_ip, rdma_cm_service_id};
+use softroce::wire::cm::{gid_of_ip, rdma_cm_service_id};
 use std::net::SocketAddr;
 
 pub(crate) extern "C" fn rdma_create_id(
@@ -91,26 +90,14 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
         let unanswered = s.req.take().is_some();
         let sidr_unanswered = std::mem::take(&mut s.sidr_pending);
-        if let (Some(d), Some(c)) = (dev, comm)
-            && let Some(o) = st.devs[d].open.as_mut()
-        {
-            o.comms.remove(&c);
-            // A request never answered: reject it (rdma-core's kernel does the same).
-            if unanswered {
-                let _ = o.cm.reject(now(), c, &[]);
-            }
-            if sidr_unanswered {
-                let _ = o.cm.sidr_reply(now(), c, SidrStatus::REJECT, 0, 0, &[]);
-            }
-            // A connection the application did not disconnect is disconnected now, as the
-            // kernel's cm_destroy_id does: DREQ when established, the DREP a received DREQ
-            // waits for (perftest's server destroys its ids without rdma_disconnect; without
-            // the DREP rxe retries its DREQ and rejects the next REQ from the same QPN as
-            // stale, REJ 10).
-            let state = o.cm.connections().find(|(id, _)| *id == c).map(|(_, s)| s);
-            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
-                let _ = o.cm.disconnect(now(), c);
-            }
+        if let (Some(d), Some(c)) = (dev, comm) {
+            // A request never answered is refused, a connection not disconnected is (REJ,
+            // SIDR_REP REJECT, DREQ or DREP: see `End::Destroyed`).
+            let how = End::Destroyed {
+                unanswered,
+                sidr_unanswered,
+            };
+            let _ = end_connection(&mut st, d, id as usize, c, now(), how);
             pump(&mut st, d);
         }
         // Events queued for it and not yet taken go with it.
