@@ -9,7 +9,8 @@
 //! - `events`: event channels, events, `rdma_get_cm_event` / `rdma_ack_cm_event`, the wait
 //!   of synchronous ids;
 //! - `driver`: the CM driver of each opened device (its thread, `pump`, the engine's events
-//!   as rdma_cm events, requests making passive ids, ending a connection);
+//!   as rdma_cm events, ending a connection);
+//! - `requests`: a REQ or SIDR_REQ for a listener making a passive id;
 //! - `qp`: `rdma_create_qp(_ex)`, `rdma_create_srq(_ex)` and their destroy calls;
 //! - `ids`: create, destroy, bind, resolve; `rdma_create_ep`; ports; devices;
 //! - `connections`: listen, connect, accept, reject, establish, disconnect, get_request;
@@ -33,6 +34,7 @@ mod ids;
 mod mcast;
 mod options;
 mod qp;
+mod requests;
 mod state;
 mod transitions;
 

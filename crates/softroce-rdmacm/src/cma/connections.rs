@@ -6,12 +6,11 @@
 //! Sources: rdma-core `librdmacm/cma.c` (the RTR/RTS sequence of `ucma_modify_qp_rtr` /
 //! `_rts`, rdma_disconnect moving the QP to ERR), kernel `drivers/infiniband/core/cma.c`.
 
-use super::driver::{
-    End, SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE, connect_request, end_connection, pump,
-};
+use super::driver::{End, end_connection, pump};
 use super::events::{rdma_ack_cm_event, rdma_get_cm_event, sync_result};
 use super::ids::bind;
 use super::qp::rdma_create_qp;
+use super::requests::{SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE, connect_request};
 use super::state::{State, now, result, state};
 use super::transitions::{RDMA_UDP_QKEY, qp_err, qp_rtr, qp_rts};
 use crate::abi::*;

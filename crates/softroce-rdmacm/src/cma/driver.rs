@@ -1,38 +1,33 @@
 //! The CM driver: per opened device ([`State::open`]), a `CmEngine` and one thread that
 //! waits on QP1 (`softroce_mad_recv` with the engine's next timer as timeout), feeds the
 //! MADs and timers to the engine, and [`pump`]s: its events become rdma_cm events (applying
-//! the REP to the id's QP as librdmacm does; a REQ or SIDR_REQ makes a passive id), its MADs
-//! go onto QP1 (`softroce_mad_send`). Entry points pump too, after calling the engine.
+//! the REP to the id's QP as librdmacm does; a REQ or SIDR_REQ makes a passive id,
+//! `requests.rs`), its MADs go onto QP1 (`softroce_mad_send`). Entry points pump too, after
+//! calling the engine. Ending a connection, whoever ends it, is [`end_connection`].
 //!
 //! No silent hang: a driver thread that panics, or whose device failed, fails its device
 //! ([`fail_device`]).
 //!
-//! Sources: kernel `drivers/infiniband/core/cma.c` (service IDs, the cma header,
-//! CONNECT_REQUEST parameters as the passive side sees them, `cma_sidr_rep_handler`).
+//! Sources: kernel `drivers/infiniband/core/cma.c` (`cma_sidr_rep_handler`, the events of a
+//! connection), `cm.c` (`cm_destroy_id`).
 
-use super::addr::{set_route, sockaddr_of, ud_ah_attr, write_sockaddr};
-use super::events::{Event, new_channel, new_event, post, post_on, set_private};
-use super::state::{IdState, OpenDev, Parked, State, errno_or, new_id, now, state};
+use super::addr::{sockaddr_of, ud_ah_attr, write_sockaddr};
+use super::events::{Event, new_event, post, set_private};
+use super::requests::{SIDR_REP_PRIVATE, connect_request, sidr_request};
+use super::state::{OpenDev, State, errno_or, now, state};
 use super::transitions::{RDMA_UDP_QKEY, qp_rtr, qp_rts};
 use crate::abi::*;
 use crate::ibv::ibv;
 use core::ffi::c_int;
 use softroce::cm::rdma_cm::{
-    CMA_HDR_LEN, REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
-    req_user_private_data,
+    REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
 };
 use softroce::cm::{CmConfig, CmEngine, CmEvent, CmState, CommId};
 use softroce::transport::{Instant, PathMtu};
 use softroce::verbs::RcConnect;
-use softroce::wire::cm::{
-    CmaHdr, CmaHdrRepr, ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus, rdma_cm_service_id,
-};
+use softroce::wire::cm::{SidrRepRepr, SidrStatus};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
-/// The SIDR_REQ/SIDR_REP private data sizes (IBTA).
-pub(super) const SIDR_REQ_PRIVATE: usize = 216;
-pub(super) const SIDR_REP_PRIVATE: usize = 136;
 
 /// Longest a driver thread waits on QP1 between timer checks, in ms.
 const DRIVER_TICK_MS: u64 = 20;
@@ -122,8 +117,9 @@ fn driver_thread(dev: usize, ctx: usize) {
 }
 
 /// Fails device `dev` for `why`: every live id on it (and, once every device failed, every
-/// listener on the wildcard address) gets RDMA_CM_EVENT_DEVICE_REMOVAL with status `-EIO` (a synchronous id's waiting call returns EIO), and later calls that
-/// need the device fail with EIO ([`State::open`]). The kernel's rdma_cm sends the same
+/// listener on the wildcard address) gets RDMA_CM_EVENT_DEVICE_REMOVAL with status `-EIO`
+/// (a synchronous id's waiting call returns EIO), and later calls that need the device fail
+/// with EIO ([`State::open`]). The kernel's rdma_cm sends the same
 /// event when a device goes away (cma.c `cma_process_remove`), with status 0; the status
 /// says here that the id cannot be used any more (spec/deviations.toml).
 fn fail_device(dev: usize, why: String) {
@@ -346,19 +342,6 @@ pub(super) fn end_connection(
     }
 }
 
-pub(super) fn listener_for(st: &State, dev: usize, service_id: u64) -> Option<usize> {
-    st.ids.iter().find_map(|(&addr, s)| {
-        let l = s.local?;
-        // SAFETY: every key of `ids` is a live boxed rdma_cm_id.
-        let ps = unsafe { (*(addr as *mut rdma_cm_id)).ps };
-        (s.listening
-            && !s.destroyed
-            && rdma_cm_service_id(ps as u16, l.port()) == service_id
-            && (s.dev.is_none() || s.dev == Some(dev)))
-        .then_some(addr)
-    })
-}
-
 fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
     let Ok(ibv) = ibv() else { return };
     let t = now();
@@ -506,159 +489,4 @@ fn sidr_response(id: *mut rdma_cm_id, peer: IpAddr, rep: &SidrRepRepr) -> Box<Ev
         u.ah_attr = ud_ah_attr(peer);
     }
     e
-}
-
-/// A SIDR_REQ for a listening UD id: a new id on the device, and CONNECT_REQUEST on the
-/// listener's channel with the request's private data after the cma header (kernel
-/// `cma_sidr_req_handler`). No listener: SIDR_REP(unsupported).
-fn sidr_request(st: &mut State, dev: usize, comm: CommId, peer: IpAddr, req: Box<SidrReqRepr>) {
-    let Some(lid) = listener_for(st, dev, req.service_id) else {
-        if let Some(o) = st.devs[dev].open.as_mut() {
-            let _ =
-                o.cm.sidr_reply(now(), comm, SidrStatus::UNSUPPORTED, 0, 0, &[]);
-        }
-        return;
-    };
-    let cma = CmaHdr::new_checked(&req.private_data[..])
-        .map(|h| CmaHdrRepr::parse(&h))
-        .ok()
-        .filter(|h| h.cma_version == 0 && matches!(h.ip_version, 4 | 6));
-    let Some(id) = passive_id(st, dev, lid, comm, peer, cma, None) else {
-        return;
-    };
-    if let Some(s) = st.ids.get_mut(&(id as usize)) {
-        s.sidr_pending = true;
-    }
-    let mut e = new_event(id, event::CONNECT_REQUEST, 0);
-    e.ev.listen_id = lid as *mut rdma_cm_id;
-    set_private(&mut e, &req.private_data[CMA_HDR_LEN..SIDR_REQ_PRIVATE]);
-    // SAFETY: writing the ud member.
-    unsafe {
-        let u = &mut e.ev.param.ud;
-        u.ah_attr = ud_ah_attr(peer);
-        u.qkey = RDMA_UDP_QKEY;
-    }
-    // SAFETY: the listener is live (listener_for checked it).
-    post_on(unsafe { (*e.ev.listen_id).channel }, e);
-}
-
-/// A new passive id for connection `comm` of device `dev`, made from listening id `lid`
-/// (its channel, context and port space; its local port; the peer's address from the cma
-/// header, else `peer`), registered in the state. None when the device is gone.
-fn passive_id(
-    st: &mut State,
-    dev: usize,
-    lid: usize,
-    comm: CommId,
-    peer: IpAddr,
-    cma: Option<CmaHdrRepr>,
-    req: Option<Box<ReqRepr>>,
-) -> Option<*mut rdma_cm_id> {
-    let dev_ip = st.devs[dev].ip;
-    // The PSN our REP announces, fixed now so that rdma_init_qp_attr (an external QP) and
-    // rdma_accept agree.
-    let starting_psn = (st.random() & 0x00ff_ffff) as u32;
-    let local_port = st
-        .ids
-        .get(&lid)
-        .and_then(|s| s.local)
-        .map_or(0, |l| l.port());
-    let o = st.devs[dev].open.as_ref()?;
-    let (ctx, pd, mtu) = (o.ctx, o.pd, o.mtu);
-    let listen = lid as *mut rdma_cm_id;
-    // SAFETY: `lid` is a live id (listener_for checked).
-    let (mut channel, context, ps) =
-        unsafe { ((*listen).channel, (*listen).context, (*listen).ps) };
-    let sync = st.ids.get(&lid).is_some_and(|s| s.sync);
-    if sync {
-        channel = new_channel()?;
-    }
-    let o = st.devs[dev].open.as_mut()?;
-    let id = new_id(channel, context, ps);
-    // SAFETY: just made.
-    unsafe {
-        (*id).verbs = ctx;
-        (*id).pd = pd;
-        (*id).port_num = 1;
-    }
-    let local = SocketAddr::new(dev_ip, local_port);
-    let remote = SocketAddr::new(
-        cma.and_then(|c| c.src_ip()).unwrap_or(peer),
-        cma.map_or(0, |c| c.port),
-    );
-    let mtu = req.as_ref().map_or(mtu, |r| mtu.min(r.path_mtu));
-    set_route(id, local, Some(remote), mtu);
-    o.comms.insert(comm, id as usize);
-    st.ids.insert(
-        id as usize,
-        IdState {
-            dev: Some(dev),
-            local: Some(local),
-            remote: Some(remote),
-            comm: Some(comm),
-            listen_id: lid,
-            req,
-            sync,
-            starting_psn,
-            ..Default::default()
-        },
-    );
-    Some(id)
-}
-
-/// A REQ for a listening id: a new id on the device, and CONNECT_REQUEST on the listener's
-/// channel (private data after the cma header; responder resources and initiator depth as
-/// the passive side sees them, kernel `cm_format_req_event`).
-pub(super) fn connect_request(
-    st: &mut State,
-    dev: usize,
-    comm: CommId,
-    peer: IpAddr,
-    req: Box<ReqRepr>,
-    cma: Option<CmaHdrRepr>,
-) {
-    let Some(lid) = listener_for(st, dev, req.service_id) else {
-        if let Some(o) = st.devs[dev].open.as_mut() {
-            if o.lingering.contains_key(&req.service_id) {
-                o.parked.push(Parked {
-                    comm,
-                    peer,
-                    req,
-                    cma,
-                });
-            } else {
-                let _ = o.cm.reject_no_listener(now(), comm);
-            }
-        }
-        return;
-    };
-    // A listened service ID, but an rdma_cm IP header that does not parse or names another
-    // address: the kernel's rdma_cm finds no listener for it and its ib_cm answers REJ 28
-    // (consumer defined), where a service ID nobody listens on got REJ 8 above.
-    if !softroce::cm::rdma_cm::req_matches_listener(req.service_id, cma.as_ref(), st.devs[dev].ip) {
-        if let Some(o) = st.devs[dev].open.as_mut() {
-            let _ = o.cm.reject(now(), comm, &[]);
-        }
-        return;
-    }
-    let mut e = new_event(std::ptr::null_mut(), event::CONNECT_REQUEST, 0);
-    e.ev.listen_id = lid as *mut rdma_cm_id;
-    set_private(&mut e, req_user_private_data(&req));
-    // SAFETY: writing the conn member.
-    unsafe {
-        let c = &mut e.ev.param.conn;
-        c.responder_resources = req.initiator_depth;
-        c.initiator_depth = req.responder_resources;
-        c.flow_control = u8::from(req.end_to_end_flow_control);
-        c.retry_count = req.retry_count;
-        c.rnr_retry_count = req.rnr_retry_count;
-        c.srq = u8::from(req.srq);
-        c.qp_num = req.local_qpn;
-    }
-    let Some(id) = passive_id(st, dev, lid, comm, peer, cma, Some(req)) else {
-        return;
-    };
-    e.ev.id = id;
-    // SAFETY: the listener is live (listener_for checked it).
-    post_on(unsafe { (*e.ev.listen_id).channel }, e);
 }

@@ -5,12 +5,13 @@
 //! `rdma_notify`, the ports of an id, and `rdma_get_devices`.
 
 use super::addr::{set_route, sockaddr_of, write_sockaddr};
-use super::driver::{End, end_connection, listener_for, pump};
+use super::driver::{End, end_connection, pump};
 use super::events::{
     drop_queued, is_sync, new_channel, new_event, post, rdma_ack_cm_event,
     rdma_destroy_event_channel, sync_result,
 };
 use super::qp::{rdma_create_qp, rdma_destroy_qp, rdma_destroy_srq};
+use super::requests::listener_for;
 use super::state::{IdState, LISTEN_LINGER, State, errno_or, free_id, new_id, now, result, state};
 use crate::abi::*;
 use crate::{ffi, neg_errno};
