@@ -11,7 +11,7 @@
 //! `SOFTROCE_PRIVATE_1`), which carry 256-byte MADs and an IP address: no Rust type crosses
 //! between the two libraries.
 //!
-//! - CM driver (`cma.rs`): per opened device, a `CmEngine` and one thread that waits on QP1
+//! - CM driver (`cma/driver.rs`): per opened device, a `CmEngine` and one thread that waits on QP1
 //!   (`softroce_mad_recv` with the engine's next timer as timeout), feeds the MADs and timers
 //!   to the engine, and turns its events into rdma_cm events (applying REQ/REP to the id's
 //!   QP as librdmacm does: INIT at `rdma_create_qp`, RTR/RTS at accept and at the REP).

@@ -6,7 +6,7 @@
 //! RDMA_CM_EVENT_MULTICAST_JOIN it queues at once carries the address handle attributes of
 //! the group (`cma_make_mc_event`, `ib_init_ah_from_mcmember`), DestQP 0xFFFFFF and
 //! rdma_cm's Q_Key. librdmacm attaches the id's QP to the MGID when the program takes that
-//! event (`ucma_process_join`, in `rdma_get_cm_event`), unless the join was send-only; a
+//! event (`ucma_process_join`, in `rdma_get_cm_event`: events.rs), unless the join was send-only; a
 //! failed attach turns the event into MULTICAST_ERROR with status -1. `rdma_leave_multicast`
 //! detaches the QP and drops the membership's events not yet taken. The IP group itself is
 //! joined by softroce's `ibv_attach_mcast` (the device's UDP link joins it on the device's
@@ -30,10 +30,10 @@
 //! (`ucma_process_join`), `cma.c` (`rdma_join_multicast`, `cma_iboe_join_multicast`,
 //! `cma_iboe_set_mgid`, `cma_zero_addr`/`cma_any_addr`, `cma_make_mc_event`).
 
-use super::{
-    Event, RDMA_UDP_QKEY, State, drop_queued, new_event, post, result, sockaddr_of, state,
-    sync_result, ud_ah_attr,
-};
+use super::addr::{sockaddr_of, ud_ah_attr};
+use super::events::{drop_queued, new_event, post, sync_result};
+use super::state::{ADDR_MAX, Membership, result, state};
+use super::transitions::RDMA_UDP_QKEY;
 use crate::abi::*;
 use crate::ffi;
 use crate::ibv::ibv;
@@ -45,21 +45,6 @@ const MULTICAST_QPN: u32 = 0x00ff_ffff;
 /// The kernel's ENOTSUPP (include/linux/errno.h), which rdma_cm's `write(2)` passes to user
 /// space as is.
 const KERNEL_ENOTSUPP: c_int = 524;
-/// `sizeof(struct sockaddr_storage)`: the most librdmacm keeps of a group's address.
-const ADDR_MAX: usize = 128;
-
-/// One group an id joined (librdmacm's `struct cma_multicast`).
-pub(super) struct Membership {
-    /// Names the membership in its events (librdmacm's `mc` pointer).
-    handle: u64,
-    /// The address as joined: the bytes of its sockaddr, then zeros.
-    addr: [u8; ADDR_MAX],
-    join_flags: u32,
-    /// The MGID, once the program took the MULTICAST_JOIN (librdmacm's `mc->mgid`, zero
-    /// before): what rdma_leave_multicast detaches.
-    mgid: [u8; 16],
-}
-
 /// `ucma_addrlen`: the size of the sockaddr `sa` points at, 0 for NULL or a family other
 /// than AF_INET/AF_INET6 (AF_IB needs the kernel's AF_IB support, which RoCE lacks).
 fn addr_len(sa: *const libc::sockaddr) -> usize {
@@ -150,41 +135,6 @@ fn join(
     };
     post(e);
     Ok(())
-}
-
-/// librdmacm's `ucma_process_join`, run as `rdma_get_cm_event` hands out `ev`: a
-/// MULTICAST_JOIN records the MGID in its membership and attaches the id's QP (if any, and
-/// unless the join was send-only); a failed attach makes the event MULTICAST_ERROR with
-/// status -1 and errno the attach's error. Other events pass unchanged.
-pub(super) fn process_join(st: &mut State, ev: &mut Event) {
-    if ev.ev.event != event::MULTICAST_JOIN || ev.mc == 0 {
-        return;
-    }
-    let id = ev.ev.id;
-    let Some(m) = st
-        .ids
-        .get_mut(&(id as usize))
-        .and_then(|s| s.mcast.iter_mut().find(|m| m.handle == ev.mc))
-    else {
-        return;
-    };
-    // SAFETY: a MULTICAST_JOIN's `ud` member is the one join() wrote.
-    let mgid = unsafe { ev.ev.param.ud.ah_attr.grh.dgid.raw };
-    m.mgid = mgid;
-    // SAFETY: the event's id is live (its state was just found).
-    let qp = unsafe { (*id).qp };
-    if qp.is_null() || m.join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER {
-        return;
-    }
-    let Ok(ibv) = ibv() else { return };
-    let gid = ibv_gid { raw: mgid };
-    // SAFETY: the id's live QP and a GID on our stack; libibverbs does not call back.
-    let r = unsafe { (ibv.attach_mcast)(qp, &gid, 0) };
-    if r != 0 {
-        crate::set_errno(r);
-        ev.ev.event = event::MULTICAST_ERROR;
-        ev.ev.status = -1;
-    }
 }
 
 /// `rdma_join_multicast`: joins `id` to the group at `addr` as a full member; `context` is

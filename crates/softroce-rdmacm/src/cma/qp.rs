@@ -27,7 +27,13 @@
 //! makes none and hands libibverbs a NULL CQ; and a NULL id, attributes or PD is EINVAL where
 //! librdmacm dereferences it.
 
-use super::*;
+use super::state::{State, errno_or, result, state};
+use super::transitions::{qp_init, ud_qp_rts};
+use crate::abi::*;
+use crate::ffi;
+use crate::ibv::{Ibv, ibv};
+use core::ffi::{c_int, c_void};
+use parking_lot::{Mutex, MutexGuard};
 use std::mem::offset_of;
 
 /// verbs.h's `verbs_get_ctx_op(ctx, op)`: the extended context of `ctx` when it is one

@@ -1,0 +1,492 @@
+//! The CM driver: per opened device ([`State::open`]), a `CmEngine` and one thread that
+//! waits on QP1 (`softroce_mad_recv` with the engine's next timer as timeout), feeds the
+//! MADs and timers to the engine, and [`pump`]s: its events become rdma_cm events (applying
+//! the REP to the id's QP as librdmacm does; a REQ or SIDR_REQ makes a passive id,
+//! `requests.rs`), its MADs go onto QP1 (`softroce_mad_send`). Entry points pump too, after
+//! calling the engine. Ending a connection, whoever ends it, is [`end_connection`].
+//!
+//! No silent hang: a driver thread that panics, or whose device failed, fails its device
+//! ([`fail_device`]).
+//!
+//! Sources: kernel `drivers/infiniband/core/cma.c` (`cma_sidr_rep_handler`, the events of a
+//! connection), `cm.c` (`cm_destroy_id`).
+
+use super::addr::{sockaddr_of, ud_ah_attr, write_sockaddr};
+use super::events::{Event, new_event, post, set_private};
+use super::requests::{SIDR_REP_PRIVATE, connect_request, sidr_request};
+use super::state::{OpenDev, State, errno_or, now, state};
+use super::transitions::{RDMA_UDP_QKEY, qp_rtr, qp_rts};
+use crate::abi::*;
+use crate::ibv::ibv;
+use core::ffi::c_int;
+use softroce::cm::rdma_cm::{
+    REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
+};
+use softroce::cm::{CmConfig, CmEngine, CmEvent, CmState, CommId};
+use softroce::transport::{Instant, PathMtu};
+use softroce::verbs::RcConnect;
+use softroce::wire::cm::{SidrRepRepr, SidrStatus};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+/// Longest a driver thread waits on QP1 between timer checks, in ms.
+const DRIVER_TICK_MS: u64 = 20;
+
+impl State {
+    /// Opens device `i` (context, PD, CM engine, QP1 port, driver thread) if not yet open.
+    /// Errors: `EIO` once the device failed ([`fail_device`]); those of opening it.
+    pub(super) fn open(&mut self, i: usize) -> Result<&mut OpenDev, c_int> {
+        if self.devs[i].failed.is_some() {
+            return Err(libc::EIO);
+        }
+        if self.devs[i].open.is_none() {
+            let ibv = ibv()?;
+            let d = &self.devs[i];
+            // SAFETY: `ibv_dev` is from libibverbs' list; the calls follow their prototypes.
+            let (ctx, pd, guid, mtu) = unsafe {
+                let ctx = (ibv.open_device)(d.ibv_dev);
+                if ctx.is_null() {
+                    return Err(errno_or(libc::ENODEV));
+                }
+                let pd = (ibv.alloc_pd)(ctx);
+                if pd.is_null() {
+                    return Err(errno_or(libc::ENOMEM));
+                }
+                let mut pa: ibv_port_attr = std::mem::zeroed();
+                let active = if (ibv.query_port)(ctx, 1, &mut pa) == 0 {
+                    pa.active_mtu as u8
+                } else {
+                    3
+                };
+                // rdma_cm's route MTU comes from the MTU of the interface the route leaves by
+                // (cma.c `cma_resolve_iboe_route`: 1024 on a 1500-byte link), capped by the
+                // port's: a REQ asking for 4096 there gets packets the link drops.
+                let link = softroce::net::link_mtu(d.ip)
+                    .and_then(softroce::cm::rdma_cm_route_mtu)
+                    .unwrap_or(active);
+                let mtu = active.min(link);
+                // Makes QP1's port (its receives posted) before anyone can send us a REQ.
+                let mut mad = [0u8; 256];
+                let mut src: libc::sockaddr_storage = std::mem::zeroed();
+                let _ = (ibv.mad_recv)(ctx, mad.as_mut_ptr().cast(), &mut src, 0);
+                (ctx, pd, u64::from_be((ibv.get_device_guid)(d.ibv_dev)), mtu)
+            };
+            let seed = self.random();
+            let cm = CmEngine::new(CmConfig::new(self.devs[i].ip, guid, seed));
+            self.devs[i].open = Some(OpenDev {
+                ctx,
+                pd,
+                cm,
+                comms: HashMap::new(),
+                mtu,
+                lingering: HashMap::new(),
+                parked: Vec::new(),
+            });
+            let ctx = ctx as usize;
+            let name = format!("softroce-cm-{}", self.devs[i].name);
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || driver_thread(i, ctx))
+                .map_err(|_| libc::EAGAIN)?;
+        }
+        self.devs[i].open.as_mut().ok_or(libc::ENODEV)
+    }
+}
+
+/// A device's driver thread: [`driver`] under `catch_unwind`. No silent hang: when it
+/// panics (reported on stderr and through `tracing`, `softroce::net::panic`) or finds the
+/// device failed, the device fails ([`fail_device`]), so that no caller waits for an event
+/// that will not come.
+fn driver_thread(dev: usize, ctx: usize) {
+    let run = || driver(dev, ctx);
+    let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(None) => return,
+        Ok(Some(why)) => why,
+        Err(p) => {
+            let msg = softroce::net::panic::message(&*p);
+            let name = state().map_or(String::new(), |st| st.devs[dev].name.clone());
+            softroce::net::panic::report(
+                &format!("librdmacm CM driver thread of device {name}"),
+                &msg,
+                "its rdma_cm ids get DEVICE_REMOVAL and their calls fail with EIO",
+            );
+            format!("its CM driver thread panicked: {msg}")
+        }
+    };
+    let _ = std::panic::catch_unwind(|| fail_device(dev, why));
+}
+
+/// Fails device `dev` for `why`: every live id on it (and, once every device failed, every
+/// listener on the wildcard address) gets RDMA_CM_EVENT_DEVICE_REMOVAL with status `-EIO`
+/// (a synchronous id's waiting call returns EIO), and later calls that need the device fail
+/// with EIO ([`State::open`]). The kernel's rdma_cm sends the same
+/// event when a device goes away (cma.c `cma_process_remove`), with status 0; the status
+/// says here that the id cannot be used any more (spec/deviations.toml).
+fn fail_device(dev: usize, why: String) {
+    let Ok(mut st) = state() else { return };
+    let Some(d) = st.devs.get_mut(dev) else {
+        return;
+    };
+    if d.failed.is_some() {
+        return;
+    }
+    d.failed = Some(why);
+    // A listener on the wildcard address listens on every device: it is told once none is
+    // left (the kernel's wildcard listener, too, keeps listening on the other devices).
+    let none_left = st.devs.iter().all(|d| d.failed.is_some());
+    let ids: Vec<usize> = st
+        .ids
+        .iter()
+        .filter(|(_, s)| {
+            !s.destroyed && (s.dev == Some(dev) || (none_left && s.dev.is_none() && s.listening))
+        })
+        .map(|(&id, _)| id)
+        .collect();
+    for id in ids {
+        post(new_event(
+            id as *mut rdma_cm_id,
+            event::DEVICE_REMOVAL,
+            -libc::EIO,
+        ));
+    }
+}
+
+/// The driver loop: waits on QP1 up to the engine's next timer, feeds MADs and timers to
+/// the engine, and pumps. Returns why the device failed, if it did (`softroce_mad_recv`
+/// says EIO); `None` when the state or the device is gone. Panics (only) when the test hook
+/// `SOFTROCE_TEST_PANIC=rdmacm:<ms>` asks it to.
+fn driver(dev: usize, ctx: usize) -> Option<String> {
+    let ibv = ibv().ok()?;
+    let mut mad = [0u8; 256];
+    let panic_at =
+        softroce::net::panic::test_panic_delay("rdmacm").map(|d| std::time::Instant::now() + d);
+    loop {
+        let timeout_ms = {
+            let mut st = state().ok()?;
+            // The test hook (nothing else sets it): the one panic here is the one a test
+            // asks for, with the state's lock held, as a real one could be.
+            if panic_at.is_some_and(|t| std::time::Instant::now() >= t) {
+                panic!("panic injected by a test (SOFTROCE_TEST_PANIC)");
+            }
+            let o = st.devs[dev].open.as_mut()?;
+            match o.cm.poll_timeout() {
+                Some(t) => {
+                    (t.as_nanos().saturating_sub(now().as_nanos()) / 1_000_000).min(DRIVER_TICK_MS)
+                }
+                None => DRIVER_TICK_MS,
+            }
+        };
+        // SAFETY: zeroed sockaddr_storage is valid.
+        let mut src: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is the device's context, open for the life of the process; `mad`
+        // holds 256 bytes.
+        let got = unsafe {
+            (ibv.mad_recv)(
+                ctx as *mut ibv_context,
+                mad.as_mut_ptr().cast(),
+                &mut src,
+                timeout_ms as c_int,
+            )
+        };
+        if got < 0 {
+            if errno_or(0) == libc::EIO {
+                // The device failed (its driver thread panicked): QP1 is gone.
+                return Some("its device failed".to_string());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(DRIVER_TICK_MS));
+        }
+        let mut st = state().ok()?;
+        let t = now();
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            if got == 1
+                && let Ok(from) = sockaddr_of((&src as *const libc::sockaddr_storage).cast())
+            {
+                o.cm.handle_mad(t, from.ip(), &mad);
+            }
+            if o.cm.poll_timeout().is_some_and(|d| d <= t) {
+                o.cm.handle_timeout(t);
+            }
+            end_lingers(o, t);
+        }
+        pump(&mut st, dev);
+    }
+}
+
+/// Stops listening on the service IDs of `o` whose linger is over; their parked REQs get
+/// REJ 8, as a REQ that finds no listener.
+fn end_lingers(o: &mut OpenDev, now: Instant) {
+    let over: Vec<u64> = o
+        .lingering
+        .iter()
+        .filter(|&(_, &until)| until <= now)
+        .map(|(&sid, _)| sid)
+        .collect();
+    for sid in over {
+        o.lingering.remove(&sid);
+        let _ = o.cm.unlisten(sid);
+        let (gone, kept) = std::mem::take(&mut o.parked)
+            .into_iter()
+            .partition(|p| p.req.service_id == sid);
+        o.parked = kept;
+        for p in gone {
+            let _ = o.cm.reject_no_listener(now, p.comm);
+        }
+    }
+}
+
+/// Drains device `dev`'s engine: its events into rdma_cm events, then its MADs onto QP1.
+pub(super) fn pump(st: &mut State, dev: usize) {
+    loop {
+        let Some(o) = st.devs[dev].open.as_mut() else {
+            return;
+        };
+        let Some(ev) = o.cm.poll_event() else { break };
+        on_event(st, dev, ev);
+    }
+    let Ok(ibv) = ibv() else { return };
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return;
+    };
+    while let Some(m) = o.cm.poll_mad() {
+        // SAFETY: zeroed sockaddr_storage is valid.
+        let mut dst: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        write_sockaddr(&mut dst, SocketAddr::new(m.dst, 0));
+        // SAFETY: the device's live context, a sockaddr, 256 bytes.
+        let _ = unsafe {
+            (ibv.mad_send)(
+                o.ctx,
+                (&dst as *const libc::sockaddr_storage).cast(),
+                m.mad.as_ptr().cast(),
+                m.mad.len(),
+            )
+        };
+    }
+}
+
+/// What the engine is told when a connection ends ([`end_connection`]).
+pub(super) enum End<'a> {
+    /// Nothing: the engine ended it itself (a REJ came, the peer did not answer, TimeWait
+    /// is over, the SIDR_REP came).
+    Ended,
+    /// A REJ with this private data (rdma_reject; a REP our QP could not take).
+    Reject(&'a [u8]),
+    /// A SIDR_REP (rdma_accept or rdma_reject of a SIDR request).
+    SidrRep {
+        status: SidrStatus,
+        qpn: u32,
+        qkey: u32,
+        private_data: &'a [u8],
+    },
+    /// The id is destroyed: a request it never answered is refused (`unanswered`: REJ;
+    /// `sidr_unanswered`: SIDR_REP REJECT), as rdma-core's kernel does; a connection the
+    /// application did not disconnect is disconnected, as the kernel's cm_destroy_id does:
+    /// DREQ when established, the DREP a received DREQ waits for (perftest's server destroys
+    /// its ids without rdma_disconnect; without the DREP rxe retries its DREQ and rejects
+    /// the next REQ from the same QPN as stale, REJ 10). What the engine says is ignored.
+    Destroyed {
+        unanswered: bool,
+        sidr_unanswered: bool,
+    },
+}
+
+/// Ends connection `comm` of id `addr` on device `dev` at time `now`: the id forgets it,
+/// the device forgets whose it was (later engine events for it find no id), and the engine
+/// is told as `how` says. The caller then queues the id's event or pumps. Errors: those of
+/// the engine's REJ or SIDR_REP, as errnos; none when the device is not open.
+pub(super) fn end_connection(
+    st: &mut State,
+    dev: usize,
+    addr: usize,
+    comm: CommId,
+    now: Instant,
+    how: End<'_>,
+) -> Result<(), c_int> {
+    if let Some(s) = st.ids.get_mut(&addr) {
+        s.comm = None;
+    }
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return Ok(());
+    };
+    o.comms.remove(&comm);
+    match how {
+        End::Ended => Ok(()),
+        End::Reject(data) => o.cm.reject(now, comm, data).map_err(|e| e.errno()),
+        End::SidrRep {
+            status,
+            qpn,
+            qkey,
+            private_data,
+        } => {
+            o.cm.sidr_reply(now, comm, status, qpn, qkey, private_data)
+                .map_err(|e| e.errno())
+        }
+        End::Destroyed {
+            unanswered,
+            sidr_unanswered,
+        } => {
+            if unanswered {
+                let _ = o.cm.reject(now, comm, &[]);
+            }
+            if sidr_unanswered {
+                let _ = o.cm.sidr_reply(now, comm, SidrStatus::REJECT, 0, 0, &[]);
+            }
+            let state =
+                o.cm.connections()
+                    .find(|(id, _)| *id == comm)
+                    .map(|(_, s)| s);
+            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
+                let _ = o.cm.disconnect(now, comm);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
+    let Ok(ibv) = ibv() else { return };
+    let t = now();
+    let comm = ev.id();
+    if let CmEvent::ConnectRequest {
+        id: comm,
+        peer,
+        req,
+        cma,
+    } = ev
+    {
+        return connect_request(st, dev, comm, peer, req, cma);
+    }
+    if let CmEvent::SidrRequest {
+        id: comm,
+        peer,
+        req,
+    } = ev
+    {
+        return sidr_request(st, dev, comm, peer, req);
+    }
+    let Some(o) = st.devs[dev].open.as_mut() else {
+        return;
+    };
+    // A parked REQ whose peer gave up (REJ) is forgotten.
+    o.parked.retain(|p| p.comm != comm);
+    let Some(&addr) = o.comms.get(&comm) else {
+        return; // its id is gone
+    };
+    let id = addr as *mut rdma_cm_id;
+    // SAFETY: ids in `comms` are live boxes (rdma_destroy_id removes them).
+    let qp = unsafe { (*id).qp };
+    let mtu = o.mtu;
+    match ev {
+        CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {}
+        CmEvent::ConnectResponse { rep, .. } => {
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            s.rep_private = Some(rep.private_data.to_vec());
+            s.rep = Some(rep.clone());
+            if qp.is_null() {
+                let mut e = new_event(id, event::CONNECT_RESPONSE, 0);
+                set_private(&mut e, &rep.private_data[..REP_PRIVATE]);
+                e.ev.param.conn.responder_resources = rep.initiator_depth;
+                e.ev.param.conn.initiator_depth = rep.responder_resources;
+                e.ev.param.conn.qp_num = rep.local_qpn;
+                return post(e);
+            }
+            let peer = s
+                .remote
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            let mut c = RcConnect::rdma_cm_active(
+                &rep,
+                peer,
+                PathMtu::from_ibv(mtu).unwrap_or(PathMtu::Mtu1024),
+                s.responder_resources,
+                s.initiator_depth,
+                s.retry_count,
+                s.starting_psn,
+            );
+            c.timeout = s.ack_timeout.unwrap_or(c.timeout);
+            let ok = qp_rtr(ibv, qp, &c).and_then(|()| qp_rts(ibv, qp, &c));
+            let Some(o) = st.devs[dev].open.as_mut() else {
+                return;
+            };
+            match ok {
+                // The engine reports Established, which carries the REP's private data.
+                Ok(()) => {
+                    let _ = o.cm.establish(t, comm);
+                }
+                Err(e) => {
+                    let _ = end_connection(st, dev, addr, comm, t, End::Reject(&[]));
+                    post(new_event(id, event::CONNECT_ERROR, -e));
+                }
+            }
+        }
+        CmEvent::Established { .. } => {
+            let Some(s) = st.ids.get_mut(&addr) else {
+                return;
+            };
+            let p = s.rep_private.take();
+            // The active side's rdma_establish (an external QP) completes the connection
+            // without an event (kernel rdma_establish only sends the RTU).
+            if std::mem::take(&mut s.user_established) {
+                return;
+            }
+            let mut e = new_event(id, event::ESTABLISHED, 0);
+            if let Some(p) = p {
+                set_private(&mut e, &p);
+            }
+            post(e);
+        }
+        CmEvent::Rejected {
+            reason,
+            private_data,
+            ..
+        } => {
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
+            let mut e = new_event(id, event::REJECTED, c_int::from(reason.0));
+            set_private(&mut e, &private_data[..REJ_PRIVATE]);
+            post(e);
+        }
+        CmEvent::Unreachable { .. } => {
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
+            post(new_event(id, event::UNREACHABLE, -libc::ETIMEDOUT));
+        }
+        CmEvent::Disconnected { .. } => post(new_event(id, event::DISCONNECTED, 0)),
+        CmEvent::TimewaitExit { .. } => {
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
+            post(new_event(id, event::TIMEWAIT_EXIT, 0));
+        }
+        CmEvent::SidrResponse { rep, .. } => {
+            let _ = end_connection(st, dev, addr, comm, t, End::Ended);
+            let Some(s) = st.ids.get(&addr) else {
+                return;
+            };
+            let peer = s
+                .remote
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+            post(sidr_response(id, peer, &rep));
+        }
+    }
+}
+
+/// The answer to our SIDR_REQ as rdma_cm reports it (kernel `cma_sidr_rep_handler`):
+/// ESTABLISHED with the peer's QPN, Q_Key, the address handle attributes of the route and
+/// the SIDR_REP's private data; UNREACHABLE when the peer refused (status: the SIDR status)
+/// or answered with another Q_Key than rdma_cm's (-EINVAL).
+fn sidr_response(id: *mut rdma_cm_id, peer: IpAddr, rep: &SidrRepRepr) -> Box<Event> {
+    if rep.status != SidrStatus::SUCCESS {
+        return new_event(id, event::UNREACHABLE, c_int::from(rep.status.0));
+    }
+    if rep.qkey != RDMA_UDP_QKEY {
+        return new_event(id, event::UNREACHABLE, -libc::EINVAL);
+    }
+    let mut e = new_event(id, event::ESTABLISHED, 0);
+    set_private(&mut e, &rep.private_data[..SIDR_REP_PRIVATE]);
+    // SAFETY: writing the ud member (its private data fields were just set, at the same
+    // offsets as conn's).
+    unsafe {
+        let u = &mut e.ev.param.ud;
+        u.qp_num = rep.qpn;
+        u.qkey = rep.qkey;
+        u.ah_attr = ud_ah_attr(peer);
+    }
+    e
+}
