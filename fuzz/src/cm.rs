@@ -21,8 +21,12 @@
 //! (SIDR_REQ_RCVD); every timer is after `now` (a due timer fired) and at most [`max_wait`]
 //! away.
 
+// The fuzz target uses the decoder only; the stable test writes seeds with the encoder.
+#![allow(dead_code)]
+
 use softroce::cm::{
-    AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams, ib_time,
+    AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams,
+    MAX_PEER_CM_RESPONSE_TIMEOUT, ib_time,
 };
 use softroce::transport::Instant;
 use softroce::wire::cm::{
@@ -79,12 +83,15 @@ pub fn config(ip: IpAddr, seed: u64) -> CmConfig {
 }
 
 /// The longest a timer of an engine with configuration `c` may be armed for: the aging of a
-/// request (every try of the REQ's timeout), with each try at most 2 × packet lifetime +
-/// the largest timeout exponent (31, 2.4 h) — peers may announce anything the 5-bit field
-/// holds. Units: a `Duration`.
+/// request (16 tries, the most a 4-bit retry count gives), each try at most 2 × packet
+/// lifetime + 4.096 µs × 2^(the largest of our own timeouts and the cap on the ones peers
+/// choose, [`MAX_PEER_CM_RESPONSE_TIMEOUT`]), or TIMEWAIT. Units: a `Duration`.
 pub fn max_wait(c: &CmConfig) -> Duration {
-    let per_try = ib_time(c.packet_life_time) * 2 + ib_time(31);
-    per_try * 16 + ib_time(c.packet_life_time.saturating_add(1))
+    let exp = MAX_PEER_CM_RESPONSE_TIMEOUT
+        .max(c.cm_response_timeout)
+        .max(c.mra_service_timeout);
+    let per_try = ib_time(c.packet_life_time) * 2 + ib_time(exp);
+    (per_try * 16).max(ib_time(c.packet_life_time.saturating_add(1)))
 }
 
 /// One record of the input.
