@@ -492,7 +492,10 @@ impl CmEngine {
 
     /// Checks the engine's tables against each other: every `by_remote` entry names a live
     /// connection registered under that very key, and every registered connection has its
-    /// entry. For tests and fuzz targets, which call it after each step.
+    /// entry; and that no connection waits without a timer, except in the states that wait
+    /// for this engine's own application (ESTABLISHED, REP_RCVD, DREQ_RCVD), so that no peer
+    /// can make the engine hold a connection forever. For tests and fuzz targets, which call
+    /// it after each step.
     /// Errors: a description of the first inconsistency.
     pub fn check_invariants(&self) -> Result<(), String> {
         for (&(peer, remote), &id) in &self.by_remote {
@@ -519,6 +522,16 @@ impl CmEngine {
                 return Err(format!(
                     "connection {id:#x} registered as ({}, {key:#x}) has no by_remote entry",
                     c.peer
+                ));
+            }
+            let app_owned = matches!(
+                c.state,
+                CmState::Established | CmState::RepRcvd | CmState::DreqRcvd
+            );
+            if !app_owned && c.deadline.is_none() {
+                return Err(format!(
+                    "connection {id:#x} in {:?} waits for its peer without a timer",
+                    c.state
                 ));
             }
         }

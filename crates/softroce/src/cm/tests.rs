@@ -99,12 +99,19 @@ impl Pair {
         self.b.handle_timeout(t);
     }
 
+    /// Both engines' tables agree and nothing waits without a timer.
+    fn check(&self) {
+        self.a.check_invariants().unwrap();
+        self.b.check_invariants().unwrap();
+    }
+
     /// A: REQ_SENT; B has not seen the REQ (it is returned).
     fn req_sent() -> (Pair, CommId, Vec<MadTransmit>) {
         let mut p = Pair::new();
         let id = p.a.connect(p.now, &connect_params()).unwrap();
         let req = p.take_a();
         assert_eq!(req.len(), 1);
+        p.check();
         (p, id, req)
     }
     /// A: REQ_SENT, B: REQ_RCVD (event taken).
@@ -114,6 +121,7 @@ impl Pair {
         let Some(CmEvent::ConnectRequest { id, .. }) = p.b.poll_event() else {
             panic!()
         };
+        p.check();
         (p, a_id, id, req)
     }
     /// A: REQ_SENT, B: REP_SENT (REP returned, not delivered).
@@ -122,6 +130,7 @@ impl Pair {
         p.b.accept(p.now, b_id, &accept_params()).unwrap();
         let rep = p.take_b();
         assert_eq!(rep.len(), 1);
+        p.check();
         (p, a_id, b_id, req, rep)
     }
     /// Both ESTABLISHED (events taken); returns the REP for duplicate tests.
@@ -137,6 +146,7 @@ impl Pair {
         let rtu = p.take_a();
         p.deliver_b(&rtu);
         assert_eq!(p.b.poll_event(), Some(CmEvent::Established { id: b_id }));
+        p.check();
         (p, a_id, b_id, rep)
     }
     /// A: DREQ_SENT (DREQ returned), B: ESTABLISHED.
@@ -145,6 +155,7 @@ impl Pair {
         p.a.disconnect(p.now, a_id).unwrap();
         let dreq = p.take_a();
         assert_eq!(attr_of(&dreq[0]), attr::DREQ);
+        p.check();
         (p, a_id, b_id, dreq)
     }
     /// Both in TIMEWAIT after a clean DREQ/DREP; returns the DREQ.
@@ -158,6 +169,7 @@ impl Pair {
         assert_eq!(p.a.poll_event(), Some(CmEvent::Disconnected { id: a_id }));
         assert_eq!(p.a.state(a_id), Some(CmState::Timewait));
         assert_eq!(p.b.state(b_id), Some(CmState::Timewait));
+        p.check();
         (p, a_id, b_id, dreq)
     }
 }
