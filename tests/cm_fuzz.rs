@@ -155,6 +155,19 @@ fn fill() -> Vec<Op> {
     ops
 }
 
+/// B relistens with backlog 2; four REQs from A (two dropped), B accepts one, a dropped one
+/// is retried and gets in; the rest age out.
+fn backlog() -> Vec<Op> {
+    let mut ops = vec![api(true, 7, 0, 0), api(true, 11, 2, 0)];
+    for local in 0..4 {
+        ops.push(mad(0, local, 0, 0, 0x3a));
+    }
+    ops.push(api(true, 1, FIRST, 0));
+    ops.push(mad(0, 2, 0, 0, 0x3a));
+    ops.extend(std::iter::repeat_n(Op::NextTimer, 4));
+    ops
+}
+
 fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("handshake", cm::encode(&handshake())),
@@ -163,6 +176,7 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("timeouts", cm::encode(&timeouts())),
         ("dup-req-mra", cm::encode(&dup_req_mra())),
         ("fill", cm::encode(&fill())),
+        ("backlog", cm::encode(&backlog())),
     ]
 }
 
@@ -218,6 +232,25 @@ fn handshake_seed_connects_and_disconnects() {
         rig.step(op);
     }
     assert_eq!((rig.a.connection_count(), rig.b.connection_count()), (0, 0));
+}
+
+/// The backlog seed fills B's backlog of 2: the third and fourth REQ are dropped, and the
+/// retried one gets in once B has accepted one.
+#[test]
+fn backlog_seed_fills_the_backlog() {
+    use softroce::cm::CmDropReason;
+    let ops = backlog();
+    let mut rig = Rig::new();
+    for op in &ops[..6] {
+        rig.step(op);
+    }
+    assert_eq!(rig.b.backlog(cm::SERVICE), Some(2));
+    assert_eq!(rig.b.pending_requests(cm::SERVICE), 2);
+    assert_eq!(rig.b.counters().drops(CmDropReason::BacklogFull), 2);
+    rig.step(&ops[6]);
+    rig.step(&ops[7]);
+    assert_eq!(rig.b.pending_requests(cm::SERVICE), 2);
+    assert_eq!(rig.b.connection_count(), 3);
 }
 
 /// The comm-ID-0 seed reproduces the sequence: B reaches MRA_REP_RCVD under the REQ's comm

@@ -126,7 +126,7 @@ pub enum Op {
         /// B, else A.
         on_b: bool,
         /// % 12 = connect, accept, reject, establish, disconnect, cancel, listen, unlisten,
-        /// sidr_request, sidr_reply, reject_no_listener, listen again.
+        /// sidr_request, sidr_reply, reject_no_listener, listen_with_backlog (`id` % 3).
         call: u8,
         /// Pool index of the ID (peer index for connect / sidr_request).
         id: u8,
@@ -638,7 +638,8 @@ impl Rig {
             3 => e.establish(now, comm),
             4 => e.disconnect(now, comm),
             5 => e.cancel(now, comm),
-            6 | 11 => e.listen(service_id),
+            6 => e.listen(service_id),
+            11 => e.listen_with_backlog(service_id, usize::from(id % 3)),
             7 => {
                 e.unlisten(service_id);
                 Ok(())
