@@ -26,7 +26,7 @@ use softroce::verbs::RcConnect;
 use softroce::wire::cm::{CmaHdrRepr, SidrStatus, rdma_cm_service_id};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     ffi!(-1, {
         let r = (|| {
             let mut st = state()?;
@@ -54,7 +54,10 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                 let o = st.open(d)?;
                 // Another id of this process may listen on the same service on another
                 // address of the device set: the engine listens once per device.
-                let _ = o.cm.listen(sid);
+                // The backlog caps the requests not yet answered; <= 0 means the largest
+                // (kernel ucma_listen).
+                let _ =
+                    o.cm.listen_with_backlog(sid, usize::try_from(backlog).unwrap_or(0));
             }
             st.id_mut(id)?.listening = true;
             // REQs that came while the service lingered are this listener's now.

@@ -43,11 +43,18 @@ pub enum CmDropReason {
     UnexpectedResponse,
     /// A new REQ or SIDR_REQ while the engine holds `max_connections` connections.
     TooManyConnections,
+    /// A new REQ or SIDR_REQ while its listener holds as many unanswered requests as its
+    /// backlog (kernel `ucma_event_handler`; the REQ gets no REJ, the SIDR_REQ a SIDR_REP
+    /// reject).
+    BacklogFull,
+    /// A second MRA for the same message: it does not stretch the wait again (kernel
+    /// `cm_mra_handler` counts it as a duplicate in MRA_REQ_RCVD / MRA_REP_RCVD).
+    DuplicateMra,
 }
 
 impl CmDropReason {
     /// Every reason, for reports.
-    pub const ALL: [CmDropReason; 16] = [
+    pub const ALL: [CmDropReason; 18] = [
         CmDropReason::Truncated,
         CmDropReason::BadBaseVersion,
         CmDropReason::NotCmClass,
@@ -64,6 +71,8 @@ impl CmDropReason {
         CmDropReason::DuplicateSidrReq,
         CmDropReason::UnexpectedResponse,
         CmDropReason::TooManyConnections,
+        CmDropReason::BacklogFull,
+        CmDropReason::DuplicateMra,
     ];
 }
 

@@ -42,8 +42,18 @@
 //! REQ's `local_cm_response_timeout`. Each message is retransmitted up to `max_cm_retries`
 //! times (the REQ's for the REP); then the connection is UNREACHABLE (REQ, REP: a REJ with
 //! reason Timeout is sent) or goes to TIMEWAIT (DREQ). An MRA stretches the wait to 2 ×
-//! packet lifetime + its service timeout, without retries. TIMEWAIT lasts
-//! 4.096 µs × 2^(packet lifetime + 1).
+//! packet lifetime + its service timeout, without retries; a second MRA for the same message
+//! is a counted duplicate and stretches nothing. TIMEWAIT lasts
+//! 4.096 µs × 2^(packet lifetime + 1). Every exponent a peer chooses (REQ response timeouts,
+//! MRA service timeout) counts as at most [`MAX_PEER_CM_RESPONSE_TIMEOUT`].
+//!
+//! # Bounded request state (kernel `ucma.c` backlog; spec/deviations.toml)
+//! A listener holds at most its backlog ([`CmEngine::listen_with_backlog`], default and
+//! maximum [`UCMA_MAX_BACKLOG`]) of requests the application has not answered; a REQ beyond
+//! it is dropped without a REJ (the peer retries), a SIDR_REQ gets SIDR_REP reject. A request
+//! nobody answers is aged out once its peer has given up (every try of the REQ's remote
+//! response timeout, or of our MRA's after the last duplicate REQ): REJ(timeout), event
+//! Unreachable, gone.
 //!
 //! # Duplicates and stale messages (kernel `cm_dup_req_handler`, `cm_dup_rep_handler`,
 //! `cm_dreq_handler`, `cm_issue_rej`, `cm_issue_drep`)
@@ -89,7 +99,7 @@ use crate::wire::mad::{
 };
 use core::net::IpAddr;
 use core::time::Duration;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// rdma_cm's CM response timeout exponent (4.096 µs × 2^20 ≈ 4.3 s): `cma.c`
 /// `CMA_CM_RESPONSE_TIMEOUT`.
@@ -98,6 +108,23 @@ pub const CMA_CM_RESPONSE_TIMEOUT: u8 = 20;
 pub const CMA_MAX_CM_RETRIES: u8 = 15;
 /// rdma_cm's packet lifetime exponent on RoCE: `cma.c` `CMA_IBOE_PACKET_LIFETIME`.
 pub const CMA_IBOE_PACKET_LIFETIME: u8 = 16;
+
+/// The most requests (REQ, SIDR_REQ) of one listener that the application has not answered
+/// yet, and the backlog of [`CmEngine::listen`]; a larger backlog given to
+/// [`CmEngine::listen_with_backlog`] counts as this one, and so does 0.
+/// Source: kernel `ucma.c` (`max_backlog`, sysctl `net.rdma_ucm.max_backlog`, default 1024;
+/// `ucma_listen` takes it for a backlog `<= 0` or above it).
+pub const UCMA_MAX_BACKLOG: usize = 1024;
+
+/// The largest CM response timeout exponent a peer can make this engine wait for: a REQ's
+/// `local_cm_response_timeout` (our wait for the RTU), its `remote_cm_response_timeout`
+/// (how long the peer waits for our REP, which ages a request) and an MRA's
+/// `service_timeout` count as at most 24 (4.096 µs × 2^24 ≈ 68.7 s per try, so with 15
+/// retries and rdma_cm's packet lifetime a connection waits at most about 18.5 min instead of
+/// the 39 h that exponent 31 gives). Units: the IB time exponent. Source: 24 is the largest
+/// any Linux rdma_cm sends (`cma.c` `CMA_CM_MRA_SETTING`; its REQs carry
+/// `CMA_CM_RESPONSE_TIMEOUT` = 20); kernel `cm.c` honours all 31, see spec/deviations.toml.
+pub const MAX_PEER_CM_RESPONSE_TIMEOUT: u8 = 24;
 
 /// 4.096 µs × 2^`exp` (the IB time encoding), `exp` capped at 31.
 pub fn ib_time(exp: u8) -> Duration {
@@ -396,7 +423,8 @@ pub struct CmEngine {
     conns: BTreeMap<u32, Conn>,
     /// (peer, remote comm ID or SIDR request ID) → local ID, for duplicate REQs/SIDR_REQs.
     by_remote: BTreeMap<(IpAddr, u32), u32>,
-    listens: BTreeSet<u64>,
+    /// Listened service ID → its backlog (1..=[`UCMA_MAX_BACKLOG`]).
+    listens: BTreeMap<u64, usize>,
     events: VecDeque<CmEvent>,
     mads: VecDeque<MadTransmit>,
     counters: CmCounters,
@@ -423,7 +451,7 @@ impl CmEngine {
             config,
             conns: BTreeMap::new(),
             by_remote: BTreeMap::new(),
-            listens: BTreeSet::new(),
+            listens: BTreeMap::new(),
             events: VecDeque::new(),
             mads: VecDeque::new(),
             counters: CmCounters::default(),
@@ -464,7 +492,10 @@ impl CmEngine {
 
     /// Checks the engine's tables against each other: every `by_remote` entry names a live
     /// connection registered under that very key, and every registered connection has its
-    /// entry. For tests and fuzz targets, which call it after each step.
+    /// entry; and that no connection waits without a timer, except in the states that wait
+    /// for this engine's own application (ESTABLISHED, REP_RCVD, DREQ_RCVD), so that no peer
+    /// can make the engine hold a connection forever. For tests and fuzz targets, which call
+    /// it after each step.
     /// Errors: a description of the first inconsistency.
     pub fn check_invariants(&self) -> Result<(), String> {
         for (&(peer, remote), &id) in &self.by_remote {
@@ -491,6 +522,16 @@ impl CmEngine {
                 return Err(format!(
                     "connection {id:#x} registered as ({}, {key:#x}) has no by_remote entry",
                     c.peer
+                ));
+            }
+            let app_owned = matches!(
+                c.state,
+                CmState::Established | CmState::RepRcvd | CmState::DreqRcvd
+            );
+            if !app_owned && c.deadline.is_none() {
+                return Err(format!(
+                    "connection {id:#x} in {:?} waits for its peer without a timer",
+                    c.state
                 ));
             }
         }
@@ -534,18 +575,62 @@ impl CmEngine {
 
     // ---- mutators ----
 
-    /// Accepts REQs and SIDR_REQs for `service_id`.
+    /// Accepts REQs and SIDR_REQs for `service_id`, with the largest backlog
+    /// ([`UCMA_MAX_BACKLOG`]), as rdma_listen with backlog 0 does.
     /// Errors: [`CmError::AddrInUse`] if someone already listens on it.
     pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
-        if !self.listens.insert(service_id) {
+        self.listen_with_backlog(service_id, 0)
+    }
+
+    /// Accepts REQs and SIDR_REQs for `service_id`, holding at most `backlog` of them that
+    /// the application has not answered yet (ConnectRequests not accepted or rejected,
+    /// SidrRequests without a reply). A REQ beyond the backlog is dropped without a REJ and
+    /// counted ([`CmDropReason::BacklogFull`]), so that the peer's next retry may find room;
+    /// a SIDR_REQ beyond it gets a SIDR_REP with status reject. Units: requests; 0 or more
+    /// than [`UCMA_MAX_BACKLOG`] means [`UCMA_MAX_BACKLOG`].
+    /// Errors: [`CmError::AddrInUse`] if someone already listens on it.
+    /// Source: kernel `ucma.c` (`ucma_listen` clamps the backlog; `ucma_event_handler`
+    /// refuses a connect request beyond it with -ENOMEM), `cm.c` `cm_destroy_id` (a REQ_RCVD
+    /// destroyed with -ENOMEM is not rejected, "to allow future retries"; a SIDR_REQ_RCVD is
+    /// answered with IB_SIDR_REJECT). Unlike ucma, whose slot is freed when the event is read,
+    /// a request holds its slot until the application answers it (spec/deviations.toml).
+    pub fn listen_with_backlog(&mut self, service_id: u64, backlog: usize) -> Result<(), CmError> {
+        if self.listens.contains_key(&service_id) {
             return Err(CmError::AddrInUse);
         }
+        let backlog = if backlog == 0 {
+            UCMA_MAX_BACKLOG
+        } else {
+            backlog.min(UCMA_MAX_BACKLOG)
+        };
+        self.listens.insert(service_id, backlog);
         Ok(())
     }
 
     /// Stops listening on `service_id`; connections already requested stay.
     pub fn unlisten(&mut self, service_id: u64) -> bool {
-        self.listens.remove(&service_id)
+        self.listens.remove(&service_id).is_some()
+    }
+
+    /// The backlog of the listener on `service_id`, `None` if nobody listens on it.
+    /// Units: requests.
+    pub fn backlog(&self, service_id: u64) -> Option<usize> {
+        self.listens.get(&service_id).copied()
+    }
+
+    /// Requests for `service_id` the application has not answered yet: connections in
+    /// REQ_RCVD, MRA_REQ_SENT or SIDR_REQ_RCVD. They count against the listener's backlog.
+    pub fn pending_requests(&self, service_id: u64) -> usize {
+        self.conns
+            .values()
+            .filter(|c| {
+                c.service_id == service_id
+                    && matches!(
+                        c.state,
+                        CmState::ReqRcvd | CmState::MraReqSent | CmState::SidrReqRcvd
+                    )
+            })
+            .count()
     }
 
     /// Sends a REQ and returns the new connection's ID (state REQ_SENT).

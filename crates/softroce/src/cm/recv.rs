@@ -33,14 +33,14 @@ impl CmEngine {
             return self.counters.drop(r);
         }
         let result = match m.msg {
-            CmMsgRepr::Req(r) => self.on_req(src, h.tid, &r),
+            CmMsgRepr::Req(r) => self.on_req(now, src, h.tid, &r),
             CmMsgRepr::Mra(r) => self.on_mra(now, src, &r),
             CmMsgRepr::Rej(r) => self.on_rej(src, &r),
             CmMsgRepr::Rep(r) => self.on_rep(src, h.tid, &r),
             CmMsgRepr::Rtu(r) => self.on_rtu(src, &r),
             CmMsgRepr::Dreq(r) => self.on_dreq(now, src, h.tid, &r),
             CmMsgRepr::Drep(r) => self.on_drep(now, src, &r),
-            CmMsgRepr::SidrReq(r) => self.on_sidr_req(src, h.tid, &r),
+            CmMsgRepr::SidrReq(r) => self.on_sidr_req(now, src, h.tid, &r),
             CmMsgRepr::SidrRep(r) => self.on_sidr_rep(src, &r),
             CmMsgRepr::Other(..) => Err(CmDropReason::UnsupportedAttribute),
         };
@@ -84,11 +84,17 @@ impl CmEngine {
 
     // ---- message handlers: Ok = acted on (answered, state changed), Err = dropped ----
 
-    fn on_req(&mut self, src: IpAddr, tid: u64, r: &ReqRepr) -> Result<(), CmDropReason> {
+    fn on_req(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        tid: u64,
+        r: &ReqRepr,
+    ) -> Result<(), CmDropReason> {
         if let Some(&id) = self.by_remote.get(&(src, r.local_comm_id)) {
-            return self.on_dup_req(id, tid, r);
+            return self.on_dup_req(now, id, tid, r);
         }
-        if !self.listens.contains(&r.service_id) {
+        let Some(&backlog) = self.listens.get(&r.service_id) else {
             // IBTA C12: a REQ for a service nobody listens on gets REJ(invalid service ID);
             // kernel cm_req_handler -> cm_issue_rej.
             self.send_rej(
@@ -100,7 +106,7 @@ impl CmEngine {
                 CmReject::NoListener,
             );
             return Ok(());
-        }
+        };
         // A new REQ from a peer QP that is still connected to us is stale (kernel
         // cm_insert_remote_qpn).
         let stale = self.conns.values().any(|c| {
@@ -119,6 +125,12 @@ impl CmEngine {
             );
             return Ok(());
         }
+        if self.pending_requests(r.service_id) >= backlog {
+            // kernel ucma_event_handler refuses a connect request beyond the listener's
+            // backlog (-ENOMEM) and cm_destroy_id drops a REQ_RCVD destroyed so without a
+            // REJ, "to allow future retries": the peer's next REQ may find room.
+            return Err(CmDropReason::BacklogFull);
+        }
         let Ok(id) = self.new_conn(src, CmState::ReqRcvd) else {
             self.send_rej(
                 src,
@@ -130,7 +142,8 @@ impl CmEngine {
             );
             return Err(CmDropReason::TooManyConnections);
         };
-        let timeout = self.response_timeout(r.local_cm_response_timeout);
+        let timeout = self.peer_response_timeout(r.local_cm_response_timeout);
+        let lifetime = self.request_lifetime(r.remote_cm_response_timeout, r.max_cm_retries);
         let c = self.conn_mut(id)?;
         c.remote_comm_id = r.local_comm_id;
         c.remote_qpn = r.local_qpn;
@@ -139,6 +152,8 @@ impl CmEngine {
         c.response_timeout = timeout;
         c.max_cm_retries = r.max_cm_retries;
         c.registered = Some(r.local_comm_id);
+        // Aged out when the peer has given up waiting for our REP.
+        c.deadline = Some(now + lifetime);
         self.by_remote.insert((src, r.local_comm_id), id);
         let cma = CmaHdr::new_checked(&r.private_data[..])
             .map(|h| CmaHdrRepr::parse(&h))
@@ -153,12 +168,21 @@ impl CmEngine {
         Ok(())
     }
 
-    fn on_dup_req(&mut self, id: u32, tid: u64, r: &ReqRepr) -> Result<(), CmDropReason> {
+    fn on_dup_req(
+        &mut self,
+        now: Instant,
+        id: u32,
+        tid: u64,
+        r: &ReqRepr,
+    ) -> Result<(), CmDropReason> {
+        // The peer waits for the REP the MRA's service timeout at each of its retries.
+        let mra_wait = self.request_lifetime(self.config.mra_service_timeout, r.max_cm_retries);
         let c = self.conn_mut(id)?;
         match c.state {
             // IBTA C12: a duplicate REQ while the consumer decides gets an MRA.
             CmState::ReqRcvd => {
                 c.state = CmState::MraReqSent;
+                c.deadline = Some(now + mra_wait);
                 let mra = MraRepr {
                     local_comm_id: id,
                     remote_comm_id: r.local_comm_id,
@@ -171,7 +195,12 @@ impl CmEngine {
                 Ok(())
             }
             // kernel cm_dup_req_handler: resend what we last sent (the MRA or the REP).
-            CmState::MraReqSent | CmState::RepSent | CmState::MraRepRcvd => {
+            CmState::MraReqSent => {
+                c.deadline = Some(now + mra_wait);
+                self.resend(id);
+                Ok(())
+            }
+            CmState::RepSent | CmState::MraRepRcvd => {
                 self.resend(id);
                 Ok(())
             }
@@ -193,11 +222,16 @@ impl CmEngine {
 
     fn on_mra(&mut self, now: Instant, src: IpAddr, r: &MraRepr) -> Result<(), CmDropReason> {
         let id = self.lookup(src, r.remote_comm_id, r.local_comm_id)?;
-        let wait = self.response_timeout(r.service_timeout);
+        let wait = self.peer_response_timeout(r.service_timeout);
         let c = self.conn_mut(id)?;
         let next = match (c.state, r.message_mraed) {
-            (CmState::ReqSent | CmState::MraReqRcvd, msg_ref::REQ) => CmState::MraReqRcvd,
-            (CmState::RepSent | CmState::MraRepRcvd, msg_ref::REP) => CmState::MraRepRcvd,
+            (CmState::ReqSent, msg_ref::REQ) => CmState::MraReqRcvd,
+            (CmState::RepSent, msg_ref::REP) => CmState::MraRepRcvd,
+            // kernel cm_mra_handler: a second MRA is a duplicate; it does not stretch the
+            // wait again (else a peer could hold the connection forever with MRAs).
+            (CmState::MraReqRcvd, msg_ref::REQ) | (CmState::MraRepRcvd, msg_ref::REP) => {
+                return Err(CmDropReason::DuplicateMra);
+            }
             _ => return Err(CmDropReason::UnexpectedResponse),
         };
         // IBTA C12: an MRA stops retransmission and stretches the wait by its service timeout.
@@ -359,7 +393,13 @@ impl CmEngine {
         Ok(())
     }
 
-    fn on_sidr_req(&mut self, src: IpAddr, tid: u64, r: &SidrReqRepr) -> Result<(), CmDropReason> {
+    fn on_sidr_req(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        tid: u64,
+        r: &SidrReqRepr,
+    ) -> Result<(), CmDropReason> {
         if self.by_remote.contains_key(&(src, r.request_id)) {
             return Err(CmDropReason::DuplicateSidrReq);
         }
@@ -373,11 +413,17 @@ impl CmEngine {
             additional_info: [0; 72],
             private_data: [0; 136],
         };
-        if !self.listens.contains(&r.service_id) {
+        let Some(&backlog) = self.listens.get(&r.service_id) else {
             // kernel cm_sidr_req_handler: no listener -> SIDR_REP(unsupported).
             self.push_mad(src, tid, CmMsgRepr::SidrRep(refuse(CmReject::NoListener)));
             return Ok(());
+        };
+        if self.pending_requests(r.service_id) >= backlog {
+            // kernel ucma_event_handler -> cm_destroy_id in SIDR_REQ_RCVD: IB_SIDR_REJECT.
+            self.push_mad(src, tid, CmMsgRepr::SidrRep(refuse(CmReject::Consumer)));
+            return Err(CmDropReason::BacklogFull);
         }
+        let lifetime = self.request_lifetime(MAX_PEER_CM_RESPONSE_TIMEOUT, CMA_MAX_CM_RETRIES);
         let Ok(id) = self.new_conn(src, CmState::SidrReqRcvd) else {
             self.push_mad(src, tid, CmMsgRepr::SidrRep(refuse(CmReject::NoResources)));
             return Err(CmDropReason::TooManyConnections);
@@ -387,6 +433,9 @@ impl CmEngine {
         c.service_id = r.service_id;
         c.tid = tid;
         c.registered = Some(r.request_id);
+        // The requester sends no timeout: aged out as a REQ with the largest timeout and
+        // rdma_cm's retries would be.
+        c.deadline = Some(now + lifetime);
         self.by_remote.insert((src, r.request_id), id);
         self.events.push_back(CmEvent::SidrRequest {
             id: CommId(id),
@@ -475,6 +524,20 @@ impl CmEngine {
                     .push_back(CmEvent::Unreachable { id: CommId(id) });
                 self.remove(id);
             }
+            // A request the application never answered: the peer has given up on it by now
+            // (every try of its REQ's timeout, or of our MRA's). REJ(timeout) for the REQ in
+            // case it still listens, Unreachable, gone.
+            CmState::ReqRcvd | CmState::MraReqSent => {
+                self.send_rej(peer, tid, id, remote, msg_ref::REQ, CmReject::Timeout);
+                self.events
+                    .push_back(CmEvent::Unreachable { id: CommId(id) });
+                self.remove(id);
+            }
+            CmState::SidrReqRcvd => {
+                self.events
+                    .push_back(CmEvent::Unreachable { id: CommId(id) });
+                self.remove(id);
+            }
             CmState::Timewait => {
                 self.events
                     .push_back(CmEvent::TimewaitExit { id: CommId(id) });
@@ -498,6 +561,18 @@ impl CmEngine {
     /// 2 × packet lifetime + 4.096 µs × 2^`exp` (kernel `cm.c`: `cm_convert_to_ms`).
     pub(super) fn response_timeout(&self, exp: u8) -> Duration {
         ib_time(self.config.packet_life_time) * 2 + ib_time(exp)
+    }
+
+    /// [`Self::response_timeout`] of an exponent a peer chose, capped at
+    /// [`MAX_PEER_CM_RESPONSE_TIMEOUT`].
+    pub(super) fn peer_response_timeout(&self, exp: u8) -> Duration {
+        self.response_timeout(exp.min(MAX_PEER_CM_RESPONSE_TIMEOUT))
+    }
+
+    /// How long a peer that waits [`Self::peer_response_timeout`]`(exp)` for each of
+    /// `retries` + 1 tries waits in all: how long a request it sent stays worth answering.
+    pub(super) fn request_lifetime(&self, exp: u8, retries: u8) -> Duration {
+        self.peer_response_timeout(exp) * (u32::from(retries.min(15)) + 1)
     }
 
     pub(super) fn new_conn(&mut self, peer: IpAddr, state: CmState) -> Result<u32, CmError> {

@@ -99,12 +99,19 @@ impl Pair {
         self.b.handle_timeout(t);
     }
 
+    /// Both engines' tables agree and nothing waits without a timer.
+    fn check(&self) {
+        self.a.check_invariants().unwrap();
+        self.b.check_invariants().unwrap();
+    }
+
     /// A: REQ_SENT; B has not seen the REQ (it is returned).
     fn req_sent() -> (Pair, CommId, Vec<MadTransmit>) {
         let mut p = Pair::new();
         let id = p.a.connect(p.now, &connect_params()).unwrap();
         let req = p.take_a();
         assert_eq!(req.len(), 1);
+        p.check();
         (p, id, req)
     }
     /// A: REQ_SENT, B: REQ_RCVD (event taken).
@@ -114,6 +121,7 @@ impl Pair {
         let Some(CmEvent::ConnectRequest { id, .. }) = p.b.poll_event() else {
             panic!()
         };
+        p.check();
         (p, a_id, id, req)
     }
     /// A: REQ_SENT, B: REP_SENT (REP returned, not delivered).
@@ -122,6 +130,7 @@ impl Pair {
         p.b.accept(p.now, b_id, &accept_params()).unwrap();
         let rep = p.take_b();
         assert_eq!(rep.len(), 1);
+        p.check();
         (p, a_id, b_id, req, rep)
     }
     /// Both ESTABLISHED (events taken); returns the REP for duplicate tests.
@@ -137,6 +146,7 @@ impl Pair {
         let rtu = p.take_a();
         p.deliver_b(&rtu);
         assert_eq!(p.b.poll_event(), Some(CmEvent::Established { id: b_id }));
+        p.check();
         (p, a_id, b_id, rep)
     }
     /// A: DREQ_SENT (DREQ returned), B: ESTABLISHED.
@@ -145,6 +155,7 @@ impl Pair {
         p.a.disconnect(p.now, a_id).unwrap();
         let dreq = p.take_a();
         assert_eq!(attr_of(&dreq[0]), attr::DREQ);
+        p.check();
         (p, a_id, b_id, dreq)
     }
     /// Both in TIMEWAIT after a clean DREQ/DREP; returns the DREQ.
@@ -158,6 +169,7 @@ impl Pair {
         assert_eq!(p.a.poll_event(), Some(CmEvent::Disconnected { id: a_id }));
         assert_eq!(p.a.state(a_id), Some(CmState::Timewait));
         assert_eq!(p.b.state(b_id), Some(CmState::Timewait));
+        p.check();
         (p, a_id, b_id, dreq)
     }
 }
@@ -809,4 +821,266 @@ fn req_sent_icmp_unreachable_reports_unreachable_at_once() {
     assert_eq!(q.a.state(a2), Some(CmState::Established));
     q.a.check_invariants().unwrap();
     p.a.check_invariants().unwrap();
+}
+
+// ---- bounded and aged request state (issue 22 item 5) ----
+
+/// A REQ from `src` (an address of the flood) with comm ID `comm`, for `SERVICE`, with the
+/// timeouts and retries a hostile peer would choose (the largest the fields hold).
+fn hostile_req(comm: u32) -> [u8; MAD_LEN] {
+    let (p, _, req) = Pair::req_sent();
+    drop(p);
+    let CmMsgRepr::Req(mut r) = parse(&req[0]) else {
+        panic!()
+    };
+    r.local_comm_id = comm;
+    r.local_cm_response_timeout = 31;
+    r.remote_cm_response_timeout = 31;
+    r.max_cm_retries = 15;
+    mad_of(CmMsgRepr::Req(r))
+}
+
+fn flood_ip(i: u32) -> IpAddr {
+    IpAddr::V4(core::net::Ipv4Addr::from(0x0a01_0000 + i))
+}
+
+// kernel ucma_listen: a backlog of 0 or above max_backlog (1024) is max_backlog.
+#[test]
+fn idle_listen_backlog_is_clamped_as_ucma_does() {
+    let mut e = CmEngine::new(config(B_IP, 1));
+    e.listen(1).unwrap();
+    e.listen_with_backlog(2, 0).unwrap();
+    e.listen_with_backlog(3, 5000).unwrap();
+    e.listen_with_backlog(4, 7).unwrap();
+    assert_eq!(
+        [1, 2, 3, 4].map(|s| e.backlog(s)),
+        [Some(1024), Some(1024), Some(1024), Some(7)]
+    );
+    assert_eq!(e.listen_with_backlog(4, 1), Err(CmError::AddrInUse));
+    assert!(e.unlisten(4));
+    assert_eq!(e.backlog(4), None);
+}
+
+// kernel ucma_event_handler + cm_destroy_id(-ENOMEM): a REQ beyond the backlog is dropped
+// without a REJ, so that the peer's retry may find room once the application answers.
+#[test]
+fn req_rcvd_beyond_backlog_is_dropped_without_rej_and_a_retry_finds_room() {
+    let mut p = Pair::new();
+    p.b.unlisten(SERVICE);
+    p.b.listen_with_backlog(SERVICE, 2).unwrap();
+    for comm in [0x100, 0x101] {
+        p.b.handle_mad(p.now, A_IP, &hostile_req(comm));
+    }
+    let first = p.b.poll_event().unwrap().id();
+    assert!(p.b.poll_event().is_some());
+    assert_eq!(p.b.pending_requests(SERVICE), 2);
+    p.b.handle_mad(p.now, A_IP, &hostile_req(0x102));
+    assert_eq!(p.b.counters().drops(CmDropReason::BacklogFull), 1);
+    assert_eq!((p.take_b().len(), p.b.poll_event()), (0, None));
+    assert_eq!(p.b.connection_count(), 2);
+    // Accepting one frees its slot (REP_SENT is not pending); the retried REQ gets in.
+    p.b.accept(p.now, first, &accept_params()).unwrap();
+    p.take_b();
+    assert_eq!(p.b.pending_requests(SERVICE), 1);
+    p.b.handle_mad(p.now, A_IP, &hostile_req(0x102));
+    assert!(matches!(
+        p.b.poll_event(),
+        Some(CmEvent::ConnectRequest { .. })
+    ));
+    p.b.check_invariants().unwrap();
+}
+
+// kernel cm_destroy_id in SIDR_REQ_RCVD: a SIDR_REQ beyond the backlog gets IB_SIDR_REJECT.
+#[test]
+fn sidr_req_rcvd_beyond_backlog_gets_sidr_rep_reject() {
+    let mut p = Pair::new();
+    let udp = rdma_cm_service_id(port_space::UDP, 7174);
+    p.b.listen_with_backlog(udp, 1).unwrap();
+    p.a.sidr_request(p.now, B_IP, udp, &[]).unwrap();
+    let second = p.a.sidr_request(p.now, B_IP, udp, &[]).unwrap();
+    let reqs = p.take_a();
+    p.deliver_b(&reqs);
+    assert!(matches!(
+        p.b.poll_event(),
+        Some(CmEvent::SidrRequest { .. })
+    ));
+    let rep = p.take_b();
+    assert_eq!(rep.len(), 1);
+    p.deliver_a(&rep);
+    let Some(CmEvent::SidrResponse { id, rep }) = p.a.poll_event() else {
+        panic!()
+    };
+    assert_eq!((id, rep.status), (second, SidrStatus::REJECT));
+    assert_eq!(p.b.counters().drops(CmDropReason::BacklogFull), 1);
+}
+
+// A request the application never answers is aged out once the peer has given up: after
+// every try of the REQ's remote CM response timeout. REJ(timeout), Unreachable, gone.
+#[test]
+fn req_rcvd_unanswered_ages_out_when_the_peer_has_given_up() {
+    let (mut p, a_id, b_id, _) = Pair::req_rcvd();
+    // The REQ says: 3 retries, remote response timeout 10.
+    let age = p.b.response_timeout(10) * 4;
+    assert_eq!(p.b.poll_timeout(), Some(Instant::ZERO + age));
+    // A gives up no later: it waits as long, its 3 retries included, and started first.
+    let mut t = Instant::ZERO;
+    while p.a.state(a_id).is_some() {
+        t = p.a.poll_timeout().unwrap();
+        p.a.handle_timeout(t);
+    }
+    assert!(t <= Instant::ZERO + age);
+    p.b.handle_timeout(Instant::ZERO + (age - Duration::from_nanos(1)));
+    assert_eq!(p.b.state(b_id), Some(CmState::ReqRcvd));
+    p.b.handle_timeout(Instant::ZERO + age);
+    assert_eq!(p.b.poll_event(), Some(CmEvent::Unreachable { id: b_id }));
+    let rej = p.take_b();
+    let CmMsgRepr::Rej(r) = parse(&rej[0]) else {
+        panic!()
+    };
+    assert_eq!(
+        (r.reason, r.message_rejected, r.remote_comm_id),
+        (RejReason::TIMEOUT, msg_ref::REQ, a_id.0)
+    );
+    assert_eq!((p.b.connection_count(), p.b.poll_timeout()), (0, None));
+    p.b.check_invariants().unwrap();
+}
+
+// After an MRA the peer waits the MRA's service timeout at each try: the request ages out
+// that long after the last duplicate REQ.
+#[test]
+fn mra_req_sent_ages_out_after_the_mra_wait_from_the_last_duplicate() {
+    let (mut p, _a_id, b_id, req) = Pair::req_rcvd();
+    let mra_age = p.b.response_timeout(p.b.config().mra_service_timeout) * 4;
+    p.now = Instant::ZERO + Duration::from_millis(5);
+    p.deliver_b(&req);
+    assert_eq!(p.b.state(b_id), Some(CmState::MraReqSent));
+    assert_eq!(p.b.poll_timeout(), Some(p.now + mra_age));
+    p.now = Instant::ZERO + Duration::from_millis(9);
+    p.deliver_b(&req);
+    let deadline = p.now + mra_age;
+    assert_eq!(p.b.poll_timeout(), Some(deadline));
+    p.take_b();
+    p.b.handle_timeout(deadline);
+    assert_eq!(p.b.poll_event(), Some(CmEvent::Unreachable { id: b_id }));
+    assert_eq!(p.b.connection_count(), 0);
+}
+
+// MAX_PEER_CM_RESPONSE_TIMEOUT: the timeouts a REQ chooses count as at most 24, both for
+// aging the request and for waiting for the RTU after our REP.
+#[test]
+fn req_rcvd_hostile_timeouts_are_capped() {
+    let mut p = Pair::new();
+    p.b.handle_mad(p.now, A_IP, &hostile_req(0x77));
+    let Some(CmEvent::ConnectRequest { id, .. }) = p.b.poll_event() else {
+        panic!()
+    };
+    let per_try = p.b.response_timeout(MAX_PEER_CM_RESPONSE_TIMEOUT);
+    assert_eq!(p.b.poll_timeout(), Some(p.now + per_try * 16));
+    p.b.accept(p.now, id, &accept_params()).unwrap();
+    assert_eq!(p.b.poll_timeout(), Some(p.now + per_try));
+    // Retries 15, then REJ(timeout): about 18.5 min with rdma_cm's packet lifetime, not 39 h.
+    let mut t = p.now;
+    for _ in 0..=15 {
+        t = p.b.poll_timeout().unwrap();
+        p.b.handle_timeout(t);
+    }
+    assert_eq!(t, Instant::ZERO + per_try * 16);
+    assert_eq!(p.b.poll_event(), Some(CmEvent::Unreachable { id }));
+    assert_eq!(p.b.connection_count(), 0);
+}
+
+// kernel cm_mra_handler: an MRA's service timeout is capped like a REQ's, and a second MRA
+// for the same message is a counted duplicate that does not stretch the wait again.
+#[test]
+fn mra_req_rcvd_capped_and_a_duplicate_mra_does_not_stretch_the_wait() {
+    let (mut p, a_id, b_id, _) = Pair::req_rcvd();
+    let mra = || MraRepr {
+        local_comm_id: b_id.0,
+        remote_comm_id: a_id.0,
+        message_mraed: msg_ref::REQ,
+        service_timeout: 31,
+        private_data: [0; 222],
+    };
+    let m = mra();
+    p.a.handle_mad(p.now, B_IP, &mad_of(CmMsgRepr::Mra(m)));
+    let wait = p.a.response_timeout(MAX_PEER_CM_RESPONSE_TIMEOUT);
+    let deadline = p.now + wait;
+    assert_eq!(p.a.poll_timeout(), Some(deadline));
+    p.now = p.now + (wait - Duration::from_millis(1));
+    p.a.handle_mad(p.now, B_IP, &mad_of(CmMsgRepr::Mra(m)));
+    assert_eq!(p.a.counters().drops(CmDropReason::DuplicateMra), 1);
+    assert_eq!(p.a.poll_timeout(), Some(deadline));
+    p.a.handle_timeout(deadline);
+    assert_eq!(p.a.poll_event(), Some(CmEvent::Unreachable { id: a_id }));
+}
+
+// A REQ flood: 10,000 REQs from 10,000 addresses with the largest timeouts, against rdma_cm's
+// real timers and table size. The listener holds at most its backlog, the rest are dropped
+// and counted; the engine's own connect still works; a legitimate REQ that finds the backlog
+// full is dropped like the rest, and once the flood has aged out it goes through.
+#[test]
+fn idle_req_flood_is_bounded_aged_and_a_legitimate_connect_goes_through() {
+    let mut a = CmEngine::new(CmConfig::new(A_IP, 0xaaaa, 0xaaaa));
+    let mut b = CmEngine::new(CmConfig::new(B_IP, 0xbbbb, 0xbbbb));
+    b.listen(SERVICE).unwrap();
+    let mut now = Instant::ZERO;
+    for i in 0..10_000 {
+        b.handle_mad(now, flood_ip(i), &hostile_req(i));
+    }
+    assert_eq!(b.connection_count(), UCMA_MAX_BACKLOG);
+    assert_eq!(b.pending_requests(SERVICE), UCMA_MAX_BACKLOG);
+    assert_eq!(
+        b.counters().drops(CmDropReason::BacklogFull),
+        10_000 - UCMA_MAX_BACKLOG as u64
+    );
+    b.check_invariants().unwrap();
+    // The engine's own connect is not starved.
+    let mut cp = connect_params();
+    cp.peer = IpAddr::V4(core::net::Ipv4Addr::new(10, 0, 0, 9));
+    let own = b.connect(now, &cp).unwrap();
+    b.cancel(now, own).unwrap();
+    // A legitimate REQ while the backlog is full: dropped, no answer.
+    let drain = |e: &mut CmEngine| std::iter::from_fn(|| e.poll_mad()).collect::<Vec<_>>();
+    let drain_ev = |e: &mut CmEngine| std::iter::from_fn(|| e.poll_event()).count();
+    drain(&mut b);
+    drain_ev(&mut b);
+    a.connect(now, &connect_params()).unwrap();
+    for m in drain(&mut a) {
+        b.handle_mad(now, A_IP, &m.mad[..]);
+    }
+    assert!(drain(&mut b).is_empty());
+    // The flood ages out at 16 tries of the capped timeout; every request goes, with a
+    // REJ(timeout) each and an Unreachable the frontend uses to drop it from its queue.
+    let age = b.response_timeout(MAX_PEER_CM_RESPONSE_TIMEOUT) * 16;
+    now = Instant::ZERO + age;
+    a.handle_timeout(now);
+    b.handle_timeout(now);
+    assert_eq!(b.pending_requests(SERVICE), 0);
+    assert_eq!(drain_ev(&mut b), UCMA_MAX_BACKLOG);
+    assert_eq!(b.connection_count(), 0);
+    drain(&mut b);
+    drain_ev(&mut a);
+    drain(&mut a);
+    // Now the legitimate connection goes through.
+    let a_id = a.connect(now, &connect_params()).unwrap();
+    for m in drain(&mut a) {
+        b.handle_mad(now, A_IP, &m.mad[..]);
+    }
+    let Some(CmEvent::ConnectRequest { id: b_id, .. }) = b.poll_event() else {
+        panic!("the legitimate REQ gets no ConnectRequest")
+    };
+    b.accept(now, b_id, &accept_params()).unwrap();
+    for m in drain(&mut b) {
+        a.handle_mad(now, B_IP, &m.mad[..]);
+    }
+    assert!(matches!(
+        a.poll_event(),
+        Some(CmEvent::ConnectResponse { .. })
+    ));
+    a.establish(now, a_id).unwrap();
+    for m in drain(&mut a) {
+        b.handle_mad(now, A_IP, &m.mad[..]);
+    }
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { id: b_id }));
+    b.check_invariants().unwrap();
 }

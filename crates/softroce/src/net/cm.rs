@@ -229,11 +229,19 @@ impl CmDriver {
     }
 
     /// Listens on `service_id`: its ConnectRequests (and SidrRequests) wait for
-    /// [`CmDriver::next_request`].
+    /// [`CmDriver::next_request`]; at most [`crate::cm::UCMA_MAX_BACKLOG`] unanswered.
     /// Errors: [`CmError::AddrInUse`] if someone already listens on it.
     pub fn listen(&self, service_id: u64) -> Result<(), CmError> {
+        self.listen_with_backlog(service_id, 0)
+    }
+
+    /// [`CmDriver::listen`] with at most `backlog` requests not yet answered (units:
+    /// requests; 0 or above [`crate::cm::UCMA_MAX_BACKLOG`] means that maximum); see
+    /// [`crate::cm::CmEngine::listen_with_backlog`].
+    /// Errors: [`CmError::AddrInUse`] if someone already listens on it.
+    pub fn listen_with_backlog(&self, service_id: u64, backlog: usize) -> Result<(), CmError> {
         let mut inner = self.shared.inner.lock();
-        inner.port.cm().listen(service_id)?;
+        inner.port.cm().listen_with_backlog(service_id, backlog)?;
         inner.requests.insert(service_id, VecDeque::new());
         Ok(())
     }
