@@ -1,7 +1,7 @@
 //! Net: the only layer with sockets, threads and the real clock.
 //!
 //! - [`clock`]: [`SystemClock`] (monotonic, ns since the device opened) and [`ManualClock`]
-//!   (set by tests).
+//!   (set by tests); [`seed_from_clock_and_pid`], the frontends' seed that differs per run.
 //! - [`udp`]: one UDP socket per device bound to its IP on port 4791 for receiving, plus one
 //!   unconnected send socket per UDP source port with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so
 //!   that Linux writes IPv4 ID 0 and DF on every datagram and the ICRC of what we send is
@@ -48,7 +48,7 @@ mod sock;
 pub mod steer;
 pub mod udp;
 
-pub use clock::{ManualClock, SystemClock};
+pub use clock::{ManualClock, SystemClock, seed_from_clock_and_pid};
 pub use cm::CmDriver;
 pub use iface::{link_mtu, rxe_port_mtu};
 pub use link::UdpLink;
