@@ -15,31 +15,17 @@ use crate::cm::rdma_cm::{RDMA_CM_LOCAL_ACK_TIMEOUT, RDMA_CM_MIN_RNR_TIMER};
 use crate::cm::{CmEngine, MadAgent, MadTransmit};
 use crate::transport::{Instant, UdDest};
 use crate::wire::cm::{RepRepr, ReqRepr};
+use crate::wire::grh::{GRH_LEN, grh_source};
 use crate::wire::mad::MAD_LEN;
-use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use core::net::{IpAddr, Ipv4Addr};
 use std::collections::VecDeque;
 
-const GRH_LEN: usize = 40;
 const RECV_SLOT_BYTES: usize = GRH_LEN + MAD_LEN;
 /// Receives kept posted on QP1.
 pub const CM_PORT_RECV_SLOTS: usize = 64;
 /// MADs in flight on QP1's send queue at once; more wait in the port's backlog.
 pub const CM_PORT_SEND_SLOTS: usize = 64;
 const SEND_TAG: u64 = 1 << 63;
-
-/// The source IP of a UD receive, from its 40-byte GRH: an IPv4 header in the last 20 bytes
-/// (the first 20 zero) or an IPv6 header. Source: docs/wire-facts.md §2.12; tests/gsi.rs.
-pub fn grh_source(grh: &[u8]) -> Option<IpAddr> {
-    let grh = grh.get(..GRH_LEN)?;
-    if grh[..20].iter().all(|&b| b == 0) && grh[20] >> 4 == 4 {
-        return Some(IpAddr::V4(Ipv4Addr::new(
-            grh[32], grh[33], grh[34], grh[35],
-        )));
-    }
-    let mut a = [0u8; 16];
-    a.copy_from_slice(&grh[8..24]);
-    Some(IpAddr::V6(Ipv6Addr::from(a)))
-}
 
 /// QP1 of a device driving a CM engine. See the module documentation.
 #[derive(Debug)]

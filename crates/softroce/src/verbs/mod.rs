@@ -27,9 +27,10 @@ pub use crate::transport::{
     WcOpcode, WcStatus, WrOpcode, inc_rkey,
 };
 pub use crate::wire::Gid;
+pub use crate::wire::grh::grh_source;
 pub use ah::Ah;
 pub use base::{Device, DeviceConfig, GidEntry, GidType, MULTICAST_QPN};
-pub use cm_port::{CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, CmPort, grh_source};
+pub use cm_port::{CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, CmPort};
 pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr};
 pub use event::{AsyncEvent, EventElement, EventType};

@@ -65,6 +65,7 @@ mod bth;
 pub mod cm;
 mod deth;
 mod gid;
+pub mod grh;
 mod icrc;
 mod ieth;
 mod immdt;
