@@ -92,14 +92,7 @@ pub(crate) fn qp_state(v: c_int) -> Option<QpState> {
 
 /// The engine's path MTU from an `enum ibv_mtu` value.
 pub(crate) fn path_mtu(v: c_int) -> Option<PathMtu> {
-    match v {
-        1 => Some(PathMtu::Mtu256),
-        2 => Some(PathMtu::Mtu512),
-        3 => Some(PathMtu::Mtu1024),
-        4 => Some(PathMtu::Mtu2048),
-        5 => Some(PathMtu::Mtu4096),
-        _ => None,
-    }
+    u8::try_from(v).ok().and_then(PathMtu::from_ibv)
 }
 
 pub(crate) extern "C" fn ibv_create_qp(

@@ -29,10 +29,10 @@ pub use crate::transport::{
 pub use crate::wire::Gid;
 pub use crate::wire::grh::grh_source;
 pub use ah::Ah;
-pub use base::{Device, DeviceConfig, GidEntry, GidType, MULTICAST_QPN};
+pub use base::{Device, DeviceConfig, GidEntry, GidType, MAX_SGE, MULTICAST_QPN};
 pub use cm_port::{CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, CmPort};
 pub use cq::{CompChannel, Cq, PollHook};
-pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr};
+pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr, node_guid};
 pub use event::{AsyncEvent, EventElement, EventType};
 pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
 pub use mr::Mr;
