@@ -24,12 +24,13 @@ use crate::handle::try_ref;
 use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
+use softroce::net::sockaddr::{socket_addr_from_ptr, write_socket_addr};
 use softroce::transport::UdDest;
 use softroce::verbs::{
     AccessFlags, Cq, GSI_QKEY, Mr, Qp, RecvWr, SendWr, Wc, WcStatus, WrOpcode, grh_source,
 };
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -176,30 +177,6 @@ fn port_of(ctx: *mut ibv_context) -> Result<Arc<MadPort>, c_int> {
     Ok(p)
 }
 
-/// The IP address of a `sockaddr_in`/`sockaddr_in6`.
-///
-/// # Safety
-/// `sa` is NULL or points to a sockaddr of its family's size.
-unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
-    if sa.is_null() {
-        return None;
-    }
-    // SAFETY: the caller's contract; the family says which struct it is.
-    unsafe {
-        match c_int::from((*sa).sa_family) {
-            libc::AF_INET => {
-                let s = &*sa.cast::<libc::sockaddr_in>();
-                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))))
-            }
-            libc::AF_INET6 => {
-                let s = &*sa.cast::<libc::sockaddr_in6>();
-                Some(IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)))
-            }
-            _ => None,
-        }
-    }
-}
-
 pub(crate) extern "C" fn softroce_mad_send(
     ctx: *mut ibv_context,
     dst: *const libc::sockaddr,
@@ -208,7 +185,7 @@ pub(crate) extern "C" fn softroce_mad_send(
 ) -> c_int {
     ffi!(-1, {
         // SAFETY: the caller passes a sockaddr (or NULL).
-        let Some(dst) = (unsafe { sockaddr_ip(dst) }) else {
+        let Some(dst) = (unsafe { socket_addr_from_ptr(dst) }).map(|a| a.ip()) else {
             return neg_errno(libc::EINVAL);
         };
         if mad.is_null() || len == 0 || len > MAD_LEN {
@@ -244,19 +221,7 @@ pub(crate) extern "C" fn softroce_mad_recv(
         unsafe {
             std::ptr::write_bytes(mad.cast::<u8>(), 0, MAD_LEN);
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), mad.cast::<u8>(), bytes.len());
-            std::ptr::write_bytes(src, 0, 1);
-            match from {
-                IpAddr::V4(v4) => {
-                    let s = &mut *src.cast::<libc::sockaddr_in>();
-                    s.sin_family = libc::AF_INET as libc::sa_family_t;
-                    s.sin_addr.s_addr = u32::from(v4).to_be();
-                }
-                IpAddr::V6(v6) => {
-                    let s = &mut *src.cast::<libc::sockaddr_in6>();
-                    s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                    s.sin6_addr.s6_addr = v6.octets();
-                }
-            }
+            write_socket_addr(&mut *src, SocketAddr::new(from, 0));
         }
         1
     })

@@ -24,6 +24,8 @@
 //!   UDP GSO send it sees whole into its datagrams.
 //! - `fork`: a forked child does not keep the parent's device ports (`pthread_atfork`).
 //! - `sock`: how the device's UDP sockets are made (shared by `udp` and `mcast`).
+//! - [`sockaddr`]: C `sockaddr_in`/`sockaddr_in6` to and from `SocketAddr` (socket2), for
+//!   the C ABIs.
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
 //!   drive the same devices and engines deterministically.
 //! - [`steer`]: the `SO_REUSEPORT` steering program that lets processes share a device
@@ -45,6 +47,7 @@ pub mod pcap_reader;
 mod raw;
 pub mod sim;
 mod sock;
+pub mod sockaddr;
 pub mod steer;
 pub mod udp;
 
