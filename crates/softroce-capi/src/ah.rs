@@ -1,7 +1,7 @@
 //! Address handles: `ibv_create_ah`, `ibv_destroy_ah`, and the AH attributes that answer a
 //! UD receive (`ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`), over the engine's
 //! `verbs::Ah`. [`ah_attr`] is the one conversion of an `ibv_ah_attr`, also used by
-//! `ibv_modify_qp` (qp.rs).
+//! `ibv_modify_qp` (qp.rs), and [`ibv_ah_attr_of`] its way back for `ibv_query_qp`.
 
 use crate::abi::*;
 use crate::context::{GID_TBL_LEN, ibv_query_gid, ibv_query_gid_type};
@@ -38,7 +38,31 @@ pub(crate) fn ah_attr(a: &ibv_ah_attr) -> Result<AhAttr, c_int> {
         hop_limit: a.grh.hop_limit,
         traffic_class: a.grh.traffic_class,
         port_num: a.port_num,
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
     })
+}
+
+/// The `ibv_ah_attr` of an engine address (`ibv_query_qp`): [`ah_attr`] read back, with
+/// `is_global` 1 (the only kind [`ah_attr`] takes).
+pub(crate) fn ibv_ah_attr_of(a: &AhAttr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: a.dgid.0 },
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: 1,
+        port_num: a.port_num,
+    }
 }
 
 pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {

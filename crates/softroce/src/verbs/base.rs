@@ -86,6 +86,8 @@ pub(super) const GSI_CQE: u32 = 1024;
 
 pub(super) struct QpSlot {
     pub(super) engine: QpEngine,
+    /// The attributes `modify_qp` set, for `Qp::query`.
+    pub(super) query: super::modify::QpQuery,
     pub(super) send_cq: Arc<CqShared>,
     pub(super) recv_cq: Arc<CqShared>,
 }

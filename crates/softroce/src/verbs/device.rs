@@ -236,6 +236,7 @@ impl Device {
             GSI_QPN,
             QpSlot {
                 engine: gsi_engine(&cfg, link.as_ref()),
+                query: super::modify::QpQuery::new(),
                 send_cq: gsi_cq.clone(),
                 recv_cq: gsi_cq.clone(),
             },

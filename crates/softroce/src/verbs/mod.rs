@@ -34,7 +34,9 @@ pub use cm_port::{CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, CmPort};
 pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr, node_guid};
 pub use event::{AsyncEvent, EventElement, EventType};
-pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+pub use modify::{
+    AhAttr, Params, QpAttr, QpAttrMask, QpQuery, TRANSITIONS, Transition, check_modify,
+};
 pub use mr::Mr;
 pub use mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
 pub use pd::Pd;
