@@ -13,8 +13,8 @@
 //!
 //! Only bytes cross the boundary, so the two libraries share the device registry and engine
 //! of libibverbs.so.1 without sharing a Rust type. QP1 of an engine device gets one port
-//! (receives posted in the GSI PD, as `softroce::verbs::CmPort`), whatever the number of
-//! contexts opened on it. Completions are taken with `Cq::poll_queued` / `Cq::wait`, which do
+//! (the engine's `softroce::verbs::MadRing`, which `softroce::verbs::CmPort` is built on
+//! too), whatever the number of contexts opened on it. Completions are taken with `Cq::poll_queued` / `Cq::wait`, which do
 //! not drive the link: receiving stays with the device's driver thread or its busy poller.
 
 use crate::abi::ibv_context;
@@ -25,80 +25,48 @@ use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
 use softroce::net::sockaddr::{socket_addr_from_ptr, write_socket_addr};
-use softroce::transport::UdDest;
-use softroce::verbs::{
-    AccessFlags, Cq, GSI_QKEY, Mr, Qp, RecvWr, SendWr, Wc, WcStatus, WrOpcode, grh_source,
-};
+use softroce::verbs::{Cq, MadRing, Wc};
+use softroce::wire::grh::{GRH_LEN, grh_source};
+use softroce::wire::mad::MAD_LEN;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-const MAD_LEN: usize = 256;
-const GRH_LEN: usize = 40;
-const SLOT: usize = GRH_LEN + MAD_LEN;
-const RECV_SLOTS: usize = 64;
-const SEND_SLOTS: usize = 64;
-const SEND_TAG: u64 = 1 << 63;
-
+/// QP1 of an engine device for librdmacm: the engine's [`MadRing`] and the MADs received
+/// and not yet read, behind one lock; the GSI CQ outside it, so that a `recv` waits on it
+/// without holding the lock.
 struct MadPort {
-    qp: Qp,
     cq: Cq,
-    recv_mr: Mr,
-    send_mr: Mr,
     st: Mutex<PortState>,
 }
 
-#[derive(Default)]
 struct PortState {
-    free_send: Vec<usize>,
+    ring: MadRing,
     received: VecDeque<(IpAddr, Vec<u8>)>,
 }
 
 impl MadPort {
     fn open(dev: &softroce::verbs::Device) -> softroce::verbs::Result<MadPort> {
-        let pd = dev.gsi_pd();
-        let port = MadPort {
-            qp: dev.gsi_qp(),
+        Ok(MadPort {
             cq: dev.gsi_cq(),
-            recv_mr: pd.reg_mr(RECV_SLOTS * SLOT, AccessFlags::LOCAL_WRITE)?,
-            send_mr: pd.reg_mr(SEND_SLOTS * MAD_LEN, AccessFlags::LOCAL_WRITE)?,
             st: Mutex::new(PortState {
-                free_send: (0..SEND_SLOTS).collect(),
+                ring: MadRing::new(dev)?,
                 received: VecDeque::new(),
             }),
-        };
-        for slot in 0..RECV_SLOTS {
-            port.post_recv(slot)?;
-        }
-        Ok(port)
+        })
     }
 
-    fn post_recv(&self, slot: usize) -> softroce::verbs::Result<()> {
-        self.qp.post_recv(&[RecvWr {
-            wr_id: slot as u64,
-            sg_list: vec![self.recv_mr.sge(slot * SLOT, SLOT as u32)],
-        }])
-    }
-
-    fn completion(&self, st: &mut PortState, wc: &Wc) {
-        if wc.wr_id & SEND_TAG != 0 {
-            st.free_send.push((wc.wr_id & !SEND_TAG) as usize);
-            return;
-        }
-        let slot = wc.wr_id as usize;
-        if slot >= RECV_SLOTS || wc.status != WcStatus::Success {
-            return; // flushed (QP1 in error): not reposted
-        }
-        let mut buf = [0u8; SLOT];
-        let len = (wc.byte_len as usize).min(SLOT);
-        if self.recv_mr.read(slot * SLOT, &mut buf[..len]).is_ok()
-            && len > GRH_LEN
-            && let Some(src) = grh_source(&buf[..len])
-        {
-            st.received.push_back((src, buf[GRH_LEN..len].to_vec()));
-        }
-        let _ = self.post_recv(slot);
+    fn completion(st: &mut PortState, wc: &Wc) {
+        let received = &mut st.received;
+        // A flushed receive (QP1 in error) is not reposted; nothing else here fails.
+        let _ = st.ring.handle_completion(wc, |area| {
+            if area.len() > GRH_LEN
+                && let Some(src) = grh_source(area)
+            {
+                received.push_back((src, area[GRH_LEN..].to_vec()));
+            }
+        });
     }
 
     fn drain(&self, st: &mut PortState) {
@@ -106,7 +74,7 @@ impl MadPort {
         loop {
             let n = self.cq.poll_queued(&mut wcs);
             for wc in &wcs[..n] {
-                self.completion(st, wc);
+                Self::completion(st, wc);
             }
             if n < wcs.len() {
                 break;
@@ -117,27 +85,11 @@ impl MadPort {
     fn send(&self, dst: IpAddr, mad: &[u8]) -> Result<(), c_int> {
         let mut st = self.st.lock();
         self.drain(&mut st);
-        let slot = st.free_send.pop().ok_or(libc::EAGAIN)?;
-        let n = mad.len().min(MAD_LEN);
-        if self.send_mr.write(slot * MAD_LEN, &mad[..n]).is_err() {
-            st.free_send.push(slot);
-            return Err(libc::EIO);
+        match st.ring.send(dst, mad) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(libc::EAGAIN),
+            Err(e) => Err(e.errno()),
         }
-        let mut wr = SendWr::new(
-            SEND_TAG | slot as u64,
-            WrOpcode::Send,
-            vec![self.send_mr.sge(slot * MAD_LEN, n as u32)],
-        );
-        wr.ud = Some(UdDest {
-            remote_ip: dst,
-            remote_qpn: 1,
-            remote_qkey: GSI_QKEY,
-            ip: Default::default(),
-        });
-        self.qp.post_send(&[wr]).map_err(|e| {
-            st.free_send.push(slot);
-            e.errno()
-        })
     }
 
     fn recv(&self, timeout: Duration) -> Option<(IpAddr, Vec<u8>)> {
@@ -152,7 +104,7 @@ impl MadPort {
         let got = self.cq.wait(&mut one, timeout);
         let mut st = self.st.lock();
         if got == 1 {
-            self.completion(&mut st, &one[0]);
+            Self::completion(&mut st, &one[0]);
         }
         self.drain(&mut st);
         st.received.pop_front()

@@ -13,6 +13,7 @@ mod cm_port;
 mod cq;
 mod device;
 mod event;
+mod mad_ring;
 mod modify;
 mod mr;
 mod mw;
@@ -30,10 +31,13 @@ pub use crate::wire::Gid;
 pub use crate::wire::grh::grh_source;
 pub use ah::Ah;
 pub use base::{Device, DeviceConfig, GidEntry, GidType, MAX_SGE, MULTICAST_QPN};
-pub use cm_port::{CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, CmPort};
+pub use cm_port::CmPort;
 pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr, node_guid};
 pub use event::{AsyncEvent, EventElement, EventType};
+pub use mad_ring::{
+    CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, MAD_RECV_SLOT_BYTES, MadCompletion, MadRing,
+};
 pub use modify::{
     AhAttr, Params, QpAttr, QpAttrMask, QpQuery, TRANSITIONS, Transition, check_modify,
 };
