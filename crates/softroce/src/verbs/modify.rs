@@ -270,6 +270,50 @@ mod tests {
             | A::MIN_RNR_TIMER
     }
 
+    // What ibv_query_qp reports is what each successful modify_qp named in its mask.
+    #[test]
+    fn query_keeps_only_the_fields_a_mask_names() {
+        let mut q = QpQuery::new();
+        let init = QpAttr {
+            qp_state: S::Init,
+            qkey: 0x1111,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE,
+            path_mig_state: 2,
+            ..QpAttr::default()
+        };
+        q.keep(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS);
+        assert_eq!(q.attr.qp_access_flags, AccessFlags::REMOTE_WRITE);
+        assert_eq!(q.attr.qkey, 0, "QKEY was not in the mask");
+        assert_eq!(
+            q.attr.path_mig_state, 0,
+            "PATH_MIG_STATE was not in the mask"
+        );
+        assert_eq!(q.attr.qp_state, S::Reset, "the state is the QP's, not kept");
+        let rtr = QpAttr {
+            dest_qp_num: 0x22,
+            ah_attr: AhAttr {
+                dlid: 7,
+                sl: 3,
+                ..AhAttr::roce_v2(Gid([9; 16]))
+            },
+            ..QpAttr::default()
+        };
+        q.keep(&rtr, A::STATE | A::AV | A::DEST_QPN);
+        assert_eq!(q.attr.dest_qp_num, 0x22);
+        assert_eq!((q.attr.ah_attr.dlid, q.attr.ah_attr.sl), (7, 3));
+        assert_eq!(
+            q.attr.qp_access_flags,
+            AccessFlags::REMOTE_WRITE,
+            "kept from before"
+        );
+        assert_eq!(
+            q.mask,
+            A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS | A::AV | A::DEST_QPN
+        );
+    }
+
     #[test]
     fn init_to_rtr_names_the_missing_attribute() {
         let attr = QpAttr {
