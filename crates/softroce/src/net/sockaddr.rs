@@ -1,10 +1,10 @@
 //! C socket addresses (`struct sockaddr_in` / `sockaddr_in6`, behind a `struct sockaddr *`
 //! or in a `struct sockaddr_storage`) to and from std's [`SocketAddr`], through socket2's
-//! [`SockAddr`]: the one conversion the C ABIs use (libibverbs.so.1's private MAD entry
-//! points; librdmacm.so.1 is to move to it). Only AF_INET and AF_INET6 are addresses here;
+//! [`SockAddr`]: the one conversion of the workspace (the batch receive path, interface
+//! discovery, libibverbs.so.1's private MAD entry points; librdmacm.so.1 is to move to it). Only AF_INET and AF_INET6 are addresses here;
 //! any other family is `None`. Never panics, never allocates.
 
-use socket2::{SockAddr, socklen_t};
+use socket2::{SockAddr, SockAddrStorage, socklen_t};
 use std::net::SocketAddr;
 
 /// The address `sa` points to, read as its family says (`sockaddr_in` for AF_INET,
@@ -34,6 +34,17 @@ pub unsafe fn socket_addr_from_ptr(sa: *const libc::sockaddr) -> Option<SocketAd
         })
     };
     made.ok()?.1.as_socket()
+}
+
+/// The address in `s` (as `recvmmsg` or a C caller filled it), read as its family says;
+/// `None` for a family other than AF_INET/AF_INET6. Flow info and scope ID are kept.
+pub fn socket_addr_from_storage(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    let mut storage = SockAddrStorage::zeroed();
+    // SAFETY: `sockaddr_storage` is one of this platform's sockaddr types.
+    unsafe { *storage.view_as::<libc::sockaddr_storage>() = *s };
+    let len = size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: all `len` bytes of the storage are initialised (a copy of `s`).
+    unsafe { SockAddr::new(storage, len) }.as_socket()
 }
 
 /// Writes `a` into `out` as a `sockaddr_in` or `sockaddr_in6` (port, flow info and scope
@@ -71,6 +82,7 @@ mod tests {
             let p = (&st as *const libc::sockaddr_storage).cast::<libc::sockaddr>();
             // SAFETY: a whole storage.
             assert_eq!(unsafe { socket_addr_from_ptr(p) }, Some(a));
+            assert_eq!(socket_addr_from_storage(&st), Some(a));
         }
         // SAFETY: NULL is allowed.
         assert_eq!(unsafe { socket_addr_from_ptr(std::ptr::null()) }, None);
