@@ -16,22 +16,19 @@
 //! BTH byte 4 (FECN, BECN, reserved) is left alone: the ICRC masks it by design, so no check
 //! can see errors there.
 
+use softroce::rand::SplitMix64;
 use softroce::wire::{IcrcIp, icrc_of_body, solve_ipv4_ident};
 use std::net::Ipv4Addr;
 
-/// splitmix64: small, seeded, good enough to pick bit positions.
-struct Rng(u64);
+/// The engine's seeded splitmix64, with `usize` bounds for picking bit positions.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n as u64) as usize
     }
 }
 
@@ -144,7 +141,7 @@ fn main() {
         "1-8 random bytes",
         "whole payload random",
     ];
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng(SplitMix64::new(0x5eed_0001));
     let mut totals = vec![Tally::default(); classes.len()];
     println!("plain = accepted by solving for the IPv4 ID; exact = ICRC over the true header");
     for s in &shapes {

@@ -373,7 +373,7 @@ fn describe(
                 let kind = match g.gid_type {
                     GidType::RoceV2 => "RoCE v2",
                 };
-                let ip6 = std::net::Ipv6Addr::from(g.gid.0);
+                let ip6 = g.gid;
                 // rdma-core's line, and for the link-local entry what a QP told to use it
                 // gets (issue 25 item 2).
                 let note = if g.gid == softroce::verbs::Gid::from_ip(dev.ip()) {

@@ -189,7 +189,7 @@ pub fn local_gid(dev: &softroce::verbs::Device, index: u8, flag: &str) -> Result
             "{flag} {index}: GID[{index}] {} is the link-local GID, which softroce devices do not \
              send from (on kernel rxe it would not route between two loopback addresses either): \
              use {flag} 1, the GID of the device address, {own}",
-            std::net::Ipv6Addr::from(entry.gid.0)
+            entry.gid
         )
         .into());
     }

@@ -216,8 +216,7 @@ impl Oob {
         let mtu = theirs
             .first()
             .and_then(|c| c.checked_sub(b'0'))
-            .filter(|n| (1..=5).contains(n))
-            .and_then(|n| PathMtu::from_bytes(128u32 << n))
+            .and_then(PathMtu::from_ibv)
             .map(|p| {
                 if p.bytes() < my_mtu.bytes() {
                     p

@@ -1,7 +1,7 @@
 //! Address handles: `ibv_create_ah`, `ibv_destroy_ah`, and the AH attributes that answer a
 //! UD receive (`ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`), over the engine's
 //! `verbs::Ah`. [`ah_attr`] is the one conversion of an `ibv_ah_attr`, also used by
-//! `ibv_modify_qp` (qp.rs).
+//! `ibv_modify_qp` (qp.rs), and [`ibv_ah_attr_of`] its way back for `ibv_query_qp`.
 
 use crate::abi::*;
 use crate::context::{GID_TBL_LEN, ibv_query_gid, ibv_query_gid_type};
@@ -10,6 +10,7 @@ use crate::pd::Pd;
 use crate::{errno_result, ffi, ffi_errno, neg_errno, ptr_result};
 use core::ffi::{c_int, c_uint};
 use softroce::verbs::{self, AhAttr, Gid};
+use softroce::wire::grh::{GRH_LEN, Grh, flow_label};
 
 /// An address handle.
 #[repr(C)]
@@ -37,7 +38,31 @@ pub(crate) fn ah_attr(a: &ibv_ah_attr) -> Result<AhAttr, c_int> {
         hop_limit: a.grh.hop_limit,
         traffic_class: a.grh.traffic_class,
         port_num: a.port_num,
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
     })
+}
+
+/// The `ibv_ah_attr` of an engine address (`ibv_query_qp`): [`ah_attr`] read back, with
+/// `is_global` 1 (the only kind [`ah_attr`] takes).
+pub(crate) fn ibv_ah_attr_of(a: &AhAttr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: a.dgid.0 },
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: 1,
+        port_num: a.port_num,
+    }
 }
 
 pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
@@ -67,33 +92,6 @@ const GID_TYPE_SYSFS_ROCE_V1: u32 = 0;
 const GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 /// The IPv6 next header that marks a RoCE v1 GRH (the IB BTH), as libibverbs names it.
 const IB_NEXT_HDR: u8 = 0x1b;
-
-/// Which network header the 40-byte GRH area of a UD receive holds: 4 (20 bytes of zeros,
-/// then an IPv4 header, as rxe writes it), 6 (an IPv6 header), or `None` (errno
-/// `EPROTONOSUPPORT`). An area whose first nibble says 6 is still IPv4 when its last 20
-/// bytes are an IPv4 header with IHL 5 and a right checksum. Source: libibverbs 44
-/// `verbs.c` `get_grh_header_version`.
-fn grh_version(g: &[u8; 40]) -> Option<u8> {
-    let ip4 = &g[20..40];
-    if g[0] >> 4 != 6 {
-        return (ip4[0] >> 4 == 4).then_some(4);
-    }
-    if ip4[0] & 0x0f != 5 {
-        return Some(6);
-    }
-    // The header's one's-complement sum with the checksum field taken as 0, complemented.
-    let sum: u32 = (0..10)
-        .filter(|&i| i != 5)
-        .map(|i| u32::from(u16::from_ne_bytes([ip4[2 * i], ip4[2 * i + 1]])))
-        .sum();
-    let folded = (sum & 0xffff) + (sum >> 16);
-    let check = !(folded as u16);
-    Some(if u16::from_ne_bytes([ip4[10], ip4[11]]) == check {
-        4
-    } else {
-        6
-    })
-}
 
 /// The GID index of `port_num` whose GID is `gid` and whose type is `gid_type`, found as
 /// libibverbs' `ibv_find_gid_index` finds it: walking the table from index 0 with
@@ -146,14 +144,13 @@ pub(crate) extern "C" fn ibv_init_ah_from_wc(
         if ctx.is_null() || wc.is_null() || grh.is_null() || ah_attr.is_null() {
             return neg_errno(libc::EINVAL);
         }
-        let mut g = [0u8; 40];
+        let mut g = [0u8; GRH_LEN];
         // SAFETY: the caller's work completion (readable) and its 40-byte GRH area, which
         // is the program's receive buffer: copied out, never referenced.
         let wc = unsafe {
-            std::ptr::copy_nonoverlapping(grh.cast_const(), g.as_mut_ptr(), 40);
+            std::ptr::copy_nonoverlapping(grh.cast_const(), g.as_mut_ptr(), GRH_LEN);
             wc.read_unaligned()
         };
-        let head = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
         let mut a = ibv_ah_attr {
             dlid: wc.slid,
             sl: wc.sl,
@@ -161,56 +158,43 @@ pub(crate) extern "C" fn ibv_init_ah_from_wc(
             port_num,
             ..Default::default()
         };
-        a.grh.flow_label = head & 0x000f_ffff;
+        a.grh.flow_label = flow_label(&g);
         let mut ret = 0;
         if wc.wc_flags & IBV_WC_GRH != 0 {
             a.is_global = 1;
-            ret = match grh_version(&g) {
-                Some(4) => {
-                    let ip4 = &g[20..40];
-                    let mapped = |b: &[u8]| {
-                        std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3])
-                            .to_ipv6_mapped()
-                            .octets()
-                    };
-                    if ip4[16] >> 4 == 0xe {
-                        // A class D (multicast) destination is in no GID table.
-                        neg_errno(libc::EINVAL)
-                    } else {
-                        let i = find_gid_index(
-                            ctx,
-                            port_num,
-                            &mapped(&ip4[16..20]),
-                            GID_TYPE_SYSFS_ROCE_V2,
-                        );
-                        if i >= 0 {
-                            a.grh.dgid.raw = mapped(&ip4[12..16]);
-                            a.grh.sgid_index = i as u8;
-                            a.grh.hop_limit = ip4[8];
-                            a.grh.traffic_class = ip4[1];
-                        }
-                        i.min(0)
+            ret = match Grh::parse(&g) {
+                // A multicast destination is in no GID table.
+                Some(h) if h.dst.is_multicast() => neg_errno(libc::EINVAL),
+                Some(h) if h.is_ipv4() => {
+                    let i = find_gid_index(
+                        ctx,
+                        port_num,
+                        &Gid::from_ip(h.dst).0,
+                        GID_TYPE_SYSFS_ROCE_V2,
+                    );
+                    if i >= 0 {
+                        a.grh.dgid.raw = Gid::from_ip(h.src).0;
+                        a.grh.sgid_index = i as u8;
+                        a.grh.hop_limit = h.hop_limit;
+                        a.grh.traffic_class = h.traffic_class;
                     }
+                    i.min(0)
                 }
-                Some(_) => {
-                    let (sgid, dgid) = (&g[8..24], &g[24..40]);
-                    let gid_type = match g[6] {
+                Some(h) => {
+                    let gid_type = match h.next_header {
                         17 => Some(GID_TYPE_SYSFS_ROCE_V2),
                         IB_NEXT_HDR => Some(GID_TYPE_SYSFS_ROCE_V1),
                         _ => None,
                     };
                     match gid_type {
-                        _ if dgid[0] == 0xff => neg_errno(libc::EINVAL),
                         None => neg_errno(libc::EPROTONOSUPPORT),
                         Some(t) => {
-                            a.grh.dgid.raw.copy_from_slice(sgid);
-                            let mut want = [0u8; 16];
-                            want.copy_from_slice(dgid);
-                            let i = find_gid_index(ctx, port_num, &want, t);
+                            a.grh.dgid.raw = Gid::from_ip(h.src).0;
+                            let i = find_gid_index(ctx, port_num, &Gid::from_ip(h.dst).0, t);
                             if i >= 0 {
                                 a.grh.sgid_index = i as u8;
-                                a.grh.hop_limit = g[7];
-                                a.grh.traffic_class = (head >> 20) as u8;
+                                a.grh.hop_limit = h.hop_limit;
+                                a.grh.traffic_class = h.traffic_class;
                             }
                             i.min(0)
                         }
@@ -257,51 +241,4 @@ pub(crate) extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
             Ok(())
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::grh_version;
-
-    /// The GRH area of a UD receive as rxe writes it for IPv4: 20 zero bytes, then the
-    /// IPv4 header (here 127.0.150.2 -> 127.0.150.1, TTL 64, UDP, right checksum).
-    fn rxe_ipv4_area() -> [u8; 40] {
-        let mut g = [0u8; 40];
-        g[20..40].copy_from_slice(&[
-            0x45, 0x00, 0x00, 0x3c, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 127, 0, 150, 2,
-            127, 0, 150, 1,
-        ]);
-        let sum: u32 = (0..10)
-            .map(|i| u32::from(u16::from_be_bytes([g[20 + 2 * i], g[21 + 2 * i]])))
-            .sum();
-        let folded = (sum & 0xffff) + (sum >> 16);
-        g[30..32].copy_from_slice(&(!(folded as u16)).to_be_bytes());
-        g
-    }
-
-    // libibverbs get_grh_header_version: a first nibble other than 6 with an IPv4 header in
-    // the last 20 bytes is IPv4; neither is EPROTONOSUPPORT.
-    #[test]
-    fn grh_version_ipv4_as_rxe_writes_it() {
-        assert_eq!(grh_version(&rxe_ipv4_area()), Some(4));
-        assert_eq!(grh_version(&[0u8; 40]), None);
-    }
-
-    // libibverbs get_grh_header_version: a first nibble of 6 is IPv6 unless the last 20
-    // bytes are an IPv4 header with IHL 5 and a right checksum.
-    #[test]
-    fn grh_version_ipv6_unless_a_checked_ipv4_header_follows() {
-        let mut v6 = [0u8; 40];
-        v6[0] = 0x60;
-        v6[6] = 17;
-        v6[7] = 64;
-        v6[23] = 1; // source ::1
-        v6[39] = 1; // destination ::1
-        assert_eq!(grh_version(&v6), Some(6));
-        let mut both = rxe_ipv4_area();
-        both[0] = 0x60;
-        assert_eq!(grh_version(&both), Some(4));
-        both[31] ^= 1; // a wrong checksum: IPv6 after all
-        assert_eq!(grh_version(&both), Some(6));
-    }
 }

@@ -78,20 +78,6 @@ fn new_device(addr: DeviceAddr, index: c_int) -> Device {
     Device { ibv, addr, index }
 }
 
-/// The node GUID of the device on `ip`, before it is opened: the EUI-64 of the MAC
-/// 02:00:a:b:c:d the engine derives from the address (checked against
-/// `Device::query_device` when the device opens).
-fn node_guid(ip: IpAddr) -> u64 {
-    let o = match ip {
-        IpAddr::V4(v4) => v4.octets(),
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            [o[12], o[13], o[14], o[15]]
-        }
-    };
-    u64::from_be_bytes([0x00, 0x00, o[0], 0xff, 0xfe, o[1], o[2], o[3]])
-}
-
 pub(crate) extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi!(std::ptr::null_mut(), {
         static LOG: std::sync::Once = std::sync::Once::new();
@@ -153,7 +139,7 @@ pub(crate) extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
     ffi!(0, {
         match device_of(dev) {
             // __be64: the GUID's bytes in network order.
-            Some(d) => node_guid(d.addr.ip).to_be(),
+            Some(d) => softroce::verbs::node_guid(d.addr.ip).to_be(),
             None => 0,
         }
     })

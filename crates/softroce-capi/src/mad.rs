@@ -14,8 +14,8 @@
 //!
 //! Only bytes cross the boundary, so the two libraries share the device registry and engine
 //! of libibverbs.so.1 without sharing a Rust type. QP1 of an engine device gets one port
-//! (receives posted in the GSI PD, as `softroce::verbs::CmPort`), whatever the number of
-//! contexts opened on it. Completions are taken with `Cq::poll_queued` / `Cq::wait`, which do
+//! (the engine's `softroce::verbs::MadRing`, which `softroce::verbs::CmPort` is built on
+//! too), whatever the number of contexts opened on it. Completions are taken with `Cq::poll_queued` / `Cq::wait`, which do
 //! not drive the link: receiving stays with the device's driver thread or its busy poller.
 
 use crate::abi::ibv_context;
@@ -25,82 +25,52 @@ use crate::handle::try_ref;
 use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
-use softroce::transport::UdDest;
-use softroce::verbs::{
-    AccessFlags, Cq, GSI_QKEY, Mr, Qp, RecvWr, SendWr, Wc, WcStatus, WrOpcode, grh_source,
-};
+use softroce::net::sockaddr::{socket_addr_from_ptr, write_socket_addr};
+use softroce::verbs::{Cq, MadRing, Wc};
+use softroce::wire::grh::{GRH_LEN, grh_source};
+use softroce::wire::mad::MAD_LEN;
 use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-const MAD_LEN: usize = 256;
-const GRH_LEN: usize = 40;
-const SLOT: usize = GRH_LEN + MAD_LEN;
-const RECV_SLOTS: usize = 64;
-const SEND_SLOTS: usize = 64;
-const SEND_TAG: u64 = 1 << 63;
-
+/// QP1 of an engine device for librdmacm: the engine's [`MadRing`] and the MADs received
+/// and not yet read, behind one lock; the GSI CQ outside it, so that a `recv` waits on it
+/// without holding the lock.
 struct MadPort {
+    /// The device, whose failure ends a wait for MADs.
     dev: softroce::verbs::Device,
-    qp: Qp,
     cq: Cq,
-    recv_mr: Mr,
-    send_mr: Mr,
     st: Mutex<PortState>,
 }
 
-#[derive(Default)]
 struct PortState {
-    free_send: Vec<usize>,
+    ring: MadRing,
     received: VecDeque<(IpAddr, Vec<u8>)>,
 }
 
 impl MadPort {
     fn open(dev: &softroce::verbs::Device) -> softroce::verbs::Result<MadPort> {
-        let pd = dev.gsi_pd();
-        let port = MadPort {
+        Ok(MadPort {
             dev: dev.clone(),
-            qp: dev.gsi_qp(),
             cq: dev.gsi_cq(),
-            recv_mr: pd.reg_mr(RECV_SLOTS * SLOT, AccessFlags::LOCAL_WRITE)?,
-            send_mr: pd.reg_mr(SEND_SLOTS * MAD_LEN, AccessFlags::LOCAL_WRITE)?,
             st: Mutex::new(PortState {
-                free_send: (0..SEND_SLOTS).collect(),
+                ring: MadRing::new(dev)?,
                 received: VecDeque::new(),
             }),
-        };
-        for slot in 0..RECV_SLOTS {
-            port.post_recv(slot)?;
-        }
-        Ok(port)
+        })
     }
 
-    fn post_recv(&self, slot: usize) -> softroce::verbs::Result<()> {
-        self.qp.post_recv(&[RecvWr {
-            wr_id: slot as u64,
-            sg_list: vec![self.recv_mr.sge(slot * SLOT, SLOT as u32)],
-        }])
-    }
-
-    fn completion(&self, st: &mut PortState, wc: &Wc) {
-        if wc.wr_id & SEND_TAG != 0 {
-            st.free_send.push((wc.wr_id & !SEND_TAG) as usize);
-            return;
-        }
-        let slot = wc.wr_id as usize;
-        if slot >= RECV_SLOTS || wc.status != WcStatus::Success {
-            return; // flushed (QP1 in error): not reposted
-        }
-        let mut buf = [0u8; SLOT];
-        let len = (wc.byte_len as usize).min(SLOT);
-        if self.recv_mr.read(slot * SLOT, &mut buf[..len]).is_ok()
-            && len > GRH_LEN
-            && let Some(src) = grh_source(&buf[..len])
-        {
-            st.received.push_back((src, buf[GRH_LEN..len].to_vec()));
-        }
-        let _ = self.post_recv(slot);
+    fn completion(st: &mut PortState, wc: &Wc) {
+        let received = &mut st.received;
+        // A flushed receive (QP1 in error) is not reposted; nothing else here fails.
+        let _ = st.ring.handle_completion(wc, |area| {
+            if area.len() > GRH_LEN
+                && let Some(src) = grh_source(area)
+            {
+                received.push_back((src, area[GRH_LEN..].to_vec()));
+            }
+        });
     }
 
     fn drain(&self, st: &mut PortState) {
@@ -108,7 +78,7 @@ impl MadPort {
         loop {
             let n = self.cq.poll_queued(&mut wcs);
             for wc in &wcs[..n] {
-                self.completion(st, wc);
+                Self::completion(st, wc);
             }
             if n < wcs.len() {
                 break;
@@ -119,27 +89,11 @@ impl MadPort {
     fn send(&self, dst: IpAddr, mad: &[u8]) -> Result<(), c_int> {
         let mut st = self.st.lock();
         self.drain(&mut st);
-        let slot = st.free_send.pop().ok_or(libc::EAGAIN)?;
-        let n = mad.len().min(MAD_LEN);
-        if self.send_mr.write(slot * MAD_LEN, &mad[..n]).is_err() {
-            st.free_send.push(slot);
-            return Err(libc::EIO);
+        match st.ring.send(dst, mad) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(libc::EAGAIN),
+            Err(e) => Err(e.errno()),
         }
-        let mut wr = SendWr::new(
-            SEND_TAG | slot as u64,
-            WrOpcode::Send,
-            vec![self.send_mr.sge(slot * MAD_LEN, n as u32)],
-        );
-        wr.ud = Some(UdDest {
-            remote_ip: dst,
-            remote_qpn: 1,
-            remote_qkey: GSI_QKEY,
-            ip: Default::default(),
-        });
-        self.qp.post_send(&[wr]).map_err(|e| {
-            st.free_send.push(slot);
-            e.errno()
-        })
     }
 
     /// The next MAD received, waiting up to `timeout`; `None` if none came. Errors: `EIO`
@@ -160,7 +114,7 @@ impl MadPort {
         let got = self.cq.wait(&mut one, timeout);
         let mut st = self.st.lock();
         if got == 1 {
-            self.completion(&mut st, &one[0]);
+            Self::completion(&mut st, &one[0]);
         }
         self.drain(&mut st);
         Ok(st.received.pop_front())
@@ -185,30 +139,6 @@ fn port_of(ctx: *mut ibv_context) -> Result<Arc<MadPort>, c_int> {
     Ok(p)
 }
 
-/// The IP address of a `sockaddr_in`/`sockaddr_in6`.
-///
-/// # Safety
-/// `sa` is NULL or points to a sockaddr of its family's size.
-unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
-    if sa.is_null() {
-        return None;
-    }
-    // SAFETY: the caller's contract; the family says which struct it is.
-    unsafe {
-        match c_int::from((*sa).sa_family) {
-            libc::AF_INET => {
-                let s = &*sa.cast::<libc::sockaddr_in>();
-                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))))
-            }
-            libc::AF_INET6 => {
-                let s = &*sa.cast::<libc::sockaddr_in6>();
-                Some(IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)))
-            }
-            _ => None,
-        }
-    }
-}
-
 pub(crate) extern "C" fn softroce_mad_send(
     ctx: *mut ibv_context,
     dst: *const libc::sockaddr,
@@ -217,7 +147,7 @@ pub(crate) extern "C" fn softroce_mad_send(
 ) -> c_int {
     ffi!(-1, {
         // SAFETY: the caller passes a sockaddr (or NULL).
-        let Some(dst) = (unsafe { sockaddr_ip(dst) }) else {
+        let Some(dst) = (unsafe { socket_addr_from_ptr(dst) }).map(|a| a.ip()) else {
             return neg_errno(libc::EINVAL);
         };
         if mad.is_null() || len == 0 || len > MAD_LEN {
@@ -255,19 +185,7 @@ pub(crate) extern "C" fn softroce_mad_recv(
         unsafe {
             std::ptr::write_bytes(mad.cast::<u8>(), 0, MAD_LEN);
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), mad.cast::<u8>(), bytes.len());
-            std::ptr::write_bytes(src, 0, 1);
-            match from {
-                IpAddr::V4(v4) => {
-                    let s = &mut *src.cast::<libc::sockaddr_in>();
-                    s.sin_family = libc::AF_INET as libc::sa_family_t;
-                    s.sin_addr.s_addr = u32::from(v4).to_be();
-                }
-                IpAddr::V6(v6) => {
-                    let s = &mut *src.cast::<libc::sockaddr_in6>();
-                    s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                    s.sin6_addr.s6_addr = v6.octets();
-                }
-            }
+            write_socket_addr(&mut *src, SocketAddr::new(from, 0));
         }
         1
     })

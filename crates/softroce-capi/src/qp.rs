@@ -6,7 +6,7 @@
 //! (`ibv_wr_*`) is `qp_ex.rs`'s.
 
 use crate::abi::*;
-use crate::ah::{Ah, ah_attr};
+use crate::ah::{Ah, ah_attr, ibv_ah_attr_of};
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::handle::{Castable, free, into_handle, try_ref};
@@ -18,12 +18,13 @@ use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::c_int;
 use parking_lot::Mutex;
 use softroce::verbs::{
-    self, AccessFlags, Gid, PathMtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
-    SendFlags, SendWr, WrOpcode,
+    self, AccessFlags, Gid, PathMtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpQuery, QpState,
+    QpType, SendFlags, SendWr, WrOpcode,
 };
 
 /// A queue pair, with what `ibv_query_qp` reports that the engine does not keep: the
-/// attributes last set by `ibv_modify_qp`, and the creation attributes. Every QP is a
+/// creation attributes (the attributes `ibv_modify_qp` set are the engine's,
+/// `verbs::Qp::query`). Every QP is a
 /// `struct ibv_qp_ex` (whose first field is the `struct ibv_qp`); those made by
 /// `ibv_create_qp_ex` with send ops have its `ibv_wr_*` functions set and `is_ex`.
 #[repr(C)]
@@ -35,7 +36,6 @@ pub(crate) struct Qp {
     pub build: Mutex<WrBuild>,
     pub cap: ibv_qp_cap,
     pub sq_sig_all: c_int,
-    pub attr: Mutex<ibv_qp_attr>,
 }
 
 // SAFETY: `ibv_qp_ex` is the first field of the `#[repr(C)]` `Qp` that `ibv_create_qp`
@@ -92,14 +92,7 @@ pub(crate) fn qp_state(v: c_int) -> Option<QpState> {
 
 /// The engine's path MTU from an `enum ibv_mtu` value.
 pub(crate) fn path_mtu(v: c_int) -> Option<PathMtu> {
-    match v {
-        1 => Some(PathMtu::Mtu256),
-        2 => Some(PathMtu::Mtu512),
-        3 => Some(PathMtu::Mtu1024),
-        4 => Some(PathMtu::Mtu2048),
-        5 => Some(PathMtu::Mtu4096),
-        _ => None,
-    }
+    u8::try_from(v).ok().and_then(PathMtu::from_ibv)
 }
 
 pub(crate) extern "C" fn ibv_create_qp(
@@ -167,10 +160,6 @@ pub(crate) extern "C" fn ibv_create_qp(
                 build: Mutex::new(Default::default()),
                 cap: init.cap,
                 sq_sig_all: init.sq_sig_all,
-                attr: Mutex::new(ibv_qp_attr {
-                    port_num: 1,
-                    ..Default::default()
-                }),
             });
             // SAFETY: the PD's context is live.
             let c: &Context = unsafe { try_ref(p.ibv.context) }?;
@@ -245,6 +234,8 @@ pub(crate) extern "C" fn ibv_modify_qp(
             e.timeout = a.timeout;
             e.retry_cnt = a.retry_cnt;
             e.rnr_retry = a.rnr_retry;
+            e.path_mig_state = a.path_mig_state as u32;
+            e.en_sqd_async_notify = a.en_sqd_async_notify;
             if let Err(err) = q.qp.modify(&e, mask) {
                 tracing::debug!(target: "softroce::verbs", qpn = q.qp.qp_num(), "ibv_modify_qp: {err}");
                 if err.what().ends_with(softroce::verbs::LINK_LOCAL_SGID) {
@@ -252,32 +243,6 @@ pub(crate) extern "C" fn ibv_modify_qp(
                 }
                 return Err(err.errno());
             }
-            // What ibv_query_qp reports back.
-            let mut s = q.attr.lock();
-            macro_rules! keep {
-            ($bit:ident: $($f:ident),+) => {
-                if mask.contains(QpAttrMask::$bit) {
-                    $(s.$f = a.$f;)+
-                }
-            };
-        }
-            keep!(EN_SQD_ASYNC_NOTIFY: en_sqd_async_notify);
-            keep!(ACCESS_FLAGS: qp_access_flags);
-            keep!(PKEY_INDEX: pkey_index);
-            keep!(PORT: port_num);
-            keep!(QKEY: qkey);
-            keep!(AV: ah_attr);
-            keep!(PATH_MTU: path_mtu);
-            keep!(TIMEOUT: timeout);
-            keep!(RETRY_CNT: retry_cnt);
-            keep!(RNR_RETRY: rnr_retry);
-            keep!(RQ_PSN: rq_psn);
-            keep!(MAX_QP_RD_ATOMIC: max_rd_atomic);
-            keep!(MIN_RNR_TIMER: min_rnr_timer);
-            keep!(SQ_PSN: sq_psn);
-            keep!(MAX_DEST_RD_ATOMIC: max_dest_rd_atomic);
-            keep!(PATH_MIG_STATE: path_mig_state);
-            keep!(DEST_QPN: dest_qp_num);
             if mask.contains(QpAttrMask::STATE) {
                 // SAFETY: the program's own QP struct; libibverbs updates `state` here too.
                 unsafe { (*qp).state = a.qp_state };
@@ -300,12 +265,43 @@ pub(crate) extern "C" fn ibv_query_qp(
             if attr.is_null() || init.is_null() {
                 return Err(libc::EINVAL);
             }
-            let mut a = *q.attr.lock();
-            let state = q.qp.state() as c_int;
+            let QpQuery { attr: e, mask } = q.qp.query().map_err(|e| e.errno())?;
+            // What modify_qp set, the rest zero (port 1).
+            let mut a = ibv_qp_attr {
+                port_num: 1,
+                ..Default::default()
+            };
+            macro_rules! set {
+                ($($bit:ident: $f:ident = $v:expr),+ $(,)?) => {
+                    $(if mask.contains(QpAttrMask::$bit) {
+                        a.$f = $v;
+                    })+
+                };
+            }
+            set!(
+                EN_SQD_ASYNC_NOTIFY: en_sqd_async_notify = e.en_sqd_async_notify,
+                ACCESS_FLAGS: qp_access_flags = e.qp_access_flags.0,
+                PKEY_INDEX: pkey_index = e.pkey_index,
+                PORT: port_num = e.port_num,
+                QKEY: qkey = e.qkey,
+                AV: ah_attr = ibv_ah_attr_of(&e.ah_attr),
+                PATH_MTU: path_mtu = e.path_mtu as c_int,
+                TIMEOUT: timeout = e.timeout,
+                RETRY_CNT: retry_cnt = e.retry_cnt,
+                RNR_RETRY: rnr_retry = e.rnr_retry,
+                RQ_PSN: rq_psn = e.rq_psn,
+                MAX_QP_RD_ATOMIC: max_rd_atomic = e.max_rd_atomic,
+                MIN_RNR_TIMER: min_rnr_timer = e.min_rnr_timer,
+                SQ_PSN: sq_psn = e.sq_psn,
+                MAX_DEST_RD_ATOMIC: max_dest_rd_atomic = e.max_dest_rd_atomic,
+                PATH_MIG_STATE: path_mig_state = e.path_mig_state as c_int,
+                DEST_QPN: dest_qp_num = e.dest_qp_num,
+            );
+            let state = e.qp_state as c_int;
             a.qp_state = state;
             a.cur_qp_state = state;
             a.cap = q.cap;
-            a.sq_draining = u8::from(q.qp.state() == QpState::Sqd);
+            a.sq_draining = u8::from(e.qp_state == QpState::Sqd);
             // SAFETY: writable out structs (the caller's contract).
             unsafe {
                 *attr = a;

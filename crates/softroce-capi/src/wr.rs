@@ -6,9 +6,9 @@ use crate::abi::*;
 use core::ffi::c_int;
 use softroce::verbs::{RecvWr, Sge};
 
-/// Most SGEs softroce reads from one WR (the device's `max_sge`); more is `EINVAL` (the
-/// engine would refuse them anyway).
-const MAX_SGE: c_int = 32;
+/// Most SGEs softroce reads from one WR (the device's `max_sge`, the engine's); more is
+/// `EINVAL` (the engine would refuse them anyway).
+const MAX_SGE: c_int = softroce::verbs::MAX_SGE as c_int;
 
 /// The SGE list of a WR.
 ///

@@ -23,6 +23,7 @@ use crate::{Context, Error, PreparedQueuePair, QueuePair, Result};
 use softroce::cm::rdma_cm::{REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, req_user_private_data};
 use softroce::cm::{AcceptParams, CmEvent, CmState, CommId, ConnectParams};
 use softroce::net::{CmDriver, UdpDevice};
+use softroce::rand::SplitMix64;
 use softroce::verbs::{self, PathMtu, QpAttr, QpAttrMask, QpState, QpType, RcConnect};
 use softroce::wire::cm::{RejReason, ReqRepr, port_space, rdma_cm_service_id};
 use std::net::SocketAddr;
@@ -309,14 +310,11 @@ impl Drop for ConnectRequest {
     }
 }
 
-/// A first PSN for `qpn` (24 bits): mixed from the driver's clock and the QPN, as a
-/// connect's random `starting_psn`.
+/// A first PSN for `qpn` (24 bits): the first draw of the engine's [`SplitMix64`] seeded
+/// from the driver's clock and the QPN, as a connect's random `starting_psn`.
 fn psn_of(driver: &CmDriver, qpn: u32) -> u32 {
-    let mut x = driver.now().as_nanos() ^ (u64::from(qpn) << 32) ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    (x & 0x00ff_ffff) as u32
+    let seed = driver.now().as_nanos() ^ (u64::from(qpn) << 32);
+    (SplitMix64::new(seed).next_u64() & 0x00ff_ffff) as u32
 }
 
 impl PreparedQueuePair {

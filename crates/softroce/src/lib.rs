@@ -10,6 +10,8 @@
 //! - [`verbs`]: devices, PDs, MRs, CQs and QPs with libibverbs names and errno-style errors.
 //! - [`net`]: the only place with sockets, threads and the real clock: one UDP socket per
 //!   device on port 4791, and a driver thread that feeds received datagrams to the engines.
+//! - [`rand`]: the one seeded PRNG ([`rand::SplitMix64`]) every layer and frontend draws from;
+//!   a seed that differs between runs comes from [`net::clock::seed_from_clock_and_pid`].
 //! - The `ibverbs`-shaped Rust API is the `softroce-ibverbs` crate, a frontend over `verbs` and
 //!   `net`; the `softroce` command is the `softroce-cli` package at the repository root.
 //!
@@ -117,6 +119,7 @@
 
 pub mod cm;
 pub mod net;
+pub mod rand;
 pub mod transport;
 pub mod verbs;
 pub mod wire;

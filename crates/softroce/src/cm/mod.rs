@@ -89,6 +89,7 @@ pub use agent::{MadAgent, MadClassDrops};
 pub use counters::{CmCounters, CmDropReason};
 pub use error::{CmError, CmReject};
 
+use crate::rand::SplitMix64;
 use crate::transport::Instant;
 use crate::wire::cm::{
     CmMadRepr, CmMsgRepr, CmPathRepr, CmaHdr, CmaHdrRepr, DrepRepr, DreqRepr, MraRepr, RejReason,
@@ -418,7 +419,7 @@ struct Conn {
 #[derive(Debug)]
 pub struct CmEngine {
     config: CmConfig,
-    rng: u64,
+    rng: SplitMix64,
     tid_hi: u32,
     conns: BTreeMap<u32, Conn>,
     /// (peer, remote comm ID or SIDR request ID) → local ID, for duplicate REQs/SIDR_REQs.
@@ -446,7 +447,7 @@ impl CmEngine {
     /// An engine with no connection and no listener.
     pub fn new(config: CmConfig) -> CmEngine {
         let mut e = CmEngine {
-            rng: config.seed ^ 0x00c0_ffee_0c0f_fee0,
+            rng: SplitMix64::new(config.seed ^ 0x00c0_ffee_0c0f_fee0),
             tid_hi: 0,
             config,
             conns: BTreeMap::new(),

@@ -550,12 +550,7 @@ impl CmEngine {
     // ---- helpers ----
 
     pub(super) fn next_random(&mut self) -> u64 {
-        // splitmix64
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.rng.next_u64()
     }
 
     /// 2 × packet lifetime + 4.096 µs × 2^`exp` (kernel `cm.c`: `cm_convert_to_ms`).

@@ -23,7 +23,7 @@
 use crate::transport::TxPart;
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
 /// Most segments one GSO send may carry (`UDP_MAX_SEGMENTS` in Linux ≥ 4.18; newer kernels
@@ -487,7 +487,7 @@ impl RecvBatch {
             let m = &self.msgs[i];
             let len = (m.msg_len as usize).min(self.bufs[i].len());
             Received {
-                src: parse_sockaddr(&self.addrs[i]),
+                src: super::sockaddr::socket_addr_from_storage(&self.addrs[i]),
                 data: &self.bufs[i][..len],
                 segment_bytes: gro_segment(&m.msg_hdr),
             }
@@ -510,31 +510,6 @@ fn gro_segment(h: &libc::msghdr) -> Option<usize> {
         }
     }
     None
-}
-
-fn parse_sockaddr(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match i32::from(s.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a `sockaddr_in`, which fits in it
-            // and has no stricter alignment.
-            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                u16::from_be(a.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above for `sockaddr_in6`.
-            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(a.sin6_addr.s6_addr),
-                u16::from_be(a.sin6_port),
-                a.sin6_flowinfo,
-                a.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
 }
 
 #[cfg(test)]

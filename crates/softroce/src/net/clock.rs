@@ -34,6 +34,18 @@ impl Clock for SystemClock {
     }
 }
 
+/// A seed that differs between runs and between processes: the wall clock's nanoseconds
+/// since the Unix epoch XOR the process ID shifted to bits 32..64 (1 if the clock is before
+/// the epoch). The one such seed of the workspace: the CM driver, librdmacm.so.1 and the
+/// random starting PSN of the examples all take theirs here, and feed it to
+/// [`crate::rand::SplitMix64`] or a config's `seed`.
+pub fn seed_from_clock_and_pid() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        ^ (u64::from(std::process::id()) << 32)
+}
+
 /// A clock that moves only when told to (tests, simulations).
 #[derive(Debug, Default)]
 pub struct ManualClock {

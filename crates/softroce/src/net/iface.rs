@@ -7,7 +7,7 @@
 //! that mounted it.
 
 use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 /// The MTU in bytes of the interface holding address `ip` (the netdev MTU: the largest IP
 /// packet, e.g. 1500 on Ethernet, 65536 on Linux `lo`). Errors: None when no interface holds
@@ -49,7 +49,7 @@ fn interface_of(ip: IpAddr) -> Option<Vec<u8>> {
             continue;
         }
         // SAFETY: a non-null ifa_addr points at a sockaddr of the family it names.
-        let addr = unsafe { sockaddr_ip(ifa.ifa_addr) };
+        let addr = unsafe { super::sockaddr::socket_addr_from_ptr(ifa.ifa_addr) }.map(|a| a.ip());
         if addr == Some(ip) {
             // SAFETY: ifa_name is a NUL-terminated interface name owned by the list.
             found = Some(unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes().to_vec());
@@ -59,29 +59,6 @@ fn interface_of(ip: IpAddr) -> Option<Vec<u8>> {
     // SAFETY: the list from getifaddrs, freed once; nothing of it is used afterwards.
     unsafe { libc::freeifaddrs(list) };
     found
-}
-
-/// The IP address of a sockaddr, for AF_INET and AF_INET6 (else None).
-///
-/// # Safety
-/// `sa` points at a sockaddr as large as its family's struct.
-unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
-    // SAFETY: the caller's pointer; sa_family is in every sockaddr.
-    match i32::from(unsafe { (*sa).sa_family }) {
-        libc::AF_INET => {
-            // SAFETY: an AF_INET sockaddr is a sockaddr_in (caller's contract).
-            let sin = unsafe { &*sa.cast::<libc::sockaddr_in>() };
-            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                sin.sin_addr.s_addr,
-            ))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6 (caller's contract).
-            let sin6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
-            Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
-        }
-        _ => None,
-    }
 }
 
 /// The MTU of interface `name` (`SIOCGIFMTU`).
@@ -113,6 +90,7 @@ fn interface_mtu(name: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     #[test]
     fn rxe_port_mtu_follows_rxe_set_mtu() {

@@ -1,7 +1,7 @@
 //! Net: the only layer with sockets, threads and the real clock.
 //!
 //! - [`clock`]: [`SystemClock`] (monotonic, ns since the device opened) and [`ManualClock`]
-//!   (set by tests).
+//!   (set by tests); [`seed_from_clock_and_pid`], the frontends' seed that differs per run.
 //! - [`udp`]: one UDP socket per device bound to its IP on port 4791 for receiving, plus one
 //!   unconnected send socket per UDP source port with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so
 //!   that Linux writes IPv4 ID 0 and DF on every datagram and the ICRC of what we send is
@@ -28,6 +28,8 @@
 //!   no RoCE device, which the CM then reports unreachable at once.
 //! - `fork`: a forked child does not keep the parent's device ports (`pthread_atfork`).
 //! - `sock`: how the device's UDP sockets are made (shared by `udp` and `mcast`).
+//! - [`sockaddr`]: C `sockaddr_in`/`sockaddr_in6` to and from `SocketAddr` (socket2), for
+//!   the C ABIs.
 //! - [`sim`]: the in-memory twin of `udp`: a seeded lossy link and a virtual clock that
 //!   drive the same devices and engines deterministically.
 //! - [`steer`]: the `SO_REUSEPORT` steering program that lets processes share a device
@@ -51,10 +53,11 @@ pub mod pcap_reader;
 mod raw;
 pub mod sim;
 mod sock;
+pub mod sockaddr;
 pub mod steer;
 pub mod udp;
 
-pub use clock::{ManualClock, SystemClock};
+pub use clock::{ManualClock, SystemClock, seed_from_clock_and_pid};
 pub use cm::CmDriver;
 pub use iface::{link_mtu, rxe_port_mtu};
 pub use link::UdpLink;

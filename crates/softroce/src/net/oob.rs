@@ -1,6 +1,7 @@
 //! Out-of-band exchange of QP endpoints over TCP, as the classic verbs examples do before
 //! any RDMA traffic: each side sends its QPN, first PSN and GID, and reads the peer's.
 
+use crate::rand::SplitMix64;
 use crate::verbs::Gid;
 use std::io::{self, Read, Write};
 
@@ -100,14 +101,10 @@ impl RemoteBuf {
 }
 
 /// A 24-bit starting PSN that differs between runs (like `lrand48() & 0xffffff` in the
-/// rdma-core examples); taken from the clock, which is fine for a PSN.
+/// rdma-core examples): the first draw of [`SplitMix64`] from
+/// [`seed_from_clock_and_pid`](super::seed_from_clock_and_pid).
 pub fn random_psn() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| {
-            d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(13)
-        });
-    (t ^ std::process::id().rotate_left(7)).wrapping_mul(0x9e37_79b9) >> 8
+    (SplitMix64::new(super::seed_from_clock_and_pid()).next_u64() & 0x00ff_ffff) as u32
 }
 
 #[cfg(test)]

@@ -50,7 +50,6 @@ pub use srq::{QpEvent, SrqQueue};
 pub use timer::{Instant, Timer, TimerTable, ack_timeout};
 use transmit::gathered;
 pub use transmit::*;
-pub(crate) use types::to_v6;
 pub use types::{
     AccessFlags, GSI_QKEY, IpFields, MULTICAST_QPN, Path, PathMtu, PostError, QpAttrs, QpCap,
     QpState, QpType, SendFlags, WcFlags,
@@ -59,7 +58,7 @@ pub use wc::*;
 pub use wr::*;
 
 use crate::wire::{
-    ICRC_LEN, IcrcHasher, PacketRepr, Psn, RocePacket, Transport, icrc_of_body_parts,
+    Gid, ICRC_LEN, IcrcHasher, PacketRepr, Psn, RocePacket, Transport, icrc_of_body_parts,
 };
 use core::net::IpAddr;
 use core::ptr::NonNull;
@@ -418,7 +417,10 @@ impl QpEngine {
         // rxe `check_addr`: a connected QP takes packets only from its peer's address and
         // only to its own (not, say, to a multicast group it cannot be attached to).
         let wrong_addr = |p: &Path| {
-            to_v6(p.remote) != to_v6(src) || self.rx_dst.is_some_and(|d| to_v6(d) != to_v6(p.local))
+            Gid::from_ip(p.remote) != Gid::from_ip(src)
+                || self
+                    .rx_dst
+                    .is_some_and(|d| Gid::from_ip(d) != Gid::from_ip(p.local))
         };
         if !self.qp_type.is_datagram() && self.path.is_none_or(|p| wrong_addr(&p)) {
             self.counters.drop_packet(DropReason::WrongSource);

@@ -12,8 +12,8 @@ use super::{
 };
 use crate::transport::{AtomicOp, Instant, MemoryTable};
 use crate::wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, OpKind, Opcode, PacketRepr, Position, Psn,
-    RocePacket,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, Gid, OpKind, Opcode, PacketRepr, Position,
+    Psn, RocePacket,
 };
 use core::net::IpAddr;
 use std::collections::VecDeque;
@@ -313,8 +313,8 @@ impl QpEngine {
                 g[4..6].copy_from_slice(&((8 + udp_payload) as u16).to_be_bytes());
                 g[6] = 17;
                 g[7] = 64;
-                g[8..24].copy_from_slice(&super::to_v6(src).octets());
-                g[24..40].copy_from_slice(&super::to_v6(dst.unwrap_or(src)).octets());
+                g[8..24].copy_from_slice(&Gid::from_ip(src).0);
+                g[24..40].copy_from_slice(&Gid::from_ip(dst.unwrap_or(src)).0);
             }
         }
         g

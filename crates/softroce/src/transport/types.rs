@@ -3,7 +3,7 @@
 //! Plain data with `ibv_*` names; the engine that runs on it is in [`super::QpEngine`].
 //! Nothing here allocates, panics or does I/O.
 
-use crate::wire::{IcrcIp, Psn, ROCE_V2_UDP_PORT};
+use crate::wire::{Gid, IcrcIp, Psn, ROCE_V2_UDP_PORT};
 use core::net::IpAddr;
 
 /// Queue pair transport type. Source: `enum ibv_qp_type`.
@@ -228,21 +228,12 @@ impl Path {
                 dst_port: ROCE_V2_UDP_PORT,
             },
             (src, dst) => IcrcIp::V6 {
-                src: to_v6(src),
-                dst: to_v6(dst),
+                src: Gid::from_ip(src).ipv6(),
+                dst: Gid::from_ip(dst).ipv6(),
                 src_port: self.src_port,
                 dst_port: ROCE_V2_UDP_PORT,
             },
         }
-    }
-}
-
-/// The IPv6 form of an address (IPv4 becomes `::ffff:a.b.c.d`), as GIDs and the IPv6 ICRC
-/// pseudo-header use it.
-pub(crate) fn to_v6(a: IpAddr) -> core::net::Ipv6Addr {
-    match a {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
     }
 }
 

@@ -63,9 +63,11 @@ pub struct GidEntry {
     pub gid_type: GidType,
 }
 
-/// Largest queue depth, SGE count (the CQ size limit is cq.rs's `MAX_CQE`).
+/// Largest queue depth (the CQ size limit is cq.rs's `MAX_CQE`).
 pub(super) const MAX_QP_WR: u32 = 16384;
-pub(super) const MAX_SGE: u32 = 32;
+/// Most SGEs in one WR: the device's `max_sge` (and `max_sge_rd`), as rxe's
+/// `RXE_MAX_SGE`. The C ABI refuses a longer list with `EINVAL` before the engine sees it.
+pub const MAX_SGE: u32 = 32;
 pub(super) const MAX_QP: u32 = 1 << 16;
 pub(super) const MAX_RD_ATOM: u32 = 128;
 /// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
@@ -84,6 +86,8 @@ pub(super) const GSI_CQE: u32 = 1024;
 
 pub(super) struct QpSlot {
     pub(super) engine: QpEngine,
+    /// The attributes `modify_qp` set, for `Qp::query`.
+    pub(super) query: super::modify::QpQuery,
     pub(super) send_cq: Arc<CqShared>,
     pub(super) recv_cq: Arc<CqShared>,
 }

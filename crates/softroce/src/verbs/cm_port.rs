@@ -1,5 +1,5 @@
 //! The CM's MAD agent hooked to a device's QP1: [`CmPort`] keeps receives posted on the GSI
-//! QP, feeds every received MAD (GRH stripped, source address read from it) to the
+//! QP (through its [`MadRing`]), feeds every received MAD (GRH stripped, source address read from it) to the
 //! [`MadAgent`], and sends the MADs the CM engine queues as UD SENDs to the peer's QP1 (the
 //! GSI Q_Key goes on the wire). It opens no socket and reads no clock: the caller passes `now`
 //! and calls [`CmPort::process`] when QP1 has completions or the CM timer is due, as a
@@ -9,48 +9,23 @@
 //! Source: kernel `drivers/infiniband/core/mad.c` (the MAD agent on QP1, receive ring,
 //! `ib_post_send_mad`), `cm.c` `cm_create_response_msg_ah` (answers go to the sender).
 
-use super::{AccessFlags, Error, Gid, PathMtu, RcConnect, Wc, WcStatus};
-use super::{Cq, Device, ErrorKind, GSI_QKEY, Mr, Qp, RecvWr, Result, SendWr, WrOpcode};
+use super::mad_ring::{MadCompletion, MadRing};
+use super::{Cq, Device, Gid, PathMtu, RcConnect, Result, Wc};
 use crate::cm::rdma_cm::{RDMA_CM_LOCAL_ACK_TIMEOUT, RDMA_CM_MIN_RNR_TIMER};
 use crate::cm::{CmEngine, MadAgent, MadTransmit};
-use crate::transport::{Instant, UdDest};
+use crate::transport::Instant;
 use crate::wire::cm::{RepRepr, ReqRepr};
-use crate::wire::mad::MAD_LEN;
-use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use crate::wire::grh::grh_source;
+use core::net::{IpAddr, Ipv4Addr};
 use std::collections::VecDeque;
-
-const GRH_LEN: usize = 40;
-const RECV_SLOT_BYTES: usize = GRH_LEN + MAD_LEN;
-/// Receives kept posted on QP1.
-pub const CM_PORT_RECV_SLOTS: usize = 64;
-/// MADs in flight on QP1's send queue at once; more wait in the port's backlog.
-pub const CM_PORT_SEND_SLOTS: usize = 64;
-const SEND_TAG: u64 = 1 << 63;
-
-/// The source IP of a UD receive, from its 40-byte GRH: an IPv4 header in the last 20 bytes
-/// (the first 20 zero) or an IPv6 header. Source: docs/wire-facts.md §2.12; tests/gsi.rs.
-pub fn grh_source(grh: &[u8]) -> Option<IpAddr> {
-    let grh = grh.get(..GRH_LEN)?;
-    if grh[..20].iter().all(|&b| b == 0) && grh[20] >> 4 == 4 {
-        return Some(IpAddr::V4(Ipv4Addr::new(
-            grh[32], grh[33], grh[34], grh[35],
-        )));
-    }
-    let mut a = [0u8; 16];
-    a.copy_from_slice(&grh[8..24]);
-    Some(IpAddr::V6(Ipv6Addr::from(a)))
-}
 
 /// QP1 of a device driving a CM engine. See the module documentation.
 #[derive(Debug)]
 pub struct CmPort {
     /// The device, for what its link learns of unreachable peers.
     dev: Device,
-    qp: Qp,
+    ring: MadRing,
     cq: Cq,
-    recv_mr: Mr,
-    send_mr: Mr,
-    free_send: Vec<usize>,
     backlog: VecDeque<MadTransmit>,
     agent: MadAgent,
     /// Receives that completed in error (QP1 flushed): not reposted.
@@ -58,31 +33,18 @@ pub struct CmPort {
 }
 
 impl CmPort {
-    /// Takes over `dev`'s QP1 for `cm`: registers the buffers in the GSI PD and posts
-    /// [`CM_PORT_RECV_SLOTS`] receives.
+    /// Takes over `dev`'s QP1 for `cm`: its [`MadRing`] (buffers in the GSI PD,
+    /// [`CM_PORT_RECV_SLOTS`](super::CM_PORT_RECV_SLOTS) receives posted).
     /// Errors: those of `reg_mr` and `post_recv` (e.g. QP1 not in a state to receive).
     pub fn new(dev: &Device, cm: CmEngine) -> Result<CmPort> {
-        let pd = dev.gsi_pd();
-        let recv_mr = pd.reg_mr(
-            CM_PORT_RECV_SLOTS * RECV_SLOT_BYTES,
-            AccessFlags::LOCAL_WRITE,
-        )?;
-        let send_mr = pd.reg_mr(CM_PORT_SEND_SLOTS * MAD_LEN, AccessFlags::LOCAL_WRITE)?;
-        let port = CmPort {
+        Ok(CmPort {
             dev: dev.clone(),
-            qp: dev.gsi_qp(),
+            ring: MadRing::new(dev)?,
             cq: dev.gsi_cq(),
-            recv_mr,
-            send_mr,
-            free_send: (0..CM_PORT_SEND_SLOTS).rev().collect(),
             backlog: VecDeque::new(),
             agent: MadAgent::new(cm),
             recv_errors: 0,
-        };
-        for slot in 0..CM_PORT_RECV_SLOTS {
-            port.post_recv(slot)?;
-        }
-        Ok(port)
+        })
     }
 
     /// The CM engine (listen, connect, accept, … and `poll_event`).
@@ -128,29 +90,11 @@ impl CmPort {
         while let Some(m) = self.agent.poll_mad() {
             self.backlog.push_back(m);
         }
-        while !self.backlog.is_empty() {
-            let Some(slot) = self.free_send.pop() else {
-                break;
-            };
+        while !self.backlog.is_empty() && self.ring.can_send() {
             let Some(m) = self.backlog.pop_front() else {
                 break;
             };
-            self.send_mr.write(slot * MAD_LEN, &m.mad[..])?;
-            let mut wr = SendWr::new(
-                SEND_TAG | slot as u64,
-                WrOpcode::Send,
-                vec![self.send_mr.sge(slot * MAD_LEN, MAD_LEN as u32)],
-            );
-            wr.ud = Some(UdDest {
-                remote_ip: m.dst,
-                remote_qpn: 1,
-                remote_qkey: GSI_QKEY,
-                ip: Default::default(),
-            });
-            if let Err(e) = self.qp.post_send(&[wr]) {
-                self.free_send.push(slot);
-                return Err(e);
-            }
+            self.ring.send(m.dst, &m.mad[..])?;
         }
         Ok(())
     }
@@ -161,49 +105,19 @@ impl CmPort {
     /// did not post is `EINVAL`.
     pub fn handle_completions(&mut self, now: Instant, wcs: &[Wc]) -> Result<()> {
         for wc in wcs {
-            self.completion(now, wc)?;
+            let agent = &mut self.agent;
+            let done = self
+                .ring
+                .handle_completion(wc, |area| match grh_source(area) {
+                    Some(src) => agent.handle_recv(now, src, area),
+                    // Shorter than a GRH: the agent counts it as truncated.
+                    None => agent.handle_mad(now, IpAddr::V4(Ipv4Addr::UNSPECIFIED), &[]),
+                })?;
+            if done == MadCompletion::RecvFailed {
+                self.recv_errors += 1;
+            }
         }
         Ok(())
-    }
-
-    fn completion(&mut self, now: Instant, wc: &Wc) -> Result<()> {
-        if wc.wr_id & SEND_TAG != 0 {
-            // A send finished (well or not: the CM retransmits on its own timers).
-            self.free_send.push((wc.wr_id & !SEND_TAG) as usize);
-            return Ok(());
-        }
-        let slot = wc.wr_id as usize;
-        if slot >= CM_PORT_RECV_SLOTS {
-            return Err(Error::new(
-                ErrorKind::Inval,
-                "CmPort: foreign work request on QP1",
-            ));
-        }
-        if wc.status != WcStatus::Success {
-            self.recv_errors += 1;
-            return Ok(());
-        }
-        let mut buf = [0u8; RECV_SLOT_BYTES];
-        let len = (wc.byte_len as usize).min(RECV_SLOT_BYTES);
-        self.recv_mr.read(slot * RECV_SLOT_BYTES, &mut buf[..len])?;
-        match grh_source(&buf[..len]) {
-            Some(src) => self.agent.handle_recv(now, src, &buf[..len]),
-            // Shorter than a GRH: the agent counts it as truncated.
-            None => self
-                .agent
-                .handle_mad(now, IpAddr::V4(Ipv4Addr::UNSPECIFIED), &[]),
-        }
-        self.post_recv(slot)
-    }
-
-    fn post_recv(&self, slot: usize) -> Result<()> {
-        self.qp.post_recv(&[RecvWr {
-            wr_id: slot as u64,
-            sg_list: vec![
-                self.recv_mr
-                    .sge(slot * RECV_SLOT_BYTES, RECV_SLOT_BYTES as u32),
-            ],
-        }])
     }
 }
 

@@ -178,29 +178,42 @@ fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
     e
 }
 
+/// The EUI-64 of the device on `ip`: that of the locally administered MAC 02:00:a:b:c:d
+/// derived from the address (IPv4 `a.b.c.d`, or an IPv6 address's last four bytes), the
+/// universal/local bit flipped back. Its node GUID and link-local GID 0 are made of it.
+fn eui64(ip: IpAddr) -> [u8; 8] {
+    let ip4 = match ip {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    let mac = [0x02, 0x00, ip4[0], ip4[1], ip4[2], ip4[3]];
+    [
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ]
+}
+
+/// The node GUID (and system image GUID) of the device on `ip`, as
+/// [`Device::query_device`] reports it once the device is open: its EUI-64, read
+/// big-endian. The C ABI lists it before the device opens (`ibv_get_device_guid`).
+pub fn node_guid(ip: IpAddr) -> u64 {
+    u64::from_be_bytes(eui64(ip))
+}
+
 impl Device {
     /// Makes a device that sends through `link` and reads time from `clock`.
     pub fn new(cfg: DeviceConfig, link: Arc<dyn Link>, clock: Arc<dyn Clock>) -> Device {
-        // A locally administered MAC from the IP (02:00:a:b:c:d) and its EUI-64.
-        let ip4 = match cfg.ip {
-            IpAddr::V4(v4) => v4.octets(),
-            IpAddr::V6(v6) => {
-                let o = v6.octets();
-                [o[12], o[13], o[14], o[15]]
-            }
-        };
-        let mac = [0x02, 0x00, ip4[0], ip4[1], ip4[2], ip4[3]];
-        let eui = [
-            mac[0] ^ 0x02,
-            mac[1],
-            mac[2],
-            0xff,
-            0xfe,
-            mac[3],
-            mac[4],
-            mac[5],
-        ];
-        let node_guid = u64::from_be_bytes(eui);
+        let eui = eui64(cfg.ip);
+        let node_guid = node_guid(cfg.ip);
         let mut ll = [0u8; 16];
         ll[0] = 0xfe;
         ll[1] = 0x80;
@@ -226,6 +239,7 @@ impl Device {
             GSI_QPN,
             QpSlot {
                 engine: gsi_engine(&cfg, link.as_ref()),
+                query: super::modify::QpQuery::new(),
                 send_cq: gsi_cq.clone(),
                 recv_cq: gsi_cq.clone(),
             },

@@ -13,6 +13,7 @@ mod cm_port;
 mod cq;
 mod device;
 mod event;
+mod mad_ring;
 mod modify;
 mod mr;
 mod mw;
@@ -26,13 +27,20 @@ pub use crate::transport::{
     QpState, QpType, RecvWr, RegMr, SendFlags, SendWr, Sge, Transmit, UdDest, Wc, WcFlags,
     WcOpcode, WcStatus, WrOpcode, inc_rkey,
 };
+pub use crate::wire::Gid;
+pub use crate::wire::grh::grh_source;
 pub use ah::Ah;
-pub use base::{Device, DeviceConfig, GidEntry, GidType, MULTICAST_QPN};
-pub use cm_port::{CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, CmPort, grh_source};
+pub use base::{Device, DeviceConfig, GidEntry, GidType, MAX_SGE, MULTICAST_QPN};
+pub use cm_port::CmPort;
 pub use cq::{CompChannel, Cq, PollHook};
-pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr};
+pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr, node_guid};
 pub use event::{AsyncEvent, EventElement, EventType};
-pub use modify::{AhAttr, Params, QpAttr, QpAttrMask, TRANSITIONS, Transition, check_modify};
+pub use mad_ring::{
+    CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, MAD_RECV_SLOT_BYTES, MadCompletion, MadRing,
+};
+pub use modify::{
+    AhAttr, Params, QpAttr, QpAttrMask, QpQuery, TRANSITIONS, Transition, check_modify,
+};
 pub use mr::Mr;
 pub use mw::{FAST_REG_PAGE_BYTES, MAX_FAST_REG_PAGES, Mw, MwBind};
 pub use pd::Pd;
@@ -44,7 +52,7 @@ pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
 
 use crate::transport::Instant;
 use std::borrow::Cow;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 /// errno-shaped error kinds. Source: the errno values libibverbs returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -141,55 +149,6 @@ impl std::error::Error for Error {}
 
 /// Result of a verbs call.
 pub type Result<T> = core::result::Result<T, Error>;
-
-/// A 128-bit global identifier. For RoCEv2 it is an IPv6 address, IPv4-mapped for IPv4.
-///
-/// Shape: 16 bytes, network order. A GID of the form `::ffff:a.b.c.d` selects IPv4 (and an
-/// IPv4 address vector); any other GID selects IPv6 with the GID as the address, as rdma-core
-/// and ib_core do (`ipv6_addr_v4mapped`, `rdma_gid2ip`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Gid(pub [u8; 16]);
-
-impl Gid {
-    /// The all-zero GID.
-    pub const ZERO: Gid = Gid([0; 16]);
-
-    /// The GID of an IP address (IPv4 becomes `::ffff:a.b.c.d`).
-    pub fn from_ip(ip: IpAddr) -> Gid {
-        match ip {
-            IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
-            IpAddr::V6(v6) => Gid(v6.octets()),
-        }
-    }
-
-    /// True for a multicast GID: an IPv4-mapped class D address (`::ffff:224.0.0.0/100`) or
-    /// an IPv6 multicast address (`ff00::/8`). Source: ib_core `rdma_is_multicast_addr`.
-    pub fn is_multicast(&self) -> bool {
-        self.ip().is_multicast()
-    }
-
-    /// The IP address this GID names (IPv4 for an IPv4-mapped GID).
-    pub fn ip(&self) -> IpAddr {
-        let v6 = Ipv6Addr::from(self.0);
-        match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        }
-    }
-}
-
-impl core::fmt::Display for Gid {
-    /// As `inet_ntop` prints it, like rdma-core's tools (`::ffff:10.77.0.1`).
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{}", Ipv6Addr::from(self.0))
-    }
-}
-
-impl From<Ipv4Addr> for Gid {
-    fn from(v: Ipv4Addr) -> Gid {
-        Gid::from_ip(IpAddr::V4(v))
-    }
-}
 
 /// Where a device's packets go. Implemented by `net` (UDP sockets) and by simulators.
 pub trait Link: Send + Sync {

@@ -27,6 +27,15 @@ pub struct AhAttr {
     pub traffic_class: u8,
     /// Port number (1).
     pub port_num: u8,
+    /// Destination LID, service level, source path bits and static rate: InfiniBand fields a
+    /// RoCE port does not route by; kept as given, for `ibv_query_qp`.
+    pub dlid: u16,
+    /// Service level (kept, not used on RoCE).
+    pub sl: u8,
+    /// Source path bits (kept, not used on RoCE).
+    pub src_path_bits: u8,
+    /// Static rate (kept, not used: softroce does not pace).
+    pub static_rate: u8,
 }
 
 impl AhAttr {
@@ -53,6 +62,10 @@ impl AhAttr {
             hop_limit: 64,
             traffic_class: 0,
             port_num: 1,
+            dlid: 0,
+            sl: 0,
+            src_path_bits: 0,
+            static_rate: 0,
         }
     }
 }
@@ -94,6 +107,11 @@ pub struct QpAttr {
     pub retry_cnt: u8,
     /// RNR retry count (0..=7, 7 = infinite).
     pub rnr_retry: u8,
+    /// `enum ibv_mig_state` as given (kept for `ibv_query_qp`; softroce has no
+    /// alternate path to migrate to).
+    pub path_mig_state: u32,
+    /// Whether the SQD-drained async event is asked for (kept for `ibv_query_qp`).
+    pub en_sqd_async_notify: u8,
 }
 
 impl Default for QpAttr {
@@ -116,7 +134,64 @@ impl Default for QpAttr {
             timeout: 0,
             retry_cnt: 0,
             rnr_retry: 0,
+            path_mig_state: 0,
+            en_sqd_async_notify: 0,
         }
+    }
+}
+
+/// The attributes of a QP as `ibv_query_qp` reports them: each field as the last successful
+/// `modify_qp` that named it in its mask set it, `mask` the union of those masks (the
+/// fields never set are at [`QpAttr::default`]), and `qp_state` / `cur_qp_state` the
+/// QP's state now. Source: rxe `rxe_qp_to_attr` (what rxe reports back is what was set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpQuery {
+    /// The attributes.
+    pub attr: QpAttr,
+    /// Which attributes have been set (never STATE or CUR_STATE).
+    pub mask: QpAttrMask,
+}
+
+impl QpQuery {
+    /// A new QP's: nothing set, in RESET.
+    pub(super) fn new() -> QpQuery {
+        QpQuery {
+            attr: QpAttr::default(),
+            mask: QpAttrMask::default(),
+        }
+    }
+
+    /// Keeps the fields `mask` names from `from`, after a successful `modify_qp`.
+    pub(super) fn keep(&mut self, from: &QpAttr, mask: QpAttrMask) {
+        use QpAttrMask as A;
+        let (to, kept) = (&mut self.attr, &mut self.mask);
+        macro_rules! keep {
+            ($($bit:ident: $f:ident),+ $(,)?) => {
+                $(if mask.contains(A::$bit) {
+                    to.$f = from.$f;
+                    *kept = *kept | A::$bit;
+                })+
+            };
+        }
+        keep!(
+            EN_SQD_ASYNC_NOTIFY: en_sqd_async_notify,
+            ACCESS_FLAGS: qp_access_flags,
+            PKEY_INDEX: pkey_index,
+            PORT: port_num,
+            QKEY: qkey,
+            AV: ah_attr,
+            PATH_MTU: path_mtu,
+            TIMEOUT: timeout,
+            RETRY_CNT: retry_cnt,
+            RNR_RETRY: rnr_retry,
+            RQ_PSN: rq_psn,
+            MAX_QP_RD_ATOMIC: max_rd_atomic,
+            MIN_RNR_TIMER: min_rnr_timer,
+            SQ_PSN: sq_psn,
+            MAX_DEST_RD_ATOMIC: max_dest_rd_atomic,
+            PATH_MIG_STATE: path_mig_state,
+            DEST_QPN: dest_qp_num,
+        );
     }
 }
 
@@ -193,6 +268,50 @@ mod tests {
             | A::RQ_PSN
             | A::MAX_DEST_RD_ATOMIC
             | A::MIN_RNR_TIMER
+    }
+
+    // What ibv_query_qp reports is what each successful modify_qp named in its mask.
+    #[test]
+    fn query_keeps_only_the_fields_a_mask_names() {
+        let mut q = QpQuery::new();
+        let init = QpAttr {
+            qp_state: S::Init,
+            qkey: 0x1111,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE,
+            path_mig_state: 2,
+            ..QpAttr::default()
+        };
+        q.keep(&init, A::STATE | A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS);
+        assert_eq!(q.attr.qp_access_flags, AccessFlags::REMOTE_WRITE);
+        assert_eq!(q.attr.qkey, 0, "QKEY was not in the mask");
+        assert_eq!(
+            q.attr.path_mig_state, 0,
+            "PATH_MIG_STATE was not in the mask"
+        );
+        assert_eq!(q.attr.qp_state, S::Reset, "the state is the QP's, not kept");
+        let rtr = QpAttr {
+            dest_qp_num: 0x22,
+            ah_attr: AhAttr {
+                dlid: 7,
+                sl: 3,
+                ..AhAttr::roce_v2(Gid([9; 16]))
+            },
+            ..QpAttr::default()
+        };
+        q.keep(&rtr, A::STATE | A::AV | A::DEST_QPN);
+        assert_eq!(q.attr.dest_qp_num, 0x22);
+        assert_eq!((q.attr.ah_attr.dlid, q.attr.ah_attr.sl), (7, 3));
+        assert_eq!(
+            q.attr.qp_access_flags,
+            AccessFlags::REMOTE_WRITE,
+            "kept from before"
+        );
+        assert_eq!(
+            q.mask,
+            A::PKEY_INDEX | A::PORT | A::ACCESS_FLAGS | A::AV | A::DEST_QPN
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::cq::Cq;
 use super::modify::{AhAttr, QpAttrMask as A};
 use super::pd::Pd;
 use super::srq::Srq;
-use super::{Error, ErrorKind, Gid, QpAttr, QpAttrMask, Result};
+use super::{Error, ErrorKind, Gid, QpAttr, QpAttrMask, QpQuery, Result};
 use crate::transport::{
     AccessFlags, Counters, Path, PathMtu, PostError, QpCap, QpEngine, QpState, QpType, RecvWr,
     SendWr,
@@ -134,6 +134,7 @@ impl Pd {
             qpn,
             QpSlot {
                 engine,
+                query: super::modify::QpQuery::new(),
                 send_cq: init.send_cq.shared.clone(),
                 recv_cq: init.recv_cq.shared.clone(),
             },
@@ -206,6 +207,21 @@ impl Qp {
             .map_or(QpState::Err, |s| s.engine.state())
     }
 
+    /// `ibv_query_qp`: the attributes as `modify_qp` last set them, and the state now.
+    /// Errors: `ENOENT` once the QP is destroyed (not reachable through a live `Qp`).
+    pub fn query(&self) -> Result<QpQuery> {
+        let st = self.dev.shared.state.lock();
+        let slot = st
+            .qps
+            .get(&self.qpn)
+            .ok_or_else(|| Error::new(ErrorKind::NoEnt, "query_qp: QP destroyed"))?;
+        let mut q = slot.query;
+        let state = slot.engine.state();
+        q.attr.qp_state = state;
+        q.attr.cur_qp_state = state;
+        Ok(q)
+    }
+
     /// This QP's counters.
     pub fn counters(&self) -> Counters {
         let st = self.dev.shared.state.lock();
@@ -273,6 +289,7 @@ impl Qp {
         }
         // Everything checked: the engine checks again and commits.
         e.modify(&m, mask)?;
+        slot.query.keep(attr, mask);
         let now = self.dev.now();
         self.dev.pump(&mut st, self.qpn, now);
         Ok(())

@@ -4,9 +4,11 @@
 
 use super::base::{Device, MULTICAST_QPN, State};
 use super::event::{AsyncEvents, EventElement, EventType};
-use crate::transport::{DropReason, Instant, to_v6};
+use crate::transport::{DropReason, Instant};
 use crate::wire::ip_udp::{LinkType, parse_frame};
-use crate::wire::{IcrcIp, OpKind, ROCE_V2_UDP_PORT, RocePacket, icrc_compute, solve_ipv4_ident};
+use crate::wire::{
+    Gid, IcrcIp, OpKind, ROCE_V2_UDP_PORT, RocePacket, icrc_compute, solve_ipv4_ident,
+};
 use std::net::{IpAddr, SocketAddr};
 
 /// What the receiver saw of the outer IP and UDP headers of a datagram, which the ICRC covers.
@@ -225,8 +227,8 @@ impl Device {
                         dst_port: ROCE_V2_UDP_PORT,
                     },
                     (s, d) => IcrcIp::V6 {
-                        src: to_v6(s),
-                        dst: to_v6(d),
+                        src: Gid::from_ip(s).ipv6(),
+                        dst: Gid::from_ip(d).ipv6(),
                         src_port: src.port(),
                         dst_port: ROCE_V2_UDP_PORT,
                     },

@@ -64,6 +64,8 @@ mod atomic_eth;
 mod bth;
 pub mod cm;
 mod deth;
+mod gid;
+pub mod grh;
 mod icrc;
 mod ieth;
 mod immdt;
@@ -79,6 +81,7 @@ pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr};
 pub use atomic_eth::{AtomicEth, AtomicEthRepr};
 pub use bth::{Bth, BthRepr};
 pub use deth::{Deth, DethRepr};
+pub use gid::Gid;
 pub use icrc::{
     IcrcHasher, IcrcIp, icrc_compute, icrc_of_body, icrc_of_body_parts, icrc_of_datagram,
     solve_ipv4_ident,

@@ -14,6 +14,7 @@ pub mod workload;
 pub use recording::RecordingLink;
 
 use super::ManualClock;
+use crate::rand::SplitMix64;
 use crate::transport::{Instant, Transmit};
 use crate::verbs::{Device, DeviceConfig, Link};
 use parking_lot::Mutex;
@@ -23,30 +24,26 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A small seeded PRNG (splitmix64): deterministic, no global state.
+/// The simulator's seeded PRNG: the engine's [`SplitMix64`] from `seed ^ 0x5eed_5eed_5eed_5eed`.
 #[derive(Debug, Clone)]
-pub struct SimRng(u64);
+pub struct SimRng(SplitMix64);
 
 impl SimRng {
     /// A generator from `seed`.
     pub fn new(seed: u64) -> SimRng {
-        SimRng(seed ^ 0x5eed_5eed_5eed_5eed)
+        SimRng(SplitMix64::new(seed ^ 0x5eed_5eed_5eed_5eed))
     }
     /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
+        self.0.below(n)
     }
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
+        self.0.chance(p)
     }
 }
 
