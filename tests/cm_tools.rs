@@ -289,3 +289,45 @@ fn mckey_sender_to_receiver_through_a_multicast_group() {
     assert!(text(&s).contains("initiating data transfers"), "{report}");
     assert!(text(&r).contains("receiving data transfers"), "{report}");
 }
+
+// Issue 25 item 3: an rdma_cm connect to an address with no RoCE device (nothing on UDP 4791
+// of 127.0.117.91) is RDMA_CM_EVENT_UNREACHABLE from the ICMP port unreachable its REQ draws,
+// not after the REQ's 15 retries (77 s): the capture of the client's device holds exactly
+// one REQ, and none of the retransmissions the first response timeout (4.3 s) would bring.
+#[test]
+fn ucmatose_to_an_address_without_a_device_is_unreachable_from_icmp() {
+    if !have("ucmatose") {
+        println!("SKIPPED: ucmatose not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("softroce-cm-icmp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("client.pcap");
+    let mut cmd = std::process::Command::new(SOFTROCE);
+    cmd.args(["exec", "--pcap"])
+        .arg(&pcap)
+        .args(["--ip", "127.0.117.90", "--"])
+        .args(["ucmatose", "-s", "127.0.117.91", "-p", "7499"]);
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = wait(cmd.spawn().unwrap(), Duration::from_secs(60), "ucmatose");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("event: RDMA_CM_EVENT_UNREACHABLE"),
+        "{}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decoded = std::process::Command::new(SOFTROCE)
+        .arg("decode")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let frames = String::from_utf8_lossy(&decoded.stdout).into_owned();
+    let reqs = frames
+        .lines()
+        .filter(|l| l.contains("> 127.0.117.91:4791") && l.contains("qp=0x1 "))
+        .count();
+    assert_eq!(reqs, 1, "REQs sent:\n{frames}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,8 +8,11 @@
 //!                       const void *mad, size_t len);          /* 0, or -1 and errno */
 //! int softroce_mad_recv(struct ibv_context *ctx, void *mad /* 256 bytes */,
 //!                       struct sockaddr_storage *src, int timeout_ms);
-//!                       /* 1: a MAD; 0: none within timeout_ms; -1 and errno:
-//!                          EIO once the device failed (its driver thread panicked) */
+//!                       /* 1: a MAD; 2: no MAD, but the network said the address
+//!                          in *src has no RoCE device (ICMP port unreachable for a MAD
+//!                          sent there; `Link::poll_unreachable`); 0: none within
+//!                          timeout_ms; -1 and errno: EIO once the device failed (its
+//!                          driver thread panicked) */
 //! ```
 //!
 //! Only bytes cross the boundary, so the two libraries share the device registry and engine
@@ -176,6 +179,13 @@ pub(crate) extern "C" fn softroce_mad_recv(
             Ok(p) => p,
             Err(e) => return neg_errno(e),
         };
+        // What the device's link learnt of a peer without a RoCE device goes first: the CM
+        // ends the connects waiting for it at once (softroce::cm::CmEngine::handle_unreachable).
+        if let Some(peer) = port.dev.poll_unreachable() {
+            // SAFETY: the caller passes a sockaddr_storage.
+            unsafe { write_socket_addr(&mut *src, SocketAddr::new(peer, 0)) };
+            return 2;
+        }
         let (from, bytes) = match port.recv(Duration::from_millis(timeout_ms.max(0) as u64)) {
             Ok(Some(m)) => m,
             Ok(None) => return 0,

@@ -198,10 +198,15 @@ fn driver(dev: usize, ctx: usize) -> Option<String> {
         let mut st = state().ok()?;
         let t = now();
         if let Some(o) = st.devs[dev].open.as_mut() {
-            if got == 1
-                && let Ok(from) = sockaddr_of((&src as *const libc::sockaddr_storage).cast())
-            {
-                o.cm.handle_mad(t, from.ip(), &mad);
+            if let Ok(from) = sockaddr_of((&src as *const libc::sockaddr_storage).cast()) {
+                match got {
+                    1 => o.cm.handle_mad(t, from.ip(), &mad),
+                    // ICMP said that address has no RoCE device: its connects end now.
+                    2 => {
+                        o.cm.handle_unreachable(t, from.ip());
+                    }
+                    _ => {}
+                }
             }
             if o.cm.poll_timeout().is_some_and(|d| d <= t) {
                 o.cm.handle_timeout(t);
