@@ -29,9 +29,8 @@ mod devinfo;
 mod exchange;
 mod exec;
 mod interrupt;
-// One `SOFTROCE_LOG` setup for the CLI and the C library.
-#[path = "../crates/softroce-capi/src/log.rs"]
-mod log;
+// One `SOFTROCE_LOG` setup for the CLI and the C libraries.
+use softroce_cabi::log;
 mod perf;
 mod pingpong;
 mod sim;

@@ -307,7 +307,8 @@ fn ucmatose_to_an_address_without_a_device_is_unreachable_from_icmp() {
     cmd.args(["exec", "--pcap"])
         .arg(&pcap)
         .args(["--ip", "127.0.117.90", "--"])
-        .args(["ucmatose", "-s", "127.0.117.91", "-p", "7499"]);
+        .args(["ucmatose", "-s", "127.0.117.91", "-p", "7499"])
+        .env("SOFTROCE_LOG", "softroce::cm=info");
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let out = wait(cmd.spawn().unwrap(), Duration::from_secs(60), "ucmatose");
@@ -317,6 +318,12 @@ fn ucmatose_to_an_address_without_a_device_is_unreachable_from_icmp() {
         "{}\n{text}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
+    );
+    // librdmacm.so.1's own copy of the CM logs through SOFTROCE_LOG too.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("softroce::cm: connect to 127.0.117.91: unreachable"),
+        "{err}"
     );
     let decoded = std::process::Command::new(SOFTROCE)
         .arg("decode")

@@ -1,7 +1,7 @@
 //! libibverbs.so.1's exports, version script, SONAME and softroce-libs link, made by the
-//! generator shared with softroce-rdmacm (build_exports.rs) from `exports.txt`.
+//! generator shared with softroce-rdmacm (softroce_cabi::exports) from `exports.txt`.
 
-mod build_exports;
+use softroce_cabi::exports as build_exports;
 
 /// The version nodes and their parents, as in rdma-core's libibverbs/libibverbs.map.in.
 const NODES: &[(&str, Option<&str>)] = &[
@@ -23,7 +23,6 @@ const NODES: &[(&str, Option<&str>)] = &[
 ];
 
 fn main() {
-    println!("cargo:rerun-if-changed=build_exports.rs");
     build_exports::generate(&build_exports::Library {
         nodes: NODES,
         soname: "libibverbs.so.1",

@@ -1,9 +1,8 @@
 //! librdmacm.so.1's exports, version script, SONAME and softroce-libs link (beside
 //! softroce-capi's libibverbs.so.1, so that `softroce exec` loads both), made by
-//! softroce-capi's generator (build_exports.rs) from `exports.txt`.
+//! the generator both C libraries share (softroce_cabi::exports) from `exports.txt`.
 
-#[path = "../softroce-capi/build_exports.rs"]
-mod build_exports;
+use softroce_cabi::exports as build_exports;
 
 /// The version nodes and their parents, as in rdma-core's librdmacm/librdmacm.map.
 const NODES: &[(&str, Option<&str>)] = &[
@@ -14,7 +13,6 @@ const NODES: &[(&str, Option<&str>)] = &[
 ];
 
 fn main() {
-    println!("cargo:rerun-if-changed=../softroce-capi/build_exports.rs");
     build_exports::generate(&build_exports::Library {
         nodes: NODES,
         soname: "librdmacm.so.1",

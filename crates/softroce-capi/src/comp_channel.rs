@@ -2,12 +2,12 @@
 //! engine's `verbs::CompChannel` (whose eventfd is the channel's `fd`). The events on it
 //! are `cq.rs`'s (`ibv_get_cq_event`, `ibv_ack_cq_events`).
 
-use crate::abi::*;
 use crate::context::Context;
 use crate::handle::{Castable, free, into_handle, try_ref};
-use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::c_int;
 use softroce::verbs;
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
 use std::os::fd::AsRawFd;
 
 /// A completion channel: `fd` is the engine channel's eventfd.

@@ -2,15 +2,15 @@
 //! on one (`ibv_query_device`, `ibv_query_port`, the GID and P_Key tables, async events).
 //! Opening and closing a device is `device.rs`'s.
 
-use crate::abi::*;
 use crate::handle::{Castable, try_ref};
 use crate::strings::copy_str;
-use crate::{errno_result, ffi, ffi_errno, neg_errno, neg_result};
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
 use softroce::net::UdpDevice;
 use softroce::net::discover::DeviceAddr;
 use softroce::verbs::EventElement;
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, neg_errno, neg_result};
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -5,14 +5,14 @@
 //! `struct ibv_cq_ex` (`ibv_start_poll`, `ibv_next_poll`, `ibv_end_poll`, `ibv_wc_read_*`).
 //! The engine's completions become `struct ibv_wc` here ([`wc_to_c`]).
 
-use crate::abi::*;
 use crate::comp_channel::CompChannel;
 use crate::context::{Context, wait_readable};
 use crate::handle::{Castable, Users, free, into_handle, try_mut, try_ref};
-use crate::{errno_result, ffi, ffi_errno, neg_result, ptr_result};
 use core::ffi::{c_int, c_uint, c_void};
 use parking_lot::Mutex;
 use softroce::verbs::{self, Wc, WcFlags, WcOpcode};
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, neg_result, ptr_result};
 
 /// A completion queue. Every CQ is a `struct ibv_cq_ex` (whose first fields are
 /// `struct ibv_cq`); those made by `ibv_create_cq_ex` have its polling functions set.
@@ -147,7 +147,7 @@ pub(crate) extern "C" fn ibv_get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    ffi!(crate::neg_errno(libc::EIO), {
+    ffi!(softroce_cabi::neg_errno(libc::EIO), {
         neg_result(|| {
             // SAFETY: NULL or a live channel.
             let ch: &CompChannel = unsafe { try_ref(channel) }?;

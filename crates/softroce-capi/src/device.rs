@@ -3,16 +3,17 @@
 //! [`Context`] and fill its function tables (`ibv_context_ops`, `verbs_context`) from the
 //! object files. The queries made on an open device are `context.rs`'s.
 
-use crate::abi::*;
 use crate::context::{Context, query_device_ex_op, query_port_op};
 use crate::handle::{free, into_handle, try_ref};
 use crate::strings::copy_str;
-use crate::{cq, ffi, mw, neg_errno, neg_result, null_errno, qp, qp_ex, srq};
+use crate::{cq, mw, qp, qp_ex, srq};
 use core::ffi::{c_char, c_int};
 use parking_lot::Mutex;
 use softroce::net::discover::{self, DeviceAddr};
 use softroce::net::{UdpDevice, UdpOptions};
 use softroce::verbs::DeviceConfig;
+use softroce_cabi::abi::*;
+use softroce_cabi::{ffi, neg_errno, neg_result, null_errno};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -81,7 +82,7 @@ fn new_device(addr: DeviceAddr, index: c_int) -> Device {
 pub(crate) extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi!(std::ptr::null_mut(), {
         static LOG: std::sync::Once = std::sync::Once::new();
-        LOG.call_once(crate::log::init_log);
+        LOG.call_once(softroce_cabi::log::init_log);
         let list = match devices() {
             Ok(l) => l,
             Err(e) => return null_errno(e),

@@ -1,9 +1,9 @@
-//! Every mirrored struct of [`crate::abi`] against the installed `<infiniband/verbs.h>`: a C
+//! Every mirrored struct of [`softroce_cabi::abi`] against the installed `<infiniband/verbs.h>`: a C
 //! program compiled with `cc` prints `sizeof`, `_Alignof` and every field's `offsetof`; the
 //! Rust side prints the same with `size_of`/`align_of`/`offset_of!`; both must agree.
 //! Skipped, saying why, only when `cc` or the header is missing.
 
-use crate::abi::*;
+use softroce_cabi::abi::*;
 use std::mem::{align_of, offset_of, size_of};
 use std::process::Command;
 

@@ -46,14 +46,13 @@
 
 #![cfg_attr(test, allow(dead_code, unused_imports, unused_macros))]
 
-pub mod abi;
+pub use softroce_cabi::abi;
 mod ah;
 mod comp_channel;
 mod context;
 mod cq;
 mod device;
 mod handle;
-mod log;
 mod mad;
 mod mr;
 mod mw;
@@ -83,79 +82,6 @@ pub(crate) use qp::*;
 pub(crate) use qp_ex::ibv_qp_to_qp_ex;
 pub(crate) use srq::*;
 pub(crate) use strings::*;
-
-/// Runs an `extern "C"` body, turning a panic into `$on_panic` with errno `EIO`.
-macro_rules! ffi {
-    ($on_panic:expr, $body:block) => {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
-            Ok(v) => v,
-            Err(_) => {
-                $crate::set_errno(libc::EIO);
-                $on_panic
-            }
-        }
-    };
-}
-pub(crate) use ffi;
-
-/// [`ffi!`] for the verbs that rdma-core runs through a kernel command and that return an
-/// errno value (`ibv_modify_qp`, `ibv_destroy_cq`, …): a failure also leaves that value in
-/// `errno`, as the failed system call does under rdma-core (tutorials `perror()` it); a
-/// panic is `EIO`.
-macro_rules! ffi_errno {
-    ($body:block) => {{
-        let r: core::ffi::c_int = $crate::ffi!(libc::EIO, $body);
-        if r > 0 {
-            $crate::set_errno(r);
-        }
-        r
-    }};
-}
-pub(crate) use ffi_errno;
-
-/// Sets the calling thread's `errno`.
-pub(crate) fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot, always valid.
-    unsafe { *libc::__errno_location() = e };
-}
-
-/// NULL with errno `e`: the failure of a constructor.
-pub(crate) fn null_errno<T>(e: i32) -> *mut T {
-    set_errno(e);
-    std::ptr::null_mut()
-}
-
-/// -1 with errno `e`: the failure of the verbs whose man page says "-1 and errno".
-pub(crate) fn neg_errno(e: i32) -> i32 {
-    set_errno(e);
-    -1
-}
-
-/// The return value of a verb that returns an errno value: 0, or the error of `body`, in
-/// which `?` works (a NULL handle is `EINVAL`, `handle::NullHandle`). Leaves `errno` alone
-/// (`ffi_errno!` sets it for the verbs that do).
-pub(crate) fn errno_result(
-    body: impl FnOnce() -> Result<(), core::ffi::c_int>,
-) -> core::ffi::c_int {
-    match body() {
-        Ok(()) => 0,
-        Err(e) => e,
-    }
-}
-
-/// The return value of a constructor: the handle `body` made, or NULL with errno set to its
-/// error ([`null_errno`]).
-pub(crate) fn ptr_result<T>(body: impl FnOnce() -> Result<*mut T, core::ffi::c_int>) -> *mut T {
-    body().unwrap_or_else(null_errno)
-}
-
-/// The return value of a verb whose man page says "-1 and errno": the value of `body`, or
-/// -1 with errno set to its error ([`neg_errno`]).
-pub(crate) fn neg_result(
-    body: impl FnOnce() -> Result<core::ffi::c_int, core::ffi::c_int>,
-) -> core::ffi::c_int {
-    body().unwrap_or_else(neg_errno)
-}
 
 // The versioned symbols (generated from exports.txt by build.rs). Not in the unit-test
 // binary, which is an executable without the version script.

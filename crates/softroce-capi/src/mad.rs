@@ -21,17 +21,17 @@
 //! too), whatever the number of contexts opened on it. Completions are taken with `Cq::poll_queued` / `Cq::wait`, which do
 //! not drive the link: receiving stays with the device's driver thread or its busy poller.
 
-use crate::abi::ibv_context;
 use crate::context::Context;
 use crate::device::PerProcess;
 use crate::handle::try_ref;
-use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
 use softroce::net::sockaddr::{socket_addr_from_ptr, write_socket_addr};
 use softroce::verbs::{Cq, MadRing, Wc};
 use softroce::wire::grh::{GRH_LEN, grh_source};
 use softroce::wire::mad::MAD_LEN;
+use softroce_cabi::abi::ibv_context;
+use softroce_cabi::{ffi, neg_errno};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};

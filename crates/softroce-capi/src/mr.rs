@@ -1,12 +1,12 @@
 //! Memory regions: `ibv_reg_mr` (and its `_iova` forms), `ibv_rereg_mr`, `ibv_dereg_mr`,
 //! over the caller's own memory (`verbs::Pd::reg_mr_user_iova`).
 
-use crate::abi::*;
 use crate::handle::{Castable, free, into_handle, try_ref};
 use crate::pd::Pd;
-use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::{c_int, c_uint, c_void};
 use softroce::verbs::{self, AccessFlags};
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
 
 /// A memory region over the caller's memory.
 #[repr(C)]
@@ -117,10 +117,10 @@ pub(crate) extern "C" fn ibv_rereg_mr(
         || (flags & CHANGE_TRANSLATION != 0 && (length == 0 || addr.is_null()))
         || (access != 0 && flags & CHANGE_ACCESS == 0);
     if bad_input {
-        crate::set_errno(libc::EINVAL);
+        softroce_cabi::set_errno(libc::EINVAL);
         return ERR_INPUT;
     }
-    crate::set_errno(libc::EOPNOTSUPP);
+    softroce_cabi::set_errno(libc::EOPNOTSUPP);
     ERR_CMD
 }
 

@@ -9,13 +9,13 @@
 //! `IBV_WC_BIND_MW`, or `IBV_WC_MW_BIND_ERR` when the engine's checks (MR range, rights,
 //! PD, window state) fail.
 
-use crate::abi::*;
 use crate::handle::{Castable, free, into_handle, try_ref};
 use crate::mr::Mr;
 use crate::pd::Pd;
-use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::c_int;
 use softroce::verbs::{self, AccessFlags, BindMw, MwType, SendFlags, SendWr, WrOpcode};
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
 
 /// A memory window.
 #[repr(C)]

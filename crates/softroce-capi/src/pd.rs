@@ -1,11 +1,11 @@
 //! Protection domains: `ibv_alloc_pd` / `ibv_dealloc_pd` over the engine's `verbs::Pd`.
 
-use crate::abi::*;
 use crate::context::Context;
 use crate::handle::{Castable, Users, free, into_handle, try_ref};
-use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::c_int;
 use softroce::verbs;
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
 
 /// A protection domain.
 #[repr(C)]

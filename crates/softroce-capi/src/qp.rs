@@ -5,7 +5,6 @@
 //! walk; SGE addresses are the program's virtual addresses). The extended QP's builder
 //! (`ibv_wr_*`) is `qp_ex.rs`'s.
 
-use crate::abi::*;
 use crate::ah::{Ah, ah_attr, ibv_ah_attr_of};
 use crate::context::Context;
 use crate::cq::Cq;
@@ -14,13 +13,14 @@ use crate::mw::{ACCESS_ZERO_BASED, Mw, bind_wr};
 use crate::pd::Pd;
 use crate::srq::Srq;
 use crate::wr::{finish_recv, recv_wrs, sges};
-use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::c_int;
 use parking_lot::Mutex;
 use softroce::verbs::{
     self, AccessFlags, Gid, PathMtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpQuery, QpState,
     QpType, SendFlags, SendWr, WrOpcode,
 };
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
 
 /// A queue pair, with what `ibv_query_qp` reports that the engine does not keep: the
 /// creation attributes (the attributes `ibv_modify_qp` set are the engine's,
@@ -582,7 +582,7 @@ pub(crate) unsafe extern "C" fn bind_mw(
         });
         // rxe's provider (rxe_bind_mw) leaves its return value in errno on every error path.
         if rc != 0 {
-            crate::set_errno(rc);
+            softroce_cabi::set_errno(rc);
         }
         rc
     })

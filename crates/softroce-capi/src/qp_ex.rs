@@ -6,14 +6,14 @@
 //! `wr_complete`, which returns the first error met while building (posting none of them);
 //! `wr_abort` drops them.
 
-use crate::abi::*;
 use crate::ah::Ah;
 use crate::handle::{try_mut, try_ref};
 use crate::mw::bind_wr;
 use crate::qp::{Qp, WrBuild, ibv_create_qp};
-use crate::{ffi, ptr_result};
 use core::ffi::{c_int, c_void};
 use softroce::verbs::{SendFlags, SendWr, Sge, WrOpcode};
+use softroce_cabi::abi::*;
+use softroce_cabi::{ffi, ptr_result};
 
 /// The `IBV_QP_EX_WITH_*` operations softroce builds (rxe's: all but TSO and ATOMIC_WRITE).
 const SEND_OPS_SUPPORTED: u64 = (1 << 0) // RDMA_WRITE

@@ -2,14 +2,14 @@
 //! `ibv_destroy_srq`, and the `ibv_context_ops` entry behind verbs.h's static inline
 //! `ibv_post_srq_recv`, over the engine's `verbs::Srq`.
 
-use crate::abi::*;
 use crate::context::Context;
 use crate::handle::{Castable, free, into_handle, try_mut, try_ref};
 use crate::pd::Pd;
 use crate::wr::{finish_recv, recv_wrs};
-use crate::{errno_result, ffi, ffi_errno, ptr_result};
 use core::ffi::c_int;
 use softroce::verbs::{self, SrqAttr, SrqAttrMask, SrqInitAttr};
+use softroce_cabi::abi::*;
+use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
 
 /// A shared receive queue.
 #[repr(C)]

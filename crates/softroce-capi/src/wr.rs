@@ -2,9 +2,9 @@
 //! lists that `ibv_post_recv` (qp.rs) and `ibv_post_srq_recv` (srq.rs) post, with the
 //! `bad_wr` they report. SGE addresses are the program's virtual addresses.
 
-use crate::abi::*;
 use core::ffi::c_int;
 use softroce::verbs::{RecvWr, Sge};
+use softroce_cabi::abi::*;
 
 /// Most SGEs softroce reads from one WR (the device's `max_sge`, the engine's); more is
 /// `EINVAL` (the engine would refuse them anyway).

@@ -1,15 +1,13 @@
 //! The C structs of `<rdma/rdma_cma.h>` (rdma-core 44), and those of `<infiniband/verbs.h>`
-//! they use, shared with softroce-capi by source (not by linking: this library must not carry
-//! a second libibverbs). Layouts are checked against the installed headers by
+//! they use, from the crate both C libraries share (`softroce_cabi::abi`: plain Rust items,
+//! so this library carries no second libibverbs). Layouts are checked against the installed headers by
 //! tests/layout.rs.
 
 #![allow(non_camel_case_types, missing_docs)]
 
 use core::ffi::{c_int, c_void};
 
-#[path = "../../softroce-capi/src/abi.rs"]
-mod verbs_abi;
-pub use verbs_abi::*;
+pub use softroce_cabi::abi::*;
 
 /// `struct rdma_event_channel`.
 #[repr(C)]

@@ -41,31 +41,8 @@ mod ibv;
 pub(crate) use addrinfo::*;
 pub(crate) use cma::*;
 
-/// Runs an `extern "C"` body, turning a panic into `$on_panic` with errno `EIO`.
-macro_rules! ffi {
-    ($on_panic:expr, $body:block) => {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
-            Ok(v) => v,
-            Err(_) => {
-                $crate::set_errno(libc::EIO);
-                $on_panic
-            }
-        }
-    };
-}
-pub(crate) use ffi;
-
-/// Sets the calling thread's `errno`.
-pub(crate) fn set_errno(e: i32) {
-    // SAFETY: __errno_location returns this thread's errno slot, always valid.
-    unsafe { *libc::__errno_location() = e };
-}
-
-/// -1 with errno `e`: librdmacm's failure return.
-pub(crate) fn neg_errno(e: i32) -> i32 {
-    set_errno(e);
-    -1
-}
+// The panic boundary and errno helpers are the two libraries' shared ones.
+pub(crate) use softroce_cabi::{ffi, neg_errno, set_errno};
 
 // The versioned symbols (generated from exports.txt by build.rs); not in the unit-test
 // binary, which is an executable without the version script.

@@ -139,6 +139,9 @@ static STATE: OnceLock<Result<Mutex<State>, c_int>> = OnceLock::new();
 /// child's.
 pub(super) fn state() -> Result<MutexGuard<'static, State>, c_int> {
     let s = STATE.get_or_init(|| {
+        // SOFTROCE_LOG for this library's copy of the engine (its CM's events), as
+        // libibverbs.so.1 installs it for its own.
+        softroce_cabi::log::init_log();
         // SAFETY: registers plain functions with no arguments. A failure (ENOMEM) leaves a
         // child to inherit the lock as it is.
         unsafe {

@@ -1,5 +1,5 @@
 //! `SOFTROCE_LOG`: the engine's protocol events on stderr, for the `softroce` CLI and for
-//! programs on softroce's `libibverbs.so.1` alike (the CLI includes this file with `#[path]`).
+//! programs on softroce's `libibverbs.so.1` and `librdmacm.so.1` alike.
 
 /// Installs a `tracing` subscriber for `$SOFTROCE_LOG` (tracing-subscriber's EnvFilter
 /// syntax, e.g. `debug` or `softroce::nak=debug,softroce::drop=debug`): packets dropped (with

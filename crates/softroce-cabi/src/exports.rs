@@ -3,8 +3,8 @@
 //! softroce answers it) into the linker's version script and one `.symver` trampoline per
 //! symbol, sets the SONAME, and links `target/<profile>/softroce-libs/<soname>` to the built
 //! library so that `LD_LIBRARY_PATH=target/<profile>/softroce-libs` (what `softroce exec`
-//! sets) loads it. Used by softroce-capi's build.rs (libibverbs.so.1) and, through
-//! `#[path]`, softroce-rdmacm's (librdmacm.so.1).
+//! sets) loads it. Used by softroce-capi's build.rs (libibverbs.so.1) and softroce-rdmacm's
+//! (librdmacm.so.1), each with this crate as a build-dependency.
 //!
 //! `exports.txt`: one `name @@NODE kind` (default version) or `name @NODE kind` (hidden
 //! version) per line, `#` comments. Kinds: `impl` (the crate's function `name`), `errno`
@@ -36,10 +36,11 @@ struct Export {
     kind: String,
 }
 
-/// Writes `$OUT_DIR/exports.rs` (included by the crate's lib.rs, which defines `set_errno`;
-/// the file defines the trampolines' `jump!` itself) and the version script, and tells cargo
-/// how to link. Panics (failing the build) on a malformed `exports.txt`. The caller says
-/// `rerun-if-changed` for this file (its path differs per crate).
+/// Writes `$OUT_DIR/exports.rs` (included by the crate's lib.rs; its stubs set errno with
+/// `softroce_cabi::set_errno`, and the file defines the trampolines' `jump!` itself) and
+/// the version script, and tells cargo how to link. Panics (failing the build) on a
+/// malformed `exports.txt`. A change to this generator reruns the build scripts through
+/// their build-dependency on this crate.
 pub fn generate(lib: &Library) {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
@@ -125,8 +126,8 @@ pub fn generate(lib: &Library) {
                 );
                 let body = match kind {
                     "errno" => format!("{errno} as usize"),
-                    "neg1" => format!("crate::set_errno({errno}); usize::MAX"),
-                    "ptr" => format!("crate::set_errno({errno}); 0"),
+                    "neg1" => format!("softroce_cabi::set_errno({errno}); usize::MAX"),
+                    "ptr" => format!("softroce_cabi::set_errno({errno}); 0"),
                     "zero" => "0".to_string(),
                     other => panic!("exports.txt: unknown kind {other}"),
                 };
