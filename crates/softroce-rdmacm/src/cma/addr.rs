@@ -7,56 +7,24 @@
 use crate::abi::*;
 use core::ffi::c_int;
 use softroce::wire::cm::gid_of_ip;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 /// The GID index of a device's IP address (softroce::net::discover: index 1, as rxe).
 const SGID_INDEX: u8 = 1;
 
+/// The address a caller's `sockaddr` holds (`softroce::net::sockaddr`). Errors: EINVAL for
+/// NULL, EAFNOSUPPORT for a family other than AF_INET / AF_INET6.
 pub(super) fn sockaddr_of(sa: *const libc::sockaddr) -> Result<SocketAddr, c_int> {
     if sa.is_null() {
         return Err(libc::EINVAL);
     }
     // SAFETY: the caller passes a sockaddr of the size its family says.
-    unsafe {
-        match c_int::from((*sa).sa_family) {
-            libc::AF_INET => {
-                let s = &*sa.cast::<libc::sockaddr_in>();
-                Ok(SocketAddr::new(
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
-                    u16::from_be(s.sin_port),
-                ))
-            }
-            libc::AF_INET6 => {
-                let s = &*sa.cast::<libc::sockaddr_in6>();
-                Ok(SocketAddr::new(
-                    IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)),
-                    u16::from_be(s.sin6_port),
-                ))
-            }
-            _ => Err(libc::EAFNOSUPPORT),
-        }
-    }
+    unsafe { softroce::net::sockaddr::socket_addr_from_ptr(sa) }.ok_or(libc::EAFNOSUPPORT)
 }
 
+/// Writes `a` into `out` (`softroce::net::sockaddr::write_socket_addr`).
 pub(super) fn write_sockaddr(out: &mut libc::sockaddr_storage, a: SocketAddr) {
-    // SAFETY: sockaddr_storage is plain data, large and aligned enough for both families.
-    unsafe {
-        *out = std::mem::zeroed();
-        match a {
-            SocketAddr::V4(v4) => {
-                let s = &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
-                s.sin_family = libc::AF_INET as libc::sa_family_t;
-                s.sin_port = v4.port().to_be();
-                s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
-            }
-            SocketAddr::V6(v6) => {
-                let s = &mut *(out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
-                s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                s.sin6_port = v6.port().to_be();
-                s.sin6_addr.s6_addr = v6.ip().octets();
-            }
-        }
-    }
+    softroce::net::sockaddr::write_socket_addr(out, a);
 }
 
 /// Fills the id's addresses, GIDs and (with a remote) its one path record.

@@ -115,7 +115,7 @@ pub(super) struct IdState {
 pub(super) struct State {
     pub(super) devs: Vec<Dev>,
     pub(super) ids: HashMap<usize, IdState>,
-    pub(super) rng: u64,
+    pub(super) rng: softroce::rand::SplitMix64,
     /// The last multicast membership handle handed out (0 is none).
     pub(super) last_mc: u64,
     /// The process this state belongs to: a forked child starts afresh ([`state`]).
@@ -223,14 +223,11 @@ fn init_state() -> Result<State, c_int> {
         }
         (ibv.free_device_list)(list);
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
-        ^ (u64::from(std::process::id()) << 32);
+    let seed = softroce::net::clock::seed_from_clock_and_pid();
     Ok(State {
         devs,
         ids: HashMap::new(),
-        rng: seed | 1,
+        rng: softroce::rand::SplitMix64::new(seed),
         last_mc: 0,
         pid: std::process::id(),
     })
@@ -238,13 +235,7 @@ fn init_state() -> Result<State, c_int> {
 
 impl State {
     pub(super) fn random(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.rng.next_u64()
     }
 
     pub(super) fn dev_of_ip(&self, ip: IpAddr) -> Option<usize> {

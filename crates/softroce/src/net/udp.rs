@@ -154,10 +154,7 @@ impl UdpDevice {
                 format!("device {}: {why}", self.device.name()),
             ));
         }
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            ^ (u64::from(std::process::id()) << 32);
+        let seed = super::clock::seed_from_clock_and_pid();
         let guid = self.device.query_device().node_guid;
         let d = Arc::new(CmDriver::start(
             &self.device,

@@ -57,15 +57,19 @@ impl<T> KeySpace<T> {
     }
 
     /// A key byte for a new registration in `slot`: from `rng`, never the slot's last one.
-    pub(in crate::transport) fn fresh_byte(&mut self, slot: usize, rng: &mut u64) -> u8 {
+    pub(in crate::transport) fn fresh_byte(
+        &mut self,
+        slot: usize,
+        rng: &mut crate::rand::SplitMix64,
+    ) -> u8 {
         let last = self.last_byte.get(slot).copied().flatten();
-        let mut b = splitmix_byte(rng);
+        let mut b = rng.next_u64() as u8;
         // Bounded: a few draws, then a step away from the last byte.
         for _ in 0..8 {
             if Some(b) != last {
                 break;
             }
-            b = splitmix_byte(rng);
+            b = rng.next_u64() as u8;
         }
         if Some(b) == last {
             b = b.wrapping_add(1);
@@ -93,13 +97,4 @@ pub const MAX_MW: usize = 0x1000;
 pub fn is_mw_key(key: u32) -> bool {
     let index = key >> 8;
     (MW_BASE..MW_BASE + MAX_MW as u32).contains(&index)
-}
-
-/// splitmix64: a seeded, deterministic key-byte source (the sans-IO rule: no global RNG).
-fn splitmix_byte(state: &mut u64) -> u8 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)) as u8
 }

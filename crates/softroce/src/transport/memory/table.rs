@@ -15,7 +15,7 @@ use core::ptr::NonNull;
 pub struct MrTable {
     pub(in crate::transport) mrs: KeySpace<MrEntry>,
     pub(in crate::transport) mws: KeySpace<MwEntry>,
-    pub(in crate::transport) rng: u64,
+    pub(in crate::transport) rng: crate::rand::SplitMix64,
 }
 
 impl Default for MrTable {
@@ -30,7 +30,7 @@ impl MrTable {
         MrTable {
             mrs: KeySpace::new(MR_BASE, MAX_MR),
             mws: KeySpace::new(MW_BASE, MAX_MW),
-            rng: seed,
+            rng: crate::rand::SplitMix64::new(seed),
         }
     }
 
