@@ -636,6 +636,41 @@ fn rts_request_behind_a_read_whose_mr_went_away_is_dropped_after_the_nak() {
     assert_eq!((flushed.wr_id, flushed.status), (7, WcStatus::WrFlushErr));
 }
 
+#[test]
+fn rts_duplicate_read_whose_mr_went_away_naks_remote_access_and_enters_err() {
+    // Found by the mesh simulation (seed 18): a READ was answered, an earlier atomic's ACK was
+    // held back, so the requester resent the READ after the MR was deregistered. rxe
+    // `read_reply` re-checks the MR of a replay (`rxe_recheck_mr` → RESPST_ERR_RKEY_VIOLATION):
+    // NAK remote access error and ERR. Dropping the duplicate instead left the requester to
+    // retry until IBV_WC_RETRY_EXC_ERR.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 2048), &[]);
+    let answered: Vec<_> = sent(&mut e, &mem).into_iter().map(|s| s.0).collect();
+    assert_eq!(
+        answered,
+        [
+            Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            Opcode::RC_RDMA_READ_RESPONSE_LAST
+        ]
+    );
+    assert!(mem.deregister(key));
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 2048), &[]);
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_ACC)]);
+    assert_eq!(e.state(), QpState::Err);
+}
+
+#[test]
+fn rts_duplicate_read_outside_any_accepted_read_is_dropped() {
+    // rxe `find_resource` finds nothing: class D, dropped silently, the QP stays in RTS.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 8), &[]);
+    assert_eq!(sent(&mut e, &mem).len(), 1);
+    deliver(&mut e, &mut mem, read_request(PSN - 5, key, va, 8), &[]);
+    assert_eq!(sent(&mut e, &mem), []);
+    assert_eq!(e.state(), QpState::Rts);
+    assert_eq!(e.counters().dropped(DropReason::StaleDuplicate), 1);
+}
+
 /// A requester whose 3-packet READ (PSN .. PSN+2) has had its FIRST response: the next
 /// response expected is PSN+1.
 fn requester_mid_read() -> (QpEngine, MemoryTable) {
