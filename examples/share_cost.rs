@@ -18,8 +18,8 @@
 //! Run it in a private network namespace (`unshare -n`, `ip link set lo up`) so nothing else
 //! holds 127.0.93.1:4791.
 
-use softroce::net::steer;
 use socket2::{Domain, Protocol, Socket, Type};
+use softroce::net::steer;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};

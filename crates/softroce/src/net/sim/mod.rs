@@ -8,6 +8,7 @@
 //! Source of the shape: quinn-proto's test `Pair` (`step`, `drive`), TigerBeetle's packet
 //! simulator (fault knobs from the seed), smoltcp's `FaultInjector` (single-bit corruption).
 
+pub mod mesh;
 mod recording;
 pub mod workload;
 
