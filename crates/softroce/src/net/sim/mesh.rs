@@ -110,8 +110,30 @@ pub struct MeshReport {
     pub link: SimStats,
     /// Virtual time at the end, ns.
     pub virtual_ns: u64,
+    /// How each connection ended, for coverage.
+    pub ends: Vec<ConnEnd>,
     /// Every disagreement with the model (empty = pass).
     pub violations: Vec<String>,
+}
+
+/// How one connection of a mesh run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnEnd {
+    /// Transport.
+    pub qp_type: QpType,
+    /// The responder took its receives from an SRQ.
+    pub srq: bool,
+    /// Requester and responder on the same device.
+    pub loopback: bool,
+    /// The mishap drawn: `none`, `bad_rkey`, `requester_err`, `responder_err`,
+    /// `destroy_responder`, `dereg_remote` or `rnr_starve`.
+    pub mishap: &'static str,
+    /// The status of the first failed WR (the rest flushed), if one failed.
+    pub failed: Option<WcStatus>,
+    /// Send completions.
+    pub ops_done: usize,
+    /// Successful receive completions.
+    pub recvs: usize,
 }
 
 impl MeshReport {
@@ -243,6 +265,21 @@ struct Conn {
     /// The responder may have gone to ERR (its receives may flush).
     responder_dead: bool,
     flushed_recvs: usize,
+    recvs_ok: usize,
+}
+
+impl Mishap {
+    fn name(self) -> &'static str {
+        match self {
+            Mishap::None => "none",
+            Mishap::BadRkey { .. } => "bad_rkey",
+            Mishap::RequesterErr { .. } => "requester_err",
+            Mishap::ResponderErr { .. } => "responder_err",
+            Mishap::DestroyResponder { .. } => "destroy_responder",
+            Mishap::DeregRemote { .. } => "dereg_remote",
+            Mishap::RnrStarve { .. } => "rnr_starve",
+        }
+    }
 }
 
 impl Conn {
@@ -300,6 +337,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
         bytes: 0,
         link: SimStats::default(),
         virtual_ns: 0,
+        ends: Vec::new(),
         violations: Vec::new(),
     };
     let ndev = cfg.devices.max(2);
@@ -366,12 +404,14 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                 2 => Mishap::ResponderErr { at },
                 3 => Mishap::DestroyResponder { at },
                 4 => Mishap::DeregRemote { at },
-                _ if !on_srq => Mishap::RnrStarve {
-                    budget: rng.below(cfg.ops as u64 + 1) as usize,
+                _ => Mishap::RnrStarve {
+                    // About 3 in 7 RC operations take a receive: a budget below that runs out.
+                    budget: rng.below(cfg.ops as u64 / 3 + 1) as usize,
                 },
-                _ => Mishap::BadRkey { at },
             }
         };
+        // A starved responder has its own receive queue (an SRQ is shared with others).
+        let on_srq = on_srq && !matches!(mishap, Mishap::RnrStarve { .. });
         plans.push((id, transport, req, resp, on_srq, max, mishap));
     }
     for (n, node) in nodes.iter_mut().enumerate() {
@@ -578,6 +618,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
             mishap_fired: None,
             responder_dead: false,
             flushed_recvs: 0,
+            recvs_ok: 0,
         };
         if !on_srq {
             for s in 0..ring_slots {
@@ -740,6 +781,22 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                     None => String::new(),
                 }
             )
+        })
+        .collect();
+    report.ends = conns
+        .iter()
+        .map(|c| ConnEnd {
+            qp_type: match c.transport {
+                Transport::Rc => QpType::Rc,
+                Transport::Uc => QpType::Uc,
+                Transport::Ud => QpType::Ud,
+            },
+            srq: c.on_srq,
+            loopback: c.req == c.resp,
+            mishap: c.mishap.name(),
+            failed: c.failed.map(|(_, s)| s),
+            ops_done: c.done,
+            recvs: c.recvs_ok,
         })
         .collect();
     report.link = sim.stats();
@@ -1230,6 +1287,7 @@ fn on_recv(
             }
         }
     }
+    c.recvs_ok += 1;
     // Give the buffer back.
     if c.on_srq {
         if let Some((srq, m)) = &node.srq
