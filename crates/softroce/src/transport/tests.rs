@@ -329,6 +329,48 @@ fn rts_nak_codes_complete_with_their_wc_status_and_flush_the_rest() {
     }
 }
 
+/// A requester with an atomic at PSN and a SEND at PSN+1 sent, nothing acknowledged.
+fn requester_with_an_atomic_then_a_send() -> (QpEngine, MemoryTable) {
+    let (mut e, mem, key, va) = rc_qp_rts();
+    let mut a = SendWr::new(
+        1,
+        WrOpcode::AtomicFetchAndAdd,
+        vec![Sge {
+            addr: va,
+            length: 8,
+            lkey: key,
+        }],
+    );
+    a.remote_addr = 0x1000;
+    a.rkey = 0x77;
+    e.post_send(a).unwrap();
+    e.post_send(SendWr::new(2, WrOpcode::Send, vec![])).unwrap();
+    assert_eq!(sent(&mut e, &mem).len(), 2);
+    (e, mem)
+}
+
+#[test]
+fn rts_nak_past_an_unanswered_atomic_retries_it_and_completes_nothing() {
+    // Found by the mesh simulation (seed 289): the atomic's ACK was lost, the SEND behind it
+    // drew an RNR NAK (rnr_retry 0) and the atomic completed IBV_WC_RNR_RETRY_EXC_ERR.
+    // rxe `check_psn`: a NAK past a pending READ/atomic WQE is COMPST_ERROR_RETRY: the
+    // requester goes back to the atomic; no WQE completes, the QP stays in RTS. Likewise for
+    // an error NAK (remote access): it is the SEND's, not the atomic's.
+    for syndrome in [0x20u8, 0x62] {
+        let (mut e, mut mem) = requester_with_an_atomic_then_a_send();
+        let mut n = nak(syndrome);
+        n.bth.psn = Psn::new(PSN + 1);
+        deliver(&mut e, &mut mem, n, &[]);
+        assert!(e.poll_completion().is_none(), "NAK {syndrome:#x}");
+        assert_eq!(e.state(), QpState::Rts, "NAK {syndrome:#x}");
+        assert_eq!(
+            sent(&mut e, &mem).first().map(|s| (s.0, s.1)),
+            Some((Opcode::RC_FETCH_ADD, PSN)),
+            "NAK {syndrome:#x}: the atomic is resent"
+        );
+    }
+}
+
 #[test]
 fn rts_ack_with_real_credits_is_accepted() {
     // ConnectX may advertise credits (AETH 0x00..0x1e); rxe sends 0x1f. Both are ACKs.
