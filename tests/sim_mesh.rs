@@ -1,6 +1,7 @@
 //! Deterministic simulation of a mesh: several devices, many RC/UC/UD QPs each between
 //! random pairs, some on a shared receive queue, some with a mishap (bad R_Key, QP to ERR,
-//! QP destroyed, MR deregistered, RNR exhaustion), all checked against the reference model in
+//! QP destroyed, MR deregistered, RNR exhaustion, a memory window invalidated by
+//! SEND_WITH_INVALIDATE), all checked against the reference model in
 //! crates/softroce/src/net/sim/mesh.rs.
 //!
 //! A failure prints `SOFTROCE_SEED=<n>`; set that variable to replay exactly that seed.
@@ -88,6 +89,7 @@ fn mesh_with_swarm_faults_from_the_seed() {
         ("destroy_responder", WcStatus::RetryExcErr),
         ("dereg_remote", WcStatus::RemAccessErr),
         ("rnr_starve", WcStatus::RnrRetryExcErr),
+        ("mw_invalidate", WcStatus::RemAccessErr),
     ] {
         assert!(
             seen.contains_key(&(want.0, format!("{:?}", want.1))),

@@ -36,6 +36,10 @@
 //!   that reaches it ends `IBV_WC_REM_ACCESS_ERR`, the rest flushes.
 //! - `RnrStarve`: the responder stops posting receives after a budget, `rnr_retry` 0–3 → the
 //!   first message without a receive ends `IBV_WC_RNR_RETRY_EXC_ERR`, the rest flushes.
+//! - `MwInvalidate`: the requester reaches the remote MR through a type 2 memory window the
+//!   responder QP bound; one fenced SEND_WITH_INVALIDATE revokes it → its receive completes
+//!   with `IBV_WC_WITH_INV` and the window's R_Key, every READ/WRITE/atomic before it
+//!   succeeds, the first one after it ends `IBV_WC_REM_ACCESS_ERR`.
 //!
 //! On a link that loses (or corrupts, which the ICRC turns into loss) packets a failure may
 //! also be `IBV_WC_RETRY_EXC_ERR` (the requester's retries ran out first, or the NAK that
@@ -47,8 +51,8 @@
 use super::{Sim, SimFaults, SimRng, SimStats};
 use crate::transport::Instant;
 use crate::verbs::{
-    AccessFlags, Ah, AhAttr, Cq, Device, Gid, Mr, PathMtu, Pd, Qp, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RcConnect, RecvWr, SendFlags, SendWr, Srq, SrqInitAttr, Wc,
+    AccessFlags, Ah, AhAttr, Cq, Device, Gid, Mr, Mw, MwType, PathMtu, Pd, Qp, QpAttr, QpAttrMask,
+    QpCap, QpInitAttr, QpState, QpType, RcConnect, RecvWr, SendFlags, SendWr, Srq, SrqInitAttr, Wc,
     WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use std::collections::{BTreeMap, VecDeque};
@@ -126,7 +130,7 @@ pub struct ConnEnd {
     /// Requester and responder on the same device.
     pub loopback: bool,
     /// The mishap drawn: `none`, `bad_rkey`, `requester_err`, `responder_err`,
-    /// `destroy_responder`, `dereg_remote` or `rnr_starve`.
+    /// `destroy_responder`, `dereg_remote`, `rnr_starve` or `mw_invalidate`.
     pub mishap: &'static str,
     /// The status of the first failed WR (the rest flushed), if one failed.
     pub failed: Option<WcStatus>,
@@ -159,6 +163,7 @@ enum Mishap {
     DestroyResponder { at: usize },
     DeregRemote { at: usize },
     RnrStarve { budget: usize },
+    MwInvalidate { at: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,11 +175,15 @@ enum Kind {
     Read,
     Cas,
     Faa,
+    SendInv,
 }
 
 impl Kind {
     fn takes_recv(self) -> bool {
-        matches!(self, Kind::Send | Kind::SendImm | Kind::WriteImm)
+        matches!(
+            self,
+            Kind::Send | Kind::SendImm | Kind::WriteImm | Kind::SendInv
+        )
     }
     fn uses_rkey(self) -> bool {
         matches!(
@@ -233,9 +242,14 @@ struct Conn {
     qb: Option<Qp>,
     local: Mr,
     remote: Option<Mr>,
-    /// Address and R_Key of `remote` (kept after it is deregistered).
+    /// Address and R_Key of `remote` (kept after it is deregistered; the window's R_Key
+    /// when there is one).
     raddr: u64,
     rkey: u32,
+    /// `MwInvalidate`: a type 2 window over all of `remote`, bound by the responder QP, and
+    /// whether its bind completed.
+    mw: Option<Mw>,
+    mw_bound: bool,
     /// The responder's own receive buffers (None on an SRQ).
     ring: Option<Mr>,
     slot: usize,
@@ -278,6 +292,7 @@ impl Mishap {
             Mishap::DestroyResponder { .. } => "destroy_responder",
             Mishap::DeregRemote { .. } => "dereg_remote",
             Mishap::RnrStarve { .. } => "rnr_starve",
+            Mishap::MwInvalidate { .. } => "mw_invalidate",
         }
     }
 }
@@ -398,12 +413,13 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
         } else if transport != Transport::Rc {
             Mishap::RequesterErr { at }
         } else {
-            match rng.below(6) {
+            match rng.below(7) {
                 0 => Mishap::BadRkey { at },
                 1 => Mishap::RequesterErr { at },
                 2 => Mishap::ResponderErr { at },
                 3 => Mishap::DestroyResponder { at },
                 4 => Mishap::DeregRemote { at },
+                5 => Mishap::MwInvalidate { at },
                 _ => Mishap::RnrStarve {
                     // About 3 in 7 RC operations take a receive: a budget below that runs out.
                     budget: rng.below(cfg.ops as u64 / 3 + 1) as usize,
@@ -500,7 +516,11 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
             })?;
             let local = nodes[req].pd.reg_mr(depth * max.max(8), all)?;
             let remote = if remote_len > 0 {
-                Some(nodes[resp].pd.reg_mr(remote_len, all)?)
+                Some(
+                    nodes[resp]
+                        .pd
+                        .reg_mr(remote_len, all | AccessFlags::MW_BIND)?,
+                )
             } else {
                 None
             };
@@ -596,6 +616,8 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
             local,
             raddr: remote.as_ref().map_or(0, Mr::addr),
             rkey: remote.as_ref().map_or(0, Mr::rkey),
+            mw: None,
+            mw_bound: false,
             remote,
             ring,
             slot,
@@ -625,6 +647,9 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                 post_ring(&mut c, s, &mut violations);
             }
         }
+        if matches!(mishap, Mishap::MwInvalidate { .. }) {
+            bind_window(&mut c, &nodes[resp].pd, &mut violations);
+        }
         conns.push(c);
     }
 
@@ -645,7 +670,11 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
         }
         // New operations, while each window allows.
         for c in conns.iter_mut() {
-            while !c.stopped() && c.posted < ops && c.posted - c.done < c.depth {
+            while !c.stopped()
+                && (c.mw.is_none() || c.mw_bound)
+                && c.posted < ops
+                && c.posted - c.done < c.depth
+            {
                 post_op(c, &mut rng, now, &mut violations);
             }
         }
@@ -684,6 +713,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                 progressed = true;
                 report.completions += 1;
                 match by_qpn.get(&(n, wc.qp_num)) {
+                    Some(&(ci, true)) => on_bind(&mut conns[ci], &wc, &mut violations),
                     Some(&(ci, false)) => on_send(
                         &mut conns[ci],
                         &wc,
@@ -830,6 +860,49 @@ fn post_ring(c: &mut Conn, s: usize, violations: &mut Vec<String>) {
     }
 }
 
+const BIND_WR_ID: u64 = u64::MAX;
+
+/// Binds a type 2 window over all of the connection's remote MR through its responder QP;
+/// the requester then uses the window's R_Key.
+fn bind_window(c: &mut Conn, pd: &Pd, violations: &mut Vec<String>) {
+    let (Some(qb), Some(remote)) = (&c.qb, &c.remote) else {
+        return;
+    };
+    let made = pd.alloc_mw(MwType::Type2).and_then(|mw| {
+        let bind = mw.bind_wr(
+            BIND_WR_ID,
+            remote,
+            remote.addr(),
+            remote.len() as u64,
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        );
+        let rkey = bind.bind_mw.map_or(0, |b| b.rkey);
+        qb.post_send(&[bind])?;
+        Ok((mw, rkey))
+    });
+    match made {
+        Ok((mw, rkey)) => {
+            c.mw = Some(mw);
+            c.rkey = rkey;
+        }
+        Err(e) => violations.push(format!("{}: bind a type 2 window: {e}", c.name())),
+    }
+}
+
+/// The responder QP's one send completion: the window's bind.
+fn on_bind(c: &mut Conn, wc: &Wc, violations: &mut Vec<String>) {
+    if c.mw.is_some()
+        && !c.mw_bound
+        && wc.wr_id == BIND_WR_ID
+        && wc.status == WcStatus::Success
+        && wc.opcode == WcOpcode::BindMw
+    {
+        c.mw_bound = true;
+    } else {
+        violations.push(format!("{}: responder send completion {wc:?}", c.name()));
+    }
+}
+
 fn fire_mishap(c: &mut Conn, violations: &mut Vec<String>) {
     let to_err = QpAttr {
         qp_state: QpState::Err,
@@ -895,6 +968,10 @@ fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: &mut Vec<St
     if bad {
         kind = [Kind::Write, Kind::Read, Kind::Cas][rng.below(3) as usize];
     }
+    let invalidates = c.mishap == Mishap::MwInvalidate { at: i };
+    if invalidates {
+        kind = Kind::SendInv;
+    }
     let mut len = if matches!(kind, Kind::Cas | Kind::Faa) {
         8
     } else {
@@ -917,7 +994,7 @@ fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: &mut Vec<St
     };
     if matches!(
         kind,
-        Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm
+        Kind::Send | Kind::SendImm | Kind::SendInv | Kind::Write | Kind::WriteImm
     ) && len > 0
         && let Err(e) = c.local.write(slot * max.max(8), &data)
     {
@@ -942,6 +1019,15 @@ fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: &mut Vec<St
     match kind {
         Kind::Send => wr.opcode = WrOpcode::Send,
         Kind::SendImm => wr.opcode = WrOpcode::SendWithImm,
+        Kind::SendInv => {
+            // IBTA 10.6.7.2: SEND_WITH_INVALIDATE invalidates the window at the responder.
+            // Fenced, so no earlier READ can be retried after it (a retried READ re-checks
+            // its key).
+            wr.opcode = WrOpcode::SendWithInv;
+            wr.invalidate_rkey = rkey;
+            wr.send_flags |= SendFlags::FENCE;
+            c.responder_dead = true;
+        }
         Kind::Write | Kind::WriteImm => {
             wr.opcode = if kind == Kind::Write {
                 WrOpcode::RdmaWrite
@@ -1049,6 +1135,23 @@ fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: &mut Vec<St
     c.posted += 1;
 }
 
+/// Whether `op` uses an R_Key a SEND_WITH_INVALIDATE before it invalidated.
+fn invalidated(c: &Conn, op: &Op) -> bool {
+    matches!(c.mishap, Mishap::MwInvalidate { at } if op.index > at)
+        && op.kind.uses_rkey()
+        && op.len > 0
+}
+
+/// Whether `op` may meet an R_Key that no longer (or never) validates.
+fn key_may_fail(c: &Conn, op: &Op) -> bool {
+    op.bad
+        || invalidated(c, op)
+        || (matches!(c.mishap, Mishap::DeregRemote { .. })
+            && c.mishap_fired.is_some()
+            && op.kind.uses_rkey()
+            && op.len > 0)
+}
+
 /// Whether a first failure with `status` on `op` is what the transport and the connection's
 /// mishap allow.
 fn failure_allowed(c: &Conn, op: &Op, status: WcStatus, lossy: bool) -> bool {
@@ -1060,13 +1163,7 @@ fn failure_allowed(c: &Conn, op: &Op, status: WcStatus, lossy: bool) -> bool {
                     Mishap::ResponderErr { .. } | Mishap::DestroyResponder { .. }
                 ) && c.mishap_fired.is_some())
         }
-        WcStatus::RemAccessErr => {
-            op.bad
-                || (matches!(c.mishap, Mishap::DeregRemote { .. })
-                    && c.mishap_fired.is_some()
-                    && op.kind.uses_rkey()
-                    && op.len > 0)
-        }
+        WcStatus::RemAccessErr => key_may_fail(c, op),
         WcStatus::RnrRetryExcErr => match c.mishap {
             Mishap::RnrStarve { budget } => op.recv_index.is_some_and(|r| r >= budget),
             _ => false,
@@ -1123,9 +1220,10 @@ fn on_send(c: &mut Conn, wc: &Wc, lossy: bool, bytes: &mut u64, violations: &mut
         return;
     }
     // Success.
-    if op.bad {
+    if op.bad || invalidated(c, &op) {
         violations.push(format!(
-            "{name}: op {i} with a bad R_Key or address succeeded"
+            "{name}: op {i} ({:?}) with a bad or invalidated R_Key or a bad address succeeded",
+            op.kind
         ));
         return;
     }
@@ -1196,7 +1294,18 @@ fn on_recv(
         }
         return;
     }
-    if wc.status != WcStatus::Success {
+    // rxe takes the receive WQE of a WRITE_WITH_IMM before it checks the R_Key
+    // (`check_resource` comes before `check_rkey`): a key that fails completes that receive
+    // with IBV_WC_REM_ACCESS_ERR.
+    let key_failed = wc.status == WcStatus::RemAccessErr
+        && c.transport == Transport::Rc
+        && c.expect_recv
+            .front()
+            .is_some_and(|op| op.kind == Kind::WriteImm && key_may_fail(c, op));
+    if key_failed {
+        c.expect_recv.pop_front();
+        c.responder_dead = true;
+    } else if wc.status != WcStatus::Success {
         violations.push(format!("{name}: receive completion {wc:?}"));
         return;
     }
@@ -1228,6 +1337,10 @@ fn on_recv(
             WcOpcode::Recv
         };
         let want_imm = matches!(op.kind, Kind::SendImm | Kind::WriteImm).then_some(op.imm);
+        let want_inv = (op.kind == Kind::SendInv).then_some(c.rkey);
+        if wc.invalidated_rkey() != want_inv {
+            return false;
+        }
         let grh = if c.transport == Transport::Ud { GRH } else { 0 };
         if wc.opcode != want_opcode || imm != want_imm || wc.byte_len as usize != op.len + grh {
             return false;
@@ -1236,11 +1349,12 @@ fn on_recv(
             return false;
         }
         match op.kind {
-            Kind::Send | Kind::SendImm => read(grh, op.len) == op.data,
+            Kind::Send | Kind::SendImm | Kind::SendInv => read(grh, op.len) == op.data,
             _ => true,
         }
     };
     match c.transport {
+        _ if key_failed => {}
         Transport::Rc => {
             // RC: in order, exactly once.
             match c.expect_recv.pop_front() {
@@ -1287,7 +1401,9 @@ fn on_recv(
             }
         }
     }
-    c.recvs_ok += 1;
+    if !key_failed {
+        c.recvs_ok += 1;
+    }
     // Give the buffer back.
     if c.on_srq {
         if let Some((srq, m)) = &node.srq
