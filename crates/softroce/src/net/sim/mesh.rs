@@ -92,7 +92,8 @@ impl MeshConfig {
             faults: SimFaults::from_seed(seed),
             max_size: 16 << 10,
             mishaps: true,
-            time_limit: Duration::from_secs(600),
+            // A run needs well under a second; a livelock shows within a minute.
+            time_limit: Duration::from_secs(60),
         }
     }
 }
@@ -276,10 +277,12 @@ struct Conn {
     /// When a timed mishap fires, and whether it has.
     mishap_time: Option<Instant>,
     mishap_fired: Option<Instant>,
-    /// The responder may have gone to ERR (its receives may flush).
+    /// The responder may have gone to ERR (its receives may flush, its R_Key checks fail).
     responder_dead: bool,
     flushed_recvs: usize,
     recvs_ok: usize,
+    /// The operation whose receive completed in error.
+    recv_failed: Option<usize>,
 }
 
 impl Mishap {
@@ -342,7 +345,12 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
     let mut rng = SimRng::new(cfg.seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x6d65_7368);
     let mut sim = Sim::new(cfg.seed, cfg.faults);
     let mut violations = Vec::new();
+    // A link that loses packets (bit flips are losses after the ICRC) can use up retry_cnt;
+    // so can one that reorders them when a responder went to ERR over a bad key: its NAK
+    // may arrive before the response to an earlier READ/atomic, and is then ignored (rxe
+    // `check_psn` → COMPST_ERROR_RETRY), and the responder answers no retry.
     let lossy = cfg.faults.loss > 0.0 || cfg.faults.corrupt > 0.0;
+    let reorders = cfg.faults.reorder > 0.0;
     let dup_copies = if cfg.faults.dup > 0.0 { 2 } else { 1 };
     let mut report = MeshReport {
         seed: cfg.seed,
@@ -641,6 +649,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
             responder_dead: false,
             flushed_recvs: 0,
             recvs_ok: 0,
+            recv_failed: None,
         };
         if !on_srq {
             for s in 0..ring_slots {
@@ -717,7 +726,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                     Some(&(ci, false)) => on_send(
                         &mut conns[ci],
                         &wc,
-                        lossy,
+                        (lossy, reorders),
                         &mut report.bytes,
                         &mut violations,
                     ),
@@ -765,7 +774,20 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
             }
         }
         if sim.now() > end {
-            violations.push("virtual time limit reached".to_string());
+            let busy: Vec<String> = conns
+                .iter()
+                .filter(|c| !c.finished(ops))
+                .map(|c| {
+                    format!(
+                        "{} {:?}: {} of {} posted done",
+                        c.name(),
+                        c.mishap,
+                        c.done,
+                        c.posted
+                    )
+                })
+                .collect();
+            violations.push(format!("virtual time limit reached: {busy:?}"));
         }
     }
 
@@ -847,7 +869,9 @@ fn post_ring(c: &mut Conn, s: usize, violations: &mut Vec<String>) {
     let (Some(qb), Some(ring)) = (&c.qb, &c.ring) else {
         return;
     };
-    if c.responder_dead {
+    // A responder in ERR gets no more receives (an application would stop too); one that
+    // only may go there (a bad key on its way) keeps getting them.
+    if qb.state() == QpState::Err {
         return;
     }
     c.recvs_posted += 1;
@@ -1154,10 +1178,11 @@ fn key_may_fail(c: &Conn, op: &Op) -> bool {
 
 /// Whether a first failure with `status` on `op` is what the transport and the connection's
 /// mishap allow.
-fn failure_allowed(c: &Conn, op: &Op, status: WcStatus, lossy: bool) -> bool {
+fn failure_allowed(c: &Conn, op: &Op, status: WcStatus, (lossy, reorders): (bool, bool)) -> bool {
     match status {
         WcStatus::RetryExcErr => {
             lossy
+                || (reorders && c.responder_dead)
                 || (matches!(
                     c.mishap,
                     Mishap::ResponderErr { .. } | Mishap::DestroyResponder { .. }
@@ -1175,7 +1200,13 @@ fn failure_allowed(c: &Conn, op: &Op, status: WcStatus, lossy: bool) -> bool {
     }
 }
 
-fn on_send(c: &mut Conn, wc: &Wc, lossy: bool, bytes: &mut u64, violations: &mut Vec<String>) {
+fn on_send(
+    c: &mut Conn,
+    wc: &Wc,
+    lossy: (bool, bool),
+    bytes: &mut u64,
+    violations: &mut Vec<String>,
+) {
     let name = c.name();
     let Some(op) = c.outstanding.pop_front() else {
         violations.push(format!("{name}: extra completion {wc:?}"));
@@ -1220,6 +1251,13 @@ fn on_send(c: &mut Conn, wc: &Wc, lossy: bool, bytes: &mut u64, violations: &mut
         return;
     }
     // Success.
+    if c.recv_failed == Some(i) {
+        violations.push(format!(
+            "{name}: op {i} ({:?}) succeeded though its receive completed in error",
+            op.kind
+        ));
+        return;
+    }
     if op.bad || invalidated(c, &op) {
         violations.push(format!(
             "{name}: op {i} ({:?}) with a bad or invalidated R_Key or a bad address succeeded",
@@ -1294,17 +1332,21 @@ fn on_recv(
         }
         return;
     }
-    // rxe takes the receive WQE of a WRITE_WITH_IMM before it checks the R_Key
-    // (`check_resource` comes before `check_rkey`): a key that fails completes that receive
-    // with IBV_WC_REM_ACCESS_ERR.
+    // An R_Key violation completes the receive WQE the responder holds with
+    // IBV_WC_REM_ACCESS_ERR (rxe `do_complete` after `do_class_ac_error`): a WRITE_WITH_IMM's
+    // own (rxe takes it in `check_resource`, before `check_rkey`), or that of a SEND in
+    // progress when a retried READ meets a key gone meanwhile. The requester's WR for it
+    // must then not succeed.
     let key_failed = wc.status == WcStatus::RemAccessErr
         && c.transport == Transport::Rc
-        && c.expect_recv
-            .front()
-            .is_some_and(|op| op.kind == Kind::WriteImm && key_may_fail(c, op));
+        && c.responder_dead
+        && matches!(
+            c.mishap,
+            Mishap::BadRkey { .. } | Mishap::DeregRemote { .. } | Mishap::MwInvalidate { .. }
+        )
+        && !c.expect_recv.is_empty();
     if key_failed {
-        c.expect_recv.pop_front();
-        c.responder_dead = true;
+        c.recv_failed = c.expect_recv.pop_front().map(|op| op.index);
     } else if wc.status != WcStatus::Success {
         violations.push(format!("{name}: receive completion {wc:?}"));
         return;
