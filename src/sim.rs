@@ -204,10 +204,7 @@ pub fn run_sim(a: SimArgs) -> Result<(), BoxError> {
         }
         if !r.ok() {
             failed += 1;
-            eprintln!(
-                "replay with: softroce sim --seed {seed} --ops {} (or SOFTROCE_SEED={seed})",
-                a.ops
-            );
+            eprintln!("replay with: {}", replay(&a, seed));
         }
     }
     let stopped = ran < a.seeds;
@@ -229,6 +226,34 @@ pub fn run_sim(a: SimArgs) -> Result<(), BoxError> {
         return Err(format!("interrupted after {ran} of {} seeds", a.seeds).into());
     }
     Ok(())
+}
+
+/// The command that replays `seed` with the options of this run.
+fn replay(a: &SimArgs, seed: u64) -> String {
+    let mut c = format!("softroce sim --seed {seed} --ops {}", a.ops);
+    if a.workload == Workload::Mesh {
+        c.insert_str("softroce sim".len(), " --workload mesh");
+    }
+    if a.no_mishaps {
+        c.push_str(" --no-mishaps");
+    }
+    for (name, v) in [
+        ("loss", a.loss),
+        ("dup", a.dup),
+        ("reorder", a.reorder),
+        ("corrupt", a.corrupt),
+    ] {
+        if let Some(v) = v {
+            c.push_str(&format!(" --{name} {v}"));
+        }
+    }
+    if let Some(m) = a.mtu {
+        c.push_str(&format!(" --mtu {m}"));
+    }
+    if let Some(m) = a.max_size {
+        c.push_str(&format!(" --max-size {m}"));
+    }
+    c
 }
 
 fn mesh_json(r: &MeshReport, faults: &SimFaults, wall_ms: u128) -> String {
@@ -331,10 +356,7 @@ fn run_mesh(a: &SimArgs, first: u64) -> Result<(), BoxError> {
         }
         if !r.ok() {
             failed += 1;
-            eprintln!(
-                "replay with: softroce sim --workload mesh --seed {seed} --ops {}",
-                a.ops
-            );
+            eprintln!("replay with: {}", replay(a, seed));
         }
     }
     let stopped = ran < a.seeds;

@@ -346,11 +346,12 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
     let mut sim = Sim::new(cfg.seed, cfg.faults);
     let mut violations = Vec::new();
     // A link that loses packets (bit flips are losses after the ICRC) can use up retry_cnt;
-    // so can one that reorders them when a responder went to ERR over a bad key: its NAK
-    // may arrive before the response to an earlier READ/atomic, and is then ignored (rxe
-    // `check_psn` → COMPST_ERROR_RETRY), and the responder answers no retry.
+    // so can one that reorders or duplicates them when a responder went to ERR over a bad
+    // key, and then answers no retry: its NAK may arrive before the response to an earlier
+    // READ/atomic and is then ignored (rxe `check_psn` → COMPST_ERROR_RETRY), or it answers
+    // a duplicate READ the requester has already completed (a stale NAK, dropped).
     let lossy = cfg.faults.loss > 0.0 || cfg.faults.corrupt > 0.0;
-    let reorders = cfg.faults.reorder > 0.0;
+    let reorders = cfg.faults.reorder > 0.0 || cfg.faults.dup > 0.0;
     let dup_copies = if cfg.faults.dup > 0.0 { 2 } else { 1 };
     let mut report = MeshReport {
         seed: cfg.seed,
