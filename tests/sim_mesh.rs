@@ -101,6 +101,26 @@ fn mesh_with_swarm_faults_from_the_seed() {
     eprintln!("{seen:?}");
 }
 
+/// Seeds the soaks failed on, kept as regressions. With 16 ops: 422, 896, 2274, 3851 (a
+/// receive completed IBV_WC_REM_ACCESS_ERR when a retried READ met a deregistered MR while a
+/// SEND was in progress); 2118, 2223, 2682, 3576, 3713 (a livelock of the model: it stopped
+/// posting receives before the responder was in ERR); 3616, 4533 (a NAK overtaken by an
+/// earlier READ's response). With 40 ops of up to 64 KiB: 7477 (a duplicated READ NAKed after
+/// its completion). The engine bugs the first soaks found have unit tests of their own
+/// (transport/tests.rs: `rts_duplicate_read_whose_mr_went_away_…`,
+/// `rts_nak_past_an_unanswered_atomic_…`).
+#[test]
+fn soak_regressions() {
+    for seed in [
+        422u64, 896, 2118, 2223, 2274, 2682, 3576, 3616, 3713, 3851, 4533,
+    ] {
+        check(&MeshConfig::from_seed(seed, 16));
+    }
+    let mut cfg = MeshConfig::from_seed(7477, 40);
+    cfg.max_size = 64 << 10;
+    check(&cfg);
+}
+
 #[test]
 #[ignore = "soak: SOFTROCE_SIM_SEEDS seeds from SOFTROCE_SIM_FIRST"]
 fn mesh_soak() {
