@@ -677,6 +677,27 @@ fn loss_free_storm_through_cm_ports_establishes_every_accepted_connection() {
     }
 }
 
+/// Found by the 3000-seed soak of this file (`SOFTROCE_SIM_SEEDS=3000 cargo test --release
+/// --test cm_sim`): with loss forced to 0 but heavy duplication (20 %) and reordering (30 %,
+/// up to 20 ms), slow accepts (up to 58 ms) and 11 CM retries, one connect of seed 1896 ends
+/// UNREACHABLE instead of ESTABLISHED. Not diagnosed yet (CM engine: the REQ/MRA/REP retry
+/// timing under reordering); kept here so it is not lost. The same seed through CmPort on
+/// simulated devices passes (that link reorders by at most 8 one-way delays).
+#[test]
+#[ignore = "seed 1896: a connect ends UNREACHABLE on a loss-free, reordering link; not diagnosed"]
+fn issue_22_cm_seed_1896_unreachable_on_a_loss_free_link() {
+    let mut w = World::new(1896);
+    w.p.loss = 0.0;
+    w.p.reject_p = 0.0;
+    w.p.unlistened_p = 0.0;
+    if let Err(e) = w.run() {
+        panic!(
+            "SOFTROCE_SEED=1896 (loss forced to 0, {:?}) failed: {e}",
+            w.p
+        );
+    }
+}
+
 #[test]
 fn loss_free_storm_establishes_every_accepted_connection() {
     // Seeds whose swarm parameters drew loss 0 are checked for full establishment by
@@ -687,7 +708,10 @@ fn loss_free_storm_establishes_every_accepted_connection() {
         w.p.reject_p = 0.0;
         w.p.unlistened_p = 0.0;
         if let Err(e) = w.run() {
-            panic!("SOFTROCE_SEED={seed} (loss forced to 0) failed: {e}");
+            panic!(
+                "SOFTROCE_SEED={seed} (loss forced to 0, {:?}) failed: {e}",
+                w.p
+            );
         }
         let n = w
             .tracks

@@ -98,6 +98,11 @@ fn mesh_with_swarm_faults_from_the_seed() {
             want.1
         );
     }
+    assert!(
+        ends.iter()
+            .any(|e| e.mishap == "destroy_requester" && e.ops_done < 16),
+        "no requester destroyed mid-transfer: {seen:?}"
+    );
     eprintln!("{seen:?}");
 }
 

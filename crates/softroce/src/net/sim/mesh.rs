@@ -30,6 +30,9 @@
 //!   flush).
 //! - `RequesterErr`: the requester moved to ERR mid-transfer → completions successful up to
 //!   some WR, `IBV_WC_WR_FLUSH_ERR` from there on.
+//! - `DestroyRequester`: the requester destroyed mid-transfer → nothing more completes (no
+//!   flush on destroy); what completed before it is in order and successful, the responder's
+//!   memory equals the model up to the first operation not completed.
 //! - `ResponderErr` / `DestroyResponder`: the responder moved to ERR or destroyed
 //!   mid-transfer → the requester's retries run out: `IBV_WC_RETRY_EXC_ERR`, then flushes.
 //! - `DeregRemote`: the responder's MR deregistered mid-transfer → the first READ/WRITE/atomic
@@ -131,7 +134,8 @@ pub struct ConnEnd {
     /// Requester and responder on the same device.
     pub loopback: bool,
     /// The mishap drawn: `none`, `bad_rkey`, `requester_err`, `responder_err`,
-    /// `destroy_responder`, `dereg_remote`, `rnr_starve` or `mw_invalidate`.
+    /// `destroy_responder`, `dereg_remote`, `rnr_starve`, `mw_invalidate` or
+    /// `destroy_requester`.
     pub mishap: &'static str,
     /// The status of the first failed WR (the rest flushed), if one failed.
     pub failed: Option<WcStatus>,
@@ -165,6 +169,7 @@ enum Mishap {
     DeregRemote { at: usize },
     RnrStarve { budget: usize },
     MwInvalidate { at: usize },
+    DestroyRequester { at: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,6 +288,8 @@ struct Conn {
     recvs_ok: usize,
     /// The operation whose receive completed in error.
     recv_failed: Option<usize>,
+    /// Successful send completions (in order: the operations before this index).
+    ok_count: usize,
 }
 
 impl Mishap {
@@ -296,18 +303,26 @@ impl Mishap {
             Mishap::DeregRemote { .. } => "dereg_remote",
             Mishap::RnrStarve { .. } => "rnr_starve",
             Mishap::MwInvalidate { .. } => "mw_invalidate",
+            Mishap::DestroyRequester { .. } => "destroy_requester",
         }
     }
 }
 
 impl Conn {
-    /// No more operations are posted: one failed, or the requester was moved to ERR.
+    /// No more operations are posted: one failed, or the requester was moved to ERR or
+    /// destroyed.
     fn stopped(&self) -> bool {
         self.failed.is_some()
-            || (matches!(self.mishap, Mishap::RequesterErr { .. }) && self.mishap_fired.is_some())
+            || (matches!(
+                self.mishap,
+                Mishap::RequesterErr { .. } | Mishap::DestroyRequester { .. }
+            ) && self.mishap_fired.is_some())
     }
     fn finished(&self, ops: usize) -> bool {
-        self.outstanding.is_empty() && (self.posted == ops || self.stopped())
+        // A destroyed QP completes nothing more (rxe: no flush on destroy); what it completed
+        // before is checked when the CQ is drained at the end.
+        (self.qa.is_none() && self.stopped())
+            || (self.outstanding.is_empty() && (self.posted == ops || self.stopped()))
     }
     fn name(&self) -> String {
         format!(
@@ -434,6 +449,17 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                     budget: rng.below(cfg.ops as u64 / 3 + 1) as usize,
                 },
             }
+        };
+        // Half the RC requesters moved to ERR are destroyed instead (drawn apart from the main
+        // stream, which other seeds' regressions depend on).
+        let mishap = match mishap {
+            Mishap::RequesterErr { at }
+                if transport == Transport::Rc
+                    && SimRng::new(cfg.seed ^ (id as u64) << 32 ^ 0xde57).chance(0.5) =>
+            {
+                Mishap::DestroyRequester { at }
+            }
+            m => m,
         };
         // A starved responder has its own receive queue (an SRQ is shared with others).
         let on_srq = on_srq && !matches!(mishap, Mishap::RnrStarve { .. });
@@ -651,6 +677,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
             flushed_recvs: 0,
             recvs_ok: 0,
             recv_failed: None,
+            ok_count: 0,
         };
         if !on_srq {
             for s in 0..ring_slots {
@@ -953,6 +980,9 @@ fn fire_mishap(c: &mut Conn, violations: &mut Vec<String>) {
             c.responder_dead = true;
             c.qb = None;
         }
+        Mishap::DestroyRequester { .. } => {
+            c.qa = None;
+        }
         Mishap::DeregRemote { .. } => {
             c.responder_dead = true;
             c.remote = None;
@@ -1142,6 +1172,7 @@ fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: &mut Vec<St
     }
     match c.mishap {
         Mishap::RequesterErr { at }
+        | Mishap::DestroyRequester { at }
         | Mishap::ResponderErr { at }
         | Mishap::DestroyResponder { at }
         | Mishap::DeregRemote { at }
@@ -1275,6 +1306,7 @@ fn on_send(
         return;
     }
     *bytes += op.len as u64;
+    c.ok_count += 1;
     let slot = i % c.depth;
     let at = slot * c.max.max(8);
     match op.kind {
@@ -1475,7 +1507,13 @@ fn on_recv(
 
 fn final_checks(c: &Conn, violations: &mut Vec<String>) {
     let name = c.name();
-    let first_failed = c.failed.map(|(i, _)| i);
+    // Operations from this index on may or may not have executed: the first failed one, or
+    // the first a destroyed requester never completed.
+    let first_failed = c.failed.map(|(i, _)| i).or_else(|| {
+        matches!(c.mishap, Mishap::DestroyRequester { .. })
+            .then_some(c.ok_count)
+            .filter(|_| c.qa.is_none())
+    });
     if first_failed.is_some()
         && let Some(qa) = &c.qa
         && qa.state() != QpState::Err
