@@ -797,6 +797,9 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                             )
                         })
                         .collect();
+                    if stuck.is_empty() {
+                        break; // finished in this round (a requester destroyed just now)
+                    }
                     violations.push(format!("stalled: {stuck:?}"));
                 }
             }
