@@ -1,10 +1,14 @@
 //! Deterministic simulation of the CM engine: connect/disconnect storms between three
 //! engines over a seeded link that loses, duplicates, delays and reorders MADs.
 //!
-//! Why engines and an in-test link, not `net::sim` devices: the CM engine is sans-IO, so its
-//! protocol can be tested alone, with every single MAD subject to a fault and virtual time
-//! jumping straight to the next delivery, timer or application action. The path below it
-//! (QP1 as a UD QP over `net::sim`) has tests of its own (tests/gsi.rs, tests/sim_*.rs).
+//! Two ways to carry the MADs, with the same application and the same checks:
+//! - engines and an in-test link: the CM engine is sans-IO, so its protocol can be tested
+//!   alone, with every single MAD subject to a fault and virtual time jumping straight to the
+//!   next delivery, timer or application action;
+//! - `World::on_devices`: each engine behind `verbs::CmPort` on QP1 of a `net::sim` device,
+//!   the code librdmacm.so.1 runs: MADs are UD SENDs with the GSI Q_Key, received behind a
+//!   GRH through the port's receive ring and the MAD agent, over the simulated link with the
+//!   same loss, duplication and reordering (and bit flips the ICRC catches).
 //!
 //! The seed chooses every parameter (swarm testing): loss, duplication, reordering, delay,
 //! retries, how many connections, how slowly the application accepts, how often it rejects,
@@ -24,8 +28,9 @@
 use softroce::cm::{
     AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams, MadTransmit,
 };
-use softroce::net::sim::SimRng;
+use softroce::net::sim::{Sim, SimFaults, SimRng};
 use softroce::transport::Instant;
+use softroce::verbs::{CmPort, Device};
 use softroce::wire::cm::{RejReason, port_space, rdma_cm_service_id};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -119,7 +124,11 @@ struct World {
     p: Params,
     rng: SimRng,
     now: Instant,
+    /// The CM engines, driven directly (the in-test link) ...
     engines: Vec<CmEngine>,
+    /// ... or each on QP1 of a `net::sim` device, through `verbs::CmPort` (what
+    /// librdmacm.so.1 runs), over the simulated link.
+    ports: Option<Ports>,
     /// (deliver at, sequence) -> (src node, MAD)
     link: BinaryHeap<Reverse<InFlight>>,
     actions: BinaryHeap<Reverse<(Instant, u64, Action)>>,
@@ -129,7 +138,64 @@ struct World {
     next_qpn: u32,
 }
 
+/// Devices on a `net::sim` link, each with its CM on QP1.
+struct Ports {
+    sim: Sim,
+    ports: Vec<CmPort>,
+    _devs: Vec<Device>,
+}
+
 impl World {
+    /// The world of `seed` with every CM engine on QP1 of a simulated device: the same MADs
+    /// go through UD SENDs, the GRH, the receive ring and the MAD agent, with the link's
+    /// loss, duplication, reordering and bit flips (caught by the ICRC) drawn from the
+    /// same parameters.
+    fn on_devices(seed: u64) -> World {
+        World::on_devices_with(seed, |_| {})
+    }
+
+    /// `on_devices` with the seed's parameters changed by `tweak` first.
+    fn on_devices_with(seed: u64, tweak: impl FnOnce(&mut Params)) -> World {
+        let mut w = World::new(seed);
+        tweak(&mut w.p);
+        let faults = SimFaults {
+            loss: w.p.loss,
+            dup: w.p.dup,
+            reorder: w.p.reorder,
+            corrupt: if w.p.loss > 0.0 { 0.01 } else { 0.0 },
+            delay_ns: w.p.delay_ns,
+            jitter_ns: w.p.jitter_ns,
+        };
+        let mut sim = Sim::new(seed, faults);
+        let mut ports = Vec::new();
+        let mut devs = Vec::new();
+        for (n, cm) in std::mem::take(&mut w.engines).into_iter().enumerate() {
+            let dev = sim.add_device(&format!("cm{n}"), ip(n));
+            ports.push(CmPort::new(&dev, cm).unwrap());
+            devs.push(dev);
+        }
+        w.ports = Some(Ports {
+            sim,
+            ports,
+            _devs: devs,
+        });
+        w
+    }
+
+    fn eng(&mut self, n: usize) -> &mut CmEngine {
+        match &mut self.ports {
+            Some(p) => p.ports[n].cm(),
+            None => &mut self.engines[n],
+        }
+    }
+
+    fn eng_ref(&self, n: usize) -> &CmEngine {
+        match &self.ports {
+            Some(p) => &p.ports[n].agent().cm,
+            None => &self.engines[n],
+        }
+    }
+
     fn new(seed: u64) -> World {
         let mut rng = SimRng::new(seed);
         let p = Params::from_seed(&mut rng);
@@ -152,6 +218,7 @@ impl World {
             rng,
             now: Instant::ZERO,
             engines,
+            ports: None,
             link: BinaryHeap::new(),
             actions: BinaryHeap::new(),
             seq: 0,
@@ -218,7 +285,7 @@ impl World {
             }
             // rdma_disconnect after DISCONNECTED sends the DREP.
             CmEvent::Disconnected { id }
-                if self.engines[node].state(id) == Some(CmState::DreqRcvd) =>
+                if self.eng_ref(node).state(id) == Some(CmState::DreqRcvd) =>
             {
                 let d = self.rng.below(1_000_000);
                 self.at(d, Action::Disconnect { node, id });
@@ -258,18 +325,18 @@ impl World {
                     srq: false,
                     private_data: vec![],
                 };
-                let id = self.engines[node].connect(now, &cp).unwrap();
+                let id = self.eng(node).connect(now, &cp).unwrap();
                 let t = self.tracks.entry((node, id)).or_default();
                 t.listened = Some(listened);
                 t.events.push("connect");
             }
             Action::Answer { node, id } => {
-                if self.engines[node].state(id).is_none() {
+                if self.eng(node).state(id).is_none() {
                     return; // rejected or timed out meanwhile
                 }
                 if self.rng.chance(self.p.reject_p) {
                     self.tracks.entry((node, id)).or_default().rejected_by_app = true;
-                    self.engines[node].reject(now, id, b"busy").unwrap();
+                    self.eng(node).reject(now, id, b"busy").unwrap();
                 } else {
                     self.next_qpn += 1;
                     let ap = AcceptParams {
@@ -282,21 +349,21 @@ impl World {
                         srq: false,
                         private_data: vec![],
                     };
-                    self.engines[node].accept(now, id, &ap).unwrap();
+                    self.eng(node).accept(now, id, &ap).unwrap();
                 }
             }
             Action::Establish { node, id } => {
-                if self.engines[node].state(id) == Some(CmState::RepRcvd) {
-                    self.engines[node].establish(now, id).unwrap();
+                if self.eng(node).state(id) == Some(CmState::RepRcvd) {
+                    self.eng(node).establish(now, id).unwrap();
                 }
             }
             Action::Disconnect { node, id } => {
                 let ok = matches!(
-                    self.engines[node].state(id),
+                    self.eng(node).state(id),
                     Some(CmState::Established | CmState::DreqRcvd)
                 );
                 if ok {
-                    self.engines[node].disconnect(now, id).unwrap();
+                    self.eng(node).disconnect(now, id).unwrap();
                 }
             }
         }
@@ -305,11 +372,13 @@ impl World {
     /// Moves every output of every engine: events first, then MADs (the poll order).
     fn drain(&mut self) {
         for n in 0..NODES {
-            while let Some(ev) = self.engines[n].poll_event() {
+            while let Some(ev) = self.eng(n).poll_event() {
                 self.event(n, ev);
             }
-            while let Some(m) = self.engines[n].poll_mad() {
-                self.send(n, m);
+            if self.ports.is_none() {
+                while let Some(m) = self.engines[n].poll_mad() {
+                    self.send(n, m);
+                }
             }
         }
     }
@@ -328,6 +397,9 @@ impl World {
                     listened,
                 },
             );
+        }
+        if self.ports.is_some() {
+            return self.run_on_devices();
         }
         let mut steps = 0u64;
         loop {
@@ -364,8 +436,54 @@ impl World {
         self.check()
     }
 
+    /// The event loop of `on_devices`: the next of a datagram or device timer (the
+    /// simulator's), an application action and a CM timer; then every port moves its QP1
+    /// completions, due timers and queued MADs (`CmPort::process`, as librdmacm's event
+    /// thread does), and the events go to the application.
+    fn run_on_devices(&mut self) -> Result<(), String> {
+        let mut steps = 0u64;
+        loop {
+            steps += 1;
+            if steps > 2_000_000 {
+                return Err("no quiescence after 2,000,000 steps".into());
+            }
+            let p = self.ports.as_mut().unwrap();
+            let t_net = p.sim.next_event();
+            let t_cm = p.ports.iter().filter_map(CmPort::poll_timeout).min();
+            let t_act = self.actions.peek().map(|Reverse(x)| x.0);
+            let Some(next) = [t_net, t_act, t_cm].into_iter().flatten().min() else {
+                break;
+            };
+            if next.as_nanos() > 3_600_000_000_000 {
+                return Err(format!(
+                    "still busy after an hour of virtual time: {next:?}"
+                ));
+            }
+            if t_net == Some(next) {
+                p.sim.step();
+            } else {
+                let d = next.since(p.sim.now());
+                p.sim.advance(d);
+            }
+            self.now = next.max(p.sim.now());
+            if t_act == Some(next) {
+                let Reverse((_, _, a)) = self.actions.pop().unwrap();
+                self.act(a);
+            }
+            let now = self.now;
+            let p = self.ports.as_mut().unwrap();
+            for port in &mut p.ports {
+                port.process(now)
+                    .map_err(|e| format!("CmPort::process: {e}"))?;
+            }
+            self.drain();
+        }
+        self.check()
+    }
+
     fn check(&self) -> Result<(), String> {
-        for (n, e) in self.engines.iter().enumerate() {
+        for n in 0..NODES {
+            let e = self.eng_ref(n);
             if e.connection_count() != 0 || e.poll_timeout().is_some() {
                 let leaked: Vec<_> = e
                     .connections()
@@ -373,7 +491,7 @@ impl World {
                     .collect();
                 return Err(format!("node {n} leaks {leaked:?}"));
             }
-            if e.counters().mads_received != self.delivered[n] {
+            if self.ports.is_none() && e.counters().mads_received != self.delivered[n] {
                 return Err(format!("node {n}: mads_received != delivered"));
             }
         }
@@ -447,9 +565,22 @@ struct Coverage {
 }
 
 fn run_seed(seed: u64, cov: &mut Coverage) {
-    let mut w = World::new(seed);
+    run_world(World::new(seed), cov);
+}
+
+/// `run_seed` with the engines on QP1 of simulated devices (`World::on_devices`).
+fn run_seed_on_devices(seed: u64, cov: &mut Coverage) {
+    run_world(World::on_devices(seed), cov);
+}
+
+fn run_world(mut w: World, cov: &mut Coverage) {
+    let how = if w.ports.is_some() {
+        "on QP1 of simulated devices"
+    } else {
+        "engines on the in-test link"
+    };
     if let Err(e) = w.run() {
-        panic!("SOFTROCE_SEED={} failed ({:?}): {e}", w.seed, w.p);
+        panic!("SOFTROCE_SEED={} failed ({how}, {:?}): {e}", w.seed, w.p);
     }
     for t in w.tracks.values() {
         if t.listened.is_some() && t.events.contains(&"Established") {
@@ -459,8 +590,8 @@ fn run_seed(seed: u64, cov: &mut Coverage) {
             *cov.final_events.entry(last).or_default() += 1;
         }
     }
-    for e in &w.engines {
-        let c = e.counters();
+    for n in 0..NODES {
+        let c = w.eng_ref(n).counters();
         cov.retransmits += c.retransmits;
         cov.resends += c.resends;
         cov.drops += c.total_drops();
@@ -501,6 +632,78 @@ fn connect_disconnect_storms_end_established_or_with_a_librdmacm_event() {
 }
 
 #[test]
+fn storms_through_cm_ports_on_qp1_of_simulated_devices() {
+    // The same storms and checks, with each engine behind verbs::CmPort on a device's QP1
+    // (the path librdmacm.so.1 takes): MADs are UD SENDs to QP1 with the GSI Q_Key, arrive
+    // behind a GRH, and go through the MAD agent; the link loses, duplicates, reorders and
+    // flips bits.
+    let mut cov = Coverage::default();
+    let seeds = seeds(20);
+    for &seed in &seeds {
+        run_seed_on_devices(seed, &mut cov);
+    }
+    eprintln!("{cov:?}");
+    if seeds.len() >= 20 {
+        assert!(cov.established > 50, "{cov:?}");
+        assert!(cov.retransmits > 0 && cov.resends > 0, "{cov:?}");
+        for ev in ["TimewaitExit", "Rejected", "Rejected(8)"] {
+            assert!(cov.final_events.contains_key(ev), "no {ev}: {cov:?}");
+        }
+    }
+}
+
+#[test]
+fn loss_free_storm_through_cm_ports_establishes_every_accepted_connection() {
+    for seed in seeds(3) {
+        let mut w = World::on_devices_with(seed, |p| {
+            p.loss = 0.0;
+            p.reject_p = 0.0;
+            p.unlistened_p = 0.0;
+        });
+        if let Err(e) = w.run() {
+            panic!("SOFTROCE_SEED={seed} (on devices, loss forced to 0) failed: {e}");
+        }
+        let n = w
+            .tracks
+            .values()
+            .filter(|t| t.listened == Some(true))
+            .count();
+        let est = w
+            .tracks
+            .values()
+            .filter(|t| t.listened == Some(true) && t.events.contains(&"Established"))
+            .count();
+        assert_eq!(est, n, "SOFTROCE_SEED={seed}");
+    }
+}
+
+/// Found by the 3000-seed soak of this file (`SOFTROCE_SIM_SEEDS=3000 cargo test --release
+/// --test cm_sim`): with loss forced to 0 but duplication 20 %, reordering 30 % (held up to
+/// 20 ms) and slow accepts (up to 58 ms), one connect of seed 1896 ends UNREACHABLE. MAD
+/// trace: REQ at 45.3 ms (and its duplicate), MRA back at 45.7 ms, the application accepts at
+/// 102.7 ms, its REP is held back and arrives at 121.4 ms; the active side's MRA wait
+/// (2 × packet lifetime + service timeout 14 ≈ 75.5 ms) ended at 121.3 ms and, with "no
+/// retries after an MRA" (cm/recv.rs `on_mra`: `retries_left = 0`; docs/cm.md), it sent
+/// REJ(timeout). Kernel cm.c `cm_mra_handler` → `ib_modify_mad` only stretches the REQ's
+/// timeout and keeps its retries, so the kernel would resend the REQ and connect. Either the
+/// engine keeps the retries (a CM change, left to the CM work) or the loss-free claim of
+/// this file must bound the link's hold-back below the MRA wait.
+#[test]
+#[ignore = "seed 1896: UNREACHABLE on a loss-free link; the CM drops its REQ retries after an MRA, the kernel keeps them"]
+fn issue_22_cm_seed_1896_unreachable_on_a_loss_free_link() {
+    let mut w = World::new(1896);
+    w.p.loss = 0.0;
+    w.p.reject_p = 0.0;
+    w.p.unlistened_p = 0.0;
+    if let Err(e) = w.run() {
+        panic!(
+            "SOFTROCE_SEED=1896 (loss forced to 0, {:?}) failed: {e}",
+            w.p
+        );
+    }
+}
+
+#[test]
 fn loss_free_storm_establishes_every_accepted_connection() {
     // Seeds whose swarm parameters drew loss 0 are checked for full establishment by
     // `check`; this test forces one such run on top.
@@ -510,7 +713,10 @@ fn loss_free_storm_establishes_every_accepted_connection() {
         w.p.reject_p = 0.0;
         w.p.unlistened_p = 0.0;
         if let Err(e) = w.run() {
-            panic!("SOFTROCE_SEED={seed} (loss forced to 0) failed: {e}");
+            panic!(
+                "SOFTROCE_SEED={seed} (loss forced to 0, {:?}) failed: {e}",
+                w.p
+            );
         }
         let n = w
             .tracks

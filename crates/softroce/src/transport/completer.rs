@@ -190,6 +190,9 @@ impl QpEngine {
             "requester received RNR NAK timer={timer}: waits, then resends from the PSN"
         );
         self.ack_through(q.sub(1), now);
+        if !self.front_holds(q) {
+            return;
+        }
         // rnr_retry 7 means retry forever.
         if self.comp.rnr_retry != 7 {
             if self.comp.rnr_left == 0 {
@@ -242,8 +245,23 @@ impl QpEngine {
             "requester received NAK {code}: the WR completes in error, the QP enters ERR"
         );
         self.ack_through(q.sub(1), now);
+        if !self.front_holds(q) {
+            return;
+        }
         self.pop_completed(nak_wc_status(code));
         self.enter_error();
+    }
+
+    /// Whether the oldest WQE holds PSN `q`, after a NAK at `q` acknowledged what precedes
+    /// it. When it does not, that WQE is a READ or atomic whose response was lost (the NAK
+    /// implies it: `ack_through` has gone back to it) and the NAK is about a later WQE: it
+    /// must not complete this one. rxe `check_psn`: a PSN past a pending READ/atomic WQE is
+    /// COMPST_ERROR_RETRY, never that WQE's status; the responder NAKs again after the retry.
+    fn front_holds(&self, q: Psn) -> bool {
+        self.sq
+            .front()
+            .filter(|w| w.assigned)
+            .is_some_and(|w| q.diff(w.first_psn) >= 0 && q.diff(w.first_psn.add(w.npsn)) < 0)
     }
 
     /// Uses one retry; when none is left completes the oldest WQE with

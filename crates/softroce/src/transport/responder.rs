@@ -584,34 +584,39 @@ impl QpEngine {
                     .contains(AccessFlags::REMOTE_READ)
                     && self.attrs.max_dest_rd_atomic > 0;
                 let fits = saved.is_some_and(|(d, n)| psns_for(len, pmtu) <= n - d);
-                let ok = allowed
-                    && fits
-                    && (len == 0
-                        || mem
-                            .check_remote(
-                                reth.rkey,
-                                self.pd,
-                                self.qpn,
-                                reth.va,
-                                len,
-                                AccessFlags::REMOTE_READ,
-                            )
-                            .is_ok());
-                if ok {
-                    // Answered as a replay — MIDDLE/LAST — unless it starts at that READ's
-                    // first PSN (rxe: res->state = replay when the PSN is not first_psn).
-                    let inside = saved.is_some_and(|(d, _)| d > 0);
-                    self.queue_resp(RespItem::Read {
-                        psn,
-                        va: reth.va,
-                        rkey: reth.rkey,
-                        remaining: len,
-                        first: !inside,
-                        msn,
-                    });
-                } else {
+                if !(allowed && fits) {
                     self.counters.drop_packet(DropReason::StaleDuplicate);
+                    return;
                 }
+                // rxe `read_reply` re-checks the MR of a replayed READ (`rxe_recheck_mr`); a
+                // key that no longer validates (MR deregistered, invalidated, shrunk) is an
+                // R_Key violation: NAK remote access error and ERR, as for a new READ.
+                let valid = len == 0
+                    || mem
+                        .check_remote(
+                            reth.rkey,
+                            self.pd,
+                            self.qpn,
+                            reth.va,
+                            len,
+                            AccessFlags::REMOTE_READ,
+                        )
+                        .is_ok();
+                if !valid {
+                    self.resp_fail(RespError::RkeyViolation, psn);
+                    return;
+                }
+                // Answered as a replay — MIDDLE/LAST — unless it starts at that READ's first
+                // PSN (rxe: res->state = replay when the PSN is not first_psn).
+                let inside = saved.is_some_and(|(d, _)| d > 0);
+                self.queue_resp(RespItem::Read {
+                    psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    remaining: len,
+                    first: !inside,
+                    msn,
+                });
             }
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 match self.resp.atomics.iter().find(|(p, _)| *p == psn) {

@@ -335,6 +335,48 @@ fn rts_nak_codes_complete_with_their_wc_status_and_flush_the_rest() {
     }
 }
 
+/// A requester with an atomic at PSN and a SEND at PSN+1 sent, nothing acknowledged.
+fn requester_with_an_atomic_then_a_send() -> (QpEngine, MemoryTable) {
+    let (mut e, mem, key, va) = rc_qp_rts();
+    let mut a = SendWr::new(
+        1,
+        WrOpcode::AtomicFetchAndAdd,
+        vec![Sge {
+            addr: va,
+            length: 8,
+            lkey: key,
+        }],
+    );
+    a.remote_addr = 0x1000;
+    a.rkey = 0x77;
+    e.post_send(a).unwrap();
+    e.post_send(SendWr::new(2, WrOpcode::Send, vec![])).unwrap();
+    assert_eq!(sent(&mut e, &mem).len(), 2);
+    (e, mem)
+}
+
+#[test]
+fn rts_nak_past_an_unanswered_atomic_retries_it_and_completes_nothing() {
+    // Found by the mesh simulation (seed 289): the atomic's ACK was lost, the SEND behind it
+    // drew an RNR NAK (rnr_retry 0) and the atomic completed IBV_WC_RNR_RETRY_EXC_ERR.
+    // rxe `check_psn`: a NAK past a pending READ/atomic WQE is COMPST_ERROR_RETRY: the
+    // requester goes back to the atomic; no WQE completes, the QP stays in RTS. Likewise for
+    // an error NAK (remote access): it is the SEND's, not the atomic's.
+    for syndrome in [0x20u8, 0x62] {
+        let (mut e, mut mem) = requester_with_an_atomic_then_a_send();
+        let mut n = nak(syndrome);
+        n.bth.psn = Psn::new(PSN + 1);
+        deliver(&mut e, &mut mem, n, &[]);
+        assert!(e.poll_completion().is_none(), "NAK {syndrome:#x}");
+        assert_eq!(e.state(), QpState::Rts, "NAK {syndrome:#x}");
+        assert_eq!(
+            sent(&mut e, &mem).first().map(|s| (s.0, s.1)),
+            Some((Opcode::RC_FETCH_ADD, PSN)),
+            "NAK {syndrome:#x}: the atomic is resent"
+        );
+    }
+}
+
 #[test]
 fn rts_ack_with_real_credits_is_accepted() {
     // ConnectX may advertise credits (AETH 0x00..0x1e); rxe sends 0x1f. Both are ACKs.
@@ -645,6 +687,41 @@ fn rts_request_behind_a_read_whose_mr_went_away_is_dropped_after_the_nak() {
     assert_eq!(e.counters().dropped(DropReason::WrongQpState), 1);
     let flushed = e.poll_completion().unwrap().wc;
     assert_eq!((flushed.wr_id, flushed.status), (7, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn rts_duplicate_read_whose_mr_went_away_naks_remote_access_and_enters_err() {
+    // Found by the mesh simulation (seed 18): a READ was answered, an earlier atomic's ACK was
+    // held back, so the requester resent the READ after the MR was deregistered. rxe
+    // `read_reply` re-checks the MR of a replay (`rxe_recheck_mr` → RESPST_ERR_RKEY_VIOLATION):
+    // NAK remote access error and ERR. Dropping the duplicate instead left the requester to
+    // retry until IBV_WC_RETRY_EXC_ERR.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 2048), &[]);
+    let answered: Vec<_> = sent(&mut e, &mem).into_iter().map(|s| s.0).collect();
+    assert_eq!(
+        answered,
+        [
+            Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            Opcode::RC_RDMA_READ_RESPONSE_LAST
+        ]
+    );
+    assert!(mem.deregister(key));
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 2048), &[]);
+    assert_eq!(sent(&mut e, &mem), [(Opcode::RC_ACKNOWLEDGE, PSN, NAK_ACC)]);
+    assert_eq!(e.state(), QpState::Err);
+}
+
+#[test]
+fn rts_duplicate_read_outside_any_accepted_read_is_dropped() {
+    // rxe `find_resource` finds nothing: class D, dropped silently, the QP stays in RTS.
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    deliver(&mut e, &mut mem, read_request(PSN, key, va, 8), &[]);
+    assert_eq!(sent(&mut e, &mem).len(), 1);
+    deliver(&mut e, &mut mem, read_request(PSN - 5, key, va, 8), &[]);
+    assert_eq!(sent(&mut e, &mem), []);
+    assert_eq!(e.state(), QpState::Rts);
+    assert_eq!(e.counters().dropped(DropReason::StaleDuplicate), 1);
 }
 
 /// A requester whose 3-packet READ (PSN .. PSN+2) has had its FIRST response: the next

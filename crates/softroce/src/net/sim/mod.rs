@@ -8,6 +8,7 @@
 //! Source of the shape: quinn-proto's test `Pair` (`step`, `drive`), TigerBeetle's packet
 //! simulator (fault knobs from the seed), smoltcp's `FaultInjector` (single-bit corruption).
 
+pub mod mesh;
 mod recording;
 pub mod workload;
 
@@ -363,6 +364,15 @@ impl Sim {
     /// drop chosen packets with it); `None` removes it.
     pub fn set_filter(&mut self, f: Option<Filter>) {
         self.net.state.lock().filter = f;
+    }
+
+    /// When the next event (a delivery or a device timer) is due, if any: a caller that has
+    /// timers of its own (a CM port, an application) steps up to the earliest of both.
+    #[must_use]
+    pub fn next_event(&self) -> Option<Instant> {
+        let next_pkt = self.net.next_time();
+        let next_timer = self.devices.iter().filter_map(Device::next_deadline).min();
+        [next_pkt, next_timer].into_iter().flatten().min()
     }
 
     /// Advances to the next event (a delivery or a timer), handles it, and returns true; false

@@ -1,0 +1,1599 @@
+//! A mesh workload: several devices, many QPs each, RC, UC and UD connections between random
+//! pairs of devices (loopback included), some receivers on a shared receive queue, and on
+//! some connections a mishap (an error path), all checked against a reference model.
+//!
+//! The seed draws the devices (2–4), the connections (each: transport, requester and
+//! responder device, SRQ or own receive queue, window depth, path MTU, starting PSNs), the
+//! operations and the link faults. What the model checks, per transport:
+//! - RC: every WR gets exactly one completion, in posting order; successful unless a mishap
+//!   or the link's losses explain the status (below); READs return the model's bytes, atomics
+//!   the model's original value; receive completions (SEND, SEND_WITH_IMM, WRITE_WITH_IMM)
+//!   arrive in order, each with its length, immediate and bytes; at the end the responder's
+//!   memory equals the model byte for byte (bytes an operation at or after the first failed
+//!   one touched are left out) and no completion is left over.
+//! - UC: every WR completes successfully, in order (UC has no ACKs). A lost packet loses its
+//!   message only: every receive completion equals one message sent on that QP (length,
+//!   immediate, bytes), no message completes more than twice (only a link duplicate can
+//!   make a second one: UC starts a message at any FIRST/ONLY) and none twice on a link
+//!   that does not duplicate; every WRITE's target region holds a prefix of its bytes and the
+//!   fill pattern after it, all of it once its WRITE_WITH_IMM completed at the receiver.
+//! - UD: every WR completes successfully, in order; every datagram received equals one sent
+//!   on that QP (40-byte GRH, then its bytes; `src_qp` the sender's QPN; its immediate), none
+//!   more than twice, none twice on a link that does not duplicate.
+//! - SRQ: receives of several QPs of a device come from one queue; the completion's QPN
+//!   names the connection, the `wr_id` the buffer.
+//!
+//! Mishaps (RC), with what kernel rxe gives and the model therefore demands:
+//! - `BadRkey`: one READ/WRITE/atomic with a wrong R_Key or an address past the MR →
+//!   `IBV_WC_REM_ACCESS_ERR` for it, every earlier WR successful, every later one
+//!   `IBV_WC_WR_FLUSH_ERR`, the requester in ERR (and the responder: its posted receives
+//!   flush).
+//! - `RequesterErr`: the requester moved to ERR mid-transfer → completions successful up to
+//!   some WR, `IBV_WC_WR_FLUSH_ERR` from there on.
+//! - `DestroyRequester`: the requester destroyed mid-transfer → nothing more completes (no
+//!   flush on destroy); what completed before it is in order and successful, the responder's
+//!   memory equals the model up to the first operation not completed.
+//! - `ResponderErr` / `DestroyResponder`: the responder moved to ERR or destroyed
+//!   mid-transfer → the requester's retries run out: `IBV_WC_RETRY_EXC_ERR`, then flushes.
+//! - `DeregRemote`: the responder's MR deregistered mid-transfer → the first READ/WRITE/atomic
+//!   that reaches it ends `IBV_WC_REM_ACCESS_ERR`, the rest flushes.
+//! - `RnrStarve`: the responder stops posting receives after a budget, `rnr_retry` 0–3 → the
+//!   first message without a receive ends `IBV_WC_RNR_RETRY_EXC_ERR`, the rest flushes.
+//! - `MwInvalidate`: the requester reaches the remote MR through a type 2 memory window the
+//!   responder QP bound; one fenced SEND_WITH_INVALIDATE revokes it → its receive completes
+//!   with `IBV_WC_WITH_INV` and the window's R_Key, every READ/WRITE/atomic before it
+//!   succeeds, the first one after it ends `IBV_WC_REM_ACCESS_ERR`.
+//!
+//! On a link that loses (or corrupts, which the ICRC turns into loss) packets a failure may
+//! also be `IBV_WC_RETRY_EXC_ERR` (the requester's retries ran out first, or the NAK that
+//! would have told it was lost and the responder in ERR ignores the retries). Every failure
+//! ends the connection: the requester QP must be in ERR, everything after it flushed.
+//!
+//! Replay: [`run`] of the same [`MeshConfig`] repeats the run exactly.
+
+use super::{Sim, SimFaults, SimRng, SimStats};
+use crate::transport::Instant;
+use crate::verbs::{
+    AccessFlags, Ah, AhAttr, Cq, Device, Gid, Mr, Mw, MwType, PathMtu, Pd, Qp, QpAttr, QpAttrMask,
+    QpCap, QpInitAttr, QpState, QpType, RcConnect, RecvWr, SendFlags, SendWr, Srq, SrqInitAttr, Wc,
+    WcFlags, WcOpcode, WcStatus, WrOpcode,
+};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+/// Mesh workload parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct MeshConfig {
+    /// Seed for everything.
+    pub seed: u64,
+    /// Devices (2 or more).
+    pub devices: usize,
+    /// Connections (QP pairs).
+    pub conns: usize,
+    /// Operations per connection.
+    pub ops: usize,
+    /// Link faults.
+    pub faults: SimFaults,
+    /// Largest RC message in bytes (UC messages at most 16 KiB, UD at most 4096 B).
+    pub max_size: usize,
+    /// Whether some connections get a mishap (an error path).
+    pub mishaps: bool,
+    /// Virtual-time limit for the whole run.
+    pub time_limit: Duration,
+}
+
+impl MeshConfig {
+    /// Devices, connections and faults drawn from `seed`; `ops` operations per connection.
+    pub fn from_seed(seed: u64, ops: usize) -> MeshConfig {
+        let mut r = SimRng::new(seed.wrapping_mul(0x9e37_79b9).wrapping_add(3));
+        MeshConfig {
+            seed,
+            devices: 2 + r.below(3) as usize,
+            conns: 2 + r.below(7) as usize,
+            ops,
+            faults: SimFaults::from_seed(seed),
+            max_size: 16 << 10,
+            mishaps: true,
+            // A run needs well under a second; a livelock shows within a minute.
+            time_limit: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a mesh run did and whether the model agreed.
+#[derive(Debug, Clone)]
+pub struct MeshReport {
+    /// Seed.
+    pub seed: u64,
+    /// Devices.
+    pub devices: usize,
+    /// One line per connection: transport, devices, SRQ, mishap and how it ended.
+    pub conns: Vec<String>,
+    /// Work completions checked (send and receive).
+    pub completions: u64,
+    /// Payload bytes of successful operations.
+    pub bytes: u64,
+    /// Link counters.
+    pub link: SimStats,
+    /// Virtual time at the end, ns.
+    pub virtual_ns: u64,
+    /// How each connection ended, for coverage.
+    pub ends: Vec<ConnEnd>,
+    /// Every disagreement with the model (empty = pass).
+    pub violations: Vec<String>,
+}
+
+/// How one connection of a mesh run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnEnd {
+    /// Transport.
+    pub qp_type: QpType,
+    /// The responder took its receives from an SRQ.
+    pub srq: bool,
+    /// Requester and responder on the same device.
+    pub loopback: bool,
+    /// The mishap drawn: `none`, `bad_rkey`, `requester_err`, `responder_err`,
+    /// `destroy_responder`, `dereg_remote`, `rnr_starve`, `mw_invalidate` or
+    /// `destroy_requester`.
+    pub mishap: &'static str,
+    /// The status of the first failed WR (the rest flushed), if one failed.
+    pub failed: Option<WcStatus>,
+    /// Send completions.
+    pub ops_done: usize,
+    /// Successful receive completions.
+    pub recvs: usize,
+}
+
+impl MeshReport {
+    /// True when the model agreed on everything.
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Rc,
+    Uc,
+    Ud,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mishap {
+    None,
+    BadRkey { at: usize },
+    RequesterErr { at: usize },
+    ResponderErr { at: usize },
+    DestroyResponder { at: usize },
+    DeregRemote { at: usize },
+    RnrStarve { budget: usize },
+    MwInvalidate { at: usize },
+    DestroyRequester { at: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send,
+    SendImm,
+    Write,
+    WriteImm,
+    Read,
+    Cas,
+    Faa,
+    SendInv,
+}
+
+impl Kind {
+    fn takes_recv(self) -> bool {
+        matches!(
+            self,
+            Kind::Send | Kind::SendImm | Kind::WriteImm | Kind::SendInv
+        )
+    }
+    fn uses_rkey(self) -> bool {
+        matches!(
+            self,
+            Kind::Write | Kind::WriteImm | Kind::Read | Kind::Cas | Kind::Faa
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    index: usize,
+    kind: Kind,
+    len: usize,
+    remote_off: usize,
+    /// SEND/WRITE: the bytes sent. READ: the bytes expected back.
+    data: Vec<u8>,
+    /// Atomics: the original value expected back.
+    orig: u64,
+    imm: u32,
+    /// The bad-R_Key operation of a `BadRkey` mishap.
+    bad: bool,
+    /// Index among the operations that take a receive.
+    recv_index: Option<usize>,
+}
+
+const ATOMIC_OFF: usize = 0;
+const DATA_OFF: usize = 64;
+const GRH: usize = 40;
+const SRQ_SLOTS: usize = 32;
+const UD_MAX: usize = 4096;
+const UC_MAX: usize = 16 << 10;
+
+struct Node {
+    /// Kept for the counters and to hold the device for the run.
+    _dev: Device,
+    pd: Pd,
+    send_cq: Cq,
+    recv_cq: Cq,
+    srq: Option<(Srq, Mr)>,
+    /// Largest receive a buffer of the SRQ must hold.
+    srq_slot: usize,
+}
+
+/// A connection's QPs (requester, responder), local MR, remote MR and receive ring.
+type ConnObjects = (Qp, Qp, Mr, Option<Mr>, Option<Mr>);
+
+struct Conn {
+    id: usize,
+    transport: Transport,
+    req: usize,
+    resp: usize,
+    on_srq: bool,
+    mishap: Mishap,
+    qa: Option<Qp>,
+    qb: Option<Qp>,
+    local: Mr,
+    remote: Option<Mr>,
+    /// Address and R_Key of `remote` (kept after it is deregistered; the window's R_Key
+    /// when there is one).
+    raddr: u64,
+    rkey: u32,
+    /// `MwInvalidate`: a type 2 window over all of `remote`, bound by the responder QP, and
+    /// whether its bind completed.
+    mw: Option<Mw>,
+    mw_bound: bool,
+    /// The responder's own receive buffers (None on an SRQ).
+    ring: Option<Mr>,
+    slot: usize,
+    max: usize,
+    depth: usize,
+    ah: Option<Ah>,
+    qkey: u32,
+    /// RC: the responder's memory as it must be. UC: the fill pattern.
+    model: Vec<u8>,
+    outstanding: VecDeque<Op>,
+    posted: usize,
+    done: usize,
+    recv_ops: usize,
+    recvs_posted: usize,
+    /// RC: receives due, in order. UC/UD: every message sent that takes a receive, with the
+    /// number of times it completed.
+    expect_recv: VecDeque<Op>,
+    sent: Vec<(Op, u32)>,
+    /// (op, offset, length) of everything written to remote memory.
+    touched: Vec<(usize, usize, usize)>,
+    pending_recvs: VecDeque<(Instant, usize)>,
+    /// First failed WR and its status.
+    failed: Option<(usize, WcStatus)>,
+    /// When a timed mishap fires, and whether it has.
+    mishap_time: Option<Instant>,
+    mishap_fired: Option<Instant>,
+    /// The responder may have gone to ERR (its receives may flush, its R_Key checks fail).
+    responder_dead: bool,
+    flushed_recvs: usize,
+    recvs_ok: usize,
+    /// The operation whose receive completed in error.
+    recv_failed: Option<usize>,
+    /// Successful send completions (in order: the operations before this index).
+    ok_count: usize,
+}
+
+impl Mishap {
+    fn name(self) -> &'static str {
+        match self {
+            Mishap::None => "none",
+            Mishap::BadRkey { .. } => "bad_rkey",
+            Mishap::RequesterErr { .. } => "requester_err",
+            Mishap::ResponderErr { .. } => "responder_err",
+            Mishap::DestroyResponder { .. } => "destroy_responder",
+            Mishap::DeregRemote { .. } => "dereg_remote",
+            Mishap::RnrStarve { .. } => "rnr_starve",
+            Mishap::MwInvalidate { .. } => "mw_invalidate",
+            Mishap::DestroyRequester { .. } => "destroy_requester",
+        }
+    }
+}
+
+impl Conn {
+    /// No more operations are posted: one failed, or the requester was moved to ERR or
+    /// destroyed.
+    fn stopped(&self) -> bool {
+        self.failed.is_some()
+            || (matches!(
+                self.mishap,
+                Mishap::RequesterErr { .. } | Mishap::DestroyRequester { .. }
+            ) && self.mishap_fired.is_some())
+    }
+    fn finished(&self, ops: usize) -> bool {
+        // A destroyed QP completes nothing more (rxe: no flush on destroy); what it completed
+        // before is checked when the CQ is drained at the end.
+        (self.qa.is_none() && self.stopped())
+            || (self.outstanding.is_empty() && (self.posted == ops || self.stopped()))
+    }
+    fn name(&self) -> String {
+        format!(
+            "conn {} {:?} dev{}->dev{}{}",
+            self.id,
+            self.transport,
+            self.req,
+            self.resp,
+            if self.on_srq { " srq" } else { "" }
+        )
+    }
+}
+
+fn draw_len(r: &mut SimRng, max: usize) -> usize {
+    let len = match r.below(100) {
+        0..=9 => 0,
+        10..=49 => 1 + r.below(64) as usize,
+        50..=84 => 65 + r.below(4096) as usize,
+        _ => r.below(max as u64 + 1) as usize,
+    };
+    len.min(max)
+}
+
+fn fill_byte(conn: usize, off: usize) -> u8 {
+    (off.wrapping_mul(7) ^ conn.wrapping_mul(0x3b) ^ 0xa5) as u8
+}
+
+fn ip_of(n: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1 + n as u8))
+}
+
+/// Runs the mesh workload. Never panics on a transport misbehaviour: every disagreement is a
+/// violation in the report.
+pub fn run(cfg: &MeshConfig) -> MeshReport {
+    let mut rng = SimRng::new(cfg.seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x6d65_7368);
+    let mut sim = Sim::new(cfg.seed, cfg.faults);
+    let mut violations = Vec::new();
+    // A link that loses packets (bit flips are losses after the ICRC) can use up retry_cnt;
+    // so can one that reorders or duplicates them when a responder went to ERR over a bad
+    // key, and then answers no retry: its NAK may arrive before the response to an earlier
+    // READ/atomic and is then ignored (rxe `check_psn` → COMPST_ERROR_RETRY), or it answers
+    // a duplicate READ the requester has already completed (a stale NAK, dropped).
+    let lossy = cfg.faults.loss > 0.0 || cfg.faults.corrupt > 0.0;
+    let reorders = cfg.faults.reorder > 0.0 || cfg.faults.dup > 0.0;
+    let dup_copies = if cfg.faults.dup > 0.0 { 2 } else { 1 };
+    let mut report = MeshReport {
+        seed: cfg.seed,
+        devices: cfg.devices.max(2),
+        conns: Vec::new(),
+        completions: 0,
+        bytes: 0,
+        link: SimStats::default(),
+        virtual_ns: 0,
+        ends: Vec::new(),
+        violations: Vec::new(),
+    };
+    let ndev = cfg.devices.max(2);
+    let max_rc = cfg.max_size.max(8);
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+
+    // Devices, each with a PD, a send CQ and a receive CQ every QP of the device shares.
+    let mut nodes = Vec::new();
+    for n in 0..ndev {
+        let dev = sim.add_device(&format!("sim{n}"), ip_of(n));
+        let made = (|| -> crate::verbs::Result<Node> {
+            let pd = dev.alloc_pd()?;
+            Ok(Node {
+                send_cq: dev.create_cq(8192)?,
+                recv_cq: dev.create_cq(8192)?,
+                pd,
+                _dev: dev.clone(),
+                srq: None,
+                srq_slot: 0,
+            })
+        })();
+        match made {
+            Ok(node) => nodes.push(node),
+            Err(e) => {
+                report.violations.push(format!("setup device {n}: {e}"));
+                return report;
+            }
+        }
+    }
+
+    // Connections.
+    let mut conns: Vec<Conn> = Vec::new();
+    let mut plans = Vec::new();
+    for id in 0..cfg.conns.max(1) {
+        let transport = match rng.below(10) {
+            0..=5 => Transport::Rc,
+            6..=7 => Transport::Uc,
+            _ => Transport::Ud,
+        };
+        let req = rng.below(ndev as u64) as usize;
+        let resp = if rng.chance(0.1) {
+            req // loopback through the link
+        } else {
+            (req + 1 + rng.below(ndev as u64 - 1) as usize) % ndev
+        };
+        let on_srq = rng.chance(0.35);
+        let max = match transport {
+            Transport::Rc => max_rc,
+            Transport::Uc => max_rc.min(UC_MAX),
+            Transport::Ud => max_rc.min(UD_MAX),
+        };
+        let at = rng.below(cfg.ops.max(1) as u64) as usize;
+        let mishap = if !cfg.mishaps || !rng.chance(0.4) {
+            Mishap::None
+        } else if transport != Transport::Rc {
+            Mishap::RequesterErr { at }
+        } else {
+            match rng.below(7) {
+                0 => Mishap::BadRkey { at },
+                1 => Mishap::RequesterErr { at },
+                2 => Mishap::ResponderErr { at },
+                3 => Mishap::DestroyResponder { at },
+                4 => Mishap::DeregRemote { at },
+                5 => Mishap::MwInvalidate { at },
+                _ => Mishap::RnrStarve {
+                    // About 3 in 7 RC operations take a receive: a budget below that runs out.
+                    budget: rng.below(cfg.ops as u64 / 3 + 1) as usize,
+                },
+            }
+        };
+        // Half the RC requesters moved to ERR are destroyed instead (drawn apart from the main
+        // stream, which other seeds' regressions depend on).
+        let mishap = match mishap {
+            Mishap::RequesterErr { at }
+                if transport == Transport::Rc
+                    && SimRng::new(cfg.seed ^ (id as u64) << 32 ^ 0xde57).chance(0.5) =>
+            {
+                Mishap::DestroyRequester { at }
+            }
+            m => m,
+        };
+        // A starved responder has its own receive queue (an SRQ is shared with others).
+        let on_srq = on_srq && !matches!(mishap, Mishap::RnrStarve { .. });
+        plans.push((id, transport, req, resp, on_srq, max, mishap));
+    }
+    for (n, node) in nodes.iter_mut().enumerate() {
+        let slot = plans
+            .iter()
+            .filter(|p| p.3 == n && p.4)
+            .map(|p| p.5 + GRH)
+            .max();
+        if let Some(slot) = slot {
+            let made = (|| -> crate::verbs::Result<(Srq, Mr)> {
+                let srq = node.pd.create_srq(&SrqInitAttr {
+                    max_wr: 1024,
+                    max_sge: 1,
+                    srq_limit: 0,
+                })?;
+                let area = node.pd.reg_mr(SRQ_SLOTS * slot, AccessFlags::LOCAL_WRITE)?;
+                for s in 0..SRQ_SLOTS {
+                    srq.post_recv(&[RecvWr {
+                        wr_id: s as u64,
+                        sg_list: vec![area.sge(s * slot, slot as u32)],
+                    }])?;
+                }
+                Ok((srq, area))
+            })();
+            match made {
+                Ok(x) => {
+                    node.srq = Some(x);
+                    node.srq_slot = slot;
+                }
+                Err(e) => {
+                    report
+                        .violations
+                        .push(format!("setup SRQ on device {n}: {e}"));
+                    return report;
+                }
+            }
+        }
+    }
+    let mut by_qpn: BTreeMap<(usize, u32), (usize, bool)> = BTreeMap::new();
+    for (id, transport, req, resp, on_srq, max, mishap) in plans {
+        let depth = 1 + rng.below(8) as usize;
+        let ring_slots = if matches!(mishap, Mishap::RnrStarve { .. }) {
+            depth + 1
+        } else {
+            depth.max(2 + rng.below(6) as usize)
+        };
+        let slot = max + GRH;
+        let qp_type = match transport {
+            Transport::Rc => QpType::Rc,
+            Transport::Uc => QpType::Uc,
+            Transport::Ud => QpType::Ud,
+        };
+        let remote_len = match transport {
+            Transport::Rc => DATA_OFF + max,
+            Transport::Uc => cfg.ops.max(1) * max,
+            Transport::Ud => 0,
+        };
+        let made = (|| -> crate::verbs::Result<ConnObjects> {
+            let cap = QpCap {
+                max_send_wr: depth as u32 * 2,
+                max_recv_wr: 256,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            let qa = nodes[req].pd.create_qp(&QpInitAttr {
+                qp_type,
+                send_cq: &nodes[req].send_cq,
+                recv_cq: &nodes[req].recv_cq,
+                cap,
+                sq_sig_all: true,
+                srq: None,
+            })?;
+            let srq = if on_srq {
+                nodes[resp].srq.as_ref().map(|(s, _)| s)
+            } else {
+                None
+            };
+            let qb = nodes[resp].pd.create_qp(&QpInitAttr {
+                qp_type,
+                send_cq: &nodes[resp].send_cq,
+                recv_cq: &nodes[resp].recv_cq,
+                cap,
+                sq_sig_all: true,
+                srq,
+            })?;
+            let local = nodes[req].pd.reg_mr(depth * max.max(8), all)?;
+            let remote = if remote_len > 0 {
+                Some(
+                    nodes[resp]
+                        .pd
+                        .reg_mr(remote_len, all | AccessFlags::MW_BIND)?,
+                )
+            } else {
+                None
+            };
+            let ring = if on_srq {
+                None
+            } else {
+                Some(
+                    nodes[resp]
+                        .pd
+                        .reg_mr(ring_slots * slot, AccessFlags::LOCAL_WRITE)?,
+                )
+            };
+            Ok((qa, qb, local, remote, ring))
+        })();
+        let (qa, qb, local, remote, ring) = match made {
+            Ok(x) => x,
+            Err(e) => {
+                report.violations.push(format!("setup conn {id}: {e}"));
+                return report;
+            }
+        };
+        let mut model = vec![0u8; remote_len];
+        if transport == Transport::Uc {
+            for (off, b) in model.iter_mut().enumerate() {
+                *b = fill_byte(id, off);
+            }
+            if let Some(r) = &remote
+                && let Err(e) = r.write(0, &model)
+            {
+                violations.push(format!("conn {id}: fill: {e}"));
+            }
+        }
+        let near_wrap = |r: &mut SimRng| {
+            if r.chance(0.4) {
+                0x00ff_ffff - r.below(16) as u32
+            } else {
+                r.below(1 << 24) as u32
+            }
+        };
+        let (psn_a, psn_b) = (near_wrap(&mut rng), near_wrap(&mut rng));
+        let mtu = [
+            PathMtu::Mtu256,
+            PathMtu::Mtu512,
+            PathMtu::Mtu1024,
+            PathMtu::Mtu2048,
+            PathMtu::Mtu4096,
+        ][rng.below(5) as usize];
+        let qkey = (rng.next_u64() as u32) & 0x7fff_ffff;
+        let mut ah = None;
+        let connected = match transport {
+            Transport::Ud => qa.ready_ud(qkey, psn_a).and_then(|_| {
+                qb.ready_ud(qkey, psn_b)?;
+                ah = Some(
+                    nodes[req]
+                        .pd
+                        .create_ah(&AhAttr::roce_v2(Gid::from_ip(ip_of(resp))))?,
+                );
+                Ok(())
+            }),
+            _ => {
+                let mut to_b = RcConnect::new(qb.qp_num(), Gid::from_ip(ip_of(resp)), psn_b, psn_a);
+                let mut to_a = RcConnect::new(qa.qp_num(), Gid::from_ip(ip_of(req)), psn_a, psn_b);
+                let rnr_retry = match mishap {
+                    Mishap::RnrStarve { .. } => rng.below(4) as u8,
+                    _ => 7,
+                };
+                for c in [&mut to_b, &mut to_a] {
+                    c.path_mtu = mtu;
+                    c.timeout = 8; // ≈ 1 ms of virtual time
+                    c.min_rnr_timer = 1 + rng.below(4) as u8;
+                    c.max_rd_atomic = 4;
+                    c.max_dest_rd_atomic = 4;
+                    c.rnr_retry = rnr_retry;
+                }
+                qa.connect_rc(&to_b).and_then(|_| qb.connect_rc(&to_a))
+            }
+        };
+        if let Err(e) = connected {
+            report.violations.push(format!("connect conn {id}: {e}"));
+            return report;
+        }
+        by_qpn.insert((req, qa.qp_num()), (id, false));
+        by_qpn.insert((resp, qb.qp_num()), (id, true));
+        let mut c = Conn {
+            id,
+            transport,
+            req,
+            resp,
+            on_srq,
+            mishap,
+            qa: Some(qa),
+            qb: Some(qb),
+            local,
+            raddr: remote.as_ref().map_or(0, Mr::addr),
+            rkey: remote.as_ref().map_or(0, Mr::rkey),
+            mw: None,
+            mw_bound: false,
+            remote,
+            ring,
+            slot,
+            max,
+            depth,
+            ah,
+            qkey,
+            model,
+            outstanding: VecDeque::new(),
+            posted: 0,
+            done: 0,
+            recv_ops: 0,
+            recvs_posted: 0,
+            expect_recv: VecDeque::new(),
+            sent: Vec::new(),
+            touched: Vec::new(),
+            pending_recvs: VecDeque::new(),
+            failed: None,
+            mishap_time: None,
+            mishap_fired: None,
+            responder_dead: false,
+            flushed_recvs: 0,
+            recvs_ok: 0,
+            recv_failed: None,
+            ok_count: 0,
+        };
+        if !on_srq {
+            for s in 0..ring_slots {
+                post_ring(&mut c, s, &mut violations);
+            }
+        }
+        if matches!(mishap, Mishap::MwInvalidate { .. }) {
+            bind_window(&mut c, &nodes[resp].pd, &mut violations);
+        }
+        conns.push(c);
+    }
+
+    let end = sim.now() + cfg.time_limit;
+    let ops = cfg.ops;
+    loop {
+        if !violations.is_empty() || conns.iter().all(|c| c.finished(ops)) {
+            break;
+        }
+        let now = sim.now();
+        // Timed mishaps.
+        for c in conns.iter_mut() {
+            if c.mishap_time.is_some_and(|t| t <= now) && c.mishap_fired.is_none() {
+                c.mishap_time = None;
+                c.mishap_fired = Some(now);
+                fire_mishap(c, &mut violations);
+            }
+        }
+        // New operations, while each window allows.
+        for c in conns.iter_mut() {
+            while !c.stopped()
+                && (c.mw.is_none() || c.mw_bound)
+                && c.posted < ops
+                && c.posted - c.done < c.depth
+            {
+                post_op(c, &mut rng, now, &mut violations);
+            }
+        }
+        // Receives due.
+        for c in conns.iter_mut() {
+            while c.pending_recvs.front().is_some_and(|(t, _)| *t <= now) {
+                if let Some((_, s)) = c.pending_recvs.pop_front() {
+                    post_ring(c, s, &mut violations);
+                }
+            }
+        }
+        // Completions: receives first (they precede the ACK that completes the send).
+        let mut progressed = false;
+        for (n, node) in nodes.iter().enumerate() {
+            while let Some(wc) = node.recv_cq.poll_one() {
+                progressed = true;
+                report.completions += 1;
+                match by_qpn.get(&(n, wc.qp_num)) {
+                    Some(&(ci, true)) => {
+                        on_recv(
+                            &mut conns[ci],
+                            node,
+                            &wc,
+                            dup_copies,
+                            &mut rng,
+                            now,
+                            &mut violations,
+                        );
+                    }
+                    _ => violations.push(format!(
+                        "device {n}: receive completion {wc:?} of no responder QP"
+                    )),
+                }
+            }
+            while let Some(wc) = node.send_cq.poll_one() {
+                progressed = true;
+                report.completions += 1;
+                match by_qpn.get(&(n, wc.qp_num)) {
+                    Some(&(ci, true)) => on_bind(&mut conns[ci], &wc, &mut violations),
+                    Some(&(ci, false)) => on_send(
+                        &mut conns[ci],
+                        &wc,
+                        (lossy, reorders),
+                        &mut report.bytes,
+                        &mut violations,
+                    ),
+                    _ => violations.push(format!(
+                        "device {n}: send completion {wc:?} of no requester QP"
+                    )),
+                }
+            }
+        }
+        if !violations.is_empty() {
+            break;
+        }
+        if !progressed && !sim.step() {
+            let next = conns
+                .iter()
+                .flat_map(|c| {
+                    c.pending_recvs
+                        .front()
+                        .map(|(t, _)| *t)
+                        .into_iter()
+                        .chain(c.mishap_time)
+                })
+                .min();
+            match next {
+                Some(t) => {
+                    let d = t.since(sim.now());
+                    sim.advance(d);
+                }
+                None => {
+                    let stuck: Vec<String> = conns
+                        .iter()
+                        .filter(|c| !c.finished(ops))
+                        .map(|c| {
+                            format!(
+                                "{} {:?}: {} of {} posted done",
+                                c.name(),
+                                c.mishap,
+                                c.done,
+                                c.posted
+                            )
+                        })
+                        .collect();
+                    if stuck.is_empty() {
+                        break; // finished in this round (a requester destroyed just now)
+                    }
+                    violations.push(format!("stalled: {stuck:?}"));
+                }
+            }
+        }
+        if sim.now() > end {
+            let busy: Vec<String> = conns
+                .iter()
+                .filter(|c| !c.finished(ops))
+                .map(|c| {
+                    format!(
+                        "{} {:?}: {} of {} posted done",
+                        c.name(),
+                        c.mishap,
+                        c.done,
+                        c.posted
+                    )
+                })
+                .collect();
+            violations.push(format!("virtual time limit reached: {busy:?}"));
+        }
+    }
+
+    if violations.is_empty() {
+        // Let stray retransmissions and late datagrams settle, then check what arrived.
+        sim.run_until(Duration::from_millis(50), || false);
+        let now = sim.now();
+        for (n, node) in nodes.iter().enumerate() {
+            while let Some(wc) = node.recv_cq.poll_one() {
+                report.completions += 1;
+                match by_qpn.get(&(n, wc.qp_num)) {
+                    Some(&(ci, true)) => on_recv(
+                        &mut conns[ci],
+                        node,
+                        &wc,
+                        dup_copies,
+                        &mut rng,
+                        now,
+                        &mut violations,
+                    ),
+                    _ => violations.push(format!("device {n}: late receive completion {wc:?}")),
+                }
+            }
+            if let Some(wc) = node.send_cq.poll_one() {
+                violations.push(format!("device {n}: leftover send completion {wc:?}"));
+            }
+        }
+        for c in &conns {
+            final_checks(c, &mut violations);
+        }
+    }
+    report.conns = conns
+        .iter()
+        .map(|c| {
+            format!(
+                "{} depth {} {:?}: {} ops done{}",
+                c.name(),
+                c.depth,
+                c.mishap,
+                c.done,
+                match c.failed {
+                    Some((i, s)) => format!(", op {i} ended {s}, the rest flushed"),
+                    None => String::new(),
+                }
+            )
+        })
+        .collect();
+    report.ends = conns
+        .iter()
+        .map(|c| ConnEnd {
+            qp_type: match c.transport {
+                Transport::Rc => QpType::Rc,
+                Transport::Uc => QpType::Uc,
+                Transport::Ud => QpType::Ud,
+            },
+            srq: c.on_srq,
+            loopback: c.req == c.resp,
+            mishap: c.mishap.name(),
+            failed: c.failed.map(|(_, s)| s),
+            ops_done: c.done,
+            recvs: c.recvs_ok,
+        })
+        .collect();
+    report.link = sim.stats();
+    report.virtual_ns = sim.now().as_nanos();
+    report.violations.extend(violations);
+    // Objects go in order: QPs before the SRQs and CQs they use.
+    drop(conns);
+    drop(nodes);
+    report
+}
+
+fn post_ring(c: &mut Conn, s: usize, violations: &mut Vec<String>) {
+    if let Mishap::RnrStarve { budget } = c.mishap
+        && c.recvs_posted >= budget
+    {
+        return;
+    }
+    let (Some(qb), Some(ring)) = (&c.qb, &c.ring) else {
+        return;
+    };
+    // A responder in ERR gets no more receives (an application would stop too); one that
+    // only may go there (a bad key on its way) keeps getting them.
+    if qb.state() == QpState::Err {
+        return;
+    }
+    c.recvs_posted += 1;
+    let r = RecvWr {
+        wr_id: s as u64,
+        sg_list: vec![ring.sge(s * c.slot, c.slot as u32)],
+    };
+    if let Err(e) = qb.post_recv(&[r]) {
+        violations.push(format!("{}: post_recv: {e}", c.name()));
+    }
+}
+
+const BIND_WR_ID: u64 = u64::MAX;
+
+/// Binds a type 2 window over all of the connection's remote MR through its responder QP;
+/// the requester then uses the window's R_Key.
+fn bind_window(c: &mut Conn, pd: &Pd, violations: &mut Vec<String>) {
+    let (Some(qb), Some(remote)) = (&c.qb, &c.remote) else {
+        return;
+    };
+    let made = pd.alloc_mw(MwType::Type2).and_then(|mw| {
+        let bind = mw.bind_wr(
+            BIND_WR_ID,
+            remote,
+            remote.addr(),
+            remote.len() as u64,
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        );
+        let rkey = bind.bind_mw.map_or(0, |b| b.rkey);
+        qb.post_send(&[bind])?;
+        Ok((mw, rkey))
+    });
+    match made {
+        Ok((mw, rkey)) => {
+            c.mw = Some(mw);
+            c.rkey = rkey;
+        }
+        Err(e) => violations.push(format!("{}: bind a type 2 window: {e}", c.name())),
+    }
+}
+
+/// The responder QP's one send completion: the window's bind.
+fn on_bind(c: &mut Conn, wc: &Wc, violations: &mut Vec<String>) {
+    if c.mw.is_some()
+        && !c.mw_bound
+        && wc.wr_id == BIND_WR_ID
+        && wc.status == WcStatus::Success
+        && wc.opcode == WcOpcode::BindMw
+    {
+        c.mw_bound = true;
+    } else {
+        violations.push(format!("{}: responder send completion {wc:?}", c.name()));
+    }
+}
+
+fn fire_mishap(c: &mut Conn, violations: &mut Vec<String>) {
+    let to_err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    match c.mishap {
+        Mishap::RequesterErr { .. } => {
+            if let Some(qa) = &c.qa
+                && let Err(e) = qa.modify(&to_err, QpAttrMask::STATE)
+            {
+                violations.push(format!("{}: modify to ERR: {e}", c.name()));
+            }
+        }
+        Mishap::ResponderErr { .. } => {
+            c.responder_dead = true;
+            if let Some(qb) = &c.qb
+                && let Err(e) = qb.modify(&to_err, QpAttrMask::STATE)
+            {
+                violations.push(format!("{}: modify to ERR: {e}", c.name()));
+            }
+        }
+        Mishap::DestroyResponder { .. } => {
+            c.responder_dead = true;
+            c.qb = None;
+        }
+        Mishap::DestroyRequester { .. } => {
+            c.qa = None;
+        }
+        Mishap::DeregRemote { .. } => {
+            c.responder_dead = true;
+            c.remote = None;
+        }
+        _ => {}
+    }
+}
+
+fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: &mut Vec<String>) {
+    let i = c.posted;
+    let max = c.max;
+    let slot = i % c.depth;
+    let bad = c.mishap == Mishap::BadRkey { at: i };
+    let mut kind = match c.transport {
+        Transport::Rc => match rng.below(7) {
+            0 => Kind::Send,
+            1 => Kind::SendImm,
+            2 => Kind::Write,
+            3 => Kind::WriteImm,
+            4 => Kind::Read,
+            5 => Kind::Cas,
+            _ => Kind::Faa,
+        },
+        Transport::Uc => match rng.below(4) {
+            0 => Kind::Send,
+            1 => Kind::SendImm,
+            2 => Kind::Write,
+            _ => Kind::WriteImm,
+        },
+        Transport::Ud => {
+            if rng.chance(0.5) {
+                Kind::Send
+            } else {
+                Kind::SendImm
+            }
+        }
+    };
+    if bad {
+        kind = [Kind::Write, Kind::Read, Kind::Cas][rng.below(3) as usize];
+    }
+    let invalidates = c.mishap == Mishap::MwInvalidate { at: i };
+    if invalidates {
+        kind = Kind::SendInv;
+    }
+    let mut len = if matches!(kind, Kind::Cas | Kind::Faa) {
+        8
+    } else {
+        draw_len(rng, max)
+    };
+    if bad && len == 0 {
+        len = 1; // a zero-length operation checks no R_Key
+    }
+    let remote_off = match c.transport {
+        Transport::Rc if matches!(kind, Kind::Cas | Kind::Faa) => ATOMIC_OFF,
+        Transport::Rc => DATA_OFF + rng.below((max - len) as u64 + 1) as usize,
+        Transport::Uc => i * max,
+        Transport::Ud => 0,
+    };
+    let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+    let sg = if len == 0 {
+        vec![]
+    } else {
+        vec![c.local.sge(slot * max.max(8), len as u32)]
+    };
+    if matches!(
+        kind,
+        Kind::Send | Kind::SendImm | Kind::SendInv | Kind::Write | Kind::WriteImm
+    ) && len > 0
+        && let Err(e) = c.local.write(slot * max.max(8), &data)
+    {
+        violations.push(format!("{}: op {i}: local write: {e}", c.name()));
+    }
+    let mut wr = SendWr::new(i as u64, WrOpcode::Send, sg);
+    let mut op = Op {
+        index: i,
+        kind,
+        len,
+        remote_off,
+        data: data.clone(),
+        orig: 0,
+        imm: rng.next_u64() as u32,
+        bad,
+        recv_index: None,
+    };
+    wr.imm_data = op.imm;
+    let (raddr, rkey) = (c.raddr, c.rkey);
+    wr.remote_addr = raddr + remote_off as u64;
+    wr.rkey = rkey;
+    match kind {
+        Kind::Send => wr.opcode = WrOpcode::Send,
+        Kind::SendImm => wr.opcode = WrOpcode::SendWithImm,
+        Kind::SendInv => {
+            // IBTA 10.6.7.2: SEND_WITH_INVALIDATE invalidates the window at the responder.
+            // Fenced, so no earlier READ can be retried after it (a retried READ re-checks
+            // its key).
+            wr.opcode = WrOpcode::SendWithInv;
+            wr.invalidate_rkey = rkey;
+            wr.send_flags |= SendFlags::FENCE;
+            c.responder_dead = true;
+        }
+        Kind::Write | Kind::WriteImm => {
+            wr.opcode = if kind == Kind::Write {
+                WrOpcode::RdmaWrite
+            } else {
+                WrOpcode::RdmaWriteWithImm
+            };
+            // A retried READ is answered from memory as it is then (IBTA allows it; rxe
+            // does it), so a WRITE over a range an outstanding READ covers is fenced, as a
+            // verbs application would.
+            let overlaps = c.outstanding.iter().any(|o| {
+                o.kind == Kind::Read
+                    && o.remote_off < remote_off + len
+                    && remote_off < o.remote_off + o.len
+            });
+            if overlaps {
+                wr.send_flags |= SendFlags::FENCE;
+            }
+            if c.transport == Transport::Rc && !bad {
+                c.model[remote_off..remote_off + len].copy_from_slice(&data);
+            }
+        }
+        Kind::Read => {
+            wr.opcode = WrOpcode::RdmaRead;
+            if !bad {
+                op.data = c.model[remote_off..remote_off + len].to_vec();
+            }
+        }
+        Kind::Cas | Kind::Faa => {
+            let mut cur = [0u8; 8];
+            cur.copy_from_slice(&c.model[ATOMIC_OFF..ATOMIC_OFF + 8]);
+            let cur = u64::from_ne_bytes(cur);
+            op.orig = cur;
+            let new = if kind == Kind::Faa {
+                wr.opcode = WrOpcode::AtomicFetchAndAdd;
+                wr.compare_add = rng.next_u64() >> rng.below(64);
+                cur.wrapping_add(wr.compare_add)
+            } else {
+                wr.opcode = WrOpcode::AtomicCmpAndSwp;
+                wr.compare_add = if rng.chance(0.5) { cur } else { rng.next_u64() };
+                wr.swap = rng.next_u64();
+                if wr.compare_add == cur { wr.swap } else { cur }
+            };
+            if !bad {
+                c.model[ATOMIC_OFF..ATOMIC_OFF + 8].copy_from_slice(&new.to_ne_bytes());
+            }
+        }
+    }
+    if bad {
+        // IBTA C9-...: a bad R_Key or an access past the MR is a remote access error. Fenced,
+        // so no earlier READ is still waiting when the responder goes to ERR.
+        wr.send_flags |= SendFlags::FENCE;
+        if rng.chance(0.5) {
+            wr.rkey ^= 1 + rng.below(0xff) as u32;
+        } else {
+            let mr_len = c.model.len() as u64;
+            wr.remote_addr = if matches!(kind, Kind::Cas | Kind::Faa) {
+                // Atomics stay 8-byte aligned (a misaligned one is refused at post time).
+                raddr + mr_len.next_multiple_of(8) + 8 * rng.below(8)
+            } else {
+                raddr + mr_len - (len as u64).min(mr_len) + 1 + rng.below(64)
+            };
+        }
+        c.responder_dead = true;
+    }
+    if c.transport == Transport::Ud {
+        wr.ud =
+            c.ah.as_ref()
+                .zip(c.qb.as_ref())
+                .map(|(ah, qb)| ah.dest(qb.qp_num(), c.qkey));
+    }
+    if kind.takes_recv() {
+        op.recv_index = Some(c.recv_ops);
+        c.recv_ops += 1;
+        if c.transport == Transport::Rc {
+            c.expect_recv.push_back(op.clone());
+        } else {
+            c.sent.push((op.clone(), 0));
+        }
+    }
+    if matches!(kind, Kind::Write | Kind::WriteImm) && c.transport == Transport::Uc {
+        c.sent.push((op.clone(), 0));
+    }
+    match kind {
+        Kind::Write | Kind::WriteImm if !bad => c.touched.push((i, remote_off, len)),
+        Kind::Cas | Kind::Faa if !bad => c.touched.push((i, ATOMIC_OFF, 8)),
+        _ => {}
+    }
+    match c.mishap {
+        Mishap::RequesterErr { at }
+        | Mishap::DestroyRequester { at }
+        | Mishap::ResponderErr { at }
+        | Mishap::DestroyResponder { at }
+        | Mishap::DeregRemote { at }
+            if at == i =>
+        {
+            c.mishap_time = Some(now + Duration::from_nanos(rng.below(500_000)));
+        }
+        _ => {}
+    }
+    if let Some(qa) = &c.qa
+        && let Err(e) = qa.post_send(&[wr])
+    {
+        violations.push(format!("{}: op {i}: post_send: {e}", c.name()));
+    }
+    c.outstanding.push_back(op);
+    c.posted += 1;
+}
+
+/// Whether `op` uses an R_Key a SEND_WITH_INVALIDATE before it invalidated.
+fn invalidated(c: &Conn, op: &Op) -> bool {
+    matches!(c.mishap, Mishap::MwInvalidate { at } if op.index > at)
+        && op.kind.uses_rkey()
+        && op.len > 0
+}
+
+/// Whether `op` may meet an R_Key that no longer (or never) validates.
+fn key_may_fail(c: &Conn, op: &Op) -> bool {
+    op.bad
+        || invalidated(c, op)
+        || (matches!(c.mishap, Mishap::DeregRemote { .. })
+            && c.mishap_fired.is_some()
+            && op.kind.uses_rkey()
+            && op.len > 0)
+}
+
+/// Whether a first failure with `status` on `op` is what the transport and the connection's
+/// mishap allow.
+fn failure_allowed(c: &Conn, op: &Op, status: WcStatus, (lossy, reorders): (bool, bool)) -> bool {
+    match status {
+        WcStatus::RetryExcErr => {
+            lossy
+                || (reorders && c.responder_dead)
+                || (matches!(
+                    c.mishap,
+                    Mishap::ResponderErr { .. } | Mishap::DestroyResponder { .. }
+                ) && c.mishap_fired.is_some())
+        }
+        WcStatus::RemAccessErr => key_may_fail(c, op),
+        WcStatus::RnrRetryExcErr => match c.mishap {
+            Mishap::RnrStarve { budget } => op.recv_index.is_some_and(|r| r >= budget),
+            _ => false,
+        },
+        WcStatus::WrFlushErr => {
+            matches!(c.mishap, Mishap::RequesterErr { .. }) && c.mishap_fired.is_some()
+        }
+        _ => false,
+    }
+}
+
+fn on_send(
+    c: &mut Conn,
+    wc: &Wc,
+    lossy: (bool, bool),
+    bytes: &mut u64,
+    violations: &mut Vec<String>,
+) {
+    let name = c.name();
+    let Some(op) = c.outstanding.pop_front() else {
+        violations.push(format!("{name}: extra completion {wc:?}"));
+        return;
+    };
+    let i = op.index;
+    c.done += 1;
+    if wc.wr_id != i as u64 {
+        violations.push(format!(
+            "{name}: completion for wr_id {} where op {i} was due: {wc:?}",
+            wc.wr_id
+        ));
+        return;
+    }
+    if let Some((first, _)) = c.failed {
+        if wc.status != WcStatus::WrFlushErr {
+            violations.push(format!(
+                "{name}: op {i} ended {} after op {first} failed (IBV_WC_WR_FLUSH_ERR due)",
+                wc.status
+            ));
+        }
+        return;
+    }
+    if wc.status != WcStatus::Success {
+        if failure_allowed(c, &op, wc.status, lossy) {
+            c.failed = Some((i, wc.status));
+            if let Some(qa) = &c.qa
+                && qa.state() != QpState::Err
+            {
+                violations.push(format!(
+                    "{name}: op {i} ended {} but the requester QP is in {:?}, not ERR",
+                    wc.status,
+                    qa.state()
+                ));
+            }
+        } else {
+            violations.push(format!(
+                "{name} {:?}: op {i} ({:?}, {} B) ended {} ({wc:?})",
+                c.mishap, op.kind, op.len, wc.status
+            ));
+        }
+        return;
+    }
+    // Success.
+    if c.recv_failed == Some(i) {
+        violations.push(format!(
+            "{name}: op {i} ({:?}) succeeded though its receive completed in error",
+            op.kind
+        ));
+        return;
+    }
+    if op.bad || invalidated(c, &op) {
+        violations.push(format!(
+            "{name}: op {i} ({:?}) with a bad or invalidated R_Key or a bad address succeeded",
+            op.kind
+        ));
+        return;
+    }
+    if let Mishap::RnrStarve { budget } = c.mishap
+        && op.recv_index.is_some_and(|r| r >= budget)
+    {
+        violations.push(format!(
+            "{name}: op {i} succeeded though the responder posted only {budget} receives"
+        ));
+        return;
+    }
+    *bytes += op.len as u64;
+    c.ok_count += 1;
+    let slot = i % c.depth;
+    let at = slot * c.max.max(8);
+    match op.kind {
+        Kind::Read => {
+            let mut got = vec![0u8; op.len];
+            let _ = c.local.read(at, &mut got);
+            if got != op.data {
+                violations.push(format!(
+                    "{name}: op {i}: READ of {} B at {} returned other bytes than the model",
+                    op.len, op.remote_off
+                ));
+            }
+        }
+        Kind::Cas | Kind::Faa => {
+            let mut got = [0u8; 8];
+            let _ = c.local.read(at, &mut got);
+            let got = u64::from_ne_bytes(got);
+            if got != op.orig {
+                violations.push(format!(
+                    "{name}: op {i}: {:?} returned {got:#x}, the model {:#x}",
+                    op.kind, op.orig
+                ));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn on_recv(
+    c: &mut Conn,
+    node: &Node,
+    wc: &Wc,
+    dup_copies: u32,
+    rng: &mut SimRng,
+    now: Instant,
+    violations: &mut Vec<String>,
+) {
+    let name = c.name();
+    let s = wc.wr_id as usize;
+    if wc.status == WcStatus::WrFlushErr {
+        // Flushed receives: only once the QP may be in ERR; all of its own queue, but of an
+        // SRQ only the one WQE the QP had taken for a message in progress (IBTA ch. 10: WQEs
+        // dequeued from an SRQ and not completed are flushed; those still in it stay).
+        c.flushed_recvs += 1;
+        if !c.responder_dead || (c.on_srq && c.flushed_recvs > 1) {
+            violations.push(format!("{name}: receive flushed unexpectedly: {wc:?}"));
+        }
+        if c.on_srq
+            && let Some((srq, m)) = &node.srq
+            && let Err(e) = srq.post_recv(&[RecvWr {
+                wr_id: s as u64,
+                sg_list: vec![m.sge(s * node.srq_slot, node.srq_slot as u32)],
+            }])
+        {
+            violations.push(format!("{name}: SRQ post_recv: {e}"));
+        }
+        return;
+    }
+    // An R_Key violation completes the receive WQE the responder holds with
+    // IBV_WC_REM_ACCESS_ERR (rxe `do_complete` after `do_class_ac_error`): a WRITE_WITH_IMM's
+    // own (rxe takes it in `check_resource`, before `check_rkey`), or that of a SEND in
+    // progress when a retried READ meets a key gone meanwhile. The requester's WR for it
+    // must then not succeed.
+    let key_failed = wc.status == WcStatus::RemAccessErr
+        && c.transport == Transport::Rc
+        && c.responder_dead
+        && matches!(
+            c.mishap,
+            Mishap::BadRkey { .. } | Mishap::DeregRemote { .. } | Mishap::MwInvalidate { .. }
+        )
+        && !c.expect_recv.is_empty();
+    if key_failed {
+        c.recv_failed = c.expect_recv.pop_front().map(|op| op.index);
+    } else if wc.status != WcStatus::Success {
+        violations.push(format!("{name}: receive completion {wc:?}"));
+        return;
+    }
+    let (area, slot_bytes) = if c.on_srq {
+        match &node.srq {
+            Some((_, m)) => (m, node.srq_slot),
+            None => return,
+        }
+    } else {
+        match &c.ring {
+            Some(m) => (m, c.slot),
+            None => return,
+        }
+    };
+    let base = s * slot_bytes;
+    let read = |off: usize, len: usize| {
+        let mut v = vec![0u8; len];
+        let _ = area.read(base + off, &mut v);
+        v
+    };
+    let imm = wc
+        .wc_flags
+        .contains(WcFlags::WITH_IMM)
+        .then_some(wc.imm_data);
+    let matches = |op: &Op, wc: &Wc| -> bool {
+        let want_opcode = if op.kind == Kind::WriteImm {
+            WcOpcode::RecvRdmaWithImm
+        } else {
+            WcOpcode::Recv
+        };
+        let want_imm = matches!(op.kind, Kind::SendImm | Kind::WriteImm).then_some(op.imm);
+        let want_inv = (op.kind == Kind::SendInv).then_some(c.rkey);
+        if wc.invalidated_rkey() != want_inv {
+            return false;
+        }
+        let grh = if c.transport == Transport::Ud { GRH } else { 0 };
+        if wc.opcode != want_opcode || imm != want_imm || wc.byte_len as usize != op.len + grh {
+            return false;
+        }
+        if c.transport == Transport::Ud && wc.src_qp != c.qa.as_ref().map_or(0, Qp::qp_num) {
+            return false;
+        }
+        match op.kind {
+            Kind::Send | Kind::SendImm | Kind::SendInv => read(grh, op.len) == op.data,
+            _ => true,
+        }
+    };
+    match c.transport {
+        _ if key_failed => {}
+        Transport::Rc => {
+            // RC: in order, exactly once.
+            match c.expect_recv.pop_front() {
+                Some(op) if matches(&op, wc) => {}
+                Some(op) => violations.push(format!(
+                    "{name}: receive completion {wc:?} does not match op {} ({:?}, {} B, imm {:#x})",
+                    op.index, op.kind, op.len, op.imm
+                )),
+                None => violations.push(format!("{name}: receive completion {wc:?} with none due")),
+            }
+        }
+        Transport::Uc | Transport::Ud => {
+            // At most `dup_copies` receipts of a message; prefer the one received fewest times.
+            let found = c
+                .sent
+                .iter_mut()
+                .filter(|(op, _)| op.kind.takes_recv() && matches(op, wc))
+                .min_by_key(|(_, n)| *n);
+            match found {
+                Some((op, n)) => {
+                    *n += 1;
+                    if *n > dup_copies {
+                        violations.push(format!(
+                            "{name}: op {} ({:?}, {} B) received {n} times",
+                            op.index, op.kind, op.len
+                        ));
+                    }
+                    if op.kind == Kind::WriteImm
+                        && let Some(r) = &c.remote
+                    {
+                        let mut got = vec![0u8; op.len];
+                        let _ = r.read(op.remote_off, &mut got);
+                        if got != op.data {
+                            violations.push(format!(
+                                "{name}: op {}: WRITE_WITH_IMM completed, region differs",
+                                op.index
+                            ));
+                        }
+                    }
+                }
+                None => violations.push(format!(
+                    "{name}: receive completion {wc:?} matches no message sent"
+                )),
+            }
+        }
+    }
+    if !key_failed {
+        c.recvs_ok += 1;
+    }
+    // Give the buffer back.
+    if c.on_srq {
+        if let Some((srq, m)) = &node.srq
+            && let Err(e) = srq.post_recv(&[RecvWr {
+                wr_id: s as u64,
+                sg_list: vec![m.sge(base, slot_bytes as u32)],
+            }])
+        {
+            violations.push(format!("{name}: SRQ post_recv: {e}"));
+        }
+    } else {
+        // One receive in ten comes back late on RC, to draw RNR NAKs (not on a starved
+        // connection, whose RNR NAKs must come from the budget alone).
+        let late = c.transport == Transport::Rc
+            && !matches!(c.mishap, Mishap::RnrStarve { .. })
+            && rng.chance(0.1);
+        let delay = if late {
+            Duration::from_micros(rng.below(3000))
+        } else {
+            Duration::ZERO
+        };
+        c.pending_recvs.push_back((now + delay, s));
+        c.pending_recvs.make_contiguous().sort_by_key(|(t, _)| *t);
+    }
+}
+
+fn final_checks(c: &Conn, violations: &mut Vec<String>) {
+    let name = c.name();
+    // Operations from this index on may or may not have executed: the first failed one, or
+    // the first a destroyed requester never completed.
+    let first_failed = c.failed.map(|(i, _)| i).or_else(|| {
+        matches!(c.mishap, Mishap::DestroyRequester { .. })
+            .then_some(c.ok_count)
+            .filter(|_| c.qa.is_none())
+    });
+    if first_failed.is_some()
+        && let Some(qa) = &c.qa
+        && qa.state() != QpState::Err
+    {
+        violations.push(format!(
+            "{name}: requester in {:?} after a failure",
+            qa.state()
+        ));
+    }
+    match c.transport {
+        Transport::Rc => {
+            // Every receive of an operation before the first failure completed.
+            if let Some(op) = c.expect_recv.front()
+                && first_failed.is_none_or(|f| op.index < f)
+            {
+                violations.push(format!(
+                    "{name}: op {} ({:?}) acknowledged but its receive never completed",
+                    op.index, op.kind
+                ));
+            }
+            let Some(remote) = &c.remote else { return };
+            let got = remote.to_vec();
+            let mut mask = vec![true; got.len()];
+            if let Some(f) = first_failed {
+                for &(op, off, len) in &c.touched {
+                    if op >= f {
+                        mask[off..off + len].iter_mut().for_each(|m| *m = false);
+                    }
+                }
+            }
+            if let Some(b) = (0..got.len()).find(|&b| mask[b] && got[b] != c.model[b]) {
+                violations.push(format!(
+                    "{name}: remote byte {b} is {:#04x}, the model {:#04x}",
+                    got[b], c.model[b]
+                ));
+            }
+        }
+        Transport::Uc => {
+            let Some(remote) = &c.remote else { return };
+            let got = remote.to_vec();
+            for (op, n) in &c.sent {
+                if !matches!(op.kind, Kind::Write | Kind::WriteImm) {
+                    continue;
+                }
+                let region = &got[op.remote_off..op.remote_off + op.len];
+                let fill = &c.model[op.remote_off..op.remote_off + op.len];
+                let k = region
+                    .iter()
+                    .zip(&op.data)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                if region[k..] != fill[k..] {
+                    violations.push(format!(
+                        "{name}: op {} UC WRITE region is neither a prefix of its bytes nor the fill after it",
+                        op.index
+                    ));
+                }
+                if op.kind == Kind::WriteImm && *n > 0 && k != op.len {
+                    violations.push(format!(
+                        "{name}: op {} WRITE_WITH_IMM completed at the receiver, region incomplete",
+                        op.index
+                    ));
+                }
+            }
+            // Memory outside every WRITE's region keeps the fill.
+            let mut mask = vec![true; got.len()];
+            for (op, _) in &c.sent {
+                if matches!(op.kind, Kind::Write | Kind::WriteImm) {
+                    mask[op.remote_off..op.remote_off + op.len]
+                        .iter_mut()
+                        .for_each(|m| *m = false);
+                }
+            }
+            if let Some(b) = (0..got.len()).find(|&b| mask[b] && got[b] != c.model[b]) {
+                violations.push(format!("{name}: UC remote byte {b} written by nobody"));
+            }
+        }
+        Transport::Ud => {}
+    }
+}
