@@ -685,11 +685,9 @@ fn loss_free_storm_through_cm_ports_establishes_every_accepted_connection() {
 /// (2 × packet lifetime + service timeout 14 ≈ 75.5 ms) ended at 121.3 ms and, with "no
 /// retries after an MRA" (cm/recv.rs `on_mra`: `retries_left = 0`; docs/cm.md), it sent
 /// REJ(timeout). Kernel cm.c `cm_mra_handler` → `ib_modify_mad` only stretches the REQ's
-/// timeout and keeps its retries, so the kernel would resend the REQ and connect. Either the
-/// engine keeps the retries (a CM change, left to the CM work) or the loss-free claim of
-/// this file must bound the link's hold-back below the MRA wait.
+/// timeout and keeps its retries, so the kernel resends the REQ and connects; the engine now
+/// does the same (cm/recv.rs `on_mra`), and this seed connects.
 #[test]
-#[ignore = "seed 1896: UNREACHABLE on a loss-free link; the CM drops its REQ retries after an MRA, the kernel keeps them"]
 fn issue_22_cm_seed_1896_unreachable_on_a_loss_free_link() {
     let mut w = World::new(1896);
     w.p.loss = 0.0;

@@ -234,7 +234,10 @@ impl CmEngine {
             }
             _ => return Err(CmDropReason::UnexpectedResponse),
         };
-        // IBTA C12: an MRA stops retransmission and stretches the wait by its service timeout.
+        // IBTA C12: an MRA stretches the wait by its service timeout. As the kernel's
+        // cm_mra_handler -> ib_modify_mad, the message keeps its retries: each now waits the
+        // stretched time, and one that runs out resends (a REP held up past the MRA's wait
+        // still finds the REQ's next copy answered).
         c.state = next;
         // The active side learns the peer's ID from the first MRA or REP; the passive side
         // keeps the one its REQ gave (and under which `by_remote` holds it).
@@ -242,7 +245,7 @@ impl CmEngine {
             c.remote_comm_id = r.local_comm_id;
         }
         c.deadline = Some(now + wait);
-        c.retries_left = 0;
+        c.response_timeout = wait;
         Ok(())
     }
 
@@ -473,7 +476,12 @@ impl CmEngine {
         let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         let resendable = matches!(
             state,
-            CmState::ReqSent | CmState::RepSent | CmState::DreqSent | CmState::SidrReqSent
+            CmState::ReqSent
+                | CmState::MraReqRcvd
+                | CmState::RepSent
+                | CmState::MraRepRcvd
+                | CmState::DreqSent
+                | CmState::SidrReqSent
         );
         if resendable && retries_left > 0 {
             c.retries_left -= 1;

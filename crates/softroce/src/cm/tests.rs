@@ -789,9 +789,17 @@ fn rep_sent_mra_with_other_comm_id_then_rej_leaves_no_entry_behind() {
 #[test]
 fn rep_sent_mra_with_other_comm_id_then_timeout_leaves_no_entry_behind() {
     let (mut p, b_id, r) = rep_sent_for_comm_id_0_then_mra();
-    let deadline = p.b.poll_timeout().unwrap();
-    p.advance_to(deadline);
-    assert_eq!(p.b.poll_event(), Some(CmEvent::Unreachable { id: b_id }));
+    // The REP keeps its retries after the MRA (kernel ib_modify_mad): the connection ends
+    // when the last has waited out the MRA's time.
+    let ev = loop {
+        let deadline = p.b.poll_timeout().expect("a timer while the REP waits");
+        p.advance_to(deadline);
+        let _ = p.take_b();
+        if let Some(ev) = p.b.poll_event() {
+            break ev;
+        }
+    };
+    assert_eq!(ev, CmEvent::Unreachable { id: b_id });
     assert_eq!(p.b.connection_count(), 0);
     p.b.check_invariants().unwrap();
     p.b.handle_mad(p.now, A_IP, &mad_of(CmMsgRepr::Req(r)));
@@ -1010,8 +1018,27 @@ fn mra_req_rcvd_capped_and_a_duplicate_mra_does_not_stretch_the_wait() {
     p.a.handle_mad(p.now, B_IP, &mad_of(CmMsgRepr::Mra(m)));
     assert_eq!(p.a.counters().drops(CmDropReason::DuplicateMra), 1);
     assert_eq!(p.a.poll_timeout(), Some(deadline));
-    p.a.handle_timeout(deadline);
-    assert_eq!(p.a.poll_event(), Some(CmEvent::Unreachable { id: a_id }));
+    // The REQ keeps its retries (kernel ib_modify_mad), each waiting the stretched time;
+    // after the last, Unreachable. So a peer's MRAs hold the connection at most
+    // (retries + 1) x the capped wait.
+    let _ = p.take_a();
+    let mut t = deadline;
+    let mut resent = 0;
+    p.a.handle_timeout(t);
+    loop {
+        if let Some(ev) = p.a.poll_event() {
+            assert_eq!(ev, CmEvent::Unreachable { id: a_id });
+            break;
+        }
+        let mads = p.take_a();
+        assert_eq!(mads.len(), 1);
+        assert_eq!(attr_of(&mads[0]), attr::REQ);
+        resent += 1;
+        assert_eq!(p.a.poll_timeout(), Some(t + wait));
+        t = t + wait;
+        p.a.handle_timeout(t);
+    }
+    assert_eq!(resent, u32::from(p.a.config().max_cm_retries));
 }
 
 // A REQ flood: 10,000 REQs from 10,000 addresses with the largest timeouts, against rdma_cm's
