@@ -138,18 +138,7 @@ fn exec_pcap_captures_the_program_and_its_children() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let decoded = std::process::Command::new(SOFTROCE)
-        .arg("decode")
-        .arg(&pcap)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&decoded.stdout).into_owned();
-    assert!(
-        decoded.status.success(),
-        "decode: {}\n{}",
-        decoded.status,
-        String::from_utf8_lossy(&decoded.stderr)
-    );
+    let text = decode(&pcap);
     let frames: Vec<&str> = text.lines().collect();
     for pair in [
         ("127.0.151.1", "127.0.151.2"),

@@ -325,12 +325,7 @@ fn ucmatose_to_an_address_without_a_device_is_unreachable_from_icmp() {
         err.contains("softroce::cm: connect to 127.0.117.91: unreachable"),
         "{err}"
     );
-    let decoded = std::process::Command::new(SOFTROCE)
-        .arg("decode")
-        .arg(&pcap)
-        .output()
-        .unwrap();
-    let frames = String::from_utf8_lossy(&decoded.stdout).into_owned();
+    let frames = decode(&pcap);
     let reqs = frames
         .lines()
         .filter(|l| l.contains("> 127.0.117.91:4791") && l.contains("qp=0x1 "))

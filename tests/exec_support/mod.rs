@@ -187,3 +187,19 @@ pub fn server_then_client<S: AsRef<OsStr>>(
         report,
     }
 }
+
+/// `softroce decode PCAP`'s output (one line per frame), asserting that it succeeded.
+pub fn decode(pcap: &Path) -> String {
+    let out = Command::new(SOFTROCE)
+        .arg("decode")
+        .arg(pcap)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "decode: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
