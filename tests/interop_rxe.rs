@@ -3383,6 +3383,21 @@ fn interop_rxe() {
         .filter(|o| o.result.is_err() && (strict || !o.not_implemented()))
         .map(|o| format!("{} [{}]", o.scenario, o.role.column()))
         .collect();
+    // What each failure said, at the end of the output: CI keeps only the tail of a run,
+    // and the report above may be cut off.
+    for o in outcomes
+        .iter()
+        .filter(|o| o.result.is_err() && (strict || !o.not_implemented()))
+    {
+        let why = o.result.as_ref().err().map_or("", String::as_str);
+        let cut: String = why.chars().take(3000).collect();
+        eprintln!(
+            "FAILED {} [{}] after {:.1} s:\n{cut}",
+            o.scenario,
+            o.role.column(),
+            o.secs
+        );
+    }
     assert!(
         !outcomes.is_empty(),
         "SOFTROCE_INTEROP_ONLY={only:?} selected no scenario"
