@@ -27,7 +27,7 @@
 //! makes none and hands libibverbs a NULL CQ; and a NULL id, attributes or PD is EINVAL where
 //! librdmacm dereferences it.
 
-use super::state::{State, errno_or, result, state};
+use super::state::{State, errno_or, state};
 use super::transitions::{qp_init, ud_qp_rts};
 use crate::abi::*;
 use crate::ffi;
@@ -243,7 +243,7 @@ pub(crate) extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
-    ffi!(-1, { result(create_qp_ex(id, attr)) })
+    ffi!({ create_qp_ex(id, attr).map(|()| 0) })
 }
 
 fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> Result<(), c_int> {
@@ -322,48 +322,46 @@ pub(crate) extern "C" fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let pd = if pd.is_null() {
-                state()?.id_mut(id)?;
-                // SAFETY: a live id.
-                unsafe { (*id).pd }
-            } else {
-                pd
-            };
-            // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (NULL pointers, no bits).
-            let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
-            // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr`;
-            // `attr` is the caller's.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    attr.cast::<u8>(),
-                    (&raw mut ex).cast::<u8>(),
-                    size_of::<ibv_qp_init_attr>(),
-                )
-            };
-            ex.comp_mask = IBV_QP_INIT_ATTR_PD;
-            ex.pd = pd;
-            let r = create_qp_ex(id, &mut ex);
-            // SAFETY: as above, back into the caller's attributes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (&raw const ex).cast::<u8>(),
-                    attr.cast::<u8>(),
-                    size_of::<ibv_qp_init_attr>(),
-                )
-            };
-            r
-        })();
-        result(r)
+    ffi!({
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let pd = if pd.is_null() {
+            state()?.id_mut(id)?;
+            // SAFETY: a live id.
+            unsafe { (*id).pd }
+        } else {
+            pd
+        };
+        // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (NULL pointers, no bits).
+        let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr`;
+        // `attr` is the caller's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                attr.cast::<u8>(),
+                (&raw mut ex).cast::<u8>(),
+                size_of::<ibv_qp_init_attr>(),
+            )
+        };
+        ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+        ex.pd = pd;
+        let r = create_qp_ex(id, &mut ex);
+        // SAFETY: as above, back into the caller's attributes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&raw const ex).cast::<u8>(),
+                attr.cast::<u8>(),
+                size_of::<ibv_qp_init_attr>(),
+            )
+        };
+        r?;
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
-    ffi!((), {
+    ffi!({
         let Ok(ibv) = ibv() else { return };
         let Some(_st) = lock_id(id) else { return };
         // SAFETY: a live id; its QP.
@@ -381,7 +379,7 @@ pub(crate) extern "C" fn rdma_create_srq_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_srq_init_attr_ex,
 ) -> c_int {
-    ffi!(-1, { result(create_srq_ex(id, attr)) })
+    ffi!({ create_srq_ex(id, attr).map(|()| 0) })
 }
 
 fn create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> Result<(), c_int> {
@@ -431,48 +429,46 @@ pub(crate) extern "C" fn rdma_create_srq(
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            state()?.id_mut(id)?;
-            // SAFETY: all-zero is a valid ibv_srq_init_attr_ex (NULL pointers, no bits).
-            let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
-            // SAFETY: `ibv_srq_init_attr_ex` begins with the fields of `ibv_srq_init_attr`;
-            // `attr` is the caller's.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    attr.cast::<u8>(),
-                    (&raw mut ex).cast::<u8>(),
-                    size_of::<ibv_srq_init_attr>(),
-                )
-            };
-            ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
-            // SAFETY: a live id.
-            ex.srq_type = if unsafe { (*id).qp_type } == IBV_QPT_XRC_RECV {
-                IBV_SRQT_XRC
-            } else {
-                IBV_SRQT_BASIC
-            };
-            ex.pd = pd;
-            let r = create_srq_ex(id, &mut ex);
-            // SAFETY: as above, back into the caller's attributes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (&raw const ex).cast::<u8>(),
-                    attr.cast::<u8>(),
-                    size_of::<ibv_srq_init_attr>(),
-                )
-            };
-            r
-        })();
-        result(r)
+    ffi!({
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        state()?.id_mut(id)?;
+        // SAFETY: all-zero is a valid ibv_srq_init_attr_ex (NULL pointers, no bits).
+        let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: `ibv_srq_init_attr_ex` begins with the fields of `ibv_srq_init_attr`;
+        // `attr` is the caller's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                attr.cast::<u8>(),
+                (&raw mut ex).cast::<u8>(),
+                size_of::<ibv_srq_init_attr>(),
+            )
+        };
+        ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+        // SAFETY: a live id.
+        ex.srq_type = if unsafe { (*id).qp_type } == IBV_QPT_XRC_RECV {
+            IBV_SRQT_XRC
+        } else {
+            IBV_SRQT_BASIC
+        };
+        ex.pd = pd;
+        let r = create_srq_ex(id, &mut ex);
+        // SAFETY: as above, back into the caller's attributes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&raw const ex).cast::<u8>(),
+                attr.cast::<u8>(),
+                size_of::<ibv_srq_init_attr>(),
+            )
+        };
+        r?;
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
-    ffi!((), {
+    ffi!({
         let Ok(ibv) = ibv() else { return };
         let Some(_st) = lock_id(id) else { return };
         // SAFETY: a live id; its SRQ.

@@ -9,7 +9,6 @@
 
 use crate::abi::*;
 use crate::ibv::ibv;
-use crate::neg_errno;
 use core::ffi::{c_int, c_void};
 use parking_lot::{Mutex, MutexGuard};
 use softroce::cm::{CmEngine, CommId};
@@ -314,13 +313,6 @@ pub(super) fn free_id(id: *mut rdma_cm_id) {
         if !b.route.path_rec.is_null() {
             drop(Box::from_raw(b.route.path_rec));
         }
-    }
-}
-
-pub(super) fn result(r: Result<(), c_int>) -> c_int {
-    match r {
-        Ok(()) => 0,
-        Err(e) => neg_errno(e),
     }
 }
 
