@@ -11,6 +11,8 @@
 //!   `Result<*mut T, c_int>`, `Result<c_int, c_int>`, [`SetsErrno`], …), so `?` works in it
 //!   and the type picks both the C value and the panic value.
 //! - errno helpers: [`set_errno`], [`null_errno`], [`neg_errno`].
+//! - [`fork`]: [`PerProcess`](fork::PerProcess), a value that a `fork`ed child replaces
+//!   with a fresh one on first use (the parent's devices are not the child's).
 //! - [`log`]: the `SOFTROCE_LOG` subscriber, installed by each library on first use (and by
 //!   the `softroce` CLI), since each `.so` carries its own copy of the engine's tracing
 //!   call sites.
@@ -23,6 +25,7 @@
 
 pub mod abi;
 pub mod exports;
+pub mod fork;
 pub mod log;
 
 use core::ffi::c_int;

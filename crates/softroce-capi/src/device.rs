@@ -14,6 +14,7 @@ use softroce::net::{UdpDevice, UdpOptions};
 use softroce::verbs::DeviceConfig;
 use softroce_cabi::abi::*;
 use softroce_cabi::ffi;
+use softroce_cabi::fork::PerProcess;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -168,30 +169,6 @@ fn busy_poll_from_env() -> (bool, bool) {
         Some(v) if v == "0" => (false, false),
         Some(v) if v == "adaptive" => (true, true),
         _ => (true, false),
-    }
-}
-
-/// A table of the process's objects that a `fork`ed child starts empty: what the parent put
-/// in it is the parent's (a child opens the devices it uses itself: the parent's contexts
-/// have no driver thread in the child). The child leaks the parent's entries
-/// instead of dropping them: dropping could run the destructors of the parent's devices,
-/// which join threads that do not exist in the child.
-#[derive(Default)]
-pub(crate) struct PerProcess<T: Default> {
-    /// The process the table's entries belong to (0 before the first use).
-    pid: u32,
-    table: T,
-}
-
-impl<T: Default> PerProcess<T> {
-    /// The table, emptied first if this process is not the one that filled it.
-    pub(crate) fn get(&mut self) -> &mut T {
-        let pid = std::process::id();
-        if self.pid != pid {
-            std::mem::forget(std::mem::take(&mut self.table));
-            self.pid = pid;
-        }
-        &mut self.table
     }
 }
 

@@ -22,7 +22,6 @@
 //! not drive the link: receiving stays with the device's driver thread or its busy poller.
 
 use crate::context::Context;
-use crate::device::PerProcess;
 use crate::handle::try_ref;
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
@@ -32,6 +31,7 @@ use softroce::wire::grh::{GRH_LEN, grh_source};
 use softroce::wire::mad::MAD_LEN;
 use softroce_cabi::abi::ibv_context;
 use softroce_cabi::ffi;
+use softroce_cabi::fork::PerProcess;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};

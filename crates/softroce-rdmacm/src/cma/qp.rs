@@ -27,13 +27,13 @@
 //! makes none and hands libibverbs a NULL CQ; and a NULL id, attributes or PD is EINVAL where
 //! librdmacm dereferences it.
 
-use super::state::{State, errno_or, state};
+use super::state::{StateGuard, errno_or, state};
 use super::transitions::{qp_init, ud_qp_rts};
 use crate::abi::*;
 use crate::ffi;
 use crate::ibv::{Ibv, ibv};
 use core::ffi::{c_int, c_void};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::mem::offset_of;
 
 /// verbs.h's `verbs_get_ctx_op(ctx, op)`: the extended context of `ctx` when it is one
@@ -222,7 +222,7 @@ fn destroy_cqs(ibv: &Ibv, id: *mut rdma_cm_id) {
 
 /// The state's lock, held while an id's QP or SRQ changes (the driver threads apply REQ and
 /// REP to `id->qp` under it), once `id` is known to be a live id with a device.
-fn lock_id_with_device(id: *mut rdma_cm_id) -> Result<MutexGuard<'static, State>, c_int> {
+fn lock_id_with_device(id: *mut rdma_cm_id) -> Result<StateGuard, c_int> {
     let mut st = state()?;
     let s = st.id_mut(id)?;
     // SAFETY: a live id.
@@ -233,7 +233,7 @@ fn lock_id_with_device(id: *mut rdma_cm_id) -> Result<MutexGuard<'static, State>
 }
 
 /// The state's lock, once `id` is known to be a live id.
-fn lock_id(id: *mut rdma_cm_id) -> Option<MutexGuard<'static, State>> {
+fn lock_id(id: *mut rdma_cm_id) -> Option<StateGuard> {
     let mut st = state().ok()?;
     st.id_mut(id).ok()?;
     Some(st)
