@@ -10,7 +10,7 @@ use core::ffi::{c_int, c_uint};
 use softroce::verbs::{self, AhAttr, Gid};
 use softroce::wire::grh::{GRH_LEN, Grh, flow_label};
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, neg_errno, ptr_result};
+use softroce_cabi::{SetsErrno, ffi, neg_errno};
 
 /// An address handle.
 #[repr(C)]
@@ -66,21 +66,19 @@ pub(crate) fn ibv_ah_attr_of(a: &AhAttr) -> ibv_ah_attr {
 }
 
 pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a live PD, NULL or a readable attr.
-            let (p, a): (&Pd, _) = unsafe { (try_ref(pd)?, attr.as_ref().ok_or(libc::EINVAL)?) };
-            let ah = p.pd.create_ah(&ah_attr(a)?).map_err(|e| e.errno())?;
-            p.users.hold();
-            Ok(into_handle(Ah {
-                ibv: ibv_ah {
-                    context: p.ibv.context,
-                    pd,
-                    handle: 0,
-                },
-                ah,
-            }))
-        })
+    ffi!({
+        // SAFETY: NULL or a live PD, NULL or a readable attr.
+        let (p, a): (&Pd, _) = unsafe { (try_ref(pd)?, attr.as_ref().ok_or(libc::EINVAL)?) };
+        let ah = p.pd.create_ah(&ah_attr(a)?).map_err(|e| e.errno())?;
+        p.users.hold();
+        Ok(into_handle(Ah {
+            ibv: ibv_ah {
+                context: p.ibv.context,
+                pd,
+                handle: 0,
+            },
+            ah,
+        }))
     })
 }
 
@@ -140,9 +138,9 @@ pub(crate) extern "C" fn ibv_init_ah_from_wc(
     grh: *mut u8,
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
-    ffi!(neg_errno(libc::EIO), {
+    ffi!({
         if ctx.is_null() || wc.is_null() || grh.is_null() || ah_attr.is_null() {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         let mut g = [0u8; GRH_LEN];
         // SAFETY: the caller's work completion (readable) and its 40-byte GRH area, which
@@ -205,7 +203,8 @@ pub(crate) extern "C" fn ibv_init_ah_from_wc(
         }
         // SAFETY: writable (the caller's contract). libibverbs fills it even on failure.
         unsafe { ah_attr.write_unaligned(a) };
-        ret
+        // 0, or -1 with the errno set above.
+        Ok(ret)
     })
 }
 
@@ -216,29 +215,25 @@ pub(crate) extern "C" fn ibv_create_ah_from_wc(
     grh: *mut u8,
     port_num: u8,
 ) -> *mut ibv_ah {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a live PD.
-            let p: &Pd = unsafe { try_ref(pd) }?;
-            let mut a = ibv_ah_attr::default();
-            if ibv_init_ah_from_wc(p.ibv.context, port_num, wc, grh, &mut a) != 0 {
-                // NULL with the errno ibv_init_ah_from_wc set.
-                return Ok(std::ptr::null_mut());
-            }
-            Ok(ibv_create_ah(pd, &mut a))
-        })
+    ffi!({
+        // SAFETY: NULL or a live PD.
+        let p: &Pd = unsafe { try_ref(pd) }?;
+        let mut a = ibv_ah_attr::default();
+        if ibv_init_ah_from_wc(p.ibv.context, port_num, wc, grh, &mut a) != 0 {
+            // NULL with the errno ibv_init_ah_from_wc set.
+            return Ok(std::ptr::null_mut());
+        }
+        Ok(ibv_create_ah(pd, &mut a))
     })
 }
 
 pub(crate) extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live AH; its PD is live while it is.
-            let p: &Pd = unsafe { try_ref(try_ref(ah)?.ibv.pd) }?;
-            p.users.release();
-            // SAFETY: a live AH the caller gives up.
-            unsafe { free(ah) };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live AH; its PD is live while it is.
+        let p: &Pd = unsafe { try_ref(try_ref(ah)?.ibv.pd) }?;
+        p.users.release();
+        // SAFETY: a live AH the caller gives up.
+        unsafe { free(ah) };
+        Ok(())
     })
 }

@@ -7,7 +7,7 @@ use crate::handle::{Castable, free, into_handle, try_ref};
 use core::ffi::c_int;
 use softroce::verbs;
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
+use softroce_cabi::{SetsErrno, ffi};
 use std::os::fd::AsRawFd;
 
 /// A completion channel: `fd` is the engine channel's eventfd.
@@ -24,37 +24,33 @@ unsafe impl Castable for ibv_comp_channel {
 }
 
 pub(crate) extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a live context.
-            let c: &Context = unsafe { try_ref(ctx) }?;
-            let ch = c
-                .dev
-                .device()
-                .create_comp_channel()
-                .map_err(|e| e.errno())?;
-            Ok(into_handle(CompChannel {
-                ibv: ibv_comp_channel {
-                    context: ctx,
-                    fd: ch.as_raw_fd(),
-                    refcnt: 0,
-                },
-                ch,
-            }))
-        })
+    ffi!({
+        // SAFETY: NULL or a live context.
+        let c: &Context = unsafe { try_ref(ctx) }?;
+        let ch = c
+            .dev
+            .device()
+            .create_comp_channel()
+            .map_err(|e| e.errno())?;
+        Ok(into_handle(CompChannel {
+            ibv: ibv_comp_channel {
+                context: ctx,
+                fd: ch.as_raw_fd(),
+                refcnt: 0,
+            },
+            ch,
+        }))
     })
 }
 
 pub(crate) extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live channel.
-            if unsafe { try_ref(ch) }?.ibv.refcnt != 0 {
-                return Err(libc::EBUSY);
-            }
-            // SAFETY: a live channel the caller gives up.
-            unsafe { free(ch) };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live channel.
+        if unsafe { try_ref(ch) }?.ibv.refcnt != 0 {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: a live channel the caller gives up.
+        unsafe { free(ch) };
+        Ok(())
     })
 }

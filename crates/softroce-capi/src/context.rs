@@ -10,7 +10,7 @@ use softroce::net::UdpDevice;
 use softroce::net::discover::DeviceAddr;
 use softroce::verbs::EventElement;
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, neg_errno, neg_result};
+use softroce_cabi::{SetsErrno, ffi};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -100,14 +100,12 @@ pub(crate) extern "C" fn ibv_query_device(
     ctx: *mut ibv_context,
     attr: *mut ibv_device_attr,
 ) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live context, NULL or a writable attribute struct (the
-            // caller's contract).
-            let (c, attr) = unsafe { (try_ref(ctx)?, attr.as_mut().ok_or(libc::EINVAL)?) };
-            fill_device_attr(c, attr);
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live context, NULL or a writable attribute struct (the
+        // caller's contract).
+        let (c, attr) = unsafe { (try_ref(ctx)?, attr.as_mut().ok_or(libc::EINVAL)?) };
+        fill_device_attr(c, attr);
+        Ok(())
     })
 }
 
@@ -118,20 +116,20 @@ pub(crate) unsafe extern "C" fn query_device_ex_op(
     attr: *mut ibv_device_attr_ex,
     attr_size: usize,
 ) -> c_int {
-    ffi_errno!({
+    ffi!(SetsErrno, {
         // SAFETY: `input` is NULL or readable (the caller's contract).
         if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
-            return libc::EINVAL;
+            return Err(libc::EINVAL);
         }
         if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
-            return libc::EINVAL;
+            return Err(libc::EINVAL);
         }
         // SAFETY: `attr` is writable for `attr_size` bytes and `ctx` is a live context.
         unsafe {
             std::ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
             let Ok(c) = try_ref(ctx) else {
                 // verbs.h's inline ibv_query_device_ex only calls this on a live context.
-                return libc::EINVAL;
+                return Err(libc::EINVAL);
             };
             fill_device_attr(c, &mut (*attr).orig_attr);
             let n = std::mem::size_of::<ibv_device_attr_ex>();
@@ -139,7 +137,7 @@ pub(crate) unsafe extern "C" fn query_device_ex_op(
                 (*attr).phys_port_cnt_ex = 1;
             }
         }
-        0
+        Ok(())
     })
 }
 
@@ -180,21 +178,17 @@ pub(crate) unsafe extern "C" fn query_port_op(
     attr: *mut ibv_port_attr,
     attr_len: usize,
 ) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live context.
-            let c = unsafe { try_ref(ctx) }?;
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let p = port_attr(c, port_num)?;
-            let n = attr_len.min(std::mem::size_of::<ibv_port_attr>());
-            // SAFETY: `attr` is writable for `attr_len` bytes; we write at most that.
-            unsafe {
-                std::ptr::copy_nonoverlapping((&raw const p).cast::<u8>(), attr.cast::<u8>(), n)
-            };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live context.
+        let c = unsafe { try_ref(ctx) }?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let p = port_attr(c, port_num)?;
+        let n = attr_len.min(std::mem::size_of::<ibv_port_attr>());
+        // SAFETY: `attr` is writable for `attr_len` bytes; we write at most that.
+        unsafe { std::ptr::copy_nonoverlapping((&raw const p).cast::<u8>(), attr.cast::<u8>(), n) };
+        Ok(())
     })
 }
 
@@ -239,18 +233,16 @@ pub(crate) extern "C" fn ibv_query_gid(
     index: c_int,
     gid: *mut ibv_gid,
 ) -> c_int {
-    ffi!(neg_errno(libc::EIO), {
-        neg_result(|| {
-            // SAFETY: NULL or a live context, NULL or a writable GID (the caller's contract).
-            let (c, gid) = unsafe { (try_ref(ctx)?, gid.as_mut().ok_or(libc::EINVAL)?) };
-            if index < 0 {
-                return Err(libc::EINVAL);
-            }
-            // An empty entry reads as zeros (rdma-core: "preserve API behavior for empty GID").
-            let e = gid_slot(c, u32::from(port_num), index as u32)?;
-            gid.raw = e.map_or([0; 16], |e| e.gid.0);
-            Ok(0)
-        })
+    ffi!({
+        // SAFETY: NULL or a live context, NULL or a writable GID (the caller's contract).
+        let (c, gid) = unsafe { (try_ref(ctx)?, gid.as_mut().ok_or(libc::EINVAL)?) };
+        if index < 0 {
+            return Err(libc::EINVAL);
+        }
+        // An empty entry reads as zeros (rdma-core: "preserve API behavior for empty GID").
+        let e = gid_slot(c, u32::from(port_num), index as u32)?;
+        gid.raw = e.map_or([0; 16], |e| e.gid.0);
+        Ok(0)
     })
 }
 
@@ -262,15 +254,13 @@ pub(crate) extern "C" fn ibv_query_gid_type(
     index: u32,
     gid_type: *mut u32,
 ) -> c_int {
-    ffi!(neg_errno(libc::EIO), {
-        neg_result(|| {
-            // SAFETY: NULL or a live context, NULL or a writable u32 (the caller's contract).
-            let (c, gid_type) = unsafe { (try_ref(ctx)?, gid_type.as_mut().ok_or(libc::EINVAL)?) };
-            // An empty entry is IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0), as rdma-core says for one.
-            let e = gid_slot(c, u32::from(port_num), index)?;
-            *gid_type = u32::from(e.is_some());
-            Ok(0)
-        })
+    ffi!({
+        // SAFETY: NULL or a live context, NULL or a writable u32 (the caller's contract).
+        let (c, gid_type) = unsafe { (try_ref(ctx)?, gid_type.as_mut().ok_or(libc::EINVAL)?) };
+        // An empty entry is IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0), as rdma-core says for one.
+        let e = gid_slot(c, u32::from(port_num), index)?;
+        *gid_type = u32::from(e.is_some());
+        Ok(0)
     })
 }
 
@@ -285,26 +275,24 @@ pub(crate) extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    ffi!(libc::EIO, {
-        errno_result(|| {
-            // SAFETY: NULL or a live context.
-            let c = unsafe { try_ref(ctx) }?;
-            if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
-                return Err(libc::EINVAL);
+    ffi!({
+        // SAFETY: NULL or a live context.
+        let c = unsafe { try_ref(ctx) }?;
+        if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return Err(libc::EINVAL);
+        }
+        let e = gid_slot(c, port_num, gid_index)?.ok_or(libc::ENODATA)?;
+        // SAFETY: `entry` is writable for `entry_size` bytes.
+        unsafe {
+            *entry = ibv_gid_entry {
+                gid: ibv_gid { raw: e.gid.0 },
+                gid_index,
+                port_num,
+                gid_type: IBV_GID_TYPE_ROCE_V2,
+                ndev_ifindex: 0,
             }
-            let e = gid_slot(c, port_num, gid_index)?.ok_or(libc::ENODATA)?;
-            // SAFETY: `entry` is writable for `entry_size` bytes.
-            unsafe {
-                *entry = ibv_gid_entry {
-                    gid: ibv_gid { raw: e.gid.0 },
-                    gid_index,
-                    port_num,
-                    gid_type: IBV_GID_TYPE_ROCE_V2,
-                    ndev_ifindex: 0,
-                }
-            };
-            Ok(())
-        })
+        };
+        Ok(())
     })
 }
 
@@ -315,17 +303,15 @@ pub(crate) extern "C" fn _ibv_query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
-    ffi!(-(libc::EIO as isize), {
+    ffi!({
         // SAFETY: NULL or a live context.
-        let Ok(c) = (unsafe { try_ref(ctx) }) else {
-            return -(libc::EINVAL as isize);
-        };
+        let c: &Context = unsafe { try_ref(ctx) }?;
         if flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
-            return -(libc::EINVAL as isize);
+            return Err(libc::EINVAL);
         }
         let gids = c.dev.device().gids();
         if gids.len() > max_entries {
-            return -(libc::EINVAL as isize);
+            return Err(libc::EINVAL);
         }
         for (i, e) in gids.iter().enumerate() {
             // SAFETY: `entries` holds `max_entries` entries of `entry_size` bytes.
@@ -343,7 +329,7 @@ pub(crate) extern "C" fn _ibv_query_gid_table(
                 });
             }
         }
-        gids.len() as isize
+        Ok(gids.len() as isize)
     })
 }
 
@@ -354,16 +340,14 @@ pub(crate) extern "C" fn ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
-    ffi!(neg_errno(libc::EIO), {
-        neg_result(|| {
-            // SAFETY: NULL or a live context, NULL or a writable u16 (the caller's contract).
-            let (_, pkey) = unsafe { (try_ref(ctx)?, pkey.as_mut().ok_or(libc::EINVAL)?) };
-            if port_num != 1 || index != 0 {
-                return Err(libc::EINVAL);
-            }
-            *pkey = 0xffff_u16.to_be();
-            Ok(0)
-        })
+    ffi!({
+        // SAFETY: NULL or a live context, NULL or a writable u16 (the caller's contract).
+        let (_, pkey) = unsafe { (try_ref(ctx)?, pkey.as_mut().ok_or(libc::EINVAL)?) };
+        if port_num != 1 || index != 0 {
+            return Err(libc::EINVAL);
+        }
+        *pkey = 0xffff_u16.to_be();
+        Ok(0)
     })
 }
 
@@ -372,19 +356,17 @@ pub(crate) extern "C" fn ibv_get_pkey_index(
     port_num: u8,
     pkey: u16,
 ) -> c_int {
-    ffi!(-1, {
-        neg_result(|| {
-            // SAFETY: NULL or a live context.
-            unsafe { try_ref(ctx) }?;
-            if port_num != 1 {
-                return Err(libc::EINVAL);
-            }
-            if u16::from_be(pkey) & 0x7fff == 0x7fff {
-                Ok(0)
-            } else {
-                Err(libc::ENOENT)
-            }
-        })
+    ffi!({
+        // SAFETY: NULL or a live context.
+        unsafe { try_ref(ctx) }?;
+        if port_num != 1 {
+            return Err(libc::EINVAL);
+        }
+        if u16::from_be(pkey) & 0x7fff == 0x7fff {
+            Ok(0)
+        } else {
+            Err(libc::ENOENT)
+        }
     })
 }
 
@@ -392,35 +374,33 @@ pub(crate) extern "C" fn ibv_get_async_event(
     ctx: *mut ibv_context,
     event: *mut ibv_async_event,
 ) -> c_int {
-    ffi!(neg_errno(libc::EIO), {
-        neg_result(|| {
-            // SAFETY: NULL or a live context.
-            let c = unsafe { try_ref(ctx) }?;
-            if event.is_null() {
-                return Err(libc::EINVAL);
+    ffi!({
+        // SAFETY: NULL or a live context.
+        let c = unsafe { try_ref(ctx) }?;
+        if event.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let dev = c.dev.device();
+        let ev = loop {
+            if let Some(ev) = dev.try_get_async_event() {
+                break ev;
             }
-            let dev = c.dev.device();
-            let ev = loop {
-                if let Some(ev) = dev.try_get_async_event() {
-                    break ev;
-                }
-                wait_readable(c.vctx.context.async_fd)?;
-            };
-            let element: *mut c_void = match ev.element {
-                EventElement::Qp(n) => c.qps.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
-                EventElement::Cq(n) => c.cqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
-                EventElement::Srq(n) => c.srqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
-                EventElement::Port(p) => usize::from(p) as *mut c_void,
-            };
-            // SAFETY: writable (the caller's contract).
-            unsafe {
-                *event = ibv_async_event {
-                    element,
-                    event_type: ev.event_type as c_int,
-                }
-            };
-            Ok(0)
-        })
+            wait_readable(c.vctx.context.async_fd)?;
+        };
+        let element: *mut c_void = match ev.element {
+            EventElement::Qp(n) => c.qps.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
+            EventElement::Cq(n) => c.cqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
+            EventElement::Srq(n) => c.srqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
+            EventElement::Port(p) => usize::from(p) as *mut c_void,
+        };
+        // SAFETY: writable (the caller's contract).
+        unsafe {
+            *event = ibv_async_event {
+                element,
+                event_type: ev.event_type as c_int,
+            }
+        };
+        Ok(0)
     })
 }
 

@@ -12,7 +12,7 @@ use core::ffi::{c_int, c_uint, c_void};
 use parking_lot::Mutex;
 use softroce::verbs::{self, Wc, WcFlags, WcOpcode};
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, neg_result, ptr_result};
+use softroce_cabi::{SetsErrno, ffi};
 
 /// A completion queue. Every CQ is a `struct ibv_cq_ex` (whose first fields are
 /// `struct ibv_cq`); those made by `ibv_create_cq_ex` have its polling functions set.
@@ -45,52 +45,50 @@ pub(crate) extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a live context.
-            let c: &Context = unsafe { try_ref(ctx) }?;
-            if cqe <= 0 {
-                return Err(libc::EINVAL);
-            }
-            let dev = c.dev.device();
-            // Past the `max_cqe` ibv_query_device reports, or a completion vector the
-            // context lacks: EINVAL, as rxe.
-            let max_cqe = dev.query_device().max_cqe - 1;
-            if cqe as u64 > u64::from(max_cqe)
-                || !(0..c.vctx.context.num_comp_vectors).contains(&comp_vector)
-            {
-                return Err(libc::EINVAL);
-            }
-            // SAFETY: NULL (no channel) or a live channel.
-            let ch: Option<&CompChannel> = unsafe { try_ref(channel) }.ok();
-            let cq = match ch {
-                None => dev.create_cq(cqe as u32),
-                Some(ch) => dev.create_cq_with_channel(cqe as u32, &ch.ch),
-            }
-            .map_err(|e| e.errno())?;
-            if ch.is_some() {
-                // SAFETY: a live channel; its `refcnt` counts its CQs.
-                unsafe { (*channel).refcnt += 1 };
-            }
-            let num = cq.cq_num();
-            // SAFETY: all zeros is a valid `ibv_cq_ex` (NULL function pointers, numbers).
-            let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
-            ibv.context = ctx;
-            ibv.channel = channel;
-            ibv.cq_context = cq_context;
-            ibv.handle = num;
-            ibv.cqe = cqe;
-            ibv.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
-            ibv.cond = libc::PTHREAD_COND_INITIALIZER;
-            let p: *mut ibv_cq = into_handle(Cq {
-                ibv,
-                cq,
-                users: Users::default(),
-                current: Mutex::new(ibv_wc::default()),
-            });
-            c.cqs.lock().insert(num, p as usize);
-            Ok(p)
-        })
+    ffi!({
+        // SAFETY: NULL or a live context.
+        let c: &Context = unsafe { try_ref(ctx) }?;
+        if cqe <= 0 {
+            return Err(libc::EINVAL);
+        }
+        let dev = c.dev.device();
+        // Past the `max_cqe` ibv_query_device reports, or a completion vector the
+        // context lacks: EINVAL, as rxe.
+        let max_cqe = dev.query_device().max_cqe - 1;
+        if cqe as u64 > u64::from(max_cqe)
+            || !(0..c.vctx.context.num_comp_vectors).contains(&comp_vector)
+        {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: NULL (no channel) or a live channel.
+        let ch: Option<&CompChannel> = unsafe { try_ref(channel) }.ok();
+        let cq = match ch {
+            None => dev.create_cq(cqe as u32),
+            Some(ch) => dev.create_cq_with_channel(cqe as u32, &ch.ch),
+        }
+        .map_err(|e| e.errno())?;
+        if ch.is_some() {
+            // SAFETY: a live channel; its `refcnt` counts its CQs.
+            unsafe { (*channel).refcnt += 1 };
+        }
+        let num = cq.cq_num();
+        // SAFETY: all zeros is a valid `ibv_cq_ex` (NULL function pointers, numbers).
+        let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
+        ibv.context = ctx;
+        ibv.channel = channel;
+        ibv.cq_context = cq_context;
+        ibv.handle = num;
+        ibv.cqe = cqe;
+        ibv.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
+        ibv.cond = libc::PTHREAD_COND_INITIALIZER;
+        let p: *mut ibv_cq = into_handle(Cq {
+            ibv,
+            cq,
+            users: Users::default(),
+            current: Mutex::new(ibv_wc::default()),
+        });
+        c.cqs.lock().insert(num, p as usize);
+        Ok(p)
     })
 }
 
@@ -98,47 +96,43 @@ pub(crate) extern "C" fn ibv_create_cq(
 /// those it holds. EINVAL for 0, past `max_cqe`, or fewer than the completions waiting to be
 /// polled (as rxe).
 pub(crate) extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live CQ.
-            let q = unsafe { try_ref(cq) }?;
-            if cqe <= 0 {
-                return Err(libc::EINVAL);
-            }
-            // SAFETY: a live CQ has a live context.
-            let c: &Context = unsafe { try_ref(q.ibv.context) }?;
-            let max_cqe = c.dev.device().query_device().max_cqe - 1;
-            if cqe as u64 > u64::from(max_cqe) {
-                return Err(libc::EINVAL);
-            }
-            q.cq.resize(cqe as u32).map_err(|e| e.errno())?;
-            // SAFETY: a live CQ; `cqe` is the program's to read, ours to write.
-            unsafe { (*cq).cqe = cqe };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live CQ.
+        let q = unsafe { try_ref(cq) }?;
+        if cqe <= 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a live CQ has a live context.
+        let c: &Context = unsafe { try_ref(q.ibv.context) }?;
+        let max_cqe = c.dev.device().query_device().max_cqe - 1;
+        if cqe as u64 > u64::from(max_cqe) {
+            return Err(libc::EINVAL);
+        }
+        q.cq.resize(cqe as u32).map_err(|e| e.errno())?;
+        // SAFETY: a live CQ; `cqe` is the program's to read, ours to write.
+        unsafe { (*cq).cqe = cqe };
+        Ok(())
     })
 }
 
 pub(crate) extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live CQ.
-            let q = unsafe { try_ref(cq) }?;
-            if q.users.in_use() {
-                return Err(libc::EBUSY);
-            }
-            // SAFETY: its context is live while it is.
-            let c: &Context = unsafe { try_ref(q.ibv.context) }?;
-            c.cqs.lock().remove(&q.cq.cq_num());
-            if !q.ibv.channel.is_null() {
-                // SAFETY: the channel outlives its CQs (ibv_destroy_comp_channel refuses
-                // before).
-                unsafe { (*q.ibv.channel).refcnt -= 1 };
-            }
-            // SAFETY: the caller gives the CQ up.
-            unsafe { free(cq) };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live CQ.
+        let q = unsafe { try_ref(cq) }?;
+        if q.users.in_use() {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: its context is live while it is.
+        let c: &Context = unsafe { try_ref(q.ibv.context) }?;
+        c.cqs.lock().remove(&q.cq.cq_num());
+        if !q.ibv.channel.is_null() {
+            // SAFETY: the channel outlives its CQs (ibv_destroy_comp_channel refuses
+            // before).
+            unsafe { (*q.ibv.channel).refcnt -= 1 };
+        }
+        // SAFETY: the caller gives the CQ up.
+        unsafe { free(cq) };
+        Ok(())
     })
 }
 
@@ -147,48 +141,46 @@ pub(crate) extern "C" fn ibv_get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    ffi!(softroce_cabi::neg_errno(libc::EIO), {
-        neg_result(|| {
-            // SAFETY: NULL or a live channel.
-            let ch: &CompChannel = unsafe { try_ref(channel) }?;
-            if cq.is_null() || cq_context.is_null() {
-                return Err(libc::EINVAL);
+    ffi!({
+        // SAFETY: NULL or a live channel.
+        let ch: &CompChannel = unsafe { try_ref(channel) }?;
+        if cq.is_null() || cq_context.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the channel's context is live.
+        let c: &Context = unsafe { try_ref(ch.ibv.context) }?;
+        let got = loop {
+            if let Some(q) = ch.ch.try_get_cq_event() {
+                break q;
             }
-            // SAFETY: the channel's context is live.
-            let c: &Context = unsafe { try_ref(ch.ibv.context) }?;
-            let got = loop {
-                if let Some(q) = ch.ch.try_get_cq_event() {
-                    break q;
-                }
-                // The device failed (its driver thread panicked): no event will come, and the
-                // channel's fd stays readable. The kernel's uverbs says EIO on a closed event file.
-                if ch.ch.is_closed() {
-                    return Err(libc::EIO);
-                }
-                // This thread blocks: in busy-polling mode the driver thread receives now.
-                c.dev.poller_sleeps();
-                wait_readable(ch.ibv.fd)?;
-            };
-            // The CQ was destroyed after its event was raised: EAGAIN.
-            let p = c
-                .cqs
-                .lock()
-                .get(&got.cq_num())
-                .copied()
-                .ok_or(libc::EAGAIN)?;
-            let p = p as *mut Cq;
-            // SAFETY: `p` is a live CQ (in the table); the out pointers are writable.
-            unsafe {
-                *cq = p.cast();
-                *cq_context = (*p).ibv.cq_context;
+            // The device failed (its driver thread panicked): no event will come, and the
+            // channel's fd stays readable. The kernel's uverbs says EIO on a closed event file.
+            if ch.ch.is_closed() {
+                return Err(libc::EIO);
             }
-            Ok(0)
-        })
+            // This thread blocks: in busy-polling mode the driver thread receives now.
+            c.dev.poller_sleeps();
+            wait_readable(ch.ibv.fd)?;
+        };
+        // The CQ was destroyed after its event was raised: EAGAIN.
+        let p = c
+            .cqs
+            .lock()
+            .get(&got.cq_num())
+            .copied()
+            .ok_or(libc::EAGAIN)?;
+        let p = p as *mut Cq;
+        // SAFETY: `p` is a live CQ (in the table); the out pointers are writable.
+        unsafe {
+            *cq = p.cast();
+            *cq_context = (*p).ibv.cq_context;
+        }
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
-    ffi!((), {
+    ffi!({
         // SAFETY: NULL or a live CQ.
         let Ok(q) = (unsafe { try_ref(cq) }) else {
             return;
@@ -247,7 +239,8 @@ pub(crate) fn wc_to_c(w: &Wc) -> ibv_wc {
 /// takes none and returns 0, as rxe's provider (`rxe_poll_cq` loops while `npolled < ne`).
 /// -1 for a NULL CQ, or a NULL `wc` with `n` > 0 (rxe's provider would crash).
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
-    ffi!(-1, {
+    // A count, or -1 without errno (verbs.h: "a negative value on failure").
+    ffi!(panic = -1, {
         // SAFETY: NULL or a live CQ.
         let Ok(q) = (unsafe { try_ref(cq) }) else {
             return -1;
@@ -283,12 +276,10 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 
 /// `ops.req_notify_cq`.
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    ffi!(libc::EIO, {
-        errno_result(|| {
-            // SAFETY: NULL or a live CQ.
-            let q = unsafe { try_ref(cq) }?;
-            q.cq.req_notify(solicited_only != 0).map_err(|e| e.errno())
-        })
+    ffi!({
+        // SAFETY: NULL or a live CQ.
+        let q = unsafe { try_ref(cq) }?;
+        q.cq.req_notify(solicited_only != 0).map_err(|e| e.errno())
     })
 }
 
@@ -306,65 +297,61 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
 ) -> *mut ibv_cq_ex {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a readable init attr (the caller's contract).
-            let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
-            if a.wc_flags & !WC_STANDARD_FLAGS != 0
-                || a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
-                || (a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
-                    && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0)
-            {
-                return Err(libc::EOPNOTSUPP);
-            }
-            let cqe = c_int::try_from(a.cqe).map_err(|_| libc::EINVAL)?;
-            let cq = ibv_create_cq(ctx, cqe, a.cq_context, a.channel, a.comp_vector as c_int);
-            // SAFETY: NULL, or just made by ibv_create_cq: a live `Cq` no other thread knows yet.
-            let Ok(q) = (unsafe { try_mut(cq) }) else {
-                // NULL with the errno ibv_create_cq set.
-                return Ok(std::ptr::null_mut());
-            };
-            let x = &mut q.ibv;
-            x.start_poll = Some(start_poll);
-            x.next_poll = Some(next_poll);
-            x.end_poll = Some(end_poll);
-            x.read_opcode = Some(read_opcode);
-            x.read_vendor_err = Some(read_vendor_err);
-            x.read_byte_len = Some(read_byte_len);
-            x.read_imm_data = Some(read_imm_data);
-            x.read_qp_num = Some(read_qp_num);
-            x.read_src_qp = Some(read_src_qp);
-            x.read_wc_flags = Some(read_wc_flags);
-            x.read_slid = Some(read_slid);
-            x.read_sl = Some(read_sl);
-            x.read_dlid_path_bits = Some(read_dlid_path_bits);
-            Ok(cq.cast())
-        })
+    ffi!({
+        // SAFETY: NULL or a readable init attr (the caller's contract).
+        let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
+        if a.wc_flags & !WC_STANDARD_FLAGS != 0
+            || a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
+            || (a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
+                && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0)
+        {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let cqe = c_int::try_from(a.cqe).map_err(|_| libc::EINVAL)?;
+        let cq = ibv_create_cq(ctx, cqe, a.cq_context, a.channel, a.comp_vector as c_int);
+        // SAFETY: NULL, or just made by ibv_create_cq: a live `Cq` no other thread knows yet.
+        let Ok(q) = (unsafe { try_mut(cq) }) else {
+            // NULL with the errno ibv_create_cq set.
+            return Ok(std::ptr::null_mut());
+        };
+        let x = &mut q.ibv;
+        x.start_poll = Some(start_poll);
+        x.next_poll = Some(next_poll);
+        x.end_poll = Some(end_poll);
+        x.read_opcode = Some(read_opcode);
+        x.read_vendor_err = Some(read_vendor_err);
+        x.read_byte_len = Some(read_byte_len);
+        x.read_imm_data = Some(read_imm_data);
+        x.read_qp_num = Some(read_qp_num);
+        x.read_src_qp = Some(read_src_qp);
+        x.read_wc_flags = Some(read_wc_flags);
+        x.read_slid = Some(read_slid);
+        x.read_sl = Some(read_sl);
+        x.read_dlid_path_bits = Some(read_dlid_path_bits);
+        Ok(cq.cast())
     })
 }
 
 /// Takes the next completion of `cq` as the current one: 0, or ENOENT when it is empty.
 fn advance(cq: *mut ibv_cq_ex) -> c_int {
-    ffi!(libc::EIO, {
-        errno_result(|| {
-            // SAFETY: NULL or a live CQ of this library (the caller's contract).
-            let q = unsafe { try_ref(cq) }?;
-            // SAFETY: its context is live while it is.
-            let c: &Context = unsafe { try_ref(q.ibv.context) }?;
-            let mut one = [Wc::default()];
-            if c.dev.poll_cq(&q.cq, &mut one) == 0 {
-                return Err(libc::ENOENT);
-            }
-            let w = wc_to_c(&one[0]);
-            // SAFETY: the program's own CQ struct, which it reads between polls; only the
-            // polling thread writes it (the API's rule).
-            unsafe {
-                (*cq).status = w.status;
-                (*cq).wr_id = w.wr_id;
-            }
-            *q.current.lock() = w;
-            Ok(())
-        })
+    ffi!({
+        // SAFETY: NULL or a live CQ of this library (the caller's contract).
+        let q = unsafe { try_ref(cq) }?;
+        // SAFETY: its context is live while it is.
+        let c: &Context = unsafe { try_ref(q.ibv.context) }?;
+        let mut one = [Wc::default()];
+        if c.dev.poll_cq(&q.cq, &mut one) == 0 {
+            return Err(libc::ENOENT);
+        }
+        let w = wc_to_c(&one[0]);
+        // SAFETY: the program's own CQ struct, which it reads between polls; only the
+        // polling thread writes it (the API's rule).
+        unsafe {
+            (*cq).status = w.status;
+            (*cq).wr_id = w.wr_id;
+        }
+        *q.current.lock() = w;
+        Ok(())
     })
 }
 
@@ -384,7 +371,8 @@ unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
 
 /// A field of the current completion of `cq`.
 fn current<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&ibv_wc) -> T) -> T {
-    ffi!(T::default(), {
+    // The `ibv_wc_read_*` functions have no error return.
+    ffi!(panic = T::default(), {
         // SAFETY: NULL or a live CQ of this library (the caller's contract).
         let Ok(q) = (unsafe { try_ref(cq) }) else {
             return T::default();

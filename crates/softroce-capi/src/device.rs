@@ -13,7 +13,8 @@ use softroce::net::discover::{self, DeviceAddr};
 use softroce::net::{UdpDevice, UdpOptions};
 use softroce::verbs::DeviceConfig;
 use softroce_cabi::abi::*;
-use softroce_cabi::{ffi, neg_errno, neg_result, null_errno};
+use softroce_cabi::ffi;
+use softroce_cabi::fork::PerProcess;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -80,13 +81,10 @@ fn new_device(addr: DeviceAddr, index: c_int) -> Device {
 }
 
 pub(crate) extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
-    ffi!(std::ptr::null_mut(), {
+    ffi!({
         static LOG: std::sync::Once = std::sync::Once::new();
         LOG.call_once(softroce_cabi::log::init_log);
-        let list = match devices() {
-            Ok(l) => l,
-            Err(e) => return null_errno(e),
-        };
+        let list = devices()?;
         let mut ptrs: Vec<*mut ibv_device> = list
             .iter()
             .map(|d| &d.ibv as *const ibv_device as *mut ibv_device)
@@ -97,12 +95,12 @@ pub(crate) extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
             unsafe { *num_devices = list.len() as c_int };
         }
         // Freed by ibv_free_device_list, which knows the length from the NULL terminator.
-        Box::into_raw(ptrs.into_boxed_slice()) as *mut *mut ibv_device
+        Ok(Box::into_raw(ptrs.into_boxed_slice()) as *mut *mut ibv_device)
     })
 }
 
 pub(crate) extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
-    ffi!((), {
+    ffi!({
         if list.is_null() {
             return;
         }
@@ -128,16 +126,17 @@ fn device_of(dev: *mut ibv_device) -> Option<&'static Device> {
 }
 
 pub(crate) extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
-    ffi!(std::ptr::null(), {
+    ffi!({
         match device_of(dev) {
-            Some(d) => d.ibv.name.as_ptr(),
-            None => null_errno::<c_char>(libc::EINVAL),
+            Some(d) => Ok(d.ibv.name.as_ptr()),
+            None => Err(libc::EINVAL),
         }
     })
 }
 
 pub(crate) extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
-    ffi!(0, {
+    // 0 for an unknown device, with no errno (as libibverbs).
+    ffi!(panic = 0, {
         match device_of(dev) {
             // __be64: the GUID's bytes in network order.
             Some(d) => softroce::verbs::node_guid(d.addr.ip).to_be(),
@@ -147,7 +146,8 @@ pub(crate) extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
 }
 
 pub(crate) extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
-    ffi!(-1, {
+    // -1 for an unknown device, with no errno (as libibverbs).
+    ffi!(panic = -1, {
         match device_of(dev) {
             Some(d) => d.index,
             None => -1,
@@ -169,30 +169,6 @@ fn busy_poll_from_env() -> (bool, bool) {
         Some(v) if v == "0" => (false, false),
         Some(v) if v == "adaptive" => (true, true),
         _ => (true, false),
-    }
-}
-
-/// A table of the process's objects that a `fork`ed child starts empty: what the parent put
-/// in it is the parent's (a child opens the devices it uses itself: the parent's contexts
-/// have no driver thread in the child). The child leaks the parent's entries
-/// instead of dropping them: dropping could run the destructors of the parent's devices,
-/// which join threads that do not exist in the child.
-#[derive(Default)]
-pub(crate) struct PerProcess<T: Default> {
-    /// The process the table's entries belong to (0 before the first use).
-    pid: u32,
-    table: T,
-}
-
-impl<T: Default> PerProcess<T> {
-    /// The table, emptied first if this process is not the one that filled it.
-    pub(crate) fn get(&mut self) -> &mut T {
-        let pid = std::process::id();
-        if self.pid != pid {
-            std::mem::forget(std::mem::take(&mut self.table));
-            self.pid = pid;
-        }
-        &mut self.table
     }
 }
 
@@ -247,17 +223,12 @@ fn open_errno(e: &std::io::Error) -> c_int {
 }
 
 pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
-    ffi!(std::ptr::null_mut(), {
-        let Some(device) = device_of(dev) else {
-            return null_errno(libc::EINVAL);
-        };
-        let udp = match open_udp(&device.addr) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("softroce: {e}");
-                return null_errno(open_errno(&e));
-            }
-        };
+    ffi!({
+        let device = device_of(dev).ok_or(libc::EINVAL)?;
+        let udp = open_udp(&device.addr).map_err(|e| {
+            eprintln!("softroce: {e}");
+            open_errno(&e)
+        })?;
         let async_fd = udp.device().as_raw_fd();
         let cmd_fd = std::fs::OpenOptions::new()
             .read(true)
@@ -265,7 +236,7 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             .open("/dev/null")
             .ok()
             .map(std::os::fd::OwnedFd::from);
-        into_handle::<ibv_context>(Context {
+        Ok(into_handle::<ibv_context>(Context {
             vctx: verbs_context {
                 query_port: Some(query_port_op),
                 advise_mr: None,
@@ -323,19 +294,17 @@ pub(crate) extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             qps: Mutex::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
             cmd_fd,
-        })
+        }))
     })
 }
 
 pub(crate) extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
-    ffi!(neg_errno(libc::EIO), {
-        neg_result(|| {
-            // SAFETY: NULL or a context from ibv_open_device (the caller's contract).
-            unsafe { try_ref(ctx) }?;
-            // SAFETY: a live context, which closing frees; the caller gives it up.
-            unsafe { free(ctx) };
-            Ok(0)
-        })
+    ffi!({
+        // SAFETY: NULL or a context from ibv_open_device (the caller's contract).
+        unsafe { try_ref(ctx) }?;
+        // SAFETY: a live context, which closing frees; the caller gives it up.
+        unsafe { free(ctx) };
+        Ok(0)
     })
 }
 

@@ -32,8 +32,14 @@
 //! - Symbols: `exports.txt` lists every symbol of rdma-core 44's libibverbs.so.1 with its
 //!   version node; build.rs makes the version script and one `.symver` per symbol. What
 //!   softroce does not implement returns EOPNOTSUPP (NULL/-1 with errno, as each returns).
-//! - Errors: every entry point runs inside `ffi!`, which turns a panic into the function's
-//!   error return (errno `EIO`); no panic crosses the C boundary.
+//! - Errors: every entry point runs inside `softroce_cabi::ffi!`, whose body returns the
+//!   function's convention as a Rust type (`Result<(), c_int>` for an errno value,
+//!   `SetsErrno` when rdma-core also leaves it in errno, `Result<*mut T, c_int>` for NULL and
+//!   errno, `Result<c_int, c_int>` for -1 and errno), so `?` works and a panic becomes that
+//!   convention's error return with errno `EIO`; no panic crosses the C boundary. Only
+//!   entry points that forward to one that does (`ibv_reg_mr`, `ibv_query_port`, the
+//!   `ibv_wr_*` and `ibv_wc_read_*` builders) and table lookups (`ibv_*_str`, the rate
+//!   conversions, `ibv_rereg_mr`'s argument checks) run outside it.
 //! - A device's driver thread that panics fails the device (`Device::fail`): its QPs are
 //!   flushed, `IBV_EVENT_DEVICE_FATAL` is raised, `ibv_get_cq_event` returns EIO once the
 //!   pending events are taken, and `softroce_mad_recv` EIO (librdmacm then fails the

@@ -22,7 +22,6 @@
 //! not drive the link: receiving stays with the device's driver thread or its busy poller.
 
 use crate::context::Context;
-use crate::device::PerProcess;
 use crate::handle::try_ref;
 use core::ffi::{c_int, c_void};
 use parking_lot::Mutex;
@@ -31,7 +30,8 @@ use softroce::verbs::{Cq, MadRing, Wc};
 use softroce::wire::grh::{GRH_LEN, grh_source};
 use softroce::wire::mad::MAD_LEN;
 use softroce_cabi::abi::ibv_context;
-use softroce_cabi::{ffi, neg_errno};
+use softroce_cabi::ffi;
+use softroce_cabi::fork::PerProcess;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -148,20 +148,18 @@ pub(crate) extern "C" fn softroce_mad_send(
     mad: *const c_void,
     len: usize,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         // SAFETY: the caller passes a sockaddr (or NULL).
-        let Some(dst) = (unsafe { socket_addr_from_ptr(dst) }).map(|a| a.ip()) else {
-            return neg_errno(libc::EINVAL);
-        };
+        let dst = (unsafe { socket_addr_from_ptr(dst) })
+            .map(|a| a.ip())
+            .ok_or(libc::EINVAL)?;
         if mad.is_null() || len == 0 || len > MAD_LEN {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         // SAFETY: the caller passes `len` readable bytes at `mad`.
         let bytes = unsafe { std::slice::from_raw_parts(mad.cast::<u8>(), len) };
-        match port_of(ctx).and_then(|p| p.send(dst, bytes)) {
-            Ok(()) => 0,
-            Err(e) => neg_errno(e),
-        }
+        port_of(ctx)?.send(dst, bytes)?;
+        Ok(0)
     })
 }
 
@@ -171,25 +169,21 @@ pub(crate) extern "C" fn softroce_mad_recv(
     src: *mut libc::sockaddr_storage,
     timeout_ms: c_int,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         if mad.is_null() || src.is_null() {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
-        let port = match port_of(ctx) {
-            Ok(p) => p,
-            Err(e) => return neg_errno(e),
-        };
+        let port = port_of(ctx)?;
         // What the device's link learnt of a peer without a RoCE device goes first: the CM
         // ends the connects waiting for it at once (softroce::cm::CmEngine::handle_unreachable).
         if let Some(peer) = port.dev.poll_unreachable() {
             // SAFETY: the caller passes a sockaddr_storage.
             unsafe { write_socket_addr(&mut *src, SocketAddr::new(peer, 0)) };
-            return 2;
+            return Ok(2);
         }
-        let (from, bytes) = match port.recv(Duration::from_millis(timeout_ms.max(0) as u64)) {
-            Ok(Some(m)) => m,
-            Ok(None) => return 0,
-            Err(e) => return neg_errno(e),
+        let Some((from, bytes)) = port.recv(Duration::from_millis(timeout_ms.max(0) as u64))?
+        else {
+            return Ok(0);
         };
         // SAFETY: the caller passes 256 writable bytes at `mad` and a sockaddr_storage.
         unsafe {
@@ -197,6 +191,6 @@ pub(crate) extern "C" fn softroce_mad_recv(
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), mad.cast::<u8>(), bytes.len());
             write_socket_addr(&mut *src, SocketAddr::new(from, 0));
         }
-        1
+        Ok(1)
     })
 }

@@ -6,7 +6,7 @@ use crate::pd::Pd;
 use core::ffi::{c_int, c_uint, c_void};
 use softroce::verbs::{self, AccessFlags};
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
+use softroce_cabi::{SetsErrno, ffi};
 
 /// A memory region over the caller's memory.
 #[repr(C)]
@@ -51,41 +51,39 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a live PD (the caller's contract).
-            let p: &Pd = unsafe { try_ref(pd) }?;
-            // On-demand paging, zero-based and the other access flags beyond these are not
-            // supported.
-            if access & !(ACCESS_KNOWN | ACCESS_OPTIONAL_RANGE) != 0 {
-                return Err(libc::EOPNOTSUPP);
-            }
-            // SAFETY: libibverbs' contract: `addr` is valid for `length` bytes until
-            // ibv_dereg_mr. (That the program keeps accessing it meanwhile is the engine's
-            // user-memory model; see `Pd::reg_mr_user`.)
-            let mr = unsafe {
-                p.pd.reg_mr_user_iova(
-                    addr.cast(),
-                    length,
-                    iova,
-                    AccessFlags(access & ACCESS_KNOWN),
-                )
-            }
-            .map_err(|e| e.errno())?;
-            p.users.hold();
-            Ok(into_handle(Mr {
-                ibv: ibv_mr {
-                    context: p.ibv.context,
-                    pd,
-                    addr,
-                    length,
-                    handle: mr.lkey(),
-                    lkey: mr.lkey(),
-                    rkey: mr.rkey(),
-                },
-                mr,
-            }))
-        })
+    ffi!({
+        // SAFETY: NULL or a live PD (the caller's contract).
+        let p: &Pd = unsafe { try_ref(pd) }?;
+        // On-demand paging, zero-based and the other access flags beyond these are not
+        // supported.
+        if access & !(ACCESS_KNOWN | ACCESS_OPTIONAL_RANGE) != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        // SAFETY: libibverbs' contract: `addr` is valid for `length` bytes until
+        // ibv_dereg_mr. (That the program keeps accessing it meanwhile is the engine's
+        // user-memory model; see `Pd::reg_mr_user`.)
+        let mr = unsafe {
+            p.pd.reg_mr_user_iova(
+                addr.cast(),
+                length,
+                iova,
+                AccessFlags(access & ACCESS_KNOWN),
+            )
+        }
+        .map_err(|e| e.errno())?;
+        p.users.hold();
+        Ok(into_handle(Mr {
+            ibv: ibv_mr {
+                context: p.ibv.context,
+                pd,
+                addr,
+                length,
+                handle: mr.lkey(),
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+            },
+            mr,
+        }))
     })
 }
 
@@ -125,14 +123,12 @@ pub(crate) extern "C" fn ibv_rereg_mr(
 }
 
 pub(crate) extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live MR; its PD is live while it is.
-            let p: &Pd = unsafe { try_ref(try_ref(mr)?.ibv.pd) }?;
-            p.users.release();
-            // SAFETY: a live MR that the caller gives up.
-            unsafe { free(mr) };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live MR; its PD is live while it is.
+        let p: &Pd = unsafe { try_ref(try_ref(mr)?.ibv.pd) }?;
+        p.users.release();
+        // SAFETY: a live MR that the caller gives up.
+        unsafe { free(mr) };
+        Ok(())
     })
 }

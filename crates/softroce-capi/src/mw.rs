@@ -15,7 +15,7 @@ use crate::pd::Pd;
 use core::ffi::c_int;
 use softroce::verbs::{self, AccessFlags, BindMw, MwType, SendFlags, SendWr, WrOpcode};
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
+use softroce_cabi::{SetsErrno, ffi};
 
 /// A memory window.
 #[repr(C)]
@@ -43,44 +43,40 @@ pub(crate) const ACCESS_ZERO_BASED: u32 = 0x20;
 /// `ops.alloc_mw`: a window of type 1 or 2 on `pd`; another type is EINVAL (rxe), and
 /// past 4096 windows ENOMEM.
 pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: c_int) -> *mut ibv_mw {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            let t = match mw_type {
-                IBV_MW_TYPE_1 => MwType::Type1,
-                IBV_MW_TYPE_2 => MwType::Type2,
-                _ => return Err(libc::EINVAL),
-            };
-            // SAFETY: NULL or a live PD (the caller's contract).
-            let p: &Pd = unsafe { try_ref(pd) }?;
-            let mw = p.pd.alloc_mw(t).map_err(|e| e.errno())?;
-            p.users.hold();
-            let rkey = mw.rkey();
-            Ok(into_handle(Mw {
-                ibv: ibv_mw {
-                    context: p.ibv.context,
-                    pd,
-                    rkey,
-                    handle: rkey,
-                    type_: mw_type,
-                },
-                mw,
-            }))
-        })
+    ffi!({
+        let t = match mw_type {
+            IBV_MW_TYPE_1 => MwType::Type1,
+            IBV_MW_TYPE_2 => MwType::Type2,
+            _ => return Err(libc::EINVAL),
+        };
+        // SAFETY: NULL or a live PD (the caller's contract).
+        let p: &Pd = unsafe { try_ref(pd) }?;
+        let mw = p.pd.alloc_mw(t).map_err(|e| e.errno())?;
+        p.users.hold();
+        let rkey = mw.rkey();
+        Ok(into_handle(Mw {
+            ibv: ibv_mw {
+                context: p.ibv.context,
+                pd,
+                rkey,
+                handle: rkey,
+                type_: mw_type,
+            },
+            mw,
+        }))
     })
 }
 
 /// `ops.dealloc_mw`: frees the window; its R_Key stops working at once (a type 2 window's
 /// binding goes with it).
 pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live window; its PD is live while it is.
-            let p: &Pd = unsafe { try_ref(try_ref(mw)?.ibv.pd) }?;
-            p.users.release();
-            // SAFETY: a live window the caller gives up.
-            unsafe { free(mw) };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live window; its PD is live while it is.
+        let p: &Pd = unsafe { try_ref(try_ref(mw)?.ibv.pd) }?;
+        p.users.release();
+        // SAFETY: a live window the caller gives up.
+        unsafe { free(mw) };
+        Ok(())
     })
 }
 

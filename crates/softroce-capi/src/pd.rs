@@ -5,7 +5,7 @@ use crate::handle::{Castable, Users, free, into_handle, try_ref};
 use core::ffi::c_int;
 use softroce::verbs;
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
+use softroce_cabi::{SetsErrno, ffi};
 
 /// A protection domain.
 #[repr(C)]
@@ -22,34 +22,30 @@ unsafe impl Castable for ibv_pd {
 }
 
 pub(crate) extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a live context (the caller's contract).
-            let c: &Context = unsafe { try_ref(ctx) }?;
-            let pd = c.dev.device().alloc_pd().map_err(|e| e.errno())?;
-            let handle = pd.handle();
-            Ok(into_handle(Pd {
-                ibv: ibv_pd {
-                    context: ctx,
-                    handle,
-                },
-                pd,
-                users: Users::default(),
-            }))
-        })
+    ffi!({
+        // SAFETY: NULL or a live context (the caller's contract).
+        let c: &Context = unsafe { try_ref(ctx) }?;
+        let pd = c.dev.device().alloc_pd().map_err(|e| e.errno())?;
+        let handle = pd.handle();
+        Ok(into_handle(Pd {
+            ibv: ibv_pd {
+                context: ctx,
+                handle,
+            },
+            pd,
+            users: Users::default(),
+        }))
     })
 }
 
 pub(crate) extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live PD (the caller's contract).
-            if unsafe { try_ref(pd) }?.users.in_use() {
-                return Err(libc::EBUSY);
-            }
-            // SAFETY: a live PD that the caller gives up.
-            unsafe { free(pd) };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live PD (the caller's contract).
+        if unsafe { try_ref(pd) }?.users.in_use() {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: a live PD that the caller gives up.
+        unsafe { free(pd) };
+        Ok(())
     })
 }

@@ -20,7 +20,7 @@ use softroce::verbs::{
     QpType, SendFlags, SendWr, WrOpcode,
 };
 use softroce_cabi::abi::*;
-use softroce_cabi::{errno_result, ffi, ffi_errno, ptr_result};
+use softroce_cabi::{SetsErrno, ffi};
 
 /// A queue pair, with what `ibv_query_qp` reports that the engine does not keep: the
 /// creation attributes (the attributes `ibv_modify_qp` set are the engine's,
@@ -99,77 +99,74 @@ pub(crate) extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a live PD, NULL or a readable/writable init attr (the
-            // caller's contract).
-            let (p, init): (&Pd, _) = unsafe { (try_ref(pd)?, init.as_mut().ok_or(libc::EINVAL)?) };
-            let ty = qp_type(init.qp_type).ok_or(libc::EOPNOTSUPP)?;
-            // SAFETY: NULL or live CQs of this context (the caller's contract).
-            let (scq, rcq): (&Cq, &Cq) =
-                unsafe { (try_ref(init.send_cq)?, try_ref(init.recv_cq)?) };
-            // SAFETY: NULL (no SRQ) or a live SRQ of this context.
-            let srq = unsafe { try_ref(init.srq) }.ok().map(|s: &Srq| &s.srq);
-            let cap = QpCap {
-                max_send_wr: init.cap.max_send_wr,
-                max_recv_wr: init.cap.max_recv_wr,
-                max_send_sge: init.cap.max_send_sge,
-                max_recv_sge: init.cap.max_recv_sge,
-                max_inline_data: init.cap.max_inline_data,
-            };
-            let attr = QpInitAttr {
-                qp_type: ty,
-                send_cq: &scq.cq,
-                recv_cq: &rcq.cq,
-                cap,
-                sq_sig_all: init.sq_sig_all != 0,
-                srq,
-            };
-            let qp = p.pd.create_qp(&attr).map_err(|e| e.errno())?;
-            // As the kernel's create_qp response does: the send queue's capacities as rxe
-            // sized them (`max_inline_data` and `max_send_sge` may grow, `Pd::create_qp`).
-            let sized = qp.cap();
-            init.cap.max_send_sge = sized.max_send_sge;
-            init.cap.max_inline_data = sized.max_inline_data;
-            if srq.is_some() {
-                init.cap.max_recv_wr = 0;
-                init.cap.max_recv_sge = 0;
-            }
-            let num = qp.qp_num();
-            // SAFETY: all zeros is a valid `ibv_qp_ex` (NULL function pointers, numbers).
-            let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
-            ibv.qp_base = ibv_qp {
-                context: p.ibv.context,
-                qp_context: init.qp_context,
-                pd,
-                send_cq: init.send_cq,
-                recv_cq: init.recv_cq,
-                srq: init.srq,
-                handle: num,
-                qp_num: num,
-                state: 0,
-                qp_type: init.qp_type,
-                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
-                cond: libc::PTHREAD_COND_INITIALIZER,
-                events_completed: 0,
-            };
-            let q: *mut ibv_qp = into_handle(Qp {
-                ibv,
-                qp,
-                is_ex: false,
-                build: Mutex::new(Default::default()),
-                cap: init.cap,
-                sq_sig_all: init.sq_sig_all,
-            });
-            // SAFETY: the PD's context is live.
-            let c: &Context = unsafe { try_ref(p.ibv.context) }?;
-            c.qps.lock().insert(num, q as usize);
-            // The PD and CQs the QP was made with.
-            p.users.hold();
-            scq.users.hold();
-            rcq.users.hold();
-            Ok(q)
-        })
+    ffi!({
+        // SAFETY: NULL or a live PD, NULL or a readable/writable init attr (the
+        // caller's contract).
+        let (p, init): (&Pd, _) = unsafe { (try_ref(pd)?, init.as_mut().ok_or(libc::EINVAL)?) };
+        let ty = qp_type(init.qp_type).ok_or(libc::EOPNOTSUPP)?;
+        // SAFETY: NULL or live CQs of this context (the caller's contract).
+        let (scq, rcq): (&Cq, &Cq) = unsafe { (try_ref(init.send_cq)?, try_ref(init.recv_cq)?) };
+        // SAFETY: NULL (no SRQ) or a live SRQ of this context.
+        let srq = unsafe { try_ref(init.srq) }.ok().map(|s: &Srq| &s.srq);
+        let cap = QpCap {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        let attr = QpInitAttr {
+            qp_type: ty,
+            send_cq: &scq.cq,
+            recv_cq: &rcq.cq,
+            cap,
+            sq_sig_all: init.sq_sig_all != 0,
+            srq,
+        };
+        let qp = p.pd.create_qp(&attr).map_err(|e| e.errno())?;
+        // As the kernel's create_qp response does: the send queue's capacities as rxe
+        // sized them (`max_inline_data` and `max_send_sge` may grow, `Pd::create_qp`).
+        let sized = qp.cap();
+        init.cap.max_send_sge = sized.max_send_sge;
+        init.cap.max_inline_data = sized.max_inline_data;
+        if srq.is_some() {
+            init.cap.max_recv_wr = 0;
+            init.cap.max_recv_sge = 0;
+        }
+        let num = qp.qp_num();
+        // SAFETY: all zeros is a valid `ibv_qp_ex` (NULL function pointers, numbers).
+        let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+        ibv.qp_base = ibv_qp {
+            context: p.ibv.context,
+            qp_context: init.qp_context,
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            handle: num,
+            qp_num: num,
+            state: 0,
+            qp_type: init.qp_type,
+            mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+            cond: libc::PTHREAD_COND_INITIALIZER,
+            events_completed: 0,
+        };
+        let q: *mut ibv_qp = into_handle(Qp {
+            ibv,
+            qp,
+            is_ex: false,
+            build: Mutex::new(Default::default()),
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+        });
+        // SAFETY: the PD's context is live.
+        let c: &Context = unsafe { try_ref(p.ibv.context) }?;
+        c.qps.lock().insert(num, q as usize);
+        // The PD and CQs the QP was made with.
+        p.users.hold();
+        scq.users.hold();
+        rcq.users.hold();
+        Ok(q)
     })
 }
 
@@ -191,64 +188,62 @@ pub(crate) extern "C" fn ibv_modify_qp(
     attr: *mut ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live QP, NULL or a readable attr.
-            let (q, a): (&Qp, _) = unsafe { (try_ref(qp)?, attr.as_ref().ok_or(libc::EINVAL)?) };
-            let mask = QpAttrMask(mask as u32);
-            let mut e = QpAttr::default();
-            if mask.contains(QpAttrMask::STATE) {
-                match qp_state(a.qp_state) {
-                    Some(s) => e.qp_state = s,
-                    None => return Err(libc::EINVAL),
-                }
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live QP, NULL or a readable attr.
+        let (q, a): (&Qp, _) = unsafe { (try_ref(qp)?, attr.as_ref().ok_or(libc::EINVAL)?) };
+        let mask = QpAttrMask(mask as u32);
+        let mut e = QpAttr::default();
+        if mask.contains(QpAttrMask::STATE) {
+            match qp_state(a.qp_state) {
+                Some(s) => e.qp_state = s,
+                None => return Err(libc::EINVAL),
             }
-            if mask.contains(QpAttrMask::CUR_STATE) {
-                match qp_state(a.cur_qp_state) {
-                    Some(s) => e.cur_qp_state = s,
-                    None => return Err(libc::EINVAL),
-                }
+        }
+        if mask.contains(QpAttrMask::CUR_STATE) {
+            match qp_state(a.cur_qp_state) {
+                Some(s) => e.cur_qp_state = s,
+                None => return Err(libc::EINVAL),
             }
-            if mask.contains(QpAttrMask::PATH_MTU) {
-                match path_mtu(a.path_mtu) {
-                    Some(m) => e.path_mtu = m,
-                    None => return Err(libc::EINVAL),
-                }
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) {
+            match path_mtu(a.path_mtu) {
+                Some(m) => e.path_mtu = m,
+                None => return Err(libc::EINVAL),
             }
-            if mask.contains(QpAttrMask::AV) {
-                match ah_attr(&a.ah_attr) {
-                    Ok(ah) => e.ah_attr = ah,
-                    Err(err) => return Err(err),
-                }
+        }
+        if mask.contains(QpAttrMask::AV) {
+            match ah_attr(&a.ah_attr) {
+                Ok(ah) => e.ah_attr = ah,
+                Err(err) => return Err(err),
             }
-            e.qkey = a.qkey;
-            e.rq_psn = a.rq_psn;
-            e.sq_psn = a.sq_psn;
-            e.dest_qp_num = a.dest_qp_num;
-            e.qp_access_flags = AccessFlags(a.qp_access_flags);
-            e.pkey_index = a.pkey_index;
-            e.max_rd_atomic = a.max_rd_atomic;
-            e.max_dest_rd_atomic = a.max_dest_rd_atomic;
-            e.min_rnr_timer = a.min_rnr_timer;
-            e.port_num = a.port_num;
-            e.timeout = a.timeout;
-            e.retry_cnt = a.retry_cnt;
-            e.rnr_retry = a.rnr_retry;
-            e.path_mig_state = a.path_mig_state as u32;
-            e.en_sqd_async_notify = a.en_sqd_async_notify;
-            if let Err(err) = q.qp.modify(&e, mask) {
-                tracing::debug!(target: "softroce::verbs", qpn = q.qp.qp_num(), "ibv_modify_qp: {err}");
-                if err.what().ends_with(softroce::verbs::LINK_LOCAL_SGID) {
-                    link_local_sgid_hint(&err);
-                }
-                return Err(err.errno());
+        }
+        e.qkey = a.qkey;
+        e.rq_psn = a.rq_psn;
+        e.sq_psn = a.sq_psn;
+        e.dest_qp_num = a.dest_qp_num;
+        e.qp_access_flags = AccessFlags(a.qp_access_flags);
+        e.pkey_index = a.pkey_index;
+        e.max_rd_atomic = a.max_rd_atomic;
+        e.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        e.min_rnr_timer = a.min_rnr_timer;
+        e.port_num = a.port_num;
+        e.timeout = a.timeout;
+        e.retry_cnt = a.retry_cnt;
+        e.rnr_retry = a.rnr_retry;
+        e.path_mig_state = a.path_mig_state as u32;
+        e.en_sqd_async_notify = a.en_sqd_async_notify;
+        if let Err(err) = q.qp.modify(&e, mask) {
+            tracing::debug!(target: "softroce::verbs", qpn = q.qp.qp_num(), "ibv_modify_qp: {err}");
+            if err.what().ends_with(softroce::verbs::LINK_LOCAL_SGID) {
+                link_local_sgid_hint(&err);
             }
-            if mask.contains(QpAttrMask::STATE) {
-                // SAFETY: the program's own QP struct; libibverbs updates `state` here too.
-                unsafe { (*qp).state = a.qp_state };
-            }
-            Ok(())
-        })
+            return Err(err.errno());
+        }
+        if mask.contains(QpAttrMask::STATE) {
+            // SAFETY: the program's own QP struct; libibverbs updates `state` here too.
+            unsafe { (*qp).state = a.qp_state };
+        }
+        Ok(())
     })
 }
 
@@ -258,112 +253,104 @@ pub(crate) extern "C" fn ibv_query_qp(
     _mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live QP.
-            let q: &Qp = unsafe { try_ref(qp) }?;
-            if attr.is_null() || init.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let QpQuery { attr: e, mask } = q.qp.query().map_err(|e| e.errno())?;
-            // What modify_qp set, the rest zero (port 1).
-            let mut a = ibv_qp_attr {
-                port_num: 1,
-                ..Default::default()
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live QP.
+        let q: &Qp = unsafe { try_ref(qp) }?;
+        if attr.is_null() || init.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let QpQuery { attr: e, mask } = q.qp.query().map_err(|e| e.errno())?;
+        // What modify_qp set, the rest zero (port 1).
+        let mut a = ibv_qp_attr {
+            port_num: 1,
+            ..Default::default()
+        };
+        macro_rules! set {
+            ($($bit:ident: $f:ident = $v:expr),+ $(,)?) => {
+                $(if mask.contains(QpAttrMask::$bit) {
+                    a.$f = $v;
+                })+
             };
-            macro_rules! set {
-                ($($bit:ident: $f:ident = $v:expr),+ $(,)?) => {
-                    $(if mask.contains(QpAttrMask::$bit) {
-                        a.$f = $v;
-                    })+
-                };
-            }
-            set!(
-                EN_SQD_ASYNC_NOTIFY: en_sqd_async_notify = e.en_sqd_async_notify,
-                ACCESS_FLAGS: qp_access_flags = e.qp_access_flags.0,
-                PKEY_INDEX: pkey_index = e.pkey_index,
-                PORT: port_num = e.port_num,
-                QKEY: qkey = e.qkey,
-                AV: ah_attr = ibv_ah_attr_of(&e.ah_attr),
-                PATH_MTU: path_mtu = e.path_mtu as c_int,
-                TIMEOUT: timeout = e.timeout,
-                RETRY_CNT: retry_cnt = e.retry_cnt,
-                RNR_RETRY: rnr_retry = e.rnr_retry,
-                RQ_PSN: rq_psn = e.rq_psn,
-                MAX_QP_RD_ATOMIC: max_rd_atomic = e.max_rd_atomic,
-                MIN_RNR_TIMER: min_rnr_timer = e.min_rnr_timer,
-                SQ_PSN: sq_psn = e.sq_psn,
-                MAX_DEST_RD_ATOMIC: max_dest_rd_atomic = e.max_dest_rd_atomic,
-                PATH_MIG_STATE: path_mig_state = e.path_mig_state as c_int,
-                DEST_QPN: dest_qp_num = e.dest_qp_num,
-            );
-            let state = e.qp_state as c_int;
-            a.qp_state = state;
-            a.cur_qp_state = state;
-            a.cap = q.cap;
-            a.sq_draining = u8::from(e.qp_state == QpState::Sqd);
-            // SAFETY: writable out structs (the caller's contract).
-            unsafe {
-                *attr = a;
-                *init = ibv_qp_init_attr {
-                    qp_context: q.ibv.qp_base.qp_context,
-                    send_cq: q.ibv.qp_base.send_cq,
-                    recv_cq: q.ibv.qp_base.recv_cq,
-                    srq: q.ibv.qp_base.srq,
-                    cap: q.cap,
-                    qp_type: q.ibv.qp_base.qp_type,
-                    sq_sig_all: q.sq_sig_all,
-                };
-                (*qp).state = state;
-            }
-            Ok(())
-        })
+        }
+        set!(
+            EN_SQD_ASYNC_NOTIFY: en_sqd_async_notify = e.en_sqd_async_notify,
+            ACCESS_FLAGS: qp_access_flags = e.qp_access_flags.0,
+            PKEY_INDEX: pkey_index = e.pkey_index,
+            PORT: port_num = e.port_num,
+            QKEY: qkey = e.qkey,
+            AV: ah_attr = ibv_ah_attr_of(&e.ah_attr),
+            PATH_MTU: path_mtu = e.path_mtu as c_int,
+            TIMEOUT: timeout = e.timeout,
+            RETRY_CNT: retry_cnt = e.retry_cnt,
+            RNR_RETRY: rnr_retry = e.rnr_retry,
+            RQ_PSN: rq_psn = e.rq_psn,
+            MAX_QP_RD_ATOMIC: max_rd_atomic = e.max_rd_atomic,
+            MIN_RNR_TIMER: min_rnr_timer = e.min_rnr_timer,
+            SQ_PSN: sq_psn = e.sq_psn,
+            MAX_DEST_RD_ATOMIC: max_dest_rd_atomic = e.max_dest_rd_atomic,
+            PATH_MIG_STATE: path_mig_state = e.path_mig_state as c_int,
+            DEST_QPN: dest_qp_num = e.dest_qp_num,
+        );
+        let state = e.qp_state as c_int;
+        a.qp_state = state;
+        a.cur_qp_state = state;
+        a.cap = q.cap;
+        a.sq_draining = u8::from(e.qp_state == QpState::Sqd);
+        // SAFETY: writable out structs (the caller's contract).
+        unsafe {
+            *attr = a;
+            *init = ibv_qp_init_attr {
+                qp_context: q.ibv.qp_base.qp_context,
+                send_cq: q.ibv.qp_base.send_cq,
+                recv_cq: q.ibv.qp_base.recv_cq,
+                srq: q.ibv.qp_base.srq,
+                cap: q.cap,
+                qp_type: q.ibv.qp_base.qp_type,
+                sq_sig_all: q.sq_sig_all,
+            };
+            (*qp).state = state;
+        }
+        Ok(())
     })
 }
 
 pub(crate) extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live QP; its context, PD and CQs outlive it.
-            let q: &Qp = unsafe { try_ref(qp) }?;
-            let b = &q.ibv.qp_base;
-            // SAFETY: as above.
-            let (c, p, scq, rcq): (&Context, &Pd, &Cq, &Cq) = unsafe {
-                (
-                    try_ref(b.context)?,
-                    try_ref(b.pd)?,
-                    try_ref(b.send_cq)?,
-                    try_ref(b.recv_cq)?,
-                )
-            };
-            c.qps.lock().remove(&b.qp_num);
-            p.users.release();
-            scq.users.release();
-            rcq.users.release();
-            // SAFETY: the caller gives the QP up.
-            unsafe { free(qp) };
-            Ok(())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live QP; its context, PD and CQs outlive it.
+        let q: &Qp = unsafe { try_ref(qp) }?;
+        let b = &q.ibv.qp_base;
+        // SAFETY: as above.
+        let (c, p, scq, rcq): (&Context, &Pd, &Cq, &Cq) = unsafe {
+            (
+                try_ref(b.context)?,
+                try_ref(b.pd)?,
+                try_ref(b.send_cq)?,
+                try_ref(b.recv_cq)?,
+            )
+        };
+        c.qps.lock().remove(&b.qp_num);
+        p.users.release();
+        scq.users.release();
+        rcq.users.release();
+        // SAFETY: the caller gives the QP up.
+        unsafe { free(qp) };
+        Ok(())
     })
 }
 
 pub(crate) extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live QP, NULL or a readable GID.
-            let (q, g): (&Qp, _) = unsafe { (try_ref(qp)?, gid.as_ref().ok_or(libc::EINVAL)?) };
-            q.qp.attach_mcast(&Gid(g.raw), lid).map_err(|e| e.errno())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live QP, NULL or a readable GID.
+        let (q, g): (&Qp, _) = unsafe { (try_ref(qp)?, gid.as_ref().ok_or(libc::EINVAL)?) };
+        q.qp.attach_mcast(&Gid(g.raw), lid).map_err(|e| e.errno())
     })
 }
 
 pub(crate) extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    ffi_errno!({
-        errno_result(|| {
-            // SAFETY: NULL or a live QP, NULL or a readable GID.
-            let (q, g): (&Qp, _) = unsafe { (try_ref(qp)?, gid.as_ref().ok_or(libc::EINVAL)?) };
-            q.qp.detach_mcast(&Gid(g.raw), lid).map_err(|e| e.errno())
-        })
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or a live QP, NULL or a readable GID.
+        let (q, g): (&Qp, _) = unsafe { (try_ref(qp)?, gid.as_ref().ok_or(libc::EINVAL)?) };
+        q.qp.detach_mcast(&Gid(g.raw), lid).map_err(|e| e.errno())
     })
 }
 
@@ -483,11 +470,9 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi!({
         // SAFETY: NULL or a live QP.
-        let Ok(q) = (unsafe { try_ref::<ibv_qp>(qp) }) else {
-            return libc::EINVAL;
-        };
+        let q = unsafe { try_ref::<ibv_qp>(qp) }?;
         let mut ptrs = Vec::new();
         let mut wrs = Vec::new();
         let mut inline = Vec::new();
@@ -515,7 +500,6 @@ pub(crate) unsafe extern "C" fn post_send(
             }
             p = w.next;
         }
-        let mut ret = 0;
         if !wrs.is_empty()
             && let Err(e) = q.qp.post_send_gathered(&wrs, inline)
         {
@@ -527,9 +511,9 @@ pub(crate) unsafe extern "C" fn post_send(
                 // SAFETY: writable (the caller's contract).
                 unsafe { *bad_wr = p };
             }
-            ret = e;
+            return Err(e);
         }
-        ret
+        Ok(())
     })
 }
 
@@ -539,11 +523,9 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    ffi!(libc::EIO, {
+    ffi!({
         // SAFETY: NULL or a live QP.
-        let Ok(q) = (unsafe { try_ref::<ibv_qp>(qp) }) else {
-            return libc::EINVAL;
-        };
+        let q = unsafe { try_ref::<ibv_qp>(qp) }?;
         // SAFETY: the program's WR list.
         let (wrs, ptrs, failed) = unsafe { recv_wrs(wr) };
         finish_recv(wrs, ptrs, failed, bad_wr, |w| q.qp.post_recv(w))
@@ -558,32 +540,26 @@ pub(crate) unsafe extern "C" fn bind_mw(
     mw: *mut ibv_mw,
     bind: *mut ibv_mw_bind,
 ) -> c_int {
-    ffi!(libc::EIO, {
-        let rc = errno_result(|| {
-            // SAFETY: NULL or live objects of this library (the caller's contract).
-            let (q, w, b): (&Qp, &Mw, _) = unsafe {
-                (
-                    try_ref(qp)?,
-                    try_ref(mw)?,
-                    bind.as_ref().ok_or(libc::EINVAL)?,
-                )
-            };
-            // rxe's provider refuses a zero-based type 1 bind before posting it.
-            if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
-                return Err(libc::EINVAL);
-            }
-            let rkey = verbs::inc_rkey(w.mw.rkey());
-            // SAFETY: as above.
-            let wr = unsafe { bind_wr(b.wr_id, b.send_flags, mw, rkey, &b.bind_info) }?;
-            q.qp.post_send(&[wr]).map_err(|e| e.errno())?;
-            // SAFETY: a live window; the program does not write it concurrently.
-            unsafe { (*mw).rkey = rkey };
-            Ok(())
-        });
-        // rxe's provider (rxe_bind_mw) leaves its return value in errno on every error path.
-        if rc != 0 {
-            softroce_cabi::set_errno(rc);
+    // rxe's provider (rxe_bind_mw) leaves its return value in errno on every error path.
+    ffi!(SetsErrno, {
+        // SAFETY: NULL or live objects of this library (the caller's contract).
+        let (q, w, b): (&Qp, &Mw, _) = unsafe {
+            (
+                try_ref(qp)?,
+                try_ref(mw)?,
+                bind.as_ref().ok_or(libc::EINVAL)?,
+            )
+        };
+        // rxe's provider refuses a zero-based type 1 bind before posting it.
+        if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
+            return Err(libc::EINVAL);
         }
-        rc
+        let rkey = verbs::inc_rkey(w.mw.rkey());
+        // SAFETY: as above.
+        let wr = unsafe { bind_wr(b.wr_id, b.send_flags, mw, rkey, &b.bind_info) }?;
+        q.qp.post_send(&[wr]).map_err(|e| e.errno())?;
+        // SAFETY: a live window; the program does not write it concurrently.
+        unsafe { (*mw).rkey = rkey };
+        Ok(())
     })
 }

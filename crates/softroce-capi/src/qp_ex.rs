@@ -13,7 +13,7 @@ use crate::qp::{Qp, WrBuild, ibv_create_qp};
 use core::ffi::{c_int, c_void};
 use softroce::verbs::{SendFlags, SendWr, Sge, WrOpcode};
 use softroce_cabi::abi::*;
-use softroce_cabi::{ffi, ptr_result};
+use softroce_cabi::ffi;
 
 /// The `IBV_QP_EX_WITH_*` operations softroce builds (rxe's: all but TSO and ATOMIC_WRITE).
 const SEND_OPS_SUPPORTED: u64 = (1 << 0) // RDMA_WRITE
@@ -34,38 +34,35 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     _ctx: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
-    ffi!(std::ptr::null_mut(), {
-        ptr_result(|| {
-            // SAFETY: NULL or a readable, writable init attr (the caller's contract).
-            let a = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
-            let known = IBV_QP_INIT_ATTR_PD
-                | IBV_QP_INIT_ATTR_CREATE_FLAGS
-                | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-            if a.comp_mask & !known != 0
-                || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
-            {
-                return Err(libc::EOPNOTSUPP);
+    ffi!({
+        // SAFETY: NULL or a readable, writable init attr (the caller's contract).
+        let a = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let send_ops =
+            (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
+        if send_ops.is_some_and(|f| f & !SEND_OPS_SUPPORTED != 0) {
+            return Err(libc::EOPNOTSUPP);
+        }
+        // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr` (verbs.h's
+        // inline ibv_create_qp_ex makes the same cast).
+        let qp = ibv_create_qp(a.pd, attr.cast());
+        if send_ops.is_some() {
+            // SAFETY: NULL (with errno set), or just made by ibv_create_qp: a live `Qp` no
+            // other thread uses yet.
+            if let Ok(q) = unsafe { try_mut(qp) } {
+                enable_qp_ex(q);
             }
-            if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let send_ops =
-                (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
-            if send_ops.is_some_and(|f| f & !SEND_OPS_SUPPORTED != 0) {
-                return Err(libc::EOPNOTSUPP);
-            }
-            // `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr` (verbs.h's
-            // inline ibv_create_qp_ex makes the same cast).
-            let qp = ibv_create_qp(a.pd, attr.cast());
-            if send_ops.is_some() {
-                // SAFETY: NULL (with errno set), or just made by ibv_create_qp: a live `Qp` no
-                // other thread uses yet.
-                if let Ok(q) = unsafe { try_mut(qp) } {
-                    enable_qp_ex(q);
-                }
-            }
-            Ok(qp)
-        })
+        }
+        Ok(qp)
     })
 }
 
@@ -96,7 +93,7 @@ fn enable_qp_ex(q: &mut Qp) {
 /// `ibv_qp_to_qp_ex`: the QP as a `struct ibv_qp_ex` when it was made extended
 /// (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`), else NULL.
 pub(crate) extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    ffi!(std::ptr::null_mut(), {
+    ffi!({
         // SAFETY: NULL or a live QP of this library.
         match unsafe { try_ref(qp) } {
             Ok(q) if q.is_ex => qp.cast(),
@@ -108,7 +105,7 @@ pub(crate) extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 /// Runs `f` on the builder of the extended QP `qp` (the `ibv_wr_*` functions return
 /// nothing: a panic is swallowed, and the next `wr_complete` reports EIO).
 fn with_build(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut WrBuild)) {
-    ffi!((), {
+    ffi!({
         // SAFETY: NULL or an extended QP of this library (the caller's contract).
         let Ok(q) = (unsafe { try_ref(qp) }) else {
             return;
@@ -389,26 +386,21 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
-    ffi!(libc::EIO, {
+    ffi!({
         // SAFETY: NULL or an extended QP of this library (the caller's contract).
-        let Ok(q) = (unsafe { try_ref(qp) }) else {
-            return libc::EINVAL;
-        };
+        let q: &Qp = unsafe { try_ref(qp) }?;
         let mut b = q.build.lock();
         let wrs = std::mem::take(&mut b.wrs);
         let inline = std::mem::take(&mut b.inline);
         let err = std::mem::take(&mut b.err);
         drop(b);
         if err != 0 {
-            return err;
+            return Err(err);
         }
         if wrs.is_empty() {
-            return 0;
+            return Ok(());
         }
-        match q.qp.post_send_gathered(&wrs, inline) {
-            Ok(()) => 0,
-            Err(e) => e.errno(),
-        }
+        q.qp.post_send_gathered(&wrs, inline).map_err(|e| e.errno())
     })
 }
 

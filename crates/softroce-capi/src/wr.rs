@@ -70,7 +70,7 @@ pub(crate) fn finish_recv(
     mut failed: Option<(*mut ibv_recv_wr, c_int)>,
     bad_wr: *mut *mut ibv_recv_wr,
     post: impl FnOnce(&[RecvWr]) -> softroce::verbs::Result<()>,
-) -> c_int {
+) -> Result<(), c_int> {
     if !wrs.is_empty()
         && let Err(e) = post(&wrs)
     {
@@ -83,8 +83,8 @@ pub(crate) fn finish_recv(
                 // SAFETY: writable (the caller's contract).
                 unsafe { *bad_wr = p };
             }
-            e
+            Err(e)
         }
-        None => 0,
+        None => Ok(()),
     }
 }

@@ -30,9 +30,9 @@ pub(crate) extern "C" fn rdma_getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
-            return crate::neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         // SAFETY: NULL or the caller's hints.
         let h = unsafe { hints.as_ref() };
@@ -58,7 +58,7 @@ pub(crate) extern "C" fn rdma_getaddrinfo(
                 }
                 *res = Box::into_raw(rai);
             }
-            return 0;
+            return Ok(0);
         }
         let flags = h.map_or(0, |h| h.ai_flags);
         let passive = flags & RAI_PASSIVE != 0;
@@ -76,8 +76,10 @@ pub(crate) extern "C" fn rdma_getaddrinfo(
         // SAFETY: NUL-terminated strings or NULL, our hints, an out pointer.
         let r = unsafe { libc::getaddrinfo(node, service, &gh, &mut gres) };
         if r != 0 {
-            return r;
+            // getaddrinfo's EAI_* error, returned as librdmacm returns it (no errno).
+            return Ok(r);
         }
+
         let ps = h
             .map(|h| h.ai_port_space)
             .filter(|&p| p != 0)
@@ -121,12 +123,12 @@ pub(crate) extern "C" fn rdma_getaddrinfo(
             libc::freeaddrinfo(gres);
             *res = Box::into_raw(rai);
         }
-        0
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
-    ffi!((), {
+    ffi!({
         let mut p = res;
         while !p.is_null() {
             // SAFETY: a list rdma_getaddrinfo made, freed once.

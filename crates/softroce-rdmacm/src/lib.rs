@@ -28,8 +28,11 @@
 //!   local lookup (RoCE: GIDs are the IPv4-mapped addresses, MTU the port's active MTU).
 //! - Symbols: `exports.txt` lists every symbol of rdma-core 44's librdmacm.so.1 with its
 //!   version node; what softroce does not implement returns -1 with errno ENOSYS.
-//! - Errors: every entry point runs inside `ffi!`: a panic becomes the error return with
-//!   errno EIO, never an unwind into C.
+//! - Errors: every entry point runs inside `softroce_cabi::ffi!`, whose body returns
+//!   `Result<c_int, c_int>` ("0 or -1 and errno"; `Ok(0)`, or `?` on an errno) or
+//!   `Result<*mut T, c_int>` (NULL and errno): a panic becomes the error return with errno
+//!   EIO, never an unwind into C. Each synchronous call's body is a plain function
+//!   returning `Result<(), c_int>` that `sync_result` then completes.
 
 #![cfg_attr(test, allow(dead_code, unused_imports, unused_macros))]
 

@@ -11,11 +11,11 @@ use super::events::{rdma_ack_cm_event, rdma_get_cm_event, sync_result};
 use super::ids::bind;
 use super::qp::rdma_create_qp;
 use super::requests::{SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE, connect_request};
-use super::state::{State, now, result, state};
+use super::state::{State, now, state};
 use super::transitions::{RDMA_UDP_QKEY, qp_err, qp_rtr, qp_rts};
 use crate::abi::*;
+use crate::ffi;
 use crate::ibv::ibv;
-use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
 use softroce::cm::rdma_cm::{
     CMA_HDR_LEN, REP_PRIVATE_DATA_LEN as REP_PRIVATE, REQ_PRIVATE_DATA_LEN as REQ_PRIVATE,
@@ -27,57 +27,54 @@ use softroce::wire::cm::{CmaHdrRepr, SidrStatus, rdma_cm_service_id};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let mut st = state()?;
-            if st.id_mut(id)?.local.is_none() {
-                bind(
-                    &mut st,
-                    id,
-                    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-                )?;
-            }
-            let s = st.id_mut(id)?;
-            if s.listening {
-                return Ok(());
-            }
-            let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
-            // SAFETY: live id.
-            let ps = unsafe { (*id).ps };
-            // UD port spaces listen for SIDR_REQs on the same service ID.
-            let sid = rdma_cm_service_id(ps as u16, port);
-            let devs: Vec<usize> = match dev {
-                Some(d) => vec![d],
-                None => (0..st.devs.len()).collect(),
+    ffi!({
+        let mut st = state()?;
+        if st.id_mut(id)?.local.is_none() {
+            bind(
+                &mut st,
+                id,
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            )?;
+        }
+        let s = st.id_mut(id)?;
+        if s.listening {
+            return Ok(0);
+        }
+        let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
+        // SAFETY: live id.
+        let ps = unsafe { (*id).ps };
+        // UD port spaces listen for SIDR_REQs on the same service ID.
+        let sid = rdma_cm_service_id(ps as u16, port);
+        let devs: Vec<usize> = match dev {
+            Some(d) => vec![d],
+            None => (0..st.devs.len()).collect(),
+        };
+        for &d in &devs {
+            let o = st.open(d)?;
+            // Another id of this process may listen on the same service on another
+            // address of the device set: the engine listens once per device.
+            // The backlog caps the requests not yet answered; <= 0 means the largest
+            // (kernel ucma_listen).
+            let _ =
+                o.cm.listen_with_backlog(sid, usize::try_from(backlog).unwrap_or(0));
+        }
+        st.id_mut(id)?.listening = true;
+        // REQs that came while the service lingered are this listener's now.
+        for d in devs {
+            let Some(o) = st.devs[d].open.as_mut() else {
+                continue;
             };
-            for &d in &devs {
-                let o = st.open(d)?;
-                // Another id of this process may listen on the same service on another
-                // address of the device set: the engine listens once per device.
-                // The backlog caps the requests not yet answered; <= 0 means the largest
-                // (kernel ucma_listen).
-                let _ =
-                    o.cm.listen_with_backlog(sid, usize::try_from(backlog).unwrap_or(0));
+            o.lingering.remove(&sid);
+            let (mine, kept) = std::mem::take(&mut o.parked)
+                .into_iter()
+                .partition(|p| p.req.service_id == sid);
+            o.parked = kept;
+            for p in mine {
+                connect_request(&mut st, d, p.comm, p.peer, p.req, p.cma);
             }
-            st.id_mut(id)?.listening = true;
-            // REQs that came while the service lingered are this listener's now.
-            for d in devs {
-                let Some(o) = st.devs[d].open.as_mut() else {
-                    continue;
-                };
-                o.lingering.remove(&sid);
-                let (mine, kept) = std::mem::take(&mut o.parked)
-                    .into_iter()
-                    .partition(|p| p.req.service_id == sid);
-                o.parked = kept;
-                for p in mine {
-                    connect_request(&mut st, d, p.comm, p.peer, p.req, p.cma);
-                }
-                pump(&mut st, d);
-            }
-            Ok(())
-        })();
-        result(r)
+            pump(&mut st, d);
+        }
+        Ok(0)
     })
 }
 
@@ -108,140 +105,143 @@ unsafe fn private_of<'a>(p: *const rdma_conn_param) -> &'a [u8] {
     }
 }
 
+/// The body of [`rdma_connect`].
+fn connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c_int> {
+    let mut st = state()?;
+    let psn = (st.random() & 0x00ff_ffff) as u32;
+    let s = st.id_mut(id)?;
+    let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
+        return Err(libc::EINVAL);
+    };
+    if s.comm.is_some() {
+        return Err(libc::EISCONN);
+    }
+    // SAFETY: live id; conn_param NULL or the caller's.
+    let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
+    // SAFETY: as above.
+    let user = unsafe { private_of(conn_param) };
+    let max = if idr.qp_type == IBV_QPT_UD {
+        SIDR_REQ_PRIVATE
+    } else {
+        REQ_PRIVATE
+    };
+    if user.len() > max - CMA_HDR_LEN {
+        return Err(libc::EINVAL);
+    }
+    if idr.qp_type == IBV_QPT_UD {
+        // A SIDR_REQ (kernel cma_resolve_ib_udp): the cma header, then the user's.
+        let mut pd = vec![0u8; CMA_HDR_LEN];
+        CmaHdrRepr::new(local.ip(), local.port(), remote.ip()).emit(&mut pd);
+        pd.extend_from_slice(user);
+        let sid = rdma_cm_service_id(idr.ps as u16, remote.port());
+        let o = st.open(dev)?;
+        let comm =
+            o.cm.sidr_request(now(), remote.ip(), sid, &pd)
+                .map_err(|e| e.errno())?;
+        o.comms.insert(comm, id as usize);
+        st.id_mut(id)?.comm = Some(comm);
+        pump(&mut st, dev);
+        return Ok(());
+    }
+    let qpn = if idr.qp.is_null() {
+        cp.map_or(0, |c| c.qp_num)
+    } else {
+        // SAFETY: the id's live QP.
+        unsafe { (*idr.qp).qp_num }
+    };
+    let rr = cp.map_or(0, |c| c.responder_resources);
+    let ini = cp.map_or(0, |c| c.initiator_depth);
+    let retry = cp.map_or(7, |c| c.retry_count) & 7;
+    let rnr = cp.map_or(7, |c| c.rnr_retry_count) & 7;
+    s.starting_psn = psn;
+    s.responder_resources = rr;
+    s.initiator_depth = ini;
+    s.retry_count = retry;
+    let o = st.open(dev)?;
+    let mut p = ConnectParams::rdma_cm(local, remote, idr.ps as u16, qpn, psn, o.mtu, user)
+        .map_err(|e| e.errno())?;
+    p.responder_resources = rr;
+    p.initiator_depth = ini;
+    p.retry_count = retry;
+    p.rnr_retry_count = rnr;
+    p.srq = qp_has_srq(idr, cp);
+    let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
+    o.comms.insert(comm, id as usize);
+    st.id_mut(id)?.comm = Some(comm);
+    pump(&mut st, dev);
+    Ok(())
+}
+
 pub(crate) extern "C" fn rdma_connect(
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let mut st = state()?;
-            let psn = (st.random() & 0x00ff_ffff) as u32;
-            let s = st.id_mut(id)?;
-            let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
-                return Err(libc::EINVAL);
-            };
-            if s.comm.is_some() {
-                return Err(libc::EISCONN);
-            }
-            // SAFETY: live id; conn_param NULL or the caller's.
-            let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
-            // SAFETY: as above.
-            let user = unsafe { private_of(conn_param) };
-            let max = if idr.qp_type == IBV_QPT_UD {
-                SIDR_REQ_PRIVATE
-            } else {
-                REQ_PRIVATE
-            };
-            if user.len() > max - CMA_HDR_LEN {
-                return Err(libc::EINVAL);
-            }
-            if idr.qp_type == IBV_QPT_UD {
-                // A SIDR_REQ (kernel cma_resolve_ib_udp): the cma header, then the user's.
-                let mut pd = vec![0u8; CMA_HDR_LEN];
-                CmaHdrRepr::new(local.ip(), local.port(), remote.ip()).emit(&mut pd);
-                pd.extend_from_slice(user);
-                let sid = rdma_cm_service_id(idr.ps as u16, remote.port());
-                let o = st.open(dev)?;
-                let comm =
-                    o.cm.sidr_request(now(), remote.ip(), sid, &pd)
-                        .map_err(|e| e.errno())?;
-                o.comms.insert(comm, id as usize);
-                st.id_mut(id)?.comm = Some(comm);
-                pump(&mut st, dev);
-                return Ok(());
-            }
-            let qpn = if idr.qp.is_null() {
-                cp.map_or(0, |c| c.qp_num)
-            } else {
-                // SAFETY: the id's live QP.
-                unsafe { (*idr.qp).qp_num }
-            };
-            let rr = cp.map_or(0, |c| c.responder_resources);
-            let ini = cp.map_or(0, |c| c.initiator_depth);
-            let retry = cp.map_or(7, |c| c.retry_count) & 7;
-            let rnr = cp.map_or(7, |c| c.rnr_retry_count) & 7;
-            s.starting_psn = psn;
-            s.responder_resources = rr;
-            s.initiator_depth = ini;
-            s.retry_count = retry;
-            let o = st.open(dev)?;
-            let mut p = ConnectParams::rdma_cm(local, remote, idr.ps as u16, qpn, psn, o.mtu, user)
-                .map_err(|e| e.errno())?;
-            p.responder_resources = rr;
-            p.initiator_depth = ini;
-            p.retry_count = retry;
-            p.rnr_retry_count = rnr;
-            p.srq = qp_has_srq(idr, cp);
-            let comm = o.cm.connect(now(), &p).map_err(|e| e.errno())?;
-            o.comms.insert(comm, id as usize);
-            st.id_mut(id)?.comm = Some(comm);
-            pump(&mut st, dev);
-            Ok(())
-        })();
-        sync_result(id, r)
-    })
+    ffi!({ sync_result(id, connect(id, conn_param)) })
+}
+
+/// The body of [`rdma_accept`].
+fn accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c_int> {
+    let ibv = ibv()?;
+    let mut st = state()?;
+    let s = st.id_mut(id)?;
+    let psn = s.starting_psn;
+    if std::mem::take(&mut s.sidr_pending) {
+        return sidr_accept(&mut st, id, conn_param);
+    }
+    let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.take()) else {
+        return Err(libc::EINVAL);
+    };
+    let peer = s
+        .remote
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+    // SAFETY: live id; conn_param NULL or the caller's.
+    let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
+    // Without a conn_param, librdmacm answers with what the REQ asked for.
+    let rr = cp.map_or(req.initiator_depth, |c| c.responder_resources);
+    let ini = cp.map_or(req.responder_resources, |c| c.initiator_depth);
+    let rnr = cp.map_or(7, |c| c.rnr_retry_count) & 7;
+    // SAFETY: as above.
+    let user = unsafe { private_of(conn_param) };
+    if user.len() > REP_PRIVATE {
+        return Err(libc::EINVAL);
+    }
+    let ack_timeout = s.ack_timeout;
+    let port_mtu = PathMtu::from_ibv(st.open(dev)?.mtu).unwrap_or(PathMtu::Mtu1024);
+    let qpn = if idr.qp.is_null() {
+        cp.map_or(0, |c| c.qp_num)
+    } else {
+        let mut c = RcConnect::rdma_cm_passive(&req, peer, port_mtu, rr, ini, psn);
+        c.timeout = ack_timeout.unwrap_or(c.timeout);
+        qp_rtr(ibv, idr.qp, &c)?;
+        qp_rts(ibv, idr.qp, &c)?;
+        // SAFETY: the id's live QP.
+        unsafe { (*idr.qp).qp_num }
+    };
+    let p = AcceptParams {
+        local_qpn: qpn,
+        starting_psn: psn,
+        responder_resources: rr,
+        initiator_depth: ini,
+        target_ack_delay: 0,
+        rnr_retry_count: rnr,
+        srq: qp_has_srq(idr, cp),
+        private_data: user.to_vec(),
+    };
+    let o = st.open(dev)?;
+    o.cm.accept(now(), comm, &p).map_err(|e| e.errno())?;
+    pump(&mut st, dev);
+    Ok(())
 }
 
 pub(crate) extern "C" fn rdma_accept(
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let ibv = ibv()?;
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            let psn = s.starting_psn;
-            if std::mem::take(&mut s.sidr_pending) {
-                return sidr_accept(&mut st, id, conn_param);
-            }
-            let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.take()) else {
-                return Err(libc::EINVAL);
-            };
-            let peer = s
-                .remote
-                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
-            // SAFETY: live id; conn_param NULL or the caller's.
-            let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
-            // Without a conn_param, librdmacm answers with what the REQ asked for.
-            let rr = cp.map_or(req.initiator_depth, |c| c.responder_resources);
-            let ini = cp.map_or(req.responder_resources, |c| c.initiator_depth);
-            let rnr = cp.map_or(7, |c| c.rnr_retry_count) & 7;
-            // SAFETY: as above.
-            let user = unsafe { private_of(conn_param) };
-            if user.len() > REP_PRIVATE {
-                return Err(libc::EINVAL);
-            }
-            let ack_timeout = s.ack_timeout;
-            let port_mtu = PathMtu::from_ibv(st.open(dev)?.mtu).unwrap_or(PathMtu::Mtu1024);
-            let qpn = if idr.qp.is_null() {
-                cp.map_or(0, |c| c.qp_num)
-            } else {
-                let mut c = RcConnect::rdma_cm_passive(&req, peer, port_mtu, rr, ini, psn);
-                c.timeout = ack_timeout.unwrap_or(c.timeout);
-                qp_rtr(ibv, idr.qp, &c)?;
-                qp_rts(ibv, idr.qp, &c)?;
-                // SAFETY: the id's live QP.
-                unsafe { (*idr.qp).qp_num }
-            };
-            let p = AcceptParams {
-                local_qpn: qpn,
-                starting_psn: psn,
-                responder_resources: rr,
-                initiator_depth: ini,
-                target_ack_delay: 0,
-                rnr_retry_count: rnr,
-                srq: qp_has_srq(idr, cp),
-                private_data: user.to_vec(),
-            };
-            let o = st.open(dev)?;
-            o.cm.accept(now(), comm, &p).map_err(|e| e.errno())?;
-            pump(&mut st, dev);
-            Ok(())
-        })();
+    ffi!({
+        let r = accept(id, conn_param);
         // SAFETY: NULL or a live id (checked by the call).
         if !id.is_null() && unsafe { (*id).qp_type } == IBV_QPT_UD {
-            return result(r); // a SIDR_REP: nothing to wait for
+            return r.map(|()| 0); // a SIDR_REP: nothing to wait for
         }
         sync_result(id, r)
     })
@@ -287,37 +287,34 @@ pub(crate) extern "C" fn rdma_reject(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
-                return Err(libc::EINVAL);
-            };
-            s.req = None;
-            let sidr = std::mem::take(&mut s.sidr_pending);
-            let data = if private_data.is_null() {
-                &[][..]
-            } else {
-                // SAFETY: the caller passes private_data_len readable bytes.
-                unsafe { std::slice::from_raw_parts(private_data.cast(), private_data_len.into()) }
-            };
-            st.open(dev)?;
-            let how = if sidr {
-                End::SidrRep {
-                    status: SidrStatus::REJECT,
-                    qpn: 0,
-                    qkey: 0,
-                    private_data: &data[..data.len().min(SIDR_REP_PRIVATE)],
-                }
-            } else {
-                End::Reject(data)
-            };
-            end_connection(&mut st, dev, id as usize, comm, now(), how)?;
-            pump(&mut st, dev);
-            Ok(())
-        })();
-        result(r)
+    ffi!({
+        let mut st = state()?;
+        let s = st.id_mut(id)?;
+        let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
+            return Err(libc::EINVAL);
+        };
+        s.req = None;
+        let sidr = std::mem::take(&mut s.sidr_pending);
+        let data = if private_data.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: the caller passes private_data_len readable bytes.
+            unsafe { std::slice::from_raw_parts(private_data.cast(), private_data_len.into()) }
+        };
+        st.open(dev)?;
+        let how = if sidr {
+            End::SidrRep {
+                status: SidrStatus::REJECT,
+                qpn: 0,
+                qkey: 0,
+                private_data: &data[..data.len().min(SIDR_REP_PRIVATE)],
+            }
+        } else {
+            End::Reject(data)
+        };
+        end_connection(&mut st, dev, id as usize, comm, now(), how)?;
+        pump(&mut st, dev);
+        Ok(0)
     })
 }
 
@@ -330,44 +327,41 @@ pub(crate) extern "C" fn rdma_reject_ece(
 }
 
 pub(crate) extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
-                return Err(libc::EINVAL);
-            };
-            s.user_established = true;
-            let o = st.open(dev)?;
-            if let Err(e) = o.cm.establish(now(), comm) {
-                st.id_mut(id)?.user_established = false;
-                return Err(e.errno());
-            }
-            pump(&mut st, dev);
-            Ok(())
-        })();
-        result(r)
+    ffi!({
+        let mut st = state()?;
+        let s = st.id_mut(id)?;
+        let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
+            return Err(libc::EINVAL);
+        };
+        s.user_established = true;
+        let o = st.open(dev)?;
+        if let Err(e) = o.cm.establish(now(), comm) {
+            st.id_mut(id)?.user_established = false;
+            return Err(e.errno());
+        }
+        pump(&mut st, dev);
+        Ok(0)
     })
 }
 
+/// The body of [`rdma_disconnect`].
+fn disconnect(id: *mut rdma_cm_id) -> Result<(), c_int> {
+    let ibv = ibv()?;
+    let mut st = state()?;
+    let s = st.id_mut(id)?;
+    let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: live id.
+    qp_err(ibv, unsafe { (*id).qp });
+    let o = st.open(dev)?;
+    let r = o.cm.disconnect(now(), comm).map_err(|e| e.errno());
+    pump(&mut st, dev);
+    r
+}
+
 pub(crate) extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let ibv = ibv()?;
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
-                return Err(libc::EINVAL);
-            };
-            // SAFETY: live id.
-            qp_err(ibv, unsafe { (*id).qp });
-            let o = st.open(dev)?;
-            let r = o.cm.disconnect(now(), comm).map_err(|e| e.errno());
-            pump(&mut st, dev);
-            r
-        })();
-        sync_result(id, r)
-    })
+    ffi!({ sync_result(id, disconnect(id)) })
 }
 
 /// rdma_get_request: a synchronous listener's next CONNECT_REQUEST, with the QP its
@@ -378,21 +372,18 @@ pub(crate) extern "C" fn rdma_get_request(
     listen: *mut rdma_cm_id,
     id: *mut *mut rdma_cm_id,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         if id.is_null() {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         let attr = {
-            let mut st = match state() {
-                Ok(s) => s,
-                Err(e) => return neg_errno(e),
-            };
+            let mut st = state()?;
             match st.id_mut(listen) {
                 Ok(s) if s.sync => s.qp_init_attr.as_deref().map(|a| {
                     // SAFETY: a plain C struct we copied in rdma_create_ep.
                     unsafe { std::ptr::read(a) }
                 }),
-                _ => return neg_errno(libc::EINVAL),
+                _ => return Err(libc::EINVAL),
             }
         };
         // SAFETY: a live synchronous listener.
@@ -403,7 +394,7 @@ pub(crate) extern "C" fn rdma_get_request(
         let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
         // SAFETY: the listener's own channel.
         if rdma_get_cm_event(unsafe { (*listen).channel }, &mut ev) != 0 {
-            return -1;
+            return Ok(-1);
         }
         // SAFETY: the event just taken.
         let (kind, status, new) = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
@@ -423,18 +414,18 @@ pub(crate) extern "C" fn rdma_get_request(
         {
             // SAFETY: a live listener keeps the event.
             unsafe { (*listen).event = ev };
-            return -1;
+            return Ok(-1);
         }
         if err != 0 {
             // SAFETY: as above.
             unsafe { (*listen).event = ev };
-            return neg_errno(err);
+            return Err(err);
         }
         // SAFETY: the new id (live: its event is out) and the caller's out pointer.
         unsafe {
             (*new).event = ev;
             *id = new;
         }
-        0
+        Ok(0)
     })
 }

@@ -8,10 +8,10 @@
 //! Contracts: an event's id is live while the event is queued or out (rdma_destroy_id drops
 //! its queued events and is freed at its last ack); a channel outlives its ids.
 
-use super::state::{State, errno_or, free_id, result, state};
+use super::state::{State, errno_or, free_id, state};
 use crate::abi::*;
+use crate::ffi;
 use crate::ibv::ibv;
-use crate::{ffi, neg_errno};
 use core::ffi::{c_char, c_int};
 use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
@@ -116,17 +116,15 @@ pub(super) fn new_channel() -> Option<*mut rdma_event_channel> {
 }
 
 pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
-    ffi!(std::ptr::null_mut(), {
-        if let Err(e) = state() {
-            crate::set_errno(e);
-            return std::ptr::null_mut();
-        }
-        new_channel().unwrap_or(std::ptr::null_mut())
+    ffi!({
+        drop(state()?);
+        // NULL with the errno eventfd(2) set.
+        Ok(new_channel().unwrap_or(std::ptr::null_mut()))
     })
 }
 
 pub(crate) extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
-    ffi!((), {
+    ffi!({
         if channel.is_null() || !live_channels().lock().remove(&(channel as usize)) {
             crate::set_errno(libc::EBADF);
             return;
@@ -187,18 +185,19 @@ pub(super) fn is_sync(id: *mut rdma_cm_id) -> bool {
     state().is_ok_and(|mut st| st.id_mut(id).is_ok_and(|s| s.sync))
 }
 
-/// An entry point's return: on success, a synchronous id then waits for its event.
-pub(super) fn sync_result(id: *mut rdma_cm_id, r: Result<(), c_int>) -> c_int {
+/// An entry point's return (0, or -1 and errno): on success, a synchronous id then waits
+/// for its event.
+pub(super) fn sync_result(id: *mut rdma_cm_id, r: Result<(), c_int>) -> Result<c_int, c_int> {
     match r {
         Ok(()) if is_sync(id) => complete(id),
-        r => result(r),
+        r => r.map(|()| 0),
     }
 }
 
 /// librdmacm's `ucma_complete`: acks the id's last event, waits on its own channel for the
 /// next one and keeps it in `id->event`; an event with a status is the call's error
 /// (ECONNREFUSED for REJECTED). Called without the state lock.
-fn complete(id: *mut rdma_cm_id) -> c_int {
+fn complete(id: *mut rdma_cm_id) -> Result<c_int, c_int> {
     // SAFETY: a live synchronous id; its `event` is one we handed out (or NULL).
     let prev = unsafe { std::mem::replace(&mut (*id).event, std::ptr::null_mut()) };
     if !prev.is_null() {
@@ -207,7 +206,8 @@ fn complete(id: *mut rdma_cm_id) -> c_int {
     let mut ev = std::ptr::null_mut();
     // SAFETY: the id's own channel.
     if rdma_get_cm_event(unsafe { (*id).channel }, &mut ev) != 0 {
-        return -1;
+        // The errno rdma_get_cm_event set.
+        return Err(errno_or(libc::EIO));
     }
     // SAFETY: live id; `ev` the event just taken.
     let (kind, status) = unsafe {
@@ -215,9 +215,9 @@ fn complete(id: *mut rdma_cm_id) -> c_int {
         ((*ev).event, (*ev).status)
     };
     match status {
-        0 => 0,
-        _ if kind == event::REJECTED => neg_errno(libc::ECONNREFUSED),
-        s => neg_errno(s.abs()),
+        0 => Ok(0),
+        _ if kind == event::REJECTED => Err(libc::ECONNREFUSED),
+        s => Err(s.abs()),
     }
 }
 
@@ -225,12 +225,12 @@ pub(crate) extern "C" fn rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         if channel.is_null() || event.is_null() {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         if !live_channels().lock().contains(&(channel as usize)) {
-            return neg_errno(libc::EBADF);
+            return Err(libc::EBADF);
         }
         // SAFETY: a live channel of ours.
         let chan = unsafe { &*channel.cast::<Channel>() };
@@ -243,11 +243,11 @@ pub(crate) extern "C" fn rdma_get_cm_event(
                 if e == libc::EINTR {
                     continue;
                 }
-                return neg_errno(e);
+                return Err(e);
             }
             // The id's state is updated under the state lock, before the queue.
             let Ok(mut st) = state() else {
-                return neg_errno(libc::ENODEV);
+                return Err(libc::ENODEV);
             };
             let Some(e) = chan.queue.lock().pop_front() else {
                 continue; // its id was destroyed meanwhile
@@ -262,19 +262,19 @@ pub(crate) extern "C" fn rdma_get_cm_event(
             }
             // SAFETY: the caller's out pointer.
             unsafe { *event = ev.cast() };
-            return 0;
+            return Ok(0);
         }
     })
 }
 
 pub(crate) extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
-    ffi!(-1, {
+    ffi!({
         if event.is_null() {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         // SAFETY: an event from rdma_get_cm_event, acked once.
         let ev = unsafe { Box::from_raw(event.cast::<Event>()) };
-        let Ok(mut st) = state() else { return 0 };
+        let Ok(mut st) = state() else { return Ok(0) };
         let id = ev.ev.id as usize;
         if let Some(s) = st.ids.get_mut(&id) {
             s.events_out = s.events_out.saturating_sub(1);
@@ -283,7 +283,7 @@ pub(crate) extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
                 free_id(id as *mut rdma_cm_id);
             }
         }
-        0
+        Ok(0)
     })
 }
 

@@ -12,7 +12,7 @@ use super::events::{
 };
 use super::qp::{rdma_create_qp, rdma_destroy_qp, rdma_destroy_srq};
 use super::requests::listener_for;
-use super::state::{IdState, LISTEN_LINGER, State, errno_or, free_id, new_id, now, result, state};
+use super::state::{IdState, LISTEN_LINGER, State, errno_or, free_id, new_id, now, state};
 use crate::abi::*;
 use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
@@ -25,23 +25,20 @@ pub(crate) extern "C" fn rdma_create_id(
     context: *mut c_void,
     ps: c_int,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         if id.is_null() {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         if ![RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IPOIB, RDMA_PS_IB].contains(&ps) {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
-        let mut st = match state() {
-            Ok(s) => s,
-            Err(e) => return neg_errno(e),
-        };
+        let mut st = state()?;
         // Without a channel the id is synchronous, with a channel of its own.
         let sync = channel.is_null();
         let channel = if sync {
             match new_channel() {
                 Some(c) => c,
-                None => return neg_errno(errno_or(libc::EMFILE)),
+                None => return Err(errno_or(libc::EMFILE)),
             }
         } else {
             channel
@@ -56,12 +53,12 @@ pub(crate) extern "C" fn rdma_create_id(
         );
         // SAFETY: the caller passes a writable pointer.
         unsafe { *id = new };
-        0
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-    ffi!(-1, {
+    ffi!({
         // A synchronous id's last event goes first (librdmacm acks `id->event`).
         if !id.is_null() && is_sync(id) {
             // SAFETY: a live id (is_sync checked).
@@ -70,12 +67,9 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 rdma_ack_cm_event(ev);
             }
         }
-        let mut st = match state() {
-            Ok(s) => s,
-            Err(e) => return neg_errno(e),
-        };
+        let mut st = state()?;
         let Some(s) = st.ids.get_mut(&(id as usize)).filter(|s| !s.destroyed) else {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         };
         s.destroyed = true;
         let was_listening = std::mem::take(&mut s.listening);
@@ -86,7 +80,7 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             linger(&mut st, id, ps);
         }
         let Some(s) = st.ids.get_mut(&(id as usize)) else {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         };
         let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
         let unanswered = s.req.take().is_some();
@@ -115,7 +109,7 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             free_id(id);
         }
         // Else freed by the last rdma_ack_cm_event.
-        0
+        Ok(0)
     })
 }
 
@@ -175,17 +169,53 @@ pub(super) fn bind(st: &mut State, id: *mut rdma_cm_id, addr: SocketAddr) -> Res
 }
 
 pub(crate) extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let a = sockaddr_of(addr)?;
-            let mut st = state()?;
-            if st.id_mut(id)?.local.is_some() {
-                return Err(libc::EINVAL);
-            }
-            bind(&mut st, id, a)
-        })();
-        result(r)
+    ffi!({
+        let a = sockaddr_of(addr)?;
+        let mut st = state()?;
+        if st.id_mut(id)?.local.is_some() {
+            return Err(libc::EINVAL);
+        }
+        bind(&mut st, id, a)?;
+        Ok(0)
     })
+}
+
+/// The body of [`rdma_resolve_addr`].
+fn resolve_addr(
+    id: *mut rdma_cm_id,
+    src_addr: *mut libc::sockaddr,
+    dst_addr: *mut libc::sockaddr,
+) -> Result<(), c_int> {
+    let dst = sockaddr_of(dst_addr)?;
+    let mut st = state()?;
+    let s = st.id_mut(id)?;
+    let bound = s.local;
+    let bound_dev = s.dev;
+    match (bound, src_addr.is_null()) {
+        (None, false) => bind(&mut st, id, sockaddr_of(src_addr)?)?,
+        (None, true) => {
+            // Source by "routing": the device that has the destination's address
+            // (a loopback connection), else the first device.
+            let d = st.dev_of_ip(dst.ip()).unwrap_or(0);
+            let ip = st.devs.get(d).ok_or(libc::ENODEV)?.ip;
+            bind(&mut st, id, SocketAddr::new(ip, 0))?;
+        }
+        (Some(l), _) if bound_dev.is_none() => {
+            // Bound to a port only: take the first device's address, keep the port.
+            st.id_mut(id)?.local = None;
+            let ip = st.devs.first().ok_or(libc::ENODEV)?.ip;
+            bind(&mut st, id, SocketAddr::new(ip, l.port()))?;
+        }
+        (Some(_), _) => {}
+    }
+    let s = st.id_mut(id)?;
+    s.remote = Some(dst);
+    // SAFETY: live id.
+    unsafe { write_sockaddr(&mut (*id).route.addr.dst_storage, dst) };
+    // SAFETY: live id.
+    unsafe { (*id).route.addr.ibaddr.dgid.raw = gid_of_ip(dst.ip()) };
+    post(new_event(id, event::ADDR_RESOLVED, 0));
+    Ok(())
 }
 
 pub(crate) extern "C" fn rdma_resolve_addr(
@@ -194,59 +224,25 @@ pub(crate) extern "C" fn rdma_resolve_addr(
     dst_addr: *mut libc::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let dst = sockaddr_of(dst_addr)?;
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            let bound = s.local;
-            let bound_dev = s.dev;
-            match (bound, src_addr.is_null()) {
-                (None, false) => bind(&mut st, id, sockaddr_of(src_addr)?)?,
-                (None, true) => {
-                    // Source by "routing": the device that has the destination's address
-                    // (a loopback connection), else the first device.
-                    let d = st.dev_of_ip(dst.ip()).unwrap_or(0);
-                    let ip = st.devs.get(d).ok_or(libc::ENODEV)?.ip;
-                    bind(&mut st, id, SocketAddr::new(ip, 0))?;
-                }
-                (Some(l), _) if bound_dev.is_none() => {
-                    // Bound to a port only: take the first device's address, keep the port.
-                    st.id_mut(id)?.local = None;
-                    let ip = st.devs.first().ok_or(libc::ENODEV)?.ip;
-                    bind(&mut st, id, SocketAddr::new(ip, l.port()))?;
-                }
-                (Some(_), _) => {}
-            }
-            let s = st.id_mut(id)?;
-            s.remote = Some(dst);
-            // SAFETY: live id.
-            unsafe { write_sockaddr(&mut (*id).route.addr.dst_storage, dst) };
-            // SAFETY: live id.
-            unsafe { (*id).route.addr.ibaddr.dgid.raw = gid_of_ip(dst.ip()) };
-            post(new_event(id, event::ADDR_RESOLVED, 0));
-            Ok(())
-        })();
-        sync_result(id, r)
-    })
+    ffi!({ sync_result(id, resolve_addr(id, src_addr, dst_addr)) })
+}
+
+/// The body of [`rdma_resolve_route`].
+fn resolve_route(id: *mut rdma_cm_id) -> Result<(), c_int> {
+    let mut st = state()?;
+    let s = st.id_mut(id)?;
+    let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
+        return Err(libc::EINVAL);
+    };
+    let mtu = st.open(dev)?.mtu;
+    set_route(id, local, Some(remote), mtu);
+    st.id_mut(id)?.route_resolved = true;
+    post(new_event(id, event::ROUTE_RESOLVED, 0));
+    Ok(())
 }
 
 pub(crate) extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
-                return Err(libc::EINVAL);
-            };
-            let mtu = st.open(dev)?.mtu;
-            set_route(id, local, Some(remote), mtu);
-            st.id_mut(id)?.route_resolved = true;
-            post(new_event(id, event::ROUTE_RESOLVED, 0));
-            Ok(())
-        })();
-        sync_result(id, r)
-    })
+    ffi!({ sync_result(id, resolve_route(id)) })
 }
 
 /// rdma_create_ep: a synchronous id for `res` (librdmacm's). Passive (`RAI_PASSIVE`): bound
@@ -259,9 +255,9 @@ pub(crate) extern "C" fn rdma_create_ep(
     pd: *mut ibv_pd,
     qp_init_attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         if id.is_null() || res.is_null() {
-            return neg_errno(libc::EINVAL);
+            return Err(libc::EINVAL);
         }
         // SAFETY: the caller's addrinfo.
         let res = unsafe { &*res };
@@ -273,7 +269,7 @@ pub(crate) extern "C" fn rdma_create_ep(
             res.ai_port_space,
         ) != 0
         {
-            return -1;
+            return Ok(-1);
         }
         // SAFETY: the id just made.
         unsafe { (*new).qp_type = res.ai_qp_type };
@@ -285,11 +281,11 @@ pub(crate) extern "C" fn rdma_create_ep(
         if r != 0 {
             let e = errno_or(libc::EINVAL);
             rdma_destroy_ep(new);
-            return neg_errno(e);
+            return Err(e);
         }
         // SAFETY: the caller's out pointer.
         unsafe { *id = new };
-        0
+        Ok(0)
     })
 }
 
@@ -344,7 +340,7 @@ fn active_ep(
 /// rdma_destroy_ep: the id's QP, its SRQ (each with the CQs librdmacm made for the id), then
 /// the id.
 pub(crate) extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-    ffi!((), {
+    ffi!({
         if id.is_null() {
             return;
         }
@@ -358,28 +354,22 @@ pub(crate) extern "C" fn rdma_migrate_id(
     id: *mut rdma_cm_id,
     channel: *mut rdma_event_channel,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let mut st = state()?;
-            st.id_mut(id)?;
-            if channel.is_null() {
-                return Err(libc::ENOSYS);
-            }
-            // SAFETY: live id.
-            unsafe { (*id).channel = channel };
-            Ok(())
-        })();
-        result(r)
+    ffi!({
+        let mut st = state()?;
+        st.id_mut(id)?;
+        if channel.is_null() {
+            return Err(libc::ENOSYS);
+        }
+        // SAFETY: live id.
+        unsafe { (*id).channel = channel };
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            state()?.id_mut(id)?;
-            Ok(())
-        })();
-        result(r)
+    ffi!({
+        state()?.id_mut(id)?;
+        Ok(0)
     })
 }
 
@@ -399,43 +389,33 @@ fn port_of(id: *mut rdma_cm_id, dst: bool) -> u16 {
 }
 
 pub(crate) extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    ffi!(0, { port_of(id, false) })
+    // The port, or 0 (no error return).
+    ffi!(panic = 0, { port_of(id, false) })
 }
 
 pub(crate) extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    ffi!(0, { port_of(id, true) })
+    // The port, or 0 (no error return).
+    ffi!(panic = 0, { port_of(id, true) })
 }
 
 pub(crate) extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
-    ffi!(std::ptr::null_mut(), {
-        let mut st = match state() {
-            Ok(s) => s,
-            Err(e) => {
-                crate::set_errno(e);
-                return std::ptr::null_mut();
-            }
-        };
+    ffi!({
+        let mut st = state()?;
         let mut list = Vec::new();
         for i in 0..st.devs.len() {
-            match st.open(i) {
-                Ok(o) => list.push(o.ctx),
-                Err(e) => {
-                    crate::set_errno(e);
-                    return std::ptr::null_mut();
-                }
-            }
+            list.push(st.open(i)?.ctx);
         }
         if !num_devices.is_null() {
             // SAFETY: the caller's int.
             unsafe { *num_devices = list.len() as c_int };
         }
         list.push(std::ptr::null_mut());
-        Box::into_raw(list.into_boxed_slice()).cast()
+        Ok(Box::into_raw(list.into_boxed_slice()).cast())
     })
 }
 
 pub(crate) extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
-    ffi!((), {
+    ffi!({
         if list.is_null() {
             return;
         }

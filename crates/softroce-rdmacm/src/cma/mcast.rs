@@ -32,7 +32,7 @@
 
 use super::addr::{sockaddr_of, ud_ah_attr};
 use super::events::{drop_queued, new_event, post, sync_result};
-use super::state::{ADDR_MAX, Membership, result, state};
+use super::state::{ADDR_MAX, Membership, state};
 use super::transitions::RDMA_UDP_QKEY;
 use crate::abi::*;
 use crate::ffi;
@@ -144,10 +144,30 @@ pub(crate) extern "C" fn rdma_join_multicast(
     addr: *mut libc::sockaddr,
     context: *mut c_void,
 ) -> c_int {
-    ffi!(-1, {
+    ffi!({
         let r = join(id, addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context);
         sync_result(id, r)
     })
+}
+
+/// The body of [`rdma_join_multicast_ex`].
+fn join_multicast_ex(
+    id: *mut rdma_cm_id,
+    mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> Result<(), c_int> {
+    // SAFETY: NULL or the caller's attributes.
+    let a = unsafe { mc_join_attr.as_ref() }.ok_or(libc::EINVAL)?;
+    if a.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
+        return Err(libc::ENOTSUP);
+    }
+    if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0
+        || a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0
+        || a.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED
+    {
+        return Err(libc::EINVAL);
+    }
+    join(id, a.addr, a.join_flags, context)
 }
 
 /// `rdma_join_multicast_ex`: as [`rdma_join_multicast`] with the address and the join
@@ -157,23 +177,7 @@ pub(crate) extern "C" fn rdma_join_multicast_ex(
     mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
     context: *mut c_void,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            // SAFETY: NULL or the caller's attributes.
-            let a = unsafe { mc_join_attr.as_ref() }.ok_or(libc::EINVAL)?;
-            if a.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
-                return Err(libc::ENOTSUP);
-            }
-            if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0
-                || a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0
-                || a.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED
-            {
-                return Err(libc::EINVAL);
-            }
-            join(id, a.addr, a.join_flags, context)
-        })();
-        sync_result(id, r)
-    })
+    ffi!({ sync_result(id, join_multicast_ex(id, mc_join_attr, context)) })
 }
 
 /// `rdma_leave_multicast`: leaves the group `id` joined at `addr` (the newest such join),
@@ -183,33 +187,30 @@ pub(crate) extern "C" fn rdma_leave_multicast(
     id: *mut rdma_cm_id,
     addr: *mut libc::sockaddr,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            let len = addr_len(addr);
-            if len == 0 {
-                return Err(libc::EINVAL);
-            }
-            let want = addr_bytes(addr, len);
-            let mut st = state()?;
-            let s = st.id_mut(id)?;
-            let at = s
-                .mcast
-                .iter()
-                .position(|m| m.addr[..len] == want[..len])
-                .ok_or(libc::EADDRNOTAVAIL)?;
-            let m = s.mcast.remove(at);
-            // SAFETY: a live id (checked above, under the lock).
-            let (qp, ch) = unsafe { ((*id).qp, (*id).channel) };
-            if !qp.is_null() && m.join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER {
-                let gid = ibv_gid { raw: m.mgid };
-                // As librdmacm, whatever the detach says (a join not taken yet has no MGID).
-                // SAFETY: the id's live QP and a GID on our stack.
-                let _ = unsafe { (ibv()?.detach_mcast)(qp, &gid, 0) };
-            }
-            drop_queued(ch, |e| e.mc == m.handle);
-            Ok(())
-        })();
-        result(r)
+    ffi!({
+        let len = addr_len(addr);
+        if len == 0 {
+            return Err(libc::EINVAL);
+        }
+        let want = addr_bytes(addr, len);
+        let mut st = state()?;
+        let s = st.id_mut(id)?;
+        let at = s
+            .mcast
+            .iter()
+            .position(|m| m.addr[..len] == want[..len])
+            .ok_or(libc::EADDRNOTAVAIL)?;
+        let m = s.mcast.remove(at);
+        // SAFETY: a live id (checked above, under the lock).
+        let (qp, ch) = unsafe { ((*id).qp, (*id).channel) };
+        if !qp.is_null() && m.join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER {
+            let gid = ibv_gid { raw: m.mgid };
+            // As librdmacm, whatever the detach says (a join not taken yet has no MGID).
+            // SAFETY: the id's live QP and a GID on our stack.
+            let _ = unsafe { (ibv()?.detach_mcast)(qp, &gid, 0) };
+        }
+        drop_queued(ch, |e| e.mc == m.handle);
+        Ok(0)
     })
 }
 

@@ -27,13 +27,13 @@
 //! makes none and hands libibverbs a NULL CQ; and a NULL id, attributes or PD is EINVAL where
 //! librdmacm dereferences it.
 
-use super::state::{State, errno_or, result, state};
+use super::state::{StateGuard, errno_or, state};
 use super::transitions::{qp_init, ud_qp_rts};
 use crate::abi::*;
 use crate::ffi;
 use crate::ibv::{Ibv, ibv};
 use core::ffi::{c_int, c_void};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::mem::offset_of;
 
 /// verbs.h's `verbs_get_ctx_op(ctx, op)`: the extended context of `ctx` when it is one
@@ -222,7 +222,7 @@ fn destroy_cqs(ibv: &Ibv, id: *mut rdma_cm_id) {
 
 /// The state's lock, held while an id's QP or SRQ changes (the driver threads apply REQ and
 /// REP to `id->qp` under it), once `id` is known to be a live id with a device.
-fn lock_id_with_device(id: *mut rdma_cm_id) -> Result<MutexGuard<'static, State>, c_int> {
+fn lock_id_with_device(id: *mut rdma_cm_id) -> Result<StateGuard, c_int> {
     let mut st = state()?;
     let s = st.id_mut(id)?;
     // SAFETY: a live id.
@@ -233,7 +233,7 @@ fn lock_id_with_device(id: *mut rdma_cm_id) -> Result<MutexGuard<'static, State>
 }
 
 /// The state's lock, once `id` is known to be a live id.
-fn lock_id(id: *mut rdma_cm_id) -> Option<MutexGuard<'static, State>> {
+fn lock_id(id: *mut rdma_cm_id) -> Option<StateGuard> {
     let mut st = state().ok()?;
     st.id_mut(id).ok()?;
     Some(st)
@@ -243,7 +243,7 @@ pub(crate) extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
-    ffi!(-1, { result(create_qp_ex(id, attr)) })
+    ffi!({ create_qp_ex(id, attr).map(|()| 0) })
 }
 
 fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> Result<(), c_int> {
@@ -322,48 +322,46 @@ pub(crate) extern "C" fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            let pd = if pd.is_null() {
-                state()?.id_mut(id)?;
-                // SAFETY: a live id.
-                unsafe { (*id).pd }
-            } else {
-                pd
-            };
-            // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (NULL pointers, no bits).
-            let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
-            // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr`;
-            // `attr` is the caller's.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    attr.cast::<u8>(),
-                    (&raw mut ex).cast::<u8>(),
-                    size_of::<ibv_qp_init_attr>(),
-                )
-            };
-            ex.comp_mask = IBV_QP_INIT_ATTR_PD;
-            ex.pd = pd;
-            let r = create_qp_ex(id, &mut ex);
-            // SAFETY: as above, back into the caller's attributes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (&raw const ex).cast::<u8>(),
-                    attr.cast::<u8>(),
-                    size_of::<ibv_qp_init_attr>(),
-                )
-            };
-            r
-        })();
-        result(r)
+    ffi!({
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let pd = if pd.is_null() {
+            state()?.id_mut(id)?;
+            // SAFETY: a live id.
+            unsafe { (*id).pd }
+        } else {
+            pd
+        };
+        // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (NULL pointers, no bits).
+        let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: `ibv_qp_init_attr_ex` begins with the fields of `ibv_qp_init_attr`;
+        // `attr` is the caller's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                attr.cast::<u8>(),
+                (&raw mut ex).cast::<u8>(),
+                size_of::<ibv_qp_init_attr>(),
+            )
+        };
+        ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+        ex.pd = pd;
+        let r = create_qp_ex(id, &mut ex);
+        // SAFETY: as above, back into the caller's attributes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&raw const ex).cast::<u8>(),
+                attr.cast::<u8>(),
+                size_of::<ibv_qp_init_attr>(),
+            )
+        };
+        r?;
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
-    ffi!((), {
+    ffi!({
         let Ok(ibv) = ibv() else { return };
         let Some(_st) = lock_id(id) else { return };
         // SAFETY: a live id; its QP.
@@ -381,7 +379,7 @@ pub(crate) extern "C" fn rdma_create_srq_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_srq_init_attr_ex,
 ) -> c_int {
-    ffi!(-1, { result(create_srq_ex(id, attr)) })
+    ffi!({ create_srq_ex(id, attr).map(|()| 0) })
 }
 
 fn create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> Result<(), c_int> {
@@ -431,48 +429,46 @@ pub(crate) extern "C" fn rdma_create_srq(
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> c_int {
-    ffi!(-1, {
-        let r = (|| {
-            if attr.is_null() {
-                return Err(libc::EINVAL);
-            }
-            state()?.id_mut(id)?;
-            // SAFETY: all-zero is a valid ibv_srq_init_attr_ex (NULL pointers, no bits).
-            let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
-            // SAFETY: `ibv_srq_init_attr_ex` begins with the fields of `ibv_srq_init_attr`;
-            // `attr` is the caller's.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    attr.cast::<u8>(),
-                    (&raw mut ex).cast::<u8>(),
-                    size_of::<ibv_srq_init_attr>(),
-                )
-            };
-            ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
-            // SAFETY: a live id.
-            ex.srq_type = if unsafe { (*id).qp_type } == IBV_QPT_XRC_RECV {
-                IBV_SRQT_XRC
-            } else {
-                IBV_SRQT_BASIC
-            };
-            ex.pd = pd;
-            let r = create_srq_ex(id, &mut ex);
-            // SAFETY: as above, back into the caller's attributes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (&raw const ex).cast::<u8>(),
-                    attr.cast::<u8>(),
-                    size_of::<ibv_srq_init_attr>(),
-                )
-            };
-            r
-        })();
-        result(r)
+    ffi!({
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        state()?.id_mut(id)?;
+        // SAFETY: all-zero is a valid ibv_srq_init_attr_ex (NULL pointers, no bits).
+        let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: `ibv_srq_init_attr_ex` begins with the fields of `ibv_srq_init_attr`;
+        // `attr` is the caller's.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                attr.cast::<u8>(),
+                (&raw mut ex).cast::<u8>(),
+                size_of::<ibv_srq_init_attr>(),
+            )
+        };
+        ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+        // SAFETY: a live id.
+        ex.srq_type = if unsafe { (*id).qp_type } == IBV_QPT_XRC_RECV {
+            IBV_SRQT_XRC
+        } else {
+            IBV_SRQT_BASIC
+        };
+        ex.pd = pd;
+        let r = create_srq_ex(id, &mut ex);
+        // SAFETY: as above, back into the caller's attributes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&raw const ex).cast::<u8>(),
+                attr.cast::<u8>(),
+                size_of::<ibv_srq_init_attr>(),
+            )
+        };
+        r?;
+        Ok(0)
     })
 }
 
 pub(crate) extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
-    ffi!((), {
+    ffi!({
         let Ok(ibv) = ibv() else { return };
         let Some(_st) = lock_id(id) else { return };
         // SAFETY: a live id; its SRQ.

@@ -9,12 +9,12 @@
 
 use crate::abi::*;
 use crate::ibv::ibv;
-use crate::neg_errno;
 use core::ffi::{c_int, c_void};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use softroce::cm::{CmEngine, CommId};
 use softroce::transport::Instant;
 use softroce::wire::cm::{CmaHdrRepr, RepRepr, ReqRepr};
+use softroce_cabi::fork::PerProcess;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
@@ -118,26 +118,28 @@ pub(super) struct State {
     pub(super) rng: softroce::rand::SplitMix64,
     /// The last multicast membership handle handed out (0 is none).
     pub(super) last_mc: u64,
-    /// The process this state belongs to: a forked child starts afresh ([`state`]).
-    pub(super) pid: u32,
 }
 
 // SAFETY: the raw pointers are libibverbs handles (contexts, PDs) and our own boxes, used only
 // under the state's lock; libibverbs objects may be used from any thread.
 unsafe impl Send for State {}
 
-/// The process's rdma_cm state, made on first use.
-static STATE: OnceLock<Result<Mutex<State>, c_int>> = OnceLock::new();
+/// The process's rdma_cm state, made on first use; a `fork`ed child's first use makes its
+/// own ([`PerProcess`]).
+static STATE: OnceLock<Result<Mutex<PerProcess<State>>, c_int>> = OnceLock::new();
+
+/// The process's rdma_cm state, locked ([`state`]).
+pub(super) type StateGuard = MappedMutexGuard<'static, State>;
 
 /// The process's rdma_cm state, locked. In a `fork`ed child the first call replaces the
-/// parent's state with a new one: the parent's open devices, ids and channels are the
-/// parent's (their driver threads did not fork, and libibverbs.so.1 gives a child none of the
-/// parent's devices), so the child opens the devices it uses itself. The parent's state is
-/// leaked in the child, not dropped. The lock is held across `fork` (`pthread_atfork`), so a
-/// child never inherits it locked by a thread that does not exist there (a driver thread
-/// takes it every few milliseconds). Errors: those of the first `init_state`, or of the
-/// child's.
-pub(super) fn state() -> Result<MutexGuard<'static, State>, c_int> {
+/// parent's state with a new one ([`PerProcess`]): the parent's open devices, ids and
+/// channels are the parent's (their driver threads did not fork, and libibverbs.so.1 gives a
+/// child none of the parent's devices), so the child opens the devices it uses itself. The
+/// parent's state is leaked in the child, not dropped. The lock is held across `fork`
+/// (`pthread_atfork`), so a child never inherits it locked by a thread that does not exist
+/// there (a driver thread takes it every few milliseconds). Errors: those of the first
+/// `init_state`, or of the child's (which leaves the parent's state for the next call).
+pub(super) fn state() -> Result<StateGuard, c_int> {
     let s = STATE.get_or_init(|| {
         // SOFTROCE_LOG for this library's copy of the engine (its CM's events), as
         // libibverbs.so.1 installs it for its own.
@@ -151,21 +153,22 @@ pub(super) fn state() -> Result<MutexGuard<'static, State>, c_int> {
                 Some(unlock_after_fork),
             )
         };
-        init_state().map(Mutex::new)
+        init_state().map(|st| Mutex::new(PerProcess::new(st)))
     });
     let m = s.as_ref().map_err(|e| *e)?;
-    let mut st = m.lock();
-    if st.pid != std::process::id() {
-        let fresh = init_state()?;
-        std::mem::forget(std::mem::replace(&mut *st, fresh));
-    }
-    Ok(st)
+    // The state of this process, or the error of making it (the guard is then let go).
+    let mut err = libc::EIO;
+    MutexGuard::try_map(m.lock(), |p| {
+
+        p.get_or_reset(init_state).map_err(|e| err = e).ok()
+    })
+    .map_err(|_| err)
 }
 
 std::thread_local! {
     /// The state's lock, held by the forking thread from [`lock_for_fork`] to
     /// [`unlock_after_fork`] (in the child, that thread's copy).
-    static FORK_LOCK: std::cell::RefCell<Option<MutexGuard<'static, State>>> =
+    static FORK_LOCK: std::cell::RefCell<Option<MutexGuard<'static, PerProcess<State>>>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -229,7 +232,6 @@ fn init_state() -> Result<State, c_int> {
         ids: HashMap::new(),
         rng: softroce::rand::SplitMix64::new(seed),
         last_mc: 0,
-        pid: std::process::id(),
     })
 }
 
@@ -314,13 +316,6 @@ pub(super) fn free_id(id: *mut rdma_cm_id) {
         if !b.route.path_rec.is_null() {
             drop(Box::from_raw(b.route.path_rec));
         }
-    }
-}
-
-pub(super) fn result(r: Result<(), c_int>) -> c_int {
-    match r {
-        Ok(()) => 0,
-        Err(e) => neg_errno(e),
     }
 }
 

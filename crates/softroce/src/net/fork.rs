@@ -6,7 +6,7 @@
 //! port bound, and the parent's next open of the device fails with EADDRINUSE. The child
 //! cannot use the copy anyway: the driver thread that receives from it did not fork, so a
 //! child that uses verbs opens the devices it uses itself (libibverbs.so.1 hands it no
-//! device of the parent's: `PerProcess` in softroce-capi).
+//! device of the parent's: `softroce_cabi::fork::PerProcess`).
 //!
 //! So each receive socket is listed here while it is open, and a `pthread_atfork` child
 //! handler, installed with the first device, puts `/dev/null` in the place of each listed
