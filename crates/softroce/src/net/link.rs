@@ -822,7 +822,11 @@ impl Link for UdpLink {
     fn send_batch(&self, ts: &[Transmit]) -> usize {
         if ts.first().is_some_and(|t| t.src_port == gsi_source_port()) {
             // QP1's MADs (a pump's datagrams share their QP's port): one by one through
-            // `send`, which handles the ICMP errors their socket reports.
+            // `send`, which handles the ICMP errors their socket reports. The ACKs held
+            // back go first: a MAD can end the connection they acknowledge (a DREQ moves
+            // the peer's QP to ERR, kernel cma.c, and an ACK behind it is dropped, so the
+            // peer flushes SENDs we received; seen with ucmatose against rxe).
+            self.flush_deferred();
             return ts.iter().filter(|t| self.send(t).is_err()).count();
         }
         if self.holding_acks.load(Ordering::Relaxed) && ts.iter().all(may_wait) {
@@ -927,6 +931,53 @@ pub(super) unsafe fn body_and_icrc(t: &Transmit) -> ([TxPart<'_>; 3], [u8; 4]) {
 mod tests {
     use super::*;
     use crate::wire::{IcrcIp, icrc_of_body};
+
+    fn datagram(kind: TxKind, dst: IpAddr, src_port: u16, tag: u8) -> Transmit {
+        Transmit {
+            kind,
+            dst,
+            src_port,
+            payload: vec![tag; 24],
+            tail: None,
+            ip: crate::transport::IpFields::default(),
+        }
+    }
+
+    /// ACKs held back while received datagrams are delivered leave before a later MAD of
+    /// QP1: a DREQ overtaking them ends the peer's QP before its last SENDs are
+    /// acknowledged (the ucmatose failure against rxe: the peer drops the late ACKs).
+    #[test]
+    fn a_qp1_mad_sends_the_held_acks_first() {
+        let ip = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 11));
+        let peer_ip = std::net::Ipv4Addr::new(127, 0, 23, 12);
+        let peer = std::net::UdpSocket::bind((peer_ip, ROCE_V2_UDP_PORT)).expect("bind peer");
+        peer.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .expect("timeout");
+        let link = UdpLink::bind(ip).expect("bind");
+        let dst = IpAddr::V4(peer_ip);
+        link.holding_acks.store(true, Ordering::Relaxed);
+        assert_eq!(
+            link.send_batch(&[datagram(TxKind::Acknowledge, dst, 0xc123, 0xac)]),
+            0
+        );
+        link.holding_acks.store(false, Ordering::Relaxed);
+        assert_eq!(link.deferred.lock().len(), 1, "the ACK is held");
+        let mad = datagram(TxKind::Request, dst, gsi_source_port(), 0x3a);
+        assert_eq!(link.send_batch(&[mad]), 0);
+        assert!(link.deferred.lock().is_empty(), "nothing is held any more");
+        let mut buf = [0u8; 256];
+        let mut order = Vec::new();
+        for _ in 0..2 {
+            let (n, from) = peer.recv_from(&mut buf).expect("a datagram within 20 s");
+            assert!(n >= 24, "{n} B");
+            order.push((buf[0], from.port()));
+        }
+        assert_eq!(
+            order,
+            [(0xac, 0xc123), (0x3a, gsi_source_port())],
+            "the held ACK, then the MAD"
+        );
+    }
 
     /// Entry `i` of a correction table turns the ICRC computed for IPv4 ID 0 into the one
     /// for ID `i`, for any body of the table's length; tables are per flow and length.
