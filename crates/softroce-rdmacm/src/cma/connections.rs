@@ -356,6 +356,7 @@ fn disconnect(id: *mut rdma_cm_id) -> Result<(), c_int> {
     qp_err(ibv, unsafe { (*id).qp });
     let o = st.open(dev)?;
     let r = o.cm.disconnect(now(), comm).map_err(|e| e.errno());
+    super::driver::stand_in_sync(o, comm);
     pump(&mut st, dev);
     r
 }

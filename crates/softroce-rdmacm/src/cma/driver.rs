@@ -23,6 +23,7 @@ use softroce::cm::rdma_cm::{
     REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
 };
 use softroce::cm::{CmConfig, CmEngine, CmEvent, CmState, CommId};
+use softroce::net::standin::StandIn;
 use softroce::transport::{Instant, PathMtu};
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{SidrRepRepr, SidrStatus};
@@ -71,6 +72,19 @@ impl State {
                 let _ = (ibv.mad_recv)(ctx, mad.as_mut_ptr().cast(), &mut src, 0);
                 (ctx, pd, u64::from_be((ibv.get_device_guid)(d.ibv_dev)), mtu)
             };
+            // Started before the driver thread: it must exist before any connection does.
+            let standin = match StandIn::start(self.devs[i].ip) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(
+                        target: "softroce::cm",
+                        "no stand-in for {}: {e}; a connection this process leaves open \
+                         when it dies is not ended for its peer",
+                        self.devs[i].ip
+                    );
+                    None
+                }
+            };
             let seed = self.random();
             let cm = CmEngine::new(CmConfig::new(self.devs[i].ip, guid, seed));
             self.devs[i].open = Some(OpenDev {
@@ -81,6 +95,7 @@ impl State {
                 mtu,
                 lingering: HashMap::new(),
                 parked: Vec::new(),
+                standin,
             });
             let ctx = ctx as usize;
             let name = format!("softroce-cm-{}", self.devs[i].name);
@@ -268,6 +283,25 @@ pub(super) fn pump(st: &mut State, dev: usize) {
     }
 }
 
+/// Tells device `o`'s stand-in what ends connection `comm` for its peer should this
+/// process die now: the engine's DREQ (ESTABLISHED) or DREP (DREQ_RCVD), or nothing (any
+/// other state, or the connection is gone). Call after every change of the connection's
+/// state that the frontend sees (its events, rdma_disconnect, [`end_connection`]).
+pub(super) fn stand_in_sync(o: &OpenDev, comm: CommId) {
+    let Some(s) = &o.standin else { return };
+    let r = match o.cm.exit_mad(comm) {
+        Some(m) => s.arm(comm.0, &m),
+        None => s.disarm(comm.0),
+    };
+    if let Err(e) = r {
+        tracing::debug!(
+            target: "softroce::cm",
+            comm_id = %format_args!("{:#x}", comm.0),
+            "the stand-in did not take the connection: {e}"
+        );
+    }
+}
+
 /// What the engine is told when a connection ends ([`end_connection`]).
 pub(super) enum End<'a> {
     /// Nothing: the engine ended it itself (a REJ came, the peer did not answer, TimeWait
@@ -313,6 +347,13 @@ pub(super) fn end_connection(
         return Ok(());
     };
     o.comms.remove(&comm);
+    let r = end_in_engine(o, comm, now, how);
+    stand_in_sync(o, comm);
+    r
+}
+
+/// [`end_connection`]'s part in the engine, as `how` says.
+fn end_in_engine(o: &mut OpenDev, comm: CommId, now: Instant, how: End<'_>) -> Result<(), c_int> {
     match how {
         End::Ended => Ok(()),
         End::Reject(data) => o.cm.reject(now, comm, data).map_err(|e| e.errno()),
@@ -425,6 +466,7 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             }
         }
         CmEvent::Established { .. } => {
+            stand_in_sync(o, comm);
             let Some(s) = st.ids.get_mut(&addr) else {
                 return;
             };
@@ -454,7 +496,10 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             let _ = end_connection(st, dev, addr, comm, t, End::Ended);
             post(new_event(id, event::UNREACHABLE, -libc::ETIMEDOUT));
         }
-        CmEvent::Disconnected { .. } => post(new_event(id, event::DISCONNECTED, 0)),
+        CmEvent::Disconnected { .. } => {
+            stand_in_sync(o, comm);
+            post(new_event(id, event::DISCONNECTED, 0))
+        }
         CmEvent::TimewaitExit { .. } => {
             let _ = end_connection(st, dev, addr, comm, t, End::Ended);
             post(new_event(id, event::TIMEWAIT_EXIT, 0));

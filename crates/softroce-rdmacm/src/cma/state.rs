@@ -12,6 +12,7 @@ use crate::ibv::ibv;
 use core::ffi::{c_int, c_void};
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use softroce::cm::{CmEngine, CommId};
+use softroce::net::standin::StandIn;
 use softroce::transport::Instant;
 use softroce::wire::cm::{CmaHdrRepr, RepRepr, ReqRepr};
 use softroce_cabi::fork::PerProcess;
@@ -37,6 +38,9 @@ pub(super) struct OpenDev {
     pub(super) lingering: HashMap<u64, Instant>,
     /// REQs that came for a lingering service ID, waiting for a listener.
     pub(super) parked: Vec<Parked>,
+    /// The process's stand-in for this device, which ends its established connections
+    /// once the process is gone (`softroce::net::standin`); `None` if it could not start.
+    pub(super) standin: Option<StandIn>,
 }
 
 /// A REQ for a service ID nobody listens on any more, held while the ID lingers.
@@ -159,7 +163,6 @@ pub(super) fn state() -> Result<StateGuard, c_int> {
     // The state of this process, or the error of making it (the guard is then let go).
     let mut err = libc::EIO;
     MutexGuard::try_map(m.lock(), |p| {
-
         p.get_or_reset(init_state).map_err(|e| err = e).ok()
     })
     .map_err(|_| err)

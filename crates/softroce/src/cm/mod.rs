@@ -475,6 +475,44 @@ impl CmEngine {
     pub fn state(&self, id: CommId) -> Option<CmState> {
         self.conns.get(&id.0).map(|c| c.state)
     }
+    /// The MAD that ends connection `id` on this side's behalf once the process that owns
+    /// it is gone, as the kernel's `cm_destroy_id` ends a dead process's connections: the
+    /// DREQ that [`CmEngine::disconnect`] would send now (ESTABLISHED), or the DREP a
+    /// received DREQ waits for (DREQ_RCVD). The engine's state does not change (the
+    /// stand-in of `net::standin` sends it after the process died). `None` in any other
+    /// state, or for an unknown ID.
+    pub fn exit_mad(&self, id: CommId) -> Option<MadTransmit> {
+        let c = self.conns.get(&id.0)?;
+        let (tid, msg) = match c.state {
+            CmState::Established => (
+                (u64::from(self.tid_hi) << 32) | u64::from(id.0),
+                CmMsgRepr::Dreq(DreqRepr {
+                    local_comm_id: id.0,
+                    remote_comm_id: c.remote_comm_id,
+                    remote_qpn_eecn: c.remote_qpn,
+                    private_data: [0; 220],
+                }),
+            ),
+            CmState::DreqRcvd => (
+                c.tid,
+                CmMsgRepr::Drep(DrepRepr {
+                    local_comm_id: id.0,
+                    remote_comm_id: c.remote_comm_id,
+                    private_data: [0; 224],
+                }),
+            ),
+            _ => return None,
+        };
+        let mad = Box::new(
+            CmMadRepr {
+                hdr: MadHdrRepr::cm(tid, msg.attr_id()),
+                msg,
+            }
+            .to_bytes(),
+        );
+        Some(MadTransmit { dst: c.peer, mad })
+    }
+
     /// How many connections the engine holds (all states, TIMEWAIT included).
     pub fn connection_count(&self) -> usize {
         self.conns.len()

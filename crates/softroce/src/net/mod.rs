@@ -54,6 +54,7 @@ mod raw;
 pub mod sim;
 mod sock;
 pub mod sockaddr;
+pub mod standin;
 pub mod steer;
 pub mod udp;
 

@@ -1,0 +1,386 @@
+//! A process's stand-in: a small child process that ends the process's CM connections when
+//! the process is gone, as the kernel's CM does for a process that exits or is killed
+//! (closing its rdma_cm file destroys its ids, kernel `cm.c` `cm_destroy_id`: a DREQ for an
+//! established connection, the DREP a received DREQ waits for). softroce's CM runs inside
+//! the process (crates/softroce-rdmacm), so without this a killed server leaves its clients
+//! waiting for a message that never comes.
+//!
+//! Shape: [`StandIn::start`] makes, before anything else, a UDP send socket of the device
+//! (its address, QP1's source port 0xD872, shared by `SO_REUSEPORT` with the device's own),
+//! a pipe, and a table of [`MAX_ENTRIES`] slots, then clones a child that closes every other
+//! file descriptor, leaves the terminal's session (so that the Ctrl-C that kills the process
+//! does not reach it) and waits on the pipe. The frontend [`arm`](StandIn::arm)s a
+//! connection with the MAD that ends it ([`crate::cm::CmEngine::exit_mad`]): the whole
+//! datagram (BTH, DETH, MAD, ICRC) is built here and written to the pipe as one record of
+//! [`RECORD_LEN`] bytes (atomic: at most `PIPE_BUF`), and [`disarm`](StandIn::disarm)s it
+//! when the connection ends while the process lives. When the pipe reaches end of file (the
+//! process exited, however: SIGKILL included) or the child's parent changes, the child sends
+//! every armed datagram [`SENDS`] times, [`SEND_GAP`] apart, and exits. A process that ended
+//! its connections itself leaves nothing armed, and its stand-in exits silently.
+//!
+//! The child runs between `clone` and `_exit` only system calls that are async-signal-safe
+//! (poll, read, sendto, getppid, nanosleep, close) on memory allocated before the clone: it
+//! is a copy of a multi-threaded process whose other threads, and their locks, did not come
+//! along. It is cloned without an exit signal, so a program's `wait()` never sees it.
+//!
+//! Errors: arming fails quietly when the child is gone or the pipe is full (the connection
+//! is then ended only if the process ends it); [`StandIn::start`] returns the system
+//! call's error.
+
+use super::sock::new_send_socket;
+use crate::cm::MadTransmit;
+use crate::transport::GSI_QKEY;
+use crate::wire::{
+    BthRepr, DethRepr, IcrcIp, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT, mad::MAD_LEN,
+};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// Connections a stand-in can hold at once (a process with more has the later ones ended
+/// only by itself).
+pub const MAX_ENTRIES: usize = 512;
+/// How many times the stand-in sends each datagram (the peer answers a repeated DREQ with
+/// its DREP again, kernel `cm_dreq_handler`).
+pub const SENDS: usize = 3;
+/// The time between the stand-in's sends.
+pub const SEND_GAP: Duration = Duration::from_millis(100);
+
+/// UDP payload of a QP1 MAD: BTH (12) + DETH (8) + MAD (256) + ICRC (4).
+const DATAGRAM_LEN: usize = 12 + 8 + MAD_LEN + 4;
+/// A `sockaddr_in6`, the larger of the two address shapes.
+const ADDR_LEN: usize = 28;
+/// One record on the pipe: op (1), key (4), address length (1), address, datagram.
+pub const RECORD_LEN: usize = 1 + 4 + 1 + ADDR_LEN + DATAGRAM_LEN;
+const OP_ARM: u8 = 1;
+const OP_DISARM: u8 = 2;
+/// QP1's UDP source port, rxe's for QPN 1 (docs/wire-facts.md).
+const GSI_SOURCE_PORT: u16 = 0xd872;
+
+/// The stand-in of one device of this process. Dropping it closes the pipe, which the
+/// child takes as the end of the process: drop it only when the process ends (or after
+/// disarming everything).
+#[derive(Debug)]
+pub struct StandIn {
+    pipe: OwnedFd,
+    local: IpAddr,
+    child: libc::pid_t,
+}
+
+/// One slot of the child's table.
+#[derive(Clone, Copy)]
+struct Entry {
+    key: u32,
+    used: bool,
+    addr_len: u8,
+    addr: [u8; ADDR_LEN],
+    datagram: [u8; DATAGRAM_LEN],
+}
+
+const EMPTY: Entry = Entry {
+    key: 0,
+    used: false,
+    addr_len: 0,
+    addr: [0; ADDR_LEN],
+    datagram: [0; DATAGRAM_LEN],
+};
+
+impl StandIn {
+    /// Starts the stand-in of the device at `local`.
+    /// Errors: those of `socket`/`bind` (the device's QP1 send port), `pipe2` and `clone`.
+    pub fn start(local: IpAddr) -> io::Result<StandIn> {
+        let sock = new_send_socket(local, GSI_SOURCE_PORT, false)?;
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 just made these two descriptors; each is owned once.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // The child's memory, allocated before the clone (the child may not allocate).
+        let mut table = vec![EMPTY; MAX_ENTRIES];
+        let mut buf = vec![0u8; RECORD_LEN * 8];
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: a fork-like clone (no CLONE_VM, no new stack: the child continues on a
+        // copy of this stack) with no exit signal. The child runs only `child_main`, which
+        // makes async-signal-safe system calls on memory allocated above and never returns.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                0 as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            child_main(
+                rd.as_raw_fd(),
+                sock.as_raw_fd(),
+                parent,
+                &mut table,
+                &mut buf,
+            );
+        }
+        drop(rd);
+        drop(sock);
+        // SAFETY: the write end; O_NONBLOCK so that a stalled child never blocks the CM.
+        unsafe {
+            let fl = libc::fcntl(wr.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(wr.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        Ok(StandIn {
+            pipe: wr,
+            local,
+            child: pid as libc::pid_t,
+        })
+    }
+
+    /// The child's process ID.
+    pub fn pid(&self) -> libc::pid_t {
+        self.child
+    }
+
+    /// Arms connection `key` (its local comm ID): once this process is gone, `mad` is sent
+    /// to its peer from QP1. Arming a key again replaces its MAD. Errors: `EAGAIN` when the
+    /// pipe is full, `EPIPE` when the child is gone, `EINVAL` for an address of another
+    /// family than the device's.
+    pub fn arm(&self, key: u32, mad: &MadTransmit) -> io::Result<()> {
+        let mut rec = [0u8; RECORD_LEN];
+        rec[0] = OP_ARM;
+        rec[1..5].copy_from_slice(&key.to_be_bytes());
+        let dst = SocketAddr::new(mad.dst, ROCE_V2_UDP_PORT);
+        let sa = socket2::SockAddr::from(dst);
+        let n = sa.len() as usize;
+        if n > ADDR_LEN || mad.dst.is_ipv4() != self.local.is_ipv4() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        rec[5] = n as u8;
+        // SAFETY: `sa` holds `n` initialised bytes of a sockaddr.
+        let bytes = unsafe { std::slice::from_raw_parts(sa.as_ptr().cast::<u8>(), n) };
+        rec[6..6 + n].copy_from_slice(bytes);
+        let at = 6 + ADDR_LEN;
+        self.datagram(mad, &mut rec[at..at + DATAGRAM_LEN]);
+        self.write(&rec)
+    }
+
+    /// Disarms connection `key` (it ended while this process lives). Errors as
+    /// [`StandIn::arm`].
+    pub fn disarm(&self, key: u32) -> io::Result<()> {
+        let mut rec = [0u8; RECORD_LEN];
+        rec[0] = OP_DISARM;
+        rec[1..5].copy_from_slice(&key.to_be_bytes());
+        self.write(&rec)
+    }
+
+    /// The UDP payload that carries `mad` from this device's QP1 to the peer's: UD SEND
+    /// ONLY to QP 1, P_Key 0xFFFF, Q_Key 0x80010000 from QP 1, and the ICRC over the IP and
+    /// UDP headers the stand-in's socket sends with (IPv4 ID 0, flow label 0).
+    fn datagram(&self, mad: &MadTransmit, out: &mut [u8]) {
+        let mut bth = BthRepr::new(Opcode::UD_SEND_ONLY, 1, Psn::new(0));
+        // As the device's QP1 and rxe's send every MAD (tests/captures).
+        bth.ack_req = true;
+        let mut p = PacketRepr::new(bth);
+        p.deth = Some(DethRepr {
+            qkey: GSI_QKEY,
+            src_qpn: 1,
+        });
+        p.payload_len = MAD_LEN;
+        let ip = match (self.local, mad.dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => IcrcIp::V4 {
+                src,
+                dst,
+                ident: 0,
+                src_port: GSI_SOURCE_PORT,
+                dst_port: ROCE_V2_UDP_PORT,
+            },
+            (IpAddr::V6(src), IpAddr::V6(dst)) => IcrcIp::V6 {
+                src,
+                dst,
+                src_port: GSI_SOURCE_PORT,
+                dst_port: ROCE_V2_UDP_PORT,
+            },
+            // `arm` refused mixed families before.
+            _ => return,
+        };
+        p.emit(out, &mad.mad[..], &ip);
+    }
+
+    fn write(&self, rec: &[u8; RECORD_LEN]) -> io::Result<()> {
+        // SAFETY: the pipe's write end; `rec` is RECORD_LEN readable bytes.
+        let n = unsafe { libc::write(self.pipe.as_raw_fd(), rec.as_ptr().cast(), RECORD_LEN) };
+        match n {
+            n if n == RECORD_LEN as isize => Ok(()),
+            n if n < 0 => Err(io::Error::last_os_error()),
+            // PIPE_BUF makes a write of RECORD_LEN bytes all or nothing.
+            _ => Err(io::Error::from_raw_os_error(libc::EIO)),
+        }
+    }
+}
+
+/// The stand-in: see the module documentation. Never returns.
+fn child_main(
+    rd: RawFd,
+    sock: RawFd,
+    parent: libc::pid_t,
+    table: &mut [Entry],
+    buf: &mut [u8],
+) -> ! {
+    // SAFETY (the whole function): async-signal-safe system calls on descriptors and memory
+    // this process owns; no allocation, no lock, no unwinding.
+    unsafe {
+        // Keep only the pipe (as 0) and the socket (as 1).
+        let s2 = libc::fcntl(sock, libc::F_DUPFD, 3);
+        let r2 = libc::fcntl(rd, libc::F_DUPFD, 3);
+        if s2 < 0 || r2 < 0 || libc::dup2(r2, 0) < 0 || libc::dup2(s2, 1) < 0 {
+            libc::_exit(1);
+        }
+        if libc::syscall(libc::SYS_close_range, 2u32, u32::MAX, 0u32) != 0 {
+            for fd in 2..4096 {
+                libc::close(fd);
+            }
+        }
+        // Out of the terminal's process group: the Ctrl-C (SIGINT), hangup or quit that
+        // ends the process must leave its stand-in running.
+        libc::setsid();
+        for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        let (rd, sock) = (0, 1);
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: rd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let r = libc::poll(&mut pfd, 1, 200);
+            let mut gone = libc::getppid() != parent;
+            if r > 0 {
+                let n = libc::read(rd, buf.as_mut_ptr().cast(), buf.len());
+                if n == 0 {
+                    gone = true;
+                } else if n > 0 {
+                    let mut at = 0usize;
+                    while at + RECORD_LEN <= n as usize {
+                        if let Some(rec) = buf.get(at..at + RECORD_LEN) {
+                            apply(table, rec);
+                        }
+                        at += RECORD_LEN;
+                    }
+                } else if *libc::__errno_location() != libc::EINTR {
+                    gone = true;
+                }
+            }
+            if gone {
+                break;
+            }
+        }
+        for round in 0..SENDS {
+            if round > 0 {
+                let ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: SEND_GAP.as_nanos() as libc::c_long,
+                };
+                libc::nanosleep(&ts, std::ptr::null_mut());
+            }
+            for e in table.iter().filter(|e| e.used) {
+                libc::sendto(
+                    sock,
+                    e.datagram.as_ptr().cast(),
+                    DATAGRAM_LEN,
+                    0,
+                    e.addr.as_ptr().cast(),
+                    libc::socklen_t::from(e.addr_len),
+                );
+            }
+        }
+        libc::_exit(0)
+    }
+}
+
+/// Applies one record to the table (no allocation, no panic: slices are checked).
+fn apply(table: &mut [Entry], rec: &[u8]) {
+    let (Some(&op), Some(k), Some(&alen)) = (rec.first(), rec.get(1..5), rec.get(5)) else {
+        return;
+    };
+    let key = u32::from_be_bytes([k[0], k[1], k[2], k[3]]);
+    let slot = table.iter().position(|e| e.used && e.key == key);
+    match op {
+        OP_ARM => {
+            let Some(i) = slot.or_else(|| table.iter().position(|e| !e.used)) else {
+                return;
+            };
+            let (Some(addr), Some(dg)) = (
+                rec.get(6..6 + ADDR_LEN),
+                rec.get(6 + ADDR_LEN..6 + ADDR_LEN + DATAGRAM_LEN),
+            ) else {
+                return;
+            };
+            if let Some(e) = table.get_mut(i) {
+                e.used = true;
+                e.key = key;
+                e.addr_len = alen.min(ADDR_LEN as u8);
+                e.addr.copy_from_slice(addr);
+                e.datagram.copy_from_slice(dg);
+            }
+        }
+        OP_DISARM => {
+            if let Some(e) = slot.and_then(|i| table.get_mut(i)) {
+                e.used = false;
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::RocePacket;
+
+    /// A stand-in whose process is gone (here: its pipe closed) sends what was armed and
+    /// not disarmed, each datagram a QP1 MAD that parses with a good ICRC, from QP1's port.
+    #[test]
+    fn the_stand_in_sends_what_is_armed_once_its_pipe_closes() {
+        let local = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 21));
+        let peer_ip = std::net::Ipv4Addr::new(127, 0, 23, 22);
+        let peer = std::net::UdpSocket::bind((peer_ip, ROCE_V2_UDP_PORT)).expect("bind peer");
+        peer.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let s = StandIn::start(local).expect("start");
+        let mad = |tag: u8| MadTransmit {
+            dst: IpAddr::V4(peer_ip),
+            mad: Box::new([tag; MAD_LEN]),
+        };
+        s.arm(7, &mad(0x71)).expect("arm 7");
+        s.arm(8, &mad(0x81)).expect("arm 8");
+        s.arm(7, &mad(0x72)).expect("re-arm 7");
+        s.disarm(8).expect("disarm 8");
+        drop(s);
+        let mut buf = [0u8; 512];
+        for _ in 0..SENDS {
+            let (n, from) = peer.recv_from(&mut buf).expect("a datagram within 20 s");
+            assert_eq!((n, from.port()), (DATAGRAM_LEN, GSI_SOURCE_PORT));
+            let p = RocePacket::parse(&buf[..n]).expect("parses");
+            let ip = IcrcIp::V4 {
+                src: std::net::Ipv4Addr::new(127, 0, 23, 21),
+                dst: peer_ip,
+                ident: 0,
+                src_port: GSI_SOURCE_PORT,
+                dst_port: ROCE_V2_UDP_PORT,
+            };
+            assert!(p.icrc_ok(&ip), "ICRC");
+            assert_eq!(
+                p.payload,
+                &[0x72; MAD_LEN][..],
+                "connection 7's last MAD only"
+            );
+        }
+    }
+}
