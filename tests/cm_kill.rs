@@ -13,7 +13,7 @@ use softroce::wire::RocePacket;
 use softroce::wire::ip_udp::parse_frame;
 use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -76,15 +76,23 @@ fn killed_server_disconnects_its_client(sig: libc::c_int, sip: &str, cip: &str, 
     let mut attempt = 0;
     let (client, lines) = loop {
         attempt += 1;
-        let mut c = Command::new(SOFTROCE)
-            .args(["exec", "--pcap"])
-            .arg(&pcap)
-            .args(["--ip", cip, "--", "rping", "-c", "-a", sip, "-p", port])
-            .args(["-C", "100000000", "-v"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut c = exec_pcap(
+            cip,
+            &pcap,
+            &[
+                "rping",
+                "-c",
+                "-a",
+                sip,
+                "-p",
+                port,
+                "-C",
+                "100000000",
+                "-v",
+            ],
+        )
+        .spawn()
+        .unwrap();
         let (tx, rx) = mpsc::channel();
         let out = c.stdout.take().unwrap();
         std::thread::spawn(move || {

@@ -303,14 +303,12 @@ fn ucmatose_to_an_address_without_a_device_is_unreachable_from_icmp() {
     let dir = std::env::temp_dir().join(format!("softroce-cm-icmp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("client.pcap");
-    let mut cmd = std::process::Command::new(SOFTROCE);
-    cmd.args(["exec", "--pcap"])
-        .arg(&pcap)
-        .args(["--ip", "127.0.117.90", "--"])
-        .args(["ucmatose", "-s", "127.0.117.91", "-p", "7499"])
-        .env("SOFTROCE_LOG", "softroce::cm=info");
-    cmd.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    let mut cmd = exec_pcap(
+        "127.0.117.90",
+        &pcap,
+        &["ucmatose", "-s", "127.0.117.91", "-p", "7499"],
+    );
+    cmd.env("SOFTROCE_LOG", "softroce::cm=info");
     let out = wait(cmd.spawn().unwrap(), Duration::from_secs(60), "ucmatose");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(

@@ -28,6 +28,18 @@ pub fn exec<S: AsRef<OsStr>>(ip: &str, args: &[S]) -> Command {
     c
 }
 
+/// `softroce exec --pcap PCAP --ip IP -- ARGS…`, stdout and stderr captured: [`exec`] with
+/// every datagram of the program's devices written to `pcap`.
+pub fn exec_pcap<S: AsRef<OsStr>>(ip: &str, pcap: &Path, args: &[S]) -> Command {
+    let mut c = Command::new(SOFTROCE);
+    c.args(["exec", "--pcap"])
+        .arg(pcap)
+        .args(["--ip", ip, "--"])
+        .args(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
 /// Waits for `child` up to `limit`, killing it past that.
 pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
     let deadline = Instant::now() + limit;

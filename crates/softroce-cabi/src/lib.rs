@@ -101,13 +101,11 @@ pub struct SetsErrno(pub Result<(), c_int>);
 impl CReturn for SetsErrno {
     type C = c_int;
     fn into_c(self) -> c_int {
-        match self.0 {
-            Ok(()) => 0,
-            Err(e) => {
-                set_errno(e);
-                e
-            }
+        let r = self.0.into_c();
+        if r != 0 {
+            set_errno(r);
         }
+        r
     }
     fn panicked() -> c_int {
         libc::EIO

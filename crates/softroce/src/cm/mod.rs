@@ -386,6 +386,39 @@ pub struct MadTransmit {
     pub mad: Box<[u8; MAD_LEN]>,
 }
 
+/// The 256 bytes of a CM MAD: the MAD header for `msg` with transaction ID `tid`, then
+/// `msg`.
+fn mad_bytes(tid: u64, msg: CmMsgRepr) -> Box<[u8; MAD_LEN]> {
+    Box::new(
+        CmMadRepr {
+            hdr: MadHdrRepr::cm(tid, msg.attr_id()),
+            msg,
+        }
+        .to_bytes(),
+    )
+}
+
+impl Conn {
+    /// The DREQ that ends this connection (local comm ID `id`), no private data.
+    fn dreq(&self, id: u32) -> DreqRepr {
+        DreqRepr {
+            local_comm_id: id,
+            remote_comm_id: self.remote_comm_id,
+            remote_qpn_eecn: self.remote_qpn,
+            private_data: [0; 220],
+        }
+    }
+
+    /// The DREP that answers the peer's DREQ on this connection (local comm ID `id`).
+    fn drep(&self, id: u32) -> DrepRepr {
+        DrepRepr {
+            local_comm_id: id,
+            remote_comm_id: self.remote_comm_id,
+            private_data: [0; 224],
+        }
+    }
+}
+
 /// One connection's state.
 #[derive(Debug, Clone)]
 struct Conn {
@@ -475,6 +508,12 @@ impl CmEngine {
     pub fn state(&self, id: CommId) -> Option<CmState> {
         self.conns.get(&id.0).map(|c| c.state)
     }
+    /// A transaction ID this side forms for connection `id`: the engine's random high half,
+    /// the local comm ID low (kernel `cm_form_tid`).
+    fn own_tid(&self, id: u32) -> u64 {
+        (u64::from(self.tid_hi) << 32) | u64::from(id)
+    }
+
     /// The MAD that ends connection `id` on this side's behalf once the process that owns
     /// it is gone, as the kernel's `cm_destroy_id` ends a dead process's connections: the
     /// DREQ that [`CmEngine::disconnect`] would send now (ESTABLISHED), or the DREP a
@@ -484,33 +523,14 @@ impl CmEngine {
     pub fn exit_mad(&self, id: CommId) -> Option<MadTransmit> {
         let c = self.conns.get(&id.0)?;
         let (tid, msg) = match c.state {
-            CmState::Established => (
-                (u64::from(self.tid_hi) << 32) | u64::from(id.0),
-                CmMsgRepr::Dreq(DreqRepr {
-                    local_comm_id: id.0,
-                    remote_comm_id: c.remote_comm_id,
-                    remote_qpn_eecn: c.remote_qpn,
-                    private_data: [0; 220],
-                }),
-            ),
-            CmState::DreqRcvd => (
-                c.tid,
-                CmMsgRepr::Drep(DrepRepr {
-                    local_comm_id: id.0,
-                    remote_comm_id: c.remote_comm_id,
-                    private_data: [0; 224],
-                }),
-            ),
+            CmState::Established => (self.own_tid(id.0), CmMsgRepr::Dreq(c.dreq(id.0))),
+            CmState::DreqRcvd => (c.tid, CmMsgRepr::Drep(c.drep(id.0))),
             _ => return None,
         };
-        let mad = Box::new(
-            CmMadRepr {
-                hdr: MadHdrRepr::cm(tid, msg.attr_id()),
-                msg,
-            }
-            .to_bytes(),
-        );
-        Some(MadTransmit { dst: c.peer, mad })
+        Some(MadTransmit {
+            dst: c.peer,
+            mad: mad_bytes(tid, msg),
+        })
     }
 
     /// How many connections the engine holds (all states, TIMEWAIT included).
@@ -677,7 +697,7 @@ impl CmEngine {
     pub fn connect(&mut self, now: Instant, p: &ConnectParams) -> Result<CommId, CmError> {
         let private_data = copy_pd::<92>(&p.private_data)?;
         let id = self.new_conn(p.peer, CmState::ReqSent)?;
-        let tid = (u64::from(self.tid_hi) << 32) | u64::from(id);
+        let tid = self.own_tid(id);
         let c = &self.config;
         let req = ReqRepr {
             local_comm_id: id,
@@ -850,14 +870,10 @@ impl CmEngine {
                 CmState::DreqRcvd,
             ],
         )?;
-        let own_tid = (u64::from(self.tid_hi) << 32) | u64::from(id.0);
+        let own_tid = self.own_tid(id.0);
         let conn = self.conn_api(id)?;
         if state == CmState::DreqRcvd {
-            let drep = DrepRepr {
-                local_comm_id: id.0,
-                remote_comm_id: conn.remote_comm_id,
-                private_data: [0; 224],
-            };
+            let drep = conn.drep(id.0);
             self.send(id.0, CmMsgRepr::Drep(drep), true);
             self.enter_timewait(now, id.0);
             return Ok(());
@@ -866,12 +882,7 @@ impl CmEngine {
         // The active side keeps its connection's TID (as in 30-rping); the passive side
         // forms one from its own ID (kernel `cm_form_tid`).
         conn.tid = own_tid;
-        let dreq = DreqRepr {
-            local_comm_id: id.0,
-            remote_comm_id: conn.remote_comm_id,
-            remote_qpn_eecn: conn.remote_qpn,
-            private_data: [0; 220],
-        };
+        let dreq = conn.dreq(id.0);
         self.send_and_arm(now, id.0, CmMsgRepr::Dreq(dreq));
         Ok(())
     }
@@ -889,7 +900,7 @@ impl CmEngine {
         let id = self.new_conn(peer, CmState::SidrReqSent)?;
         let timeout = self.response_timeout(self.config.cm_response_timeout);
         let retries = self.config.max_cm_retries;
-        let tid = (u64::from(self.tid_hi) << 32) | u64::from(id);
+        let tid = self.own_tid(id);
         let conn = self.conn_api(CommId(id))?;
         conn.tid = tid;
         conn.service_id = service_id;

@@ -653,13 +653,7 @@ impl CmEngine {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        let bytes = Box::new(
-            CmMadRepr {
-                hdr: MadHdrRepr::cm(c.tid, msg.attr_id()),
-                msg,
-            }
-            .to_bytes(),
-        );
+        let bytes = mad_bytes(c.tid, msg);
         let peer = c.peer;
         if remember {
             c.last_sent = Some(bytes.clone());
@@ -703,13 +697,7 @@ impl CmEngine {
 
     /// Queues a MAD that belongs to no connection.
     pub(super) fn push_mad(&mut self, dst: IpAddr, tid: u64, msg: CmMsgRepr) {
-        let mad = Box::new(
-            CmMadRepr {
-                hdr: MadHdrRepr::cm(tid, msg.attr_id()),
-                msg,
-            }
-            .to_bytes(),
-        );
+        let mad = mad_bytes(tid, msg);
         self.counters.mads_sent += 1;
         self.mads.push_back(MadTransmit { dst, mad });
     }

@@ -719,7 +719,7 @@ fn send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<UdpSocke
 
 /// The UDP source port of QP1 (the GSI QP), whose sockets report ICMP errors: rxe's port for
 /// QPN 1, 0xD872 (docs/wire-facts.md; QP1's MADs leave from it).
-fn gsi_source_port() -> u16 {
+pub(super) fn gsi_source_port() -> u16 {
     crate::verbs::rxe_initial_udp_sport(1)
 }
 

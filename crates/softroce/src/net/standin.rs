@@ -27,6 +27,7 @@
 //! is then ended only if the process ends it); [`StandIn::start`] returns the system
 //! call's error.
 
+use super::link::gsi_source_port;
 use super::sock::new_send_socket;
 use crate::cm::MadTransmit;
 use crate::transport::GSI_QKEY;
@@ -55,8 +56,6 @@ const ADDR_LEN: usize = 28;
 pub const RECORD_LEN: usize = 1 + 4 + 1 + ADDR_LEN + DATAGRAM_LEN;
 const OP_ARM: u8 = 1;
 const OP_DISARM: u8 = 2;
-/// QP1's UDP source port, rxe's for QPN 1 (docs/wire-facts.md).
-const GSI_SOURCE_PORT: u16 = 0xd872;
 
 /// The stand-in of one device of this process. Dropping it closes the pipe, which the
 /// child takes as the end of the process: drop it only when the process ends (or after
@@ -90,7 +89,7 @@ impl StandIn {
     /// Starts the stand-in of the device at `local`.
     /// Errors: those of `socket`/`bind` (the device's QP1 send port), `pipe2` and `clone`.
     pub fn start(local: IpAddr) -> io::Result<StandIn> {
-        let sock = new_send_socket(local, GSI_SOURCE_PORT, false)?;
+        let sock = new_send_socket(local, gsi_source_port(), false)?;
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -197,13 +196,13 @@ impl StandIn {
                 src,
                 dst,
                 ident: 0,
-                src_port: GSI_SOURCE_PORT,
+                src_port: gsi_source_port(),
                 dst_port: ROCE_V2_UDP_PORT,
             },
             (IpAddr::V6(src), IpAddr::V6(dst)) => IcrcIp::V6 {
                 src,
                 dst,
-                src_port: GSI_SOURCE_PORT,
+                src_port: gsi_source_port(),
                 dst_port: ROCE_V2_UDP_PORT,
             },
             // `arm` refused mixed families before.
@@ -366,13 +365,13 @@ mod tests {
         let mut buf = [0u8; 512];
         for _ in 0..SENDS {
             let (n, from) = peer.recv_from(&mut buf).expect("a datagram within 20 s");
-            assert_eq!((n, from.port()), (DATAGRAM_LEN, GSI_SOURCE_PORT));
+            assert_eq!((n, from.port()), (DATAGRAM_LEN, gsi_source_port()));
             let p = RocePacket::parse(&buf[..n]).expect("parses");
             let ip = IcrcIp::V4 {
                 src: std::net::Ipv4Addr::new(127, 0, 23, 21),
                 dst: peer_ip,
                 ident: 0,
-                src_port: GSI_SOURCE_PORT,
+                src_port: gsi_source_port(),
                 dst_port: ROCE_V2_UDP_PORT,
             };
             assert!(p.icrc_ok(&ip), "ICRC");
