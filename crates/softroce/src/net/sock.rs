@@ -45,6 +45,13 @@ fn set_int(
 }
 
 pub(super) fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socket> {
+    let s = unbound_socket(ip, reuse)?;
+    s.bind(&SocketAddr::new(ip, port).into())?;
+    Ok(s)
+}
+
+/// [`new_socket`] before its `bind`: every option set, no address yet.
+fn unbound_socket(ip: IpAddr, reuse: bool) -> io::Result<Socket> {
     let domain = if ip.is_ipv4() {
         Domain::IPV4
     } else {
@@ -59,7 +66,6 @@ pub(super) fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socke
         s.set_only_v6(true)?;
         set_udp_no_check6_rx(&s)?;
     }
-    s.bind(&SocketAddr::new(ip, port).into())?;
     if ip.is_ipv4() {
         // Unconnected + IP_PMTUDISC_DO: Linux writes IPv4 ID 0 and DF on every datagram
         // (docs/wire-facts.md §0.2), so the ICRC we computed over ID 0 is the one on the wire.
@@ -79,7 +85,16 @@ pub(super) fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socke
 /// Source: docs/wire-facts.md §0.7, §2.1; Linux `net/ipv4/udp.c` `udp_send_skb`,
 /// `net/ipv6/udp.c` `udp_v6_send_skb`, `net/ipv6/ip6_output.c` `ip6_make_flowlabel`.
 pub(super) fn new_send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<Socket> {
-    let s = new_socket(ip, port, true)?;
+    let s = unbound_send_socket(ip, udp_checksum)?;
+    s.bind(&SocketAddr::new(ip, port).into())?;
+    Ok(s)
+}
+
+/// [`new_send_socket`] before its `bind` (for the stand-in of `super::standin`, which binds
+/// only once the process it stands in for is gone, so that it never joins that process's
+/// `SO_REUSEPORT` group and takes its ICMP errors).
+pub(super) fn unbound_send_socket(ip: IpAddr, udp_checksum: bool) -> io::Result<Socket> {
+    let s = unbound_socket(ip, true)?;
     match ip {
         IpAddr::V4(_) if !udp_checksum => set_int(&s, libc::SOL_SOCKET, SO_NO_CHECK, 1)?,
         IpAddr::V4(_) => {}

@@ -5,9 +5,10 @@
 //! the process (crates/softroce-rdmacm), so without this a killed server leaves its clients
 //! waiting for a message that never comes.
 //!
-//! Shape: [`StandIn::start`] makes, before anything else, a UDP send socket of the device
-//! (its address, QP1's source port 0xD872, shared by `SO_REUSEPORT` with the device's own),
-//! a pipe, and a table of [`MAX_ENTRIES`] slots, then clones a child that closes every other
+//! Shape: [`StandIn::start`] makes, before anything else, a UDP send socket set up as the
+//! device's (bound only once the process is gone, to the device's address and QP1's source
+//! port 0xD872: bound earlier it would join the device's `SO_REUSEPORT` group and could take
+//! the ICMP errors meant for QP1's socket), a pipe, and a table of [`MAX_ENTRIES`] slots, then clones a child that closes every other
 //! file descriptor, leaves the terminal's session (so that the Ctrl-C that kills the process
 //! does not reach it) and waits on the pipe. The frontend [`arm`](StandIn::arm)s a
 //! connection with the MAD that ends it ([`crate::cm::CmEngine::exit_mad`]): the whole
@@ -28,7 +29,7 @@
 //! call's error.
 
 use super::link::gsi_source_port;
-use super::sock::new_send_socket;
+use super::sock::unbound_send_socket;
 use crate::cm::MadTransmit;
 use crate::transport::GSI_QKEY;
 use crate::wire::{
@@ -89,7 +90,17 @@ impl StandIn {
     /// Starts the stand-in of the device at `local`.
     /// Errors: those of `socket`/`bind` (the device's QP1 send port), `pipe2` and `clone`.
     pub fn start(local: IpAddr) -> io::Result<StandIn> {
-        let sock = new_send_socket(local, gsi_source_port(), false)?;
+        // Bound only by the child, once this process is gone: bound now, it would join the
+        // device's SO_REUSEPORT group on 0xD872 and could take the ICMP errors meant for
+        // the device's QP1 socket (the kernel picks one socket of the group for them).
+        let sock = unbound_send_socket(local, false)?;
+        let bind_to = socket2::SockAddr::from(SocketAddr::new(local, gsi_source_port()));
+        let mut bind_addr = [0u8; ADDR_LEN];
+        let bind_len = (bind_to.len() as usize).min(ADDR_LEN);
+        // SAFETY: `bind_to` holds `bind_len` initialised bytes of a sockaddr.
+        bind_addr[..bind_len].copy_from_slice(unsafe {
+            std::slice::from_raw_parts(bind_to.as_ptr().cast::<u8>(), bind_len)
+        });
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -122,6 +133,7 @@ impl StandIn {
             child_main(
                 rd.as_raw_fd(),
                 sock.as_raw_fd(),
+                (&bind_addr, bind_len),
                 parent,
                 &mut table,
                 &mut buf,
@@ -227,6 +239,7 @@ impl StandIn {
 fn child_main(
     rd: RawFd,
     sock: RawFd,
+    bind_to: (&[u8; ADDR_LEN], usize),
     parent: libc::pid_t,
     table: &mut [Entry],
     buf: &mut [u8],
@@ -279,6 +292,15 @@ fn child_main(
             if gone {
                 break;
             }
+        }
+        // The process is gone, and its QP1 port with it: take that port to send from.
+        if libc::bind(
+            sock,
+            bind_to.0.as_ptr().cast(),
+            bind_to.1 as libc::socklen_t,
+        ) != 0
+        {
+            libc::_exit(1);
         }
         for round in 0..SENDS {
             if round > 0 {
