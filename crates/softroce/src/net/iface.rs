@@ -34,12 +34,55 @@ pub fn rxe_port_mtu(netdev_mtu: u32) -> crate::transport::PathMtu {
 
 /// The name of the interface holding `ip`, from `getifaddrs`.
 fn interface_of(ip: IpAddr) -> Option<Vec<u8>> {
+    find_interface(ip, false)
+}
+
+/// The name of the network interface (netdev) a device on `ip` sends by, what kernel rxe's
+/// GID entries name as their `ndev` (`/sys/class/infiniband/*/ports/1/gid_attrs/ndevs/N`):
+/// the interface that holds `ip`, else the one whose subnet contains it (Linux `lo` for a
+/// loopback address such as 127.0.77.1, which is bound without being configured). None when
+/// no interface does or the system call fails.
+pub fn interface_name(ip: IpAddr) -> Option<String> {
+    let name = find_interface(ip, true)?;
+    String::from_utf8(name).ok()
+}
+
+/// True when `a` and `b` have the same first `prefix` bits.
+fn same_prefix(a: &[u8], b: &[u8], prefix: u32) -> bool {
+    let mut left = prefix as usize;
+    for (x, y) in a.iter().zip(b) {
+        if left == 0 {
+            return true;
+        }
+        let bits = left.min(8);
+        let mask = !0u8 << (8 - bits);
+        if x & mask != y & mask {
+            return false;
+        }
+        left -= bits;
+    }
+    a.len() == b.len()
+}
+
+/// Bytes of an address: 4 for IPv4, 16 for IPv6.
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// The interface holding `ip` exactly; with `subnet`, failing that the first whose address
+/// and netmask contain it.
+fn find_interface(ip: IpAddr, subnet: bool) -> Option<Vec<u8>> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we own until freeifaddrs.
     if unsafe { libc::getifaddrs(&mut list) } != 0 {
         return None;
     }
-    let mut found = None;
+    let mut exact = None;
+    let mut containing = None;
+    let want = ip_bytes(ip);
     let mut cur = list;
     while !cur.is_null() {
         // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
@@ -50,15 +93,29 @@ fn interface_of(ip: IpAddr) -> Option<Vec<u8>> {
         }
         // SAFETY: a non-null ifa_addr points at a sockaddr of the family it names.
         let addr = unsafe { super::sockaddr::socket_addr_from_ptr(ifa.ifa_addr) }.map(|a| a.ip());
+        // SAFETY: ifa_name is a NUL-terminated interface name owned by the list.
+        let name = || unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes().to_vec();
         if addr == Some(ip) {
-            // SAFETY: ifa_name is a NUL-terminated interface name owned by the list.
-            found = Some(unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes().to_vec());
+            exact = Some(name());
             break;
+        }
+        if !subnet || containing.is_some() || ifa.ifa_netmask.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_netmask points at a sockaddr of the address's family.
+        let mask =
+            unsafe { super::sockaddr::socket_addr_from_ptr(ifa.ifa_netmask) }.map(|a| a.ip());
+        if let (Some(a), Some(m)) = (addr, mask) {
+            let prefix: u32 = ip_bytes(m).iter().map(|b| b.count_ones()).sum();
+            let a = ip_bytes(a);
+            if a.len() == want.len() && same_prefix(&a, &want, prefix) {
+                containing = Some(name());
+            }
         }
     }
     // SAFETY: the list from getifaddrs, freed once; nothing of it is used afterwards.
     unsafe { libc::freeifaddrs(list) };
-    found
+    exact.or(containing)
 }
 
 /// The MTU of interface `name` (`SIOCGIFMTU`).
@@ -110,6 +167,16 @@ mod tests {
         ] {
             assert_eq!(rxe_port_mtu(netdev), want, "netdev MTU {netdev}");
         }
+    }
+
+    #[test]
+    fn a_loopback_address_is_on_the_loopback_interface() {
+        // 127.0.0.1 is configured on lo; 127.0.77.1 is only inside its 127.0.0.0/8.
+        let lo = interface_name(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert!(lo.is_some(), "no interface holds 127.0.0.1");
+        assert_eq!(interface_name(IpAddr::V4(Ipv4Addr::new(127, 0, 77, 1))), lo);
+        assert!(same_prefix(&[10, 1, 2, 3], &[10, 1, 255, 0], 16));
+        assert!(!same_prefix(&[10, 1, 2, 3], &[10, 2, 2, 3], 16));
     }
 
     #[test]

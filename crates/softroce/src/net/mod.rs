@@ -60,7 +60,7 @@ pub mod udp;
 
 pub use clock::{ManualClock, SystemClock, seed_from_clock_and_pid};
 pub use cm::CmDriver;
-pub use iface::{link_mtu, rxe_port_mtu};
+pub use iface::{interface_name, link_mtu, rxe_port_mtu};
 pub use link::UdpLink;
 pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};

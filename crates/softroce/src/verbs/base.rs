@@ -113,8 +113,7 @@ pub(super) struct Shared {
     /// Completions of QP1.
     pub(super) gsi_cq: Arc<CqShared>,
     pub(super) cfg: DeviceConfig,
-    pub(super) node_guid: u64,
-    pub(super) gids: [GidEntry; 2],
+    pub(super) gids: [GidEntry; super::device::GID_TBL_LEN],
     pub(super) link: Arc<dyn Link>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) state: Mutex<State>,

@@ -209,27 +209,93 @@ pub fn node_guid(ip: IpAddr) -> u64 {
     u64::from_be_bytes(eui64(ip))
 }
 
+/// Entries of a device's GID table ([`gid_table`]).
+pub const GID_TBL_LEN: usize = 2;
+
+/// The GID table of the device on `ip`, as [`Device::gids`] and `ibv_query_gid` report it:
+/// index 0 the link-local GID `fe80::` + the device's EUI-64 (as kernel rxe's first entry),
+/// index 1 the address itself (`::ffff:a.b.c.d` for IPv4), both RoCE v2.
+pub fn gid_table(ip: IpAddr) -> [GidEntry; GID_TBL_LEN] {
+    let mut ll = [0u8; 16];
+    ll[0] = 0xfe;
+    ll[1] = 0x80;
+    ll[8..].copy_from_slice(&eui64(ip));
+    [
+        GidEntry {
+            index: 0,
+            gid: Gid(ll),
+            gid_type: GidType::RoceV2,
+        },
+        GidEntry {
+            index: 1,
+            gid: Gid::from_ip(ip),
+            gid_type: GidType::RoceV2,
+        },
+    ]
+}
+
+/// What `ibv_query_device` reports for the device on `ip` (kernel rxe's values, rxe_param.h),
+/// without opening it: [`Device::query_device`] of an open device is this.
+pub fn device_attr(ip: IpAddr) -> DeviceAttr {
+    DeviceAttr {
+        fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+        node_guid: node_guid(ip),
+        sys_image_guid: node_guid(ip),
+        max_mr_size: 1 << 31,
+        vendor_id: 0x00ff_ffff,
+        max_qp: MAX_QP,
+        max_qp_wr: MAX_QP_WR,
+        max_sge: MAX_SGE,
+        max_cq: MAX_QP,
+        max_cqe: MAX_CQE,
+        max_mr: crate::transport::MAX_MR as u32,
+        max_pd: MAX_QP,
+        max_qp_rd_atom: MAX_RD_ATOM,
+        max_qp_init_rd_atom: MAX_RD_ATOM,
+        max_msg_sz: crate::transport::MAX_MSG_BYTES,
+        phys_port_cnt: 1,
+        max_srq: MAX_SRQ,
+        max_srq_wr: MAX_SRQ_WR,
+        max_srq_sge: MAX_SRQ_SGE,
+        page_size_cap: 0xffff_f000,
+        device_cap_flags: DEVICE_CAP_FLAGS,
+        max_sge_rd: MAX_SGE,
+        max_res_rd_atom: 0x3_f000,
+        atomic_cap: AtomicCap::Hca,
+        max_mw: crate::transport::MAX_MW as u32,
+        max_mcast_grp: super::base::MAX_MCAST_GRP as u32,
+        max_mcast_qp_attach: super::base::MAX_MCAST_QP_ATTACH as u32,
+        max_total_mcast_qp_attach: 0x7_0000,
+        max_ah: 32767,
+        max_pkeys: 64,
+        local_ca_ack_delay: 15,
+    }
+}
+
+/// What `ibv_query_port` reports for port 1 of a device whose port runs at `active_mtu`
+/// ([`DeviceConfig::active_mtu`](super::DeviceConfig)), without opening it:
+/// [`Device::query_port`] of an open device is this.
+pub fn port_attr(active_mtu: PathMtu) -> PortAttr {
+    PortAttr {
+        state: 4,
+        max_mtu: PathMtu::Mtu4096,
+        active_mtu,
+        gid_tbl_len: GID_TBL_LEN as u32,
+        pkey_tbl_len: 1,
+        link_layer: "Ethernet",
+        max_msg_sz: crate::transport::MAX_MSG_BYTES,
+        port_cap_flags: 0x0001_0000,
+        max_vl_num: 1,
+        active_width: 1,
+        active_speed: 1,
+        phys_state: 5,
+    }
+}
+
 impl Device {
     /// Makes a device that sends through `link` and reads time from `clock`.
     pub fn new(cfg: DeviceConfig, link: Arc<dyn Link>, clock: Arc<dyn Clock>) -> Device {
-        let eui = eui64(cfg.ip);
-        let node_guid = node_guid(cfg.ip);
-        let mut ll = [0u8; 16];
-        ll[0] = 0xfe;
-        ll[1] = 0x80;
-        ll[8..].copy_from_slice(&eui);
-        let gids = [
-            GidEntry {
-                index: 0,
-                gid: Gid(ll),
-                gid_type: GidType::RoceV2,
-            },
-            GidEntry {
-                index: 1,
-                gid: Gid::from_ip(cfg.ip),
-                gid_type: GidType::RoceV2,
-            },
-        ];
+        let gids = gid_table(cfg.ip);
         let gsi_cq = Arc::new(CqShared::new(GSI_CQE));
         let fatal = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let _ = gsi_cq.failed.set(fatal.clone());
@@ -259,7 +325,6 @@ impl Device {
         let dev = Device {
             shared: Arc::new(Shared {
                 cfg,
-                node_guid,
                 gids,
                 link,
                 clock,
@@ -334,41 +399,9 @@ impl Device {
         self.shared.link.poll_unreachable()
     }
 
-    /// `ibv_query_device`.
+    /// `ibv_query_device`: [`device_attr`] of the device's address.
     pub fn query_device(&self) -> DeviceAttr {
-        DeviceAttr {
-            fw_ver: env!("CARGO_PKG_VERSION").to_string(),
-            node_guid: self.shared.node_guid,
-            sys_image_guid: self.shared.node_guid,
-            max_mr_size: 1 << 31,
-            vendor_id: 0x00ff_ffff,
-            max_qp: MAX_QP,
-            max_qp_wr: MAX_QP_WR,
-            max_sge: MAX_SGE,
-            max_cq: MAX_QP,
-            max_cqe: MAX_CQE,
-            max_mr: crate::transport::MAX_MR as u32,
-            max_pd: MAX_QP,
-            max_qp_rd_atom: MAX_RD_ATOM,
-            max_qp_init_rd_atom: MAX_RD_ATOM,
-            max_msg_sz: crate::transport::MAX_MSG_BYTES,
-            phys_port_cnt: 1,
-            max_srq: MAX_SRQ,
-            max_srq_wr: MAX_SRQ_WR,
-            max_srq_sge: MAX_SRQ_SGE,
-            page_size_cap: 0xffff_f000,
-            device_cap_flags: DEVICE_CAP_FLAGS,
-            max_sge_rd: MAX_SGE,
-            max_res_rd_atom: 0x3_f000,
-            atomic_cap: AtomicCap::Hca,
-            max_mw: crate::transport::MAX_MW as u32,
-            max_mcast_grp: super::base::MAX_MCAST_GRP as u32,
-            max_mcast_qp_attach: super::base::MAX_MCAST_QP_ATTACH as u32,
-            max_total_mcast_qp_attach: 0x7_0000,
-            max_ah: 32767,
-            max_pkeys: 64,
-            local_ca_ack_delay: 15,
-        }
+        device_attr(self.shared.cfg.ip)
     }
 
     /// `ibv_query_port` for port 1. Errors: `EINVAL` for another port number.
@@ -379,20 +412,7 @@ impl Device {
                 "query_port: only port 1 exists",
             ));
         }
-        Ok(PortAttr {
-            state: 4,
-            max_mtu: PathMtu::Mtu4096,
-            active_mtu: self.shared.cfg.active_mtu,
-            gid_tbl_len: self.shared.gids.len() as u32,
-            pkey_tbl_len: 1,
-            link_layer: "Ethernet",
-            max_msg_sz: crate::transport::MAX_MSG_BYTES,
-            port_cap_flags: 0x0001_0000,
-            max_vl_num: 1,
-            active_width: 1,
-            active_speed: 1,
-            phys_state: 5,
-        })
+        Ok(port_attr(self.shared.cfg.active_mtu))
     }
 
     /// `ibv_query_gid`. Errors: `EINVAL` for port ≠ 1 or an index past the table.

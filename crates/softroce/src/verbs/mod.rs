@@ -33,7 +33,10 @@ pub use ah::Ah;
 pub use base::{Device, DeviceConfig, GidEntry, GidType, MAX_SGE, MULTICAST_QPN};
 pub use cm_port::CmPort;
 pub use cq::{CompChannel, Cq, PollHook};
-pub use device::{AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr, node_guid};
+pub use device::{
+    AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, GID_TBL_LEN, PortAttr, device_attr, gid_table,
+    node_guid, port_attr,
+};
 pub use event::{AsyncEvent, EventElement, EventType};
 pub use mad_ring::{
     CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, MAD_RECV_SLOT_BYTES, MadCompletion, MadRing,
