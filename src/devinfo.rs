@@ -108,7 +108,7 @@ fn mtu_str(m: PathMtu) -> String {
 }
 
 /// devinfo.c `guid_str`: four groups of four hex digits.
-fn guid_str(g: u64) -> String {
+pub(crate) fn guid_str(g: u64) -> String {
     format!(
         "{:04x}:{:04x}:{:04x}:{:04x}",
         (g >> 48) & 0xffff,

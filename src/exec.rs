@@ -8,9 +8,14 @@
 //! executable (`target/<profile>/softroce-libs/libibverbs.so.1` and `librdmacm.so.1`, the
 //! links the two crates' build.rs make to `target/<profile>/deps/libsoftroce_capi.so` and
 //! `libsoftroce_rdmacm.so`).
+//!
+//! Before the exec, the process enters a private mount namespace in which `/dev/infiniband`
+//! and `/sys/class/infiniband*` show the program's devices as the kernel shows its own
+//! (`view.rs`); when namespaces are not permitted it says so in one line and runs the
+//! program without that view.
 
 use crate::BoxError;
-use softroce::net::discover::{SOFTROCE_IP, parse_device_list};
+use softroce::net::discover::{SOFTROCE_IP, devices_from_env, parse_device_list};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -30,6 +35,10 @@ pub struct ExecArgs {
     /// with `softroce decode` or Wireshark.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    /// Do not give the program the private /dev/infiniband and /sys/class/infiniband* that
+    /// show its devices (a mount namespace, in a user namespace unless run as root).
+    #[arg(long)]
+    no_view: bool,
     /// The program and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     program: Vec<OsString>,
@@ -70,10 +79,14 @@ pub fn run(args: ExecArgs) -> Result<(), BoxError> {
     let dir = lib_dir()?;
     let mut cmd = std::process::Command::new(&args.program[0]);
     cmd.args(&args.program[1..]);
-    if let Some(ip) = &args.ip {
-        parse_device_list(ip)?;
-        cmd.env(SOFTROCE_IP, ip);
-    }
+    let devices = match &args.ip {
+        Some(ip) => {
+            let devices = parse_device_list(ip)?;
+            cmd.env(SOFTROCE_IP, ip);
+            devices
+        }
+        None => devices_from_env()?,
+    };
     if let Some(file) = &args.pcap {
         // Created (truncated) with its header now; the program's processes append to it.
         std::fs::File::create(file).map_err(|e| format!("--pcap {}: {e}", file.display()))?;
@@ -88,6 +101,16 @@ pub fn run(args: ExecArgs) -> Result<(), BoxError> {
         path.push(old);
     }
     cmd.env("LD_LIBRARY_PATH", path);
+    if !args.no_view {
+        // Still single-threaded here, as a user namespace requires.
+        if let Err(e) = crate::view::enter(&devices) {
+            eprintln!(
+                "softroce exec: no /dev/infiniband and /sys/class/infiniband view for {} ({e}); \
+                 running it without",
+                args.program[0].to_string_lossy()
+            );
+        }
+    }
     let e = cmd.exec();
     Err(format!("cannot run {}: {e}", args.program[0].to_string_lossy()).into())
 }

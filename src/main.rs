@@ -36,6 +36,7 @@ mod pingpong;
 mod sim;
 mod stall;
 mod target;
+mod view;
 
 #[derive(Parser)]
 #[command(
