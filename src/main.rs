@@ -10,6 +10,9 @@
 //!   perftest's `ib_*` tests, likewise; `softroce perf udp-baseline` and `--loopback` /
 //!   `--compare-tcp` put the numbers beside kernel UDP and TCP on loopback.
 //! - `softroce target`: a scriptable RC responder driven by JSON lines on stdin.
+//! - `softroce exec`: an unmodified C program on softroce's libibverbs and librdmacm, with
+//!   its devices in a private `/dev/infiniband` and `/sys/class/infiniband*`; `softroce
+//!   sysfs` writes those files for a host-wide view.
 
 use clap::{Parser, Subcommand};
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -102,6 +105,10 @@ enum Command {
         - SOFTROCE_LOG=debug says what the devices did; the README's Troubleshooting table \
         lists\n    the common messages.")]
     Exec(exec::ExecArgs),
+    /// Writes the /sys/class/infiniband* files of softroce's devices (those `exec` shows its
+    /// program) under a directory, with /dev/infiniband placeholders, and prints the mounts
+    /// that would put them in place host-wide (root runs them; nothing is mounted here).
+    Sysfs(view::SysfsArgs),
     /// Explains every frame of a pcap or pcapng file (Ethernet, raw IP or Linux cooked).
     Decode {
         /// One JSON object per frame instead of one line of text.
@@ -121,7 +128,7 @@ impl Command {
             Command::Pingpong(a) => Some(&a.net),
             Command::Perf(a) => Some(&a.net),
             Command::Target(a) => Some(&a.net),
-            Command::Decode { .. } | Command::Sim(_) | Command::Exec(_) => None,
+            Command::Decode { .. } | Command::Sim(_) | Command::Exec(_) | Command::Sysfs(_) => None,
         }
     }
 }
@@ -170,6 +177,7 @@ fn main() -> ExitCode {
         Command::Decode { json, file } => decode::run(&file, json),
         Command::Sim(args) => sim::run_sim(args),
         Command::Target(args) => target::run(args),
+        Command::Sysfs(args) => view::run_sysfs(args),
         Command::Exec(_) => unreachable!("exec returned above"),
     };
     // Flushed on failure too: the capture of a failed run is the interesting one.

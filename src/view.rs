@@ -19,8 +19,8 @@
 //!   open them). `uverbs<i>/dev` in sysfs names its major:minor.
 //!
 //! The tmpfs on `/sys/class` is then made read-only, as sysfs is to a user. Host-wide, root
-//! can place the same files with `softroce sysfs --root DIR` ([`write_tree`]) and bind
-//! mounts (README.md, "C programs and middleware").
+//! can place the same files: `softroce sysfs --root DIR` ([`run_sysfs`]) writes them under
+//! `DIR` and prints the bind mounts that put them in place.
 
 use softroce::net::discover::DeviceAddr;
 use softroce::verbs::{DeviceConfig, GidType};
@@ -154,9 +154,16 @@ pub fn class_tree(devices: &[DeviceAddr], cdev: (u32, u32)) -> Vec<(PathBuf, Nod
         file(&mut t, dev.join("fw_ver"), a.fw_ver.clone());
         // rxe names its node "rxe" (rxe_verbs.c); softroce, its own name.
         file(&mut t, dev.join("node_desc"), "softroce".into());
-        // No PCI device behind it: no NUMA node (what UCX reads, device/numa_node).
+        // No PCI device behind it: no NUMA node (what UCX reads, device/numa_node). The
+        // netdev under device/net/, as a NIC's PCI device lists its own (what pyverbs'
+        // tests/base.py reads to find a device's IP interface).
+        let ndev = softroce::net::interface_name(d.ip);
         dir(&mut t, dev.join("device"));
         file(&mut t, dev.join("device/numa_node"), "-1".into());
+        if let Some(nd) = &ndev {
+            dir(&mut t, dev.join("device/net"));
+            dir(&mut t, dev.join("device/net").join(nd));
+        }
         dir(&mut t, dev.join("ports"));
         for port in 1..=a.phys_port_cnt {
             let pd = dev.join(format!("ports/{port}"));
@@ -190,7 +197,6 @@ pub fn class_tree(devices: &[DeviceAddr], cdev: (u32, u32)) -> Vec<(PathBuf, Nod
             dir(&mut t, pd.join("gid_attrs"));
             dir(&mut t, pd.join("gid_attrs/types"));
             dir(&mut t, pd.join("gid_attrs/ndevs"));
-            let ndev = softroce::net::interface_name(d.ip);
             for g in softroce::verbs::gid_table(d.ip) {
                 let n = g.index;
                 file(&mut t, pd.join(format!("gids/{n}")), gid_line(&g.gid.0));
@@ -381,6 +387,74 @@ fn cover(
         let _ = rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH);
     }
     filled
+}
+
+/// Options of `softroce sysfs`.
+#[derive(clap::Args)]
+pub struct SysfsArgs {
+    /// The devices' addresses, comma-separated, as `softroce exec --ip` (softroce0, …);
+    /// default: SOFTROCE_IP as set, else 127.0.0.1.
+    #[arg(long)]
+    ip: Option<String>,
+    /// The directory to write into (created; must not hold a previous tree):
+    /// DIR/sys/class/infiniband*, and DIR/dev/infiniband with an empty file per node.
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+}
+
+/// `softroce sysfs`: writes [`class_tree`] under `DIR/sys/class` and the `/dev/infiniband`
+/// placeholders under `DIR/dev/infiniband`, then prints the commands that mount them
+/// host-wide (`/sys/class/infiniband*` exist once ib_core and ib_uverbs are loaded, empty
+/// without a kernel device; sysfs has no room for new directories otherwise).
+pub fn run_sysfs(a: SysfsArgs) -> Result<(), crate::BoxError> {
+    let devices = match &a.ip {
+        Some(ip) => softroce::net::discover::parse_device_list(ip)?,
+        None => softroce::net::discover::devices_from_env()?,
+    };
+    let class = a.root.join("sys/class");
+    let dev = a.root.join("dev/infiniband");
+    for d in [&class, &dev] {
+        std::fs::create_dir_all(d).map_err(|e| at(d, "mkdir", e))?;
+    }
+    write_tree(&class, &class_tree(&devices, null_cdev()?))?;
+    let names: Vec<String> = (0..devices.len())
+        .map(|i| format!("uverbs{i}"))
+        .chain(["rdma_cm".to_string()])
+        .collect();
+    for n in &names {
+        let p = dev.join(n);
+        std::fs::File::create(&p).map_err(|e| at(&p, "create", e))?;
+    }
+    let abs = std::path::absolute(&a.root)?;
+    let mut s = String::new();
+    s.push_str(
+        "# As root, to show these devices host-wide (undo: umount the same paths):
+",
+    );
+    s.push_str(
+        "modprobe ib_uverbs  # makes /sys/class/infiniband and infiniband_verbs
+",
+    );
+    for c in CLASS_DIRS {
+        let src = abs.join("sys/class").join(c);
+        s.push_str(&format!(
+            "mount --bind {} /sys/class/{c}
+",
+            src.display()
+        ));
+    }
+    s.push_str(
+        "mkdir -p /dev/infiniband
+",
+    );
+    for n in &names {
+        s.push_str(&format!(
+            "touch /dev/infiniband/{n} && mount --bind /dev/null /dev/infiniband/{n}
+"
+        ));
+    }
+    print!("{s}");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -361,3 +361,38 @@ fn ucx_info_lists_verbs_transports_on_softroce0() {
         );
     }
 }
+
+#[test]
+fn sysfs_writes_the_same_tree_for_a_host_wide_view() {
+    let dir = std::env::temp_dir().join(format!("softroce-sysfs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(SOFTROCE)
+        .args(["sysfs", "--ip", "127.0.77.41,127.0.77.42", "--root"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", report(&out));
+    let read = |p: &str| std::fs::read_to_string(dir.join(p)).unwrap();
+    let ip: std::net::IpAddr = "127.0.77.42".parse().unwrap();
+    let gid = gid_text(&softroce::verbs::gid_table(ip)[1].gid);
+    assert_eq!(
+        read("sys/class/infiniband/softroce1/ports/1/gids/1"),
+        format!("{gid}\n")
+    );
+    assert_eq!(
+        read("sys/class/infiniband_verbs/uverbs1/ibdev"),
+        "softroce1\n"
+    );
+    assert!(dir.join("dev/infiniband/uverbs1").is_file());
+    let script = String::from_utf8_lossy(&out.stdout);
+    let bind = format!(
+        "mount --bind {} /sys/class/infiniband\n",
+        dir.join("sys/class/infiniband").display()
+    );
+    assert!(script.contains(&bind), "{script}");
+    assert!(
+        script.contains("mount --bind /dev/null /dev/infiniband/uverbs1"),
+        "{script}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
