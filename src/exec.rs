@@ -79,13 +79,15 @@ pub fn run(args: ExecArgs) -> Result<(), BoxError> {
     let dir = lib_dir()?;
     let mut cmd = std::process::Command::new(&args.program[0]);
     cmd.args(&args.program[1..]);
+    // An unusable $SOFTROCE_IP is the program's to report (its libibverbs says why when it
+    // lists devices, as without exec); it then gets no view.
     let devices = match &args.ip {
         Some(ip) => {
             let devices = parse_device_list(ip)?;
             cmd.env(SOFTROCE_IP, ip);
-            devices
+            Some(devices)
         }
-        None => devices_from_env()?,
+        None => devices_from_env().ok(),
     };
     if let Some(file) = &args.pcap {
         // Created (truncated) with its header now; the program's processes append to it.
@@ -101,7 +103,7 @@ pub fn run(args: ExecArgs) -> Result<(), BoxError> {
         path.push(old);
     }
     cmd.env("LD_LIBRARY_PATH", path);
-    if !args.no_view {
+    if let Some(devices) = devices.filter(|_| !args.no_view) {
         // Still single-threaded here, as a user namespace requires.
         if let Err(e) = crate::view::enter(&devices) {
             eprintln!(

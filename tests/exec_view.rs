@@ -396,3 +396,46 @@ fn sysfs_writes_the_same_tree_for_a_host_wide_view() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn without_namespaces_exec_says_so_in_one_line_and_runs_the_program() {
+    if !have("unshare") || !have("setpriv") {
+        println!("SKIPPED: unshare or setpriv (util-linux) is not installed");
+        return;
+    }
+    // A user namespace of this test's own in which no further user namespace may be made
+    // (its max_user_namespaces 0) and, with every capability dropped, no mount namespace
+    // either: both of exec's ways are refused.
+    let inner = format!(
+        "echo 0 > /proc/sys/user/max_user_namespaces || exit 77; \
+         exec setpriv --inh-caps=-all --bounding-set=-all {SOFTROCE} exec --ip 127.0.77.61 \
+         -- sh -c 'echo ran; test -e /dev/infiniband/uverbs0 && echo view || echo no-view'"
+    );
+    let child = Command::new("unshare")
+        .args(["--user", "--map-root-user", "sh", "-c", &inner])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait(child, Duration::from_secs(30), "exec without namespaces");
+    if out.status.code() == Some(77) || String::from_utf8_lossy(&out.stderr).contains("unshare:") {
+        println!(
+            "SKIPPED: cannot make a user namespace to refuse namespaces in: {}",
+            report(&out)
+        );
+        return;
+    }
+    assert!(out.status.success(), "{}", report(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout, "ran\nno-view\n", "{}", report(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", report(&out));
+    assert!(
+        lines[0].starts_with("softroce exec: no /dev/infiniband and /sys/class/infiniband view")
+            && lines[0].contains("Operation not permitted")
+            && lines[0].ends_with("running it without"),
+        "{}",
+        report(&out)
+    );
+}
