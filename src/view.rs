@@ -263,8 +263,8 @@ pub fn null_cdev() -> io::Result<(u32, u32)> {
 /// Enters a private mount namespace in which `/dev/infiniband` and `/sys/class/infiniband*`
 /// show `devices` (the module's documentation). Call while single-threaded (a user namespace
 /// cannot be entered otherwise), before exec. Errors: why the namespace or a mount could
-/// not be made; a mount that fails is undone first, so `/dev` and `/sys/class` then show
-/// what they showed before.
+/// not be made; once in the namespace, a failed mount has the tmpfs on `/sys/class` and
+/// `/dev` unmounted again first, so they show what they showed before.
 pub fn enter(devices: &[DeviceAddr]) -> io::Result<()> {
     use rustix::thread::UnshareFlags;
     let (uid, gid) = (rustix::process::getuid(), rustix::process::getgid());
@@ -306,11 +306,8 @@ pub fn enter(devices: &[DeviceAddr]) -> io::Result<()> {
     cover(Path::new("/sys/class"), &CLASS_DIRS, true, &|root| {
         write_tree(root, &tree)
     })?;
-    let names: Vec<String> = (0..devices.len())
-        .map(|i| format!("uverbs{i}"))
-        .chain(["rdma_cm".to_string()])
-        .collect();
-    cover(Path::new("/dev"), &["infiniband"], false, &|root| {
+    let names = dev_names(devices.len());
+    let dev = cover(Path::new("/dev"), &["infiniband"], false, &|root| {
         let ib = root.join("infiniband");
         std::fs::create_dir(&ib).map_err(|e| at(&ib, "mkdir", e))?;
         std::fs::set_permissions(&ib, std::fs::Permissions::from_mode(0o755))
@@ -322,7 +319,20 @@ pub fn enter(devices: &[DeviceAddr]) -> io::Result<()> {
                 .map_err(|e| at(&node, "bind-mounting /dev/null on", e.into()))?;
         }
         Ok(())
-    })
+    });
+    if dev.is_err() {
+        // All or nothing: /sys/class shows the host's again.
+        let _ = rustix::mount::unmount("/sys/class", rustix::mount::UnmountFlags::DETACH);
+    }
+    dev
+}
+
+/// The names of `/dev/infiniband` for `n` devices: `uverbs0` … and `rdma_cm`.
+fn dev_names(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("uverbs{i}"))
+        .chain(["rdma_cm".to_string()])
+        .collect()
 }
 
 /// Covers `dir` with a tmpfs that holds every entry of the real `dir` but `replaced` (bound
@@ -417,10 +427,7 @@ pub fn run_sysfs(a: SysfsArgs) -> Result<(), crate::BoxError> {
         std::fs::create_dir_all(d).map_err(|e| at(d, "mkdir", e))?;
     }
     write_tree(&class, &class_tree(&devices, null_cdev()?))?;
-    let names: Vec<String> = (0..devices.len())
-        .map(|i| format!("uverbs{i}"))
-        .chain(["rdma_cm".to_string()])
-        .collect();
+    let names = dev_names(devices.len());
     for n in &names {
         let p = dev.join(n);
         std::fs::File::create(&p).map_err(|e| at(&p, "create", e))?;
