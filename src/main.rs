@@ -100,8 +100,9 @@ enum Command {
         - Use GID index 1 (-g 1 for rdma-core's examples, -x 1 for perftest): index 0 is the \
         link-local GID,\n    which softroce does not send from (ibv_modify_qp to RTR fails, \
         EINVAL).\n  \
-        - One address per process: a second process on an address gets EADDRINUSE; every \
-        address\n    of 127.0.0.0/8 is loopback (--ip 127.0.0.2, 127.0.0.3, ...).\n  \
+        - Processes share a device, as they share rxe0 (servers and clients on one \
+        address);\n    every address of 127.0.0.0/8 is loopback (--ip 127.0.0.2 for a \
+        second device).\n  \
         - SOFTROCE_LOG=debug says what the devices did; the README's Troubleshooting table \
         lists\n    the common messages.")]
     Exec(exec::ExecArgs),

@@ -27,7 +27,13 @@ struct Node {
 }
 
 fn node(ip: IpAddr, guid: u64) -> Node {
-    let side = side(ip, &UdpOptions::default()).expect("open device (127.0.97.0/24 on lo)");
+    // The test drives its own CM engine on QP1 (CmPort), not the device's CM: the port to
+    // this device alone, since a shared device steers by the device CM's listeners.
+    let opts = UdpOptions {
+        exclusive: true,
+        ..UdpOptions::default()
+    };
+    let side = side(ip, &opts).expect("open device (127.0.97.0/24 on lo)");
     let mut c = CmConfig::new(ip, guid, guid);
     c.packet_life_time = 8; // TIMEWAIT ≈ 2 ms
     // rdma_cm's 4.3 s response timeout: no retransmission on a loaded machine, so no

@@ -145,10 +145,12 @@ fn exact_mode_runs_every_rc_operation_and_captures_received_headers() {
 }
 
 /// A CNP from 127.3.2.9 to `dst`, its ICRC computed over IPv4 ID `icrc_ident`.
-fn cnp(dst: Ipv4Addr, icrc_ident: u16) -> Vec<u8> {
+/// A CNP to QP `qpn` of the device on `dst` (a QP of its own: a shared device steers by
+/// the destination QP, `softroce::net::steer`).
+fn cnp(dst: Ipv4Addr, qpn: u32, icrc_ident: u16) -> Vec<u8> {
     let mut repr = PacketRepr::new(BthRepr {
         becn: true,
-        ..BthRepr::new(Opcode::CNP, 0x11, Psn::new(0))
+        ..BthRepr::new(Opcode::CNP, qpn, Psn::new(0))
     });
     repr.payload_len = 16;
     let ip = IcrcIp::V4 {
@@ -206,13 +208,13 @@ fn exact_mode_checks_the_ip_id_that_plain_mode_can_only_solve_for() {
             .send_to(&pkt, &SocketAddr::new(IpAddr::V4(dst), 0).into())
             .unwrap();
     };
-    for (dst, _) in [(x_ip, "exact"), (y_ip, "plain")] {
+    for (dst, qpn) in [(x_ip, x.qp.qp_num()), (y_ip, y.qp.qp_num())] {
         // (a) ICRC over ID 0x1234, sent with ID 0x1234: valid.
-        send(dst, 0x1234, &cnp(dst, 0x1234));
+        send(dst, 0x1234, &cnp(dst, qpn, 0x1234));
         // (b) ICRC over ID 0x1234, sent with ID 0x4321: the ID field was corrupted.
-        send(dst, 0x4321, &cnp(dst, 0x1234));
+        send(dst, 0x4321, &cnp(dst, qpn, 0x1234));
         // (c) a reserved byte flipped: the payload was corrupted.
-        let mut bad = cnp(dst, 0x1234);
+        let mut bad = cnp(dst, qpn, 0x1234);
         bad[20] ^= 0x10;
         send(dst, 0x1234, &bad);
     }

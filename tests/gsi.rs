@@ -20,10 +20,16 @@ const A: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 1);
 const B: Ipv4Addr = Ipv4Addr::new(127, 0, 24, 2);
 const MAD: usize = 256;
 
+/// A device with its port alone: these tests use QP1 for MADs of their own, which a shared
+/// device gives to the process whose CM listener or connection they name
+/// (`softroce::net::steer`).
 fn open(ip: Ipv4Addr) -> UdpDevice {
     UdpDevice::open_with_options(
         DeviceConfig::new("softroce_gsi", IpAddr::V4(ip)),
-        &UdpOptions::default(),
+        &UdpOptions {
+            exclusive: true,
+            ..UdpOptions::default()
+        },
     )
     .expect("open device (run inside `unshare -n` with lo up)")
 }

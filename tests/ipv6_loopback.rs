@@ -97,10 +97,12 @@ fn check_with_tshark(pcap: &PathBuf) {
 
 /// A CNP from ::1 to B with its ICRC over the IPv6 flow, as UDP header + payload with UDP
 /// checksum 0 (rxe's IPv6 framing), for a raw IPv6 socket to send.
-fn zero_checksum_cnp(corrupt: bool) -> Vec<u8> {
+/// A CNP to QP `qpn` (a QP of the device: a shared device steers by the destination QP,
+/// `softroce::net::steer`).
+fn zero_checksum_cnp(qpn: u32, corrupt: bool) -> Vec<u8> {
     let mut repr = PacketRepr::new(BthRepr {
         becn: true,
-        ..BthRepr::new(Opcode::CNP, 0x11, Psn::new(0))
+        ..BthRepr::new(Opcode::CNP, qpn, Psn::new(0))
     });
     repr.payload_len = 16;
     let flow = IcrcIp::V6 {
@@ -192,7 +194,7 @@ fn in_netns() {
     raw.bind(&SocketAddr::new(IpAddr::V6(A), 0).into()).unwrap();
     for corrupt in [false, true] {
         raw.send_to(
-            &zero_checksum_cnp(corrupt),
+            &zero_checksum_cnp(b.qp.qp_num(), corrupt),
             &SocketAddr::new(IpAddr::V6(B), 0).into(),
         )
         .unwrap();
@@ -240,7 +242,7 @@ fn in_netns() {
         SocketAddr::new(IpAddr::V6(B), ROCE_V2_UDP_PORT),
         0,
         64,
-        &zero_checksum_cnp(false)[8..],
+        &zero_checksum_cnp(0x11, false)[8..],
     )
     .unwrap();
     let d = parse_frame(&rebuilt, LinkType::RawIp).unwrap();

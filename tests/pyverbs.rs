@@ -55,13 +55,12 @@ fn pyverbs_suite_through_softroce_exec() {
     );
 }
 
-/// pyverbs' rdma_cm tests (test_rdmacm), by `scripts/pyverbs-rdmacm.sh --check`: in a
-/// private network and mount namespace the script makes (a tmpfs over /sys/class gives
-/// softroce0 the net interface lo, whose address 127.0.0.1 the tests then use), with the
-/// active side moved to a second device (127.0.0.2: a softroce device belongs to one
-/// process, and the tests fork the two sides) and the multicast flow's passive player to a
-/// third (127.0.0.3: the test runner holds softroce0 during those tests). All 10 pass
-/// (docs/pyverbs.md, "rdma_cm"). Skipped, saying why, without root or pyverbs.
+/// pyverbs' rdma_cm tests (test_rdmacm), unmodified, by `scripts/pyverbs-rdmacm.sh --check`:
+/// in a private network namespace the script makes, softroce0 on 127.0.0.1 (the first
+/// address of lo, the netdev `softroce exec` shows for it in /sys/class/infiniband, where the
+/// tests look); each test's passive and active processes and the test runner share
+/// softroce0, as they would share rxe0. All 10 pass (docs/pyverbs.md, "rdma_cm"). Skipped,
+/// saying why, without root or pyverbs.
 #[test]
 fn pyverbs_rdmacm_tests_in_a_private_namespace() {
     run_check_script(

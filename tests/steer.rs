@@ -14,10 +14,14 @@ const IP: Ipv4Addr = Ipv4Addr::new(127, 0, 92, 1);
 const SLOTS: usize = 4;
 
 fn member() -> UdpSocket {
+    member_at(IP)
+}
+
+fn member_at(ip: Ipv4Addr) -> UdpSocket {
     let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
     s.set_reuse_port(true).unwrap();
-    s.bind(&SocketAddr::from((IP, 4791)).into())
-        .expect("bind 127.0.92.1:4791 (is another test or device on it?)");
+    s.bind(&SocketAddr::from((ip, 4791)).into())
+        .unwrap_or_else(|e| panic!("bind {ip}:4791 (is another test or device on it?): {e}"));
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.into()
 }
@@ -109,6 +113,11 @@ fn each_datagram_reaches_the_socket_of_its_slot() {
             datagram(1, 0x0018, cm_ids(slot_id(2, 7), 0)),
             2,
         ),
+        (
+            "REJ naming comm ID 0 (a withdrawn REQ)",
+            datagram(1, 0x0012, cm_ids(0x1234_5678, 0)),
+            0,
+        ),
         ("a datagram too short for a BTH", vec![0x64, 0, 0], 0),
     ];
     let mut buf = [0u8; 2048];
@@ -127,6 +136,32 @@ fn each_datagram_reaches_the_socket_of_its_slot() {
             s.set_nonblocking(false).unwrap();
         }
     }
+}
+
+/// With an `unnamed` slot, what names comm ID 0 as its receiver's goes there (the keeper's
+/// choice: the newest listener's slot), and the rest as before.
+#[test]
+fn a_rej_naming_no_receiver_goes_to_the_unnamed_slot() {
+    const IP3: Ipv4Addr = Ipv4Addr::new(127, 0, 92, 3);
+    let group: Vec<UdpSocket> = (0..SLOTS).map(|_| member_at(IP3)).collect();
+    let prog = steer::program_with_unnamed(SLOTS, &[], 2).unwrap();
+    steer::attach(&group[0], &prog).expect("the kernel takes the program");
+    let tx = UdpSocket::bind((IP3, 0)).unwrap();
+    let mut buf = [0u8; 2048];
+    for (d, want) in [
+        (datagram(1, 0x0012, cm_ids(0x1234_5678, 0)), 2),
+        (datagram(1, 0x0015, cm_ids(0x1234_5678, 3 << 24)), 3),
+    ] {
+        tx.send_to(&d, (IP3, 4791)).unwrap();
+        let (n, _) = group[want].recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &d[..]);
+    }
+    assert_eq!(
+        steer::program_with_unnamed(SLOTS, &[], SLOTS as u16)
+            .unwrap_err()
+            .raw_os_error(),
+        Some(22)
+    );
 }
 
 #[test]

@@ -81,7 +81,7 @@ pub(crate) use comp_channel::*;
 pub(crate) use context::*;
 pub(crate) use cq::*;
 pub(crate) use device::*;
-pub(crate) use mad::{softroce_mad_recv, softroce_mad_send};
+pub(crate) use mad::{softroce_cm_listen, softroce_cm_slot, softroce_mad_recv, softroce_mad_send};
 pub(crate) use mr::*;
 pub(crate) use pd::*;
 pub(crate) use qp::*;

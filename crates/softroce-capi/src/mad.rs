@@ -194,3 +194,31 @@ pub(crate) extern "C" fn softroce_mad_recv(
         Ok(1)
     })
 }
+
+pub(crate) extern "C" fn softroce_cm_slot(ctx: *mut ibv_context) -> c_int {
+    ffi!({
+        // SAFETY: the caller passes NULL or a context from ibv_open_device that it has not
+        // closed.
+        let c: &Context = unsafe { try_ref(ctx) }?;
+        Ok(c_int::from(c.dev.link().slot().unwrap_or(0)))
+    })
+}
+
+pub(crate) extern "C" fn softroce_cm_listen(
+    ctx: *mut ibv_context,
+    service_id: u64,
+    listen: c_int,
+) -> c_int {
+    ffi!({
+        // SAFETY: as in softroce_cm_slot.
+        let c: &Context = unsafe { try_ref(ctx) }?;
+        let link = c.dev.link();
+        if listen != 0 {
+            link.share_listen(service_id)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        } else {
+            link.share_unlisten(service_id);
+        }
+        Ok(0)
+    })
+}

@@ -100,10 +100,12 @@ impl Device {
         self.ip
     }
 
-    /// `ibv_open_device`: binds the device's UDP port 4791 and starts its driver thread,
-    /// with the process's default [`softroce::net::UdpOptions`].
+    /// `ibv_open_device`: joins the device on its address (shared by every process that opens
+    /// it, `softroce::net::share`) and starts its driver thread, with the process's default
+    /// [`softroce::net::UdpOptions`].
     ///
-    /// Errors: [`Error::Io`] with the bind error (`EADDRINUSE`, `EADDRNOTAVAIL`).
+    /// Errors: [`Error::Io`] with the socket error (`EADDRINUSE` when kernel rxe or a device
+    /// opened alone holds the port, `EADDRNOTAVAIL`).
     ///
     /// ```
     /// use softroce_ibverbs::DeviceList;
@@ -113,8 +115,10 @@ impl Device {
     /// let pd = ctx.alloc_pd().unwrap();
     /// let mr = pd.register(b"registered bytes").unwrap();
     /// assert_eq!((mr.len(), mr.to_vec()), (16, b"registered bytes".to_vec()));
-    /// // The address is now taken: a second open fails with EADDRINUSE (98).
-    /// assert_eq!(list[0].open().unwrap_err().errno(), 98);
+    /// // A second context of the device (in this process or another) shares it, as rxe0
+    /// // is shared: its QPs get numbers of another slot (softroce::net::steer).
+    /// let ctx2 = list[0].open().unwrap();
+    /// assert_eq!(ctx2.gid(1).unwrap(), ctx.gid(1).unwrap());
     /// ```
     pub fn open(&self) -> Result<Context> {
         let dev = UdpDevice::open(&self.name, self.ip)?;

@@ -47,6 +47,8 @@ pub(crate) struct Ibv {
         *mut libc::sockaddr_storage,
         c_int,
     ) -> c_int,
+    pub cm_slot: unsafe extern "C" fn(*mut ibv_context) -> c_int,
+    pub cm_listen: unsafe extern "C" fn(*mut ibv_context, u64, c_int) -> c_int,
 }
 
 // Each transmute's target is the type of the `Ibv` field it initialises.
@@ -100,6 +102,8 @@ fn load() -> Result<Ibv, String> {
             detach_mcast: sym!("ibv_detach_mcast", "IBVERBS_1.1"),
             mad_send: sym!("softroce_mad_send", "SOFTROCE_PRIVATE_1"),
             mad_recv: sym!("softroce_mad_recv", "SOFTROCE_PRIVATE_1"),
+            cm_slot: sym!("softroce_cm_slot", "SOFTROCE_PRIVATE_1"),
+            cm_listen: sym!("softroce_cm_listen", "SOFTROCE_PRIVATE_1"),
         })
     }
 }

@@ -11,7 +11,7 @@ use super::events::{rdma_ack_cm_event, rdma_get_cm_event, sync_result};
 use super::ids::bind;
 use super::qp::rdma_create_qp;
 use super::requests::{SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE, connect_request};
-use super::state::{State, now, state};
+use super::state::{State, errno_or, now, state};
 use super::transitions::{RDMA_UDP_QKEY, qp_err, qp_rtr, qp_rts};
 use crate::abi::*;
 use crate::ffi;
@@ -49,8 +49,16 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
             Some(d) => vec![d],
             None => (0..st.devs.len()).collect(),
         };
+        let ibv = ibv()?;
         for &d in &devs {
             let o = st.open(d)?;
+            // A shared device steers the service's REQs to one process: this one, unless
+            // another listens on it (then EADDRINUSE, as the kernel's rdma_listen gives
+            // for a port another process holds).
+            // SAFETY: the device's open context.
+            if unsafe { (ibv.cm_listen)(o.ctx, sid, 1) } != 0 {
+                return Err(errno_or(libc::EADDRINUSE));
+            }
             // Another id of this process may listen on the same service on another
             // address of the device set: the engine listens once per device.
             // The backlog caps the requests not yet answered; <= 0 means the largest

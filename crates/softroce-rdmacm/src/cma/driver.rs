@@ -45,7 +45,9 @@ impl State {
             let d = &self.devs[i];
             // SAFETY: `ibv_dev` is from libibverbs' list; the calls follow their prototypes.
             let (ctx, pd, guid, mtu) = unsafe {
+                let _ = super::state::OPENING_DEVICE.try_with(|o| o.set(true));
                 let ctx = (ibv.open_device)(d.ibv_dev);
+                let _ = super::state::OPENING_DEVICE.try_with(|o| o.set(false));
                 if ctx.is_null() {
                     return Err(errno_or(libc::ENODEV));
                 }
@@ -86,7 +88,13 @@ impl State {
                 }
             };
             let seed = self.random();
-            let cm = CmEngine::new(CmConfig::new(self.devs[i].ip, guid, seed));
+            let mut config = CmConfig::new(self.devs[i].ip, guid, seed);
+            // On a shared device the comm IDs carry the process's slot, so that the
+            // device's steering brings the peers' answers here (softroce::net::steer).
+            // SAFETY: a context opened above.
+            let slot = unsafe { (ibv.cm_slot)(ctx) };
+            config.comm_id_slot = u8::try_from(slot).ok().filter(|&s| s != 0);
+            let cm = CmEngine::new(config);
             self.devs[i].open = Some(OpenDev {
                 ctx,
                 pd,
@@ -244,6 +252,10 @@ fn end_lingers(o: &mut OpenDev, now: Instant) {
     for sid in over {
         o.lingering.remove(&sid);
         let _ = o.cm.unlisten(sid);
+        if let Ok(ibv) = ibv() {
+            // SAFETY: the device's open context.
+            unsafe { (ibv.cm_listen)(o.ctx, sid, 0) };
+        }
         let (gone, kept) = std::mem::take(&mut o.parked)
             .into_iter()
             .partition(|p| p.req.service_id == sid);

@@ -175,9 +175,22 @@ std::thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+std::thread_local! {
+    /// Set while this thread, holding the state's lock, opens a device: opening a shared
+    /// device may fork its keeper (`softroce::net::share`), and the prepare handler must not
+    /// take again a lock its own thread holds. The child (the keeper) never uses the state.
+    pub(super) static OPENING_DEVICE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// `pthread_atfork` prepare handler: takes the state's lock, so that no other thread holds
-/// it at the fork.
+/// it at the fork (unless this very thread holds it: [`OPENING_DEVICE`]).
 extern "C" fn lock_for_fork() {
+    if OPENING_DEVICE
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(false)
+    {
+        return;
+    }
     if let Some(Ok(m)) = STATE.get() {
         let g = m.lock();
         let _ = FORK_LOCK.try_with(|l| {

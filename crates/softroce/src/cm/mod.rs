@@ -191,6 +191,10 @@ pub struct CmConfig {
     pub mra_service_timeout: u8,
     /// Most connections (all states, TIMEWAIT included) the engine holds.
     pub max_connections: usize,
+    /// The slot of a shared device this engine serves (`net::steer`): the top 8 bits of
+    /// every local comm ID, so that the device's steering brings the peer's answers here.
+    /// `None`: random 32-bit comm IDs (the kernel's are random too, `cm_alloc_id`).
+    pub comm_id_slot: Option<u8>,
 }
 
 impl CmConfig {
@@ -205,6 +209,7 @@ impl CmConfig {
             packet_life_time: CMA_IBOE_PACKET_LIFETIME,
             mra_service_timeout: 24,
             max_connections: 4096,
+            comm_id_slot: None,
         }
     }
 }

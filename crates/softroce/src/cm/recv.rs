@@ -585,7 +585,10 @@ impl CmEngine {
         // Bounded: with fewer than max_connections IDs in use out of 2^32 - 1, a free random
         // ID is found at once in practice.
         for _ in 0..64 {
-            let id = self.next_random() as u32;
+            let mut id = self.next_random() as u32;
+            if let Some(slot) = self.config.comm_id_slot {
+                id = (u32::from(slot) << 24) | (id & 0x00ff_ffff);
+            }
             if id == 0 || self.conns.contains_key(&id) {
                 continue;
             }

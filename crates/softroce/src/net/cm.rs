@@ -53,6 +53,9 @@ struct Shared {
     failed: std::sync::OnceLock<String>,
     /// The device's name, for messages.
     name: String,
+    /// The link of a shared device, whose keeper must learn this CM's listeners
+    /// ([`super::UdpLink::share_listen`]).
+    link: Option<Arc<super::UdpLink>>,
 }
 
 #[derive(Debug)]
@@ -170,6 +173,16 @@ impl CmDriver {
     /// driver thread.
     /// Errors: those of [`CmPort::new`]; `EAGAIN` when the thread cannot start.
     pub fn start(dev: &Device, config: CmConfig) -> crate::verbs::Result<CmDriver> {
+        CmDriver::start_shared(dev, config, None)
+    }
+
+    /// [`CmDriver::start`] for the device of `link`, which may be a shared device: each
+    /// [`CmDriver::listen`] then also makes the service's REQs come to this process.
+    pub fn start_shared(
+        dev: &Device,
+        config: CmConfig,
+        link: Option<Arc<super::UdpLink>>,
+    ) -> crate::verbs::Result<CmDriver> {
         let port = CmPort::new(dev, CmEngine::new(config))?;
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
@@ -184,6 +197,7 @@ impl CmDriver {
             panic_for_test: AtomicBool::new(false),
             failed: std::sync::OnceLock::new(),
             name: dev.name().to_string(),
+            link,
         });
         let thread = {
             let (shared, dev) = (shared.clone(), dev.clone());
@@ -242,6 +256,14 @@ impl CmDriver {
     pub fn listen_with_backlog(&self, service_id: u64, backlog: usize) -> Result<(), CmError> {
         let mut inner = self.shared.inner.lock();
         inner.port.cm().listen_with_backlog(service_id, backlog)?;
+        // Another process of a shared device listens on it: as the kernel CM, which keeps
+        // one listener per service ID of a device.
+        if let Some(link) = &self.shared.link
+            && link.share_listen(service_id).is_err()
+        {
+            inner.port.cm().unlisten(service_id);
+            return Err(CmError::AddrInUse);
+        }
         inner.requests.insert(service_id, VecDeque::new());
         Ok(())
     }
@@ -253,6 +275,9 @@ impl CmDriver {
         let now = self.shared.now();
         let mut inner = self.shared.inner.lock();
         inner.port.cm().unlisten(service_id);
+        if let Some(link) = &self.shared.link {
+            link.share_unlisten(service_id);
+        }
         for ev in inner.requests.remove(&service_id).unwrap_or_default() {
             let cm = inner.port.cm();
             let _ = match ev {

@@ -72,6 +72,12 @@ pub struct UdpOptions {
     /// checks over the header it received, accepts them; a plain-UDP receiver must solve
     /// for the ID, as softroce's own does, or be told the segment index by UDP GRO).
     pub no_offload: bool,
+    /// The address's port 4791 to this device alone, as with `SOFTROCE_SHARE=0`
+    /// ([`super::share`]): for a program that drives its own CM engine on QP1
+    /// ([`crate::verbs::CmPort`]) instead of the device's ([`super::UdpDevice::cm`]), whose
+    /// listeners and comm IDs a shared device's steering would not know. A second device on
+    /// the address then gets EADDRINUSE.
+    pub exclusive: bool,
 }
 
 /// Options that [`UdpDevice::open`](super::UdpDevice::open) and [`UdpDevice::open_with`](super::UdpDevice::open_with) use; see
@@ -132,6 +138,10 @@ pub struct UdpLink {
     /// `recv`, so that it is taken off the list before the socket closes.
     _unshared: super::fork::Unshared,
     pub(super) recv: UdpSocket,
+    /// This process's share of a shared device (`super::share`); after `recv`, so that the
+    /// slot's socket is closed before the keeper takes the slot back. `None`: the port is
+    /// this link's alone (sharing off, or the exact-ICRC raw socket mode).
+    share: Option<super::share::Share>,
     pub(super) raw: Option<RawRx>,
     pub(super) send: Mutex<foldhash::HashMap<u16, Arc<SendSockets>>>,
     /// One socket per joined multicast group, bound to group:4791 (`super::mcast`).
@@ -196,6 +206,26 @@ pub struct UdpLink {
 }
 
 impl UdpLink {
+    /// The slot of the shared device this link is ([`super::share::Share::slot`]), `None`
+    /// when the port is this link's alone.
+    pub fn slot(&self) -> Option<u8> {
+        self.share.as_ref().map(super::share::Share::slot)
+    }
+
+    /// Makes the CM REQs for `service_id` that reach the shared device come to this process
+    /// ([`super::share::Share::listen`]); nothing to do when the port is this link's alone.
+    /// Errors: EADDRINUSE when another process listens on it.
+    pub fn share_listen(&self, service_id: u64) -> io::Result<()> {
+        self.share.as_ref().map_or(Ok(()), |s| s.listen(service_id))
+    }
+
+    /// Undoes [`UdpLink::share_listen`].
+    pub fn share_unlisten(&self, service_id: u64) {
+        if let Some(s) = &self.share {
+            let _ = s.unlisten(service_id);
+        }
+    }
+
     /// Binds `ip`:4791 for receiving. Errors: the bind error (EADDRINUSE when another
     /// process — or kernel rxe — owns the port on that address).
     pub fn bind(ip: IpAddr) -> io::Result<UdpLink> {
@@ -205,7 +235,14 @@ impl UdpLink {
     /// Binds `ip`:4791 with `opts`. Errors: as [`UdpLink::bind`]; with `exact_icrc` on IPv4,
     /// EPERM without CAP_NET_RAW.
     pub fn bind_with(ip: IpAddr, opts: &UdpOptions) -> io::Result<UdpLink> {
-        let recv = new_socket(ip, ROCE_V2_UDP_PORT, false)?;
+        // A shared device's slot socket, from its keeper; alone with the raw socket of the
+        // exact-ICRC mode (which receives every packet of the address) or with sharing off.
+        let (recv, share) = if opts.exact_icrc || opts.exclusive || !super::share::enabled() {
+            (new_socket(ip, ROCE_V2_UDP_PORT, false)?, None)
+        } else {
+            let (share, fd) = super::share::Share::join(ip)?;
+            (socket2::Socket::from(fd), Some(share))
+        };
         if sockopt::set_socket_recv_buffer_size_force(&recv, RCVBUF_BYTES).is_err() {
             let _ = sockopt::set_socket_recv_buffer_size(&recv, RCVBUF_BYTES);
         }
@@ -230,6 +267,7 @@ impl UdpLink {
             ip,
             _unshared: super::fork::unshared(recv.as_raw_fd()),
             recv: recv.into(),
+            share,
             raw,
             send: Mutex::new(foldhash::HashMap::default()),
             mcast: Mutex::new(HashMap::new()),

@@ -51,7 +51,7 @@ pub(super) fn new_socket(ip: IpAddr, port: u16, reuse: bool) -> io::Result<Socke
 }
 
 /// [`new_socket`] before its `bind`: every option set, no address yet.
-fn unbound_socket(ip: IpAddr, reuse: bool) -> io::Result<Socket> {
+pub(super) fn unbound_socket(ip: IpAddr, reuse: bool) -> io::Result<Socket> {
     let domain = if ip.is_ipv4() {
         Domain::IPV4
     } else {

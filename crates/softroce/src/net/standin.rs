@@ -29,12 +29,10 @@
 //! call's error.
 
 use super::link::gsi_source_port;
+use super::qp1::DATAGRAM_LEN;
 use super::sock::unbound_send_socket;
 use crate::cm::MadTransmit;
-use crate::transport::GSI_QKEY;
-use crate::wire::{
-    BthRepr, DethRepr, IcrcIp, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT, mad::MAD_LEN,
-};
+use crate::wire::ROCE_V2_UDP_PORT;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -49,8 +47,6 @@ pub const SENDS: usize = 3;
 /// The time between the stand-in's sends.
 pub const SEND_GAP: Duration = Duration::from_millis(100);
 
-/// UDP payload of a QP1 MAD: BTH (12) + DETH (8) + MAD (256) + ICRC (4).
-const DATAGRAM_LEN: usize = 12 + 8 + MAD_LEN + 4;
 /// A `sockaddr_in6`, the larger of the two address shapes.
 const ADDR_LEN: usize = 28;
 /// One record on the pipe: op (1), key (4), address length (1), address, datagram.
@@ -194,33 +190,8 @@ impl StandIn {
     /// ONLY to QP 1, P_Key 0xFFFF, Q_Key 0x80010000 from QP 1, and the ICRC over the IP and
     /// UDP headers the stand-in's socket sends with (IPv4 ID 0, flow label 0).
     fn datagram(&self, mad: &MadTransmit, out: &mut [u8]) {
-        let mut bth = BthRepr::new(Opcode::UD_SEND_ONLY, 1, Psn::new(0));
-        // As the device's QP1 and rxe's send every MAD (tests/captures).
-        bth.ack_req = true;
-        let mut p = PacketRepr::new(bth);
-        p.deth = Some(DethRepr {
-            qkey: GSI_QKEY,
-            src_qpn: 1,
-        });
-        p.payload_len = MAD_LEN;
-        let ip = match (self.local, mad.dst) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => IcrcIp::V4 {
-                src,
-                dst,
-                ident: 0,
-                src_port: gsi_source_port(),
-                dst_port: ROCE_V2_UDP_PORT,
-            },
-            (IpAddr::V6(src), IpAddr::V6(dst)) => IcrcIp::V6 {
-                src,
-                dst,
-                src_port: gsi_source_port(),
-                dst_port: ROCE_V2_UDP_PORT,
-            },
-            // `arm` refused mixed families before.
-            _ => return,
-        };
-        p.emit(out, &mad.mad[..], &ip);
+        // `arm` refused mixed families before.
+        let _ = super::qp1::datagram(self.local, gsi_source_port(), mad, out);
     }
 
     fn write(&self, rec: &[u8; RECORD_LEN]) -> io::Result<()> {
@@ -363,7 +334,7 @@ fn apply(table: &mut [Entry], rec: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::RocePacket;
+    use crate::wire::{IcrcIp, RocePacket, mad::MAD_LEN};
 
     /// A stand-in whose process is gone (here: its pipe closed) sends what was armed and
     /// not disarmed, each datagram a QP1 MAD that parses with a good ICRC, from QP1's port.

@@ -105,39 +105,60 @@ const MAX_INSNS: usize = 4096;
 
 /// The steering program of a group of `slots` sockets (slot `i` is the group's socket `i`)
 /// for `listeners` (see the module documentation); a slot at or past `slots` is slot 0.
+/// A CM message naming comm ID 0 as its receiver's (a REJ the active side sends when it
+/// gives up on its REQ before any answer, kernel `cm_destroy_id` in REQ_SENT) goes to slot 0.
 /// Errors: `EINVAL` if `slots` is 0 or over [`MAX_SLOTS`], a listener's slot is not below
 /// `slots`, or the table makes the program longer than the kernel takes (about 800
 /// listeners).
 pub fn program(slots: usize, listeners: &[Listener]) -> io::Result<Vec<libc::sock_filter>> {
+    program_with_unnamed(slots, listeners, 0)
+}
+
+/// [`program`], with the CM messages that name comm ID 0 as their receiver's going to slot
+/// `unnamed` instead of slot 0: the keeper points it at the slot of the newest listener, the
+/// only one that can hold the REQ such a REJ withdraws when one process listens.
+/// Errors: as [`program`], and `EINVAL` if `unnamed` is not below `slots`.
+pub fn program_with_unnamed(
+    slots: usize,
+    listeners: &[Listener],
+    unnamed: u16,
+) -> io::Result<Vec<libc::sock_filter>> {
     let einval = || io::Error::from_raw_os_error(libc::EINVAL);
-    if slots == 0 || slots > MAX_SLOTS || listeners.iter().any(|l| usize::from(l.slot) >= slots) {
+    if slots == 0
+        || slots > MAX_SLOTS
+        || usize::from(unnamed) >= slots
+        || listeners.iter().any(|l| usize::from(l.slot) >= slots)
+    {
         return Err(einval());
     }
     let mut p = vec![
-        // 0: A = destination QP; QP1 goes to the CM part (5), any other by its slot (13).
+        // 0: A = destination QP; QP1 goes to the CM part (5), any other by its slot (14).
         insn(op::LD_W_ABS, 0, 0, OFF_BTH_DEST_QP),
         insn(op::AND_K, 0, 0, 0x00ff_ffff),
         insn(op::JEQ_K, 2, 0, 1),
         insn(op::RSH_K, 0, 0, QPN_SHIFT),
-        insn(op::JA, 0, 0, 8),
+        insn(op::JA, 0, 0, 9),
         // 5: QP1, by attribute: REQ and SIDR_REQ to the listener table (jumps set below).
         insn(op::LD_H_ABS, 0, 0, OFF_ATTR_ID),
         insn(op::JEQ_K, 0, 0, ATTR_REQ),
         insn(op::JEQ_K, 0, 0, ATTR_SIDR_REQ),
         // 8: SIDR_REP names its receiver by the request ID, the others by the remote
-        // comm ID; either way the top bits are the slot.
+        // comm ID; either way the top bits are the slot, and ID 0 names nobody (17).
         insn(op::JEQ_K, 0, 2, ATTR_SIDR_REP),
         insn(op::LD_W_ABS, 0, 0, OFF_REQUEST_ID),
         insn(op::JA, 0, 0, 1),
         insn(op::LD_W_ABS, 0, 0, OFF_REMOTE_COMM_ID),
+        insn(op::JEQ_K, 4, 0, 0),
         insn(op::RSH_K, 0, 0, COMM_ID_SHIFT),
-        // 13: A = a slot; one the group has no socket for is slot 0 (the kernel would pick
+        // 14: A = a slot; one the group has no socket for is slot 0 (the kernel would pick
         // a socket by hash).
         insn(op::JGE_K, 1, 0, slots as u32),
         insn(op::RET_A, 0, 0, 0),
         insn(op::RET_K, 0, 0, 0),
+        // 17: comm ID 0.
+        insn(op::RET_K, 0, 0, u32::from(unnamed)),
     ];
-    // 16: REQ / SIDR_REQ: the listener table, 5 instructions a row, then slot 0.
+    // 18: REQ / SIDR_REQ: the listener table, 5 instructions a row, then slot 0.
     let svc = p.len();
     for l in listeners {
         let (hi, lo) = ((l.service_id >> 32) as u32, l.service_id as u32);

@@ -74,8 +74,9 @@ impl UdpDevice {
         let link = Arc::new(UdpLink::bind_with(cfg.ip, opts).map_err(|e| {
             let hint = match e.kind() {
                 io::ErrorKind::AddrInUse => {
-                    "; another softroce device (or kernel rxe) owns that address's RoCEv2 port: \
-                     use another address (all of 127.0.0.0/8 is loopback)"
+                    "; kernel rxe, or a softroce device opened with SOFTROCE_SHARE=0 or \
+                     --exact-icrc, owns that address's RoCEv2 port: use another address (all \
+                     of 127.0.0.0/8 is loopback)"
                 }
                 io::ErrorKind::AddrNotAvailable => "; that address is not on this host",
                 io::ErrorKind::PermissionDenied if opts.exact_icrc => {
@@ -91,6 +92,7 @@ impl UdpDevice {
                 ),
             )
         })?);
+        cfg.qpn_slot = link.slot();
         let device = Device::new(cfg, link.clone(), Arc::new(SystemClock::new()));
         // Busy polling: every poll of the device's CQs receives in the polling thread, the
         // hook holding the device and link weakly (a CQ must not keep them open).
@@ -156,9 +158,12 @@ impl UdpDevice {
         }
         let seed = super::clock::seed_from_clock_and_pid();
         let guid = self.device.query_device().node_guid;
-        let d = Arc::new(CmDriver::start(
+        let mut config = CmConfig::new(self.device.ip(), guid, seed);
+        config.comm_id_slot = self.link.slot();
+        let d = Arc::new(CmDriver::start_shared(
             &self.device,
-            CmConfig::new(self.device.ip(), guid, seed),
+            config,
+            Some(self.link.clone()),
         )?);
         *slot = Some(d.clone());
         Ok(d)

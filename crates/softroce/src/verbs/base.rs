@@ -27,6 +27,10 @@ pub struct DeviceConfig {
     pub seed: u64,
     /// Active MTU of the port.
     pub active_mtu: PathMtu,
+    /// The slot of a shared device this device is (`net::steer`): its QPNs are
+    /// `slot << 16 ..= slot << 16 | 0xffff`. `None`: a device with its address to itself,
+    /// whose QPNs run from 0x11 as rxe's.
+    pub qpn_slot: Option<u8>,
 }
 
 impl DeviceConfig {
@@ -41,6 +45,19 @@ impl DeviceConfig {
             ip,
             seed,
             active_mtu: PathMtu::Mtu4096,
+            qpn_slot: None,
+        }
+    }
+
+    /// The first and last QPN this device hands out: rxe's 0x11 ..= 0xfffffe (0xffffff is
+    /// the multicast QPN), or within the slot's range ([`DeviceConfig::qpn_slot`]).
+    pub fn qpn_range(&self) -> (u32, u32) {
+        match self.qpn_slot {
+            None => (FIRST_QPN, 0x00ff_fffe),
+            Some(s) => {
+                let base = u32::from(s) << 16;
+                (base.max(FIRST_QPN), (base | 0xffff).min(0x00ff_fffe))
+            }
         }
     }
 }
@@ -70,6 +87,8 @@ pub(super) const MAX_QP_WR: u32 = 16384;
 pub const MAX_SGE: u32 = 32;
 pub(super) const MAX_QP: u32 = 1 << 16;
 pub(super) const MAX_RD_ATOM: u32 = 128;
+/// Entries of a device's GID table ([`super::gid_table`]).
+pub const GID_TBL_LEN: usize = 2;
 /// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
 pub(super) const FIRST_QPN: u32 = 0x11;
 /// The GSI QP's number.
@@ -113,7 +132,7 @@ pub(super) struct Shared {
     /// Completions of QP1.
     pub(super) gsi_cq: Arc<CqShared>,
     pub(super) cfg: DeviceConfig,
-    pub(super) gids: [GidEntry; super::device::GID_TBL_LEN],
+    pub(super) gids: [GidEntry; GID_TBL_LEN],
     pub(super) link: Arc<dyn Link>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) state: Mutex<State>,

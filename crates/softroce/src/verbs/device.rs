@@ -2,8 +2,8 @@
 //! completion-channel creation, the asynchronous event queue, QP1 (GSI), counters and timers.
 
 use super::base::{
-    Device, DeviceConfig, FIRST_QPN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType, MAX_QP,
-    MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
+    Device, DeviceConfig, FIRST_QPN, GID_TBL_LEN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType,
+    MAX_QP, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
 };
 use super::cq::{CompChannel, Cq, CqShared, MAX_CQE, PollHook};
 use super::event::{AsyncEvent, AsyncEvents, EventElement, EventFd, EventType, SignalQueue};
@@ -208,9 +208,6 @@ fn eui64(ip: IpAddr) -> [u8; 8] {
 pub fn node_guid(ip: IpAddr) -> u64 {
     u64::from_be_bytes(eui64(ip))
 }
-
-/// Entries of a device's GID table ([`gid_table`]).
-pub const GID_TBL_LEN: usize = 2;
 
 /// The GID table of the device on `ip`, as [`Device::gids`] and `ibv_query_gid` report it:
 /// index 0 the link-local GID `fe80::` + the device's EUI-64 (as kernel rxe's first entry),

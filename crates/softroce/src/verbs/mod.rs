@@ -30,12 +30,11 @@ pub use crate::transport::{
 pub use crate::wire::Gid;
 pub use crate::wire::grh::grh_source;
 pub use ah::Ah;
-pub use base::{Device, DeviceConfig, GidEntry, GidType, MAX_SGE, MULTICAST_QPN};
+pub use base::{Device, DeviceConfig, GID_TBL_LEN, GidEntry, GidType, MAX_SGE, MULTICAST_QPN};
 pub use cm_port::CmPort;
 pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{
-    AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, GID_TBL_LEN, PortAttr, device_attr, gid_table,
-    node_guid, port_attr,
+    AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr, device_attr, gid_table, node_guid, port_attr,
 };
 pub use event::{AsyncEvent, EventElement, EventType};
 pub use mad_ring::{

@@ -3,8 +3,7 @@
 //! `rxe_mcast.c`.
 
 use super::base::{
-    Device, FIRST_QPN, GSI_QPN, MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH, MAX_QP, MAX_QP_WR, MAX_SGE,
-    QpSlot, State,
+    Device, GSI_QPN, MAX_MCAST_GRP, MAX_MCAST_QP_ATTACH, MAX_QP, MAX_QP_WR, MAX_SGE, QpSlot, State,
 };
 use super::cq::Cq;
 use super::modify::{AhAttr, QpAttrMask as A};
@@ -92,19 +91,16 @@ impl Pd {
         if st.qps.len() >= MAX_QP as usize {
             return Err(Error::new(ErrorKind::NoMem, "create_qp: too many QPs"));
         }
-        let mut qpn = st.next_qpn;
-        while st.qps.contains_key(&qpn) {
-            qpn = if qpn >= 0x00ff_fffe {
-                FIRST_QPN
-            } else {
-                qpn + 1
-            };
+        let (first, last) = self.dev.shared.cfg.qpn_range();
+        if st.qps.len() as u32 > last - first {
+            return Err(Error::new(ErrorKind::NoMem, "create_qp: no QPN left"));
         }
-        st.next_qpn = if qpn >= 0x00ff_fffe {
-            FIRST_QPN
-        } else {
-            qpn + 1
-        };
+        let next = |q: u32| if q >= last { first } else { q + 1 };
+        let mut qpn = st.next_qpn.clamp(first, last);
+        while st.qps.contains_key(&qpn) {
+            qpn = next(qpn);
+        }
+        st.next_qpn = next(qpn);
         let mut engine = QpEngine::new(qpn, init.qp_type, self.handle, c, init.sq_sig_all);
         engine.set_gather(self.dev.shared.link.gathers());
         if let Some(srq) = init.srq {

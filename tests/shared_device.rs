@@ -1,0 +1,249 @@
+//! A host's device (issue 21 item 1): every process that opens the device of an address
+//! shares it, as every process of a host shares kernel rxe's `rxe0`
+//! (`softroce::net::share`, `softroce::net::keeper`, docs/architecture.md "A host's
+//! device"). Through `softroce exec` with rdma-core's own programs: a verbs server and
+//! client in two processes on one address; two rdma_cm servers on two ports of one address
+//! with their clients, all on that address, and a connect to a port nobody listens on
+//! (REJ from the device, as the kernel CM answers); a second listener of a port refused; a
+//! process killed with SIGKILL gives its slot back, and the device's keeper goes away with
+//! the last process. Skipped, saying why, only when the programs are not installed (CI
+//! installs them).
+
+mod exec_support;
+use exec_support::*;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the child by its pid if the test panics first.
+struct Kill(Option<Child>);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits (up to 20 s) until a TCP socket listens on `port` (ibv_rc_pingpong's server
+/// listens once its QP is made: its device is open by then).
+fn wait_tcp_listen(port: u16) {
+    let want = format!(":{port:04X}");
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let t = std::fs::read_to_string(table).unwrap_or_default();
+            // Column 2 is the local address:port, column 4 the state (0A: LISTEN).
+            if t.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+            }) {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "nothing listens on TCP {port} within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the keeper of the device on `ip` is there: its Unix socket `@softroce/<ip>`.
+fn keeper_listening(ip: &str) -> bool {
+    let t = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let name = format!("@softroce/{ip}");
+    t.lines()
+        .any(|l| l.split_whitespace().last() == Some(name.as_str()))
+}
+
+/// The QPN an ibv_rc_pingpong prints as its own ("local address: ... QPN 0x010000").
+fn local_qpn(out: &str) -> u32 {
+    let l = out
+        .lines()
+        .find(|l| l.contains("local address"))
+        .unwrap_or_else(|| panic!("no local address line in:\n{out}"));
+    let q = l
+        .split("QPN ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap();
+    u32::from_str_radix(q.trim_start_matches("0x"), 16).unwrap()
+}
+
+fn pingpong(ip: &str, port: u16, server_of: Option<&str>) -> std::process::Command {
+    let port = port.to_string();
+    let mut args = vec!["ibv_rc_pingpong", "-g", "1", "-n", "200", "-p", &port];
+    if let Some(s) = server_of {
+        args.push(s);
+    }
+    let mut c = exec(ip, &args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+#[test]
+fn a_verbs_server_and_client_in_two_processes_share_one_address() {
+    if !have("ibv_rc_pingpong") {
+        println!("SKIPPED: ibv_rc_pingpong not installed (apt-get install ibverbs-utils)");
+        return;
+    }
+    let ip = "127.0.79.1";
+    let srv = Kill(Some(pingpong(ip, 18601, None).spawn().unwrap()));
+    wait_tcp_listen(18601);
+    let c = wait(
+        pingpong(ip, 18601, Some("127.0.0.1")).spawn().unwrap(),
+        Duration::from_secs(60),
+        "ibv_rc_pingpong client",
+    );
+    let mut srv = srv;
+    let s = wait(srv.0.take().unwrap(), Duration::from_secs(60), "server");
+    let (cout, sout) = (
+        String::from_utf8_lossy(&c.stdout).into_owned(),
+        String::from_utf8_lossy(&s.stdout).into_owned(),
+    );
+    let report = format!(
+        "client {}:\n{cout}{}\nserver {}:\n{sout}{}",
+        c.status,
+        String::from_utf8_lossy(&c.stderr),
+        s.status,
+        String::from_utf8_lossy(&s.stderr)
+    );
+    assert!(c.status.success() && s.status.success(), "{report}");
+    // Each process has its own slot: its QPNs' top 8 bits (softroce::net::steer).
+    let (qs, qc) = (local_qpn(&sout), local_qpn(&cout));
+    assert_ne!(qs >> 16, qc >> 16, "one slot for two processes:\n{report}");
+    assert!(qs >> 16 != 0 && qc >> 16 != 0, "{report}");
+    // The keeper went away with the last process.
+    let end = Instant::now() + Duration::from_secs(20);
+    while keeper_listening(ip) {
+        assert!(
+            Instant::now() < end,
+            "the keeper of {ip} outlived its processes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `rping -c` to `port` on `ip` from a process on `ip`: its stdout and stderr. A REQ that
+/// came before the server's rdma_listen is rejected (REJ 8, as with the kernel) and the
+/// client is started again, at most 20 times (the servers start in parallel with it).
+fn rping_client(ip: &str, port: &str, until_not_rejected: bool) -> (bool, String) {
+    for attempt in 0.. {
+        let o = wait(
+            exec(ip, &["rping", "-c", "-a", ip, "-p", port, "-C", "3", "-v"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+            Duration::from_secs(60),
+            "rping -c",
+        );
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if until_not_rejected && text.contains("RDMA_CM_EVENT_REJECTED") && attempt < 20 {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        return (o.status.success(), text);
+    }
+    unreachable!()
+}
+
+#[test]
+fn two_rdma_cm_servers_and_their_clients_share_one_address() {
+    if !have("rping") {
+        println!("SKIPPED: rping not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let ip = "127.0.79.2";
+    let server = |port: &str| {
+        Kill(Some(
+            exec(ip, &["rping", "-s", "-a", ip, "-p", port, "-C", "3", "-v"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ))
+    };
+    let mut s1 = server("7101");
+    let mut s2 = server("7102");
+    for port in ["7101", "7102"] {
+        let (ok, text) = rping_client(ip, port, true);
+        assert!(
+            ok && text.contains("ping data: rdma-ping-2"),
+            "client of {port}:\n{text}"
+        );
+    }
+    for s in [&mut s1, &mut s2] {
+        let o = wait(s.0.take().unwrap(), Duration::from_secs(60), "rping -s");
+        assert!(
+            o.status.success(),
+            "server: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // Nobody listens on 7103: the device answers the REQ with REJ 8 (invalid service ID),
+    // as the kernel CM does, while other processes hold the device open.
+    let _hold = server("7104");
+    let (ok, text) = rping_client(ip, "7103", false);
+    assert!(
+        !ok && text.contains("RDMA_CM_EVENT_REJECTED, error 8"),
+        "{text}"
+    );
+}
+
+fn persistent_server(ip: &str, port: &str) -> Kill {
+    Kill(Some(
+        exec(ip, &["rping", "-s", "-P", "-a", ip, "-p", port])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+/// A second process's rdma_listen on a port another process of the device listens on fails
+/// with EADDRINUSE (the kernel's rdma_cm refuses it at bind); once the first is killed
+/// (SIGKILL: it runs nothing on its way out), its listener is gone with its slot and a new
+/// server in a third process takes the port and serves.
+#[test]
+fn a_port_is_one_processes_until_it_is_killed() {
+    if !have("rping") {
+        println!("SKIPPED: rping not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let ip = "127.0.79.3";
+    let mut first = persistent_server(ip, "7201");
+    let (ok, text) = rping_client(ip, "7201", true);
+    assert!(ok, "client of the first server:\n{text}");
+    let second = wait(
+        exec(ip, &["rping", "-s", "-a", ip, "-p", "7201", "-C", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(30),
+        "a second rping -s on the port",
+    );
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&second.stdout),
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(
+        !second.status.success() && err.contains("Address already in use"),
+        "the second listener was not refused ({}):\n{err}",
+        second.status
+    );
+    let mut c = first.0.take().unwrap();
+    c.kill().unwrap();
+    c.wait().unwrap();
+    let _third = persistent_server(ip, "7201");
+    let (ok, text) = rping_client(ip, "7201", true);
+    assert!(ok, "client of the server after the killed one:\n{text}");
+}
