@@ -152,6 +152,9 @@ pub struct UdpLink {
     /// of QP1's send sockets, for the CM ([`Link::poll_unreachable`]); at most
     /// [`UNREACHABLE_MAX`], the oldest dropped first.
     unreachable: Mutex<std::collections::VecDeque<IpAddr>>,
+    /// Peers whose ICMP errors for a QP's datagrams (not QP1's) were logged, each once at
+    /// `warn` (later ones at `debug`); at most [`UNREACHABLE_MAX`].
+    told_unreachable: Mutex<Vec<IpAddr>>,
     pub(super) capture: Option<Arc<Capture>>,
     /// TTL / hop limit of our sockets for unicast (for the capture).
     pub(super) hop_limit: u8,
@@ -273,6 +276,7 @@ impl UdpLink {
             mcast: Mutex::new(HashMap::new()),
             mcast_groups: std::sync::atomic::AtomicUsize::new(0),
             unreachable: Mutex::new(std::collections::VecDeque::new()),
+            told_unreachable: Mutex::new(Vec::new()),
             capture: opts.capture.clone(),
             hop_limit,
             tx_datagrams: AtomicU64::new(0),
@@ -436,6 +440,10 @@ impl UdpLink {
             self.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
             errors += n - sent;
             k += n;
+        }
+        if errors > 0 {
+            // An ICMP error may have failed a send (the retransmission timer sends again).
+            self.take_icmp_errors_of(first.src_port);
         }
         errors
     }
@@ -747,11 +755,9 @@ impl SendSockets {
 fn send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<UdpSocket> {
     let s = new_send_socket(ip, port, udp_checksum)?;
     let _ = super::mcast::set_sending_interface(&s, ip);
-    if port == gsi_source_port() {
-        // QP1's MADs: ICMP errors for a peer without a RoCE device reach the CM
-        // (`super::icmp`; the sends of this socket retry the one send such an error fails).
-        super::icmp::set_recv_err(&s, ip)?;
-    }
+    // ICMP errors for a peer without a RoCE device: QP1's reach the CM, a QP's are logged
+    // (`super::icmp`; a send that such an error fails is made again, `UdpLink::send`).
+    super::icmp::set_recv_err(&s, ip)?;
     Ok(UdpSocket::from(s))
 }
 
@@ -765,6 +771,60 @@ pub(super) fn gsi_source_port() -> u16 {
 const UNREACHABLE_MAX: usize = 64;
 
 impl UdpLink {
+    /// Reads the ICMP errors queued on the send sockets of source port `port`: QP1's go to
+    /// the CM ([`UdpLink::take_icmp_errors`]); a QP's are logged, at `warn` the first time
+    /// for a peer (an RC QP whose peer address has no RoCE device retries, then fails with
+    /// `IBV_WC_RETRY_EXC_ERR`: the log says why), at `debug` after that.
+    fn take_icmp_errors_of(&self, port: u16) {
+        if port == gsi_source_port() {
+            self.take_icmp_errors();
+            return;
+        }
+        let Some(socks) = self.send.lock().get(&port).cloned() else {
+            return;
+        };
+        let mut errs = super::icmp::drain(&socks.plain, UNREACHABLE_MAX);
+        if let Some(Some(g)) = socks.gso.get() {
+            errs.extend(super::icmp::drain(g, UNREACHABLE_MAX));
+        }
+        for e in errs {
+            let first = {
+                let mut told = self.told_unreachable.lock();
+                let new = !told.contains(&e.dst.ip());
+                if new {
+                    if told.len() == UNREACHABLE_MAX {
+                        told.remove(0);
+                    }
+                    told.push(e.dst.ip());
+                }
+                new
+            };
+            let err = io::Error::from_raw_os_error(e.errno);
+            if first {
+                tracing::warn!(
+                    target: "softroce::net",
+                    peer = %e.dst,
+                    src_port = port,
+                    "ICMP: {err} for a QP's datagrams: no RoCE device answers at that address \
+                     (its QPs will exhaust their retries)"
+                );
+            } else {
+                tracing::debug!(
+                    target: "softroce::net",
+                    peer = %e.dst,
+                    src_port = port,
+                    "ICMP: {err} for a QP's datagrams"
+                );
+            }
+        }
+    }
+
+    /// Whether ICMP errors said that `peer` has no RoCE device, for a QP's datagrams (the
+    /// peers [`UdpLink::take_icmp_errors_of`] logged).
+    pub fn told_unreachable(&self, peer: IpAddr) -> bool {
+        self.told_unreachable.lock().contains(&peer)
+    }
+
     /// Moves the ICMP errors queued on QP1's send sockets into `unreachable`, logging each.
     fn take_icmp_errors(&self) {
         let Some(socks) = self.send.lock().get(&gsi_source_port()).cloned() else {
@@ -828,10 +888,11 @@ impl Link for UdpLink {
                 c.send_and_record(src, dst, &whole, &self.sent_header(t), send)?;
             }
             None => match send() {
-                // An ICMP error for an earlier datagram of QP1's socket failed this send
-                // (the kernel reports it once, sending nothing): keep it for the CM, send again.
-                Err(e) if t.src_port == gsi_source_port() && super::icmp::is_icmp_errno(&e) => {
-                    self.take_icmp_errors();
+                // An ICMP error for an earlier datagram of this socket failed this send (the
+                // kernel reports it once, sending nothing): keep it for the CM (QP1) or log
+                // it (a QP's), and send again.
+                Err(e) if super::icmp::is_icmp_errno(&e) => {
+                    self.take_icmp_errors_of(t.src_port);
                     send()?;
                 }
                 r => r?,
@@ -979,6 +1040,29 @@ mod tests {
             tail: None,
             ip: crate::transport::IpFields::default(),
         }
+    }
+
+    /// A QP's datagrams to an address where no RoCE device listens draw ICMP port
+    /// unreachable, which the link reads and logs (issue 25 item 3): the send that the
+    /// pending error fails is made again, and the peer is told.
+    #[test]
+    fn icmp_for_a_qps_datagrams_is_read_and_logged() {
+        let ip = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 21));
+        let nobody = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 22));
+        let link = UdpLink::bind(ip).expect("bind");
+        let t = datagram(TxKind::Request, nobody, 0xc321, 0x5e);
+        // Loopback answers at once; each send after the first meets the pending error.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !link.told_unreachable(nobody) {
+            link.send(&t)
+                .expect("a send, made again after an ICMP error");
+            assert!(
+                std::time::Instant::now() < end,
+                "no ICMP error read within 20 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!link.told_unreachable(ip));
     }
 
     /// ACKs held back while received datagrams are delivered leave before a later MAD of
