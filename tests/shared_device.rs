@@ -127,10 +127,12 @@ fn a_verbs_server_and_client_in_two_processes_share_one_address() {
 }
 
 /// `rping -c` to `port` on `ip` from a process on `ip`: its stdout and stderr. A REQ that
-/// came before the server's rdma_listen is rejected (REJ 8, as with the kernel) and the
-/// client is started again, at most 20 times (the servers start in parallel with it).
+/// came before the server's rdma_listen is rejected (REJ 8, as with the kernel): the
+/// client is started again until the server listens (the servers start in parallel with
+/// it), for up to 60 s.
 fn rping_client(ip: &str, port: &str, until_not_rejected: bool) -> (bool, String) {
-    for attempt in 0.. {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
         let o = wait(
             exec(ip, &["rping", "-c", "-a", ip, "-p", port, "-C", "3", "-v"])
                 .stdout(Stdio::piped())
@@ -145,13 +147,12 @@ fn rping_client(ip: &str, port: &str, until_not_rejected: bool) -> (bool, String
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
-        if until_not_rejected && text.contains("RDMA_CM_EVENT_REJECTED") && attempt < 20 {
+        if until_not_rejected && text.contains("RDMA_CM_EVENT_REJECTED") && Instant::now() < end {
             std::thread::sleep(Duration::from_millis(100));
             continue;
         }
         return (o.status.success(), text);
     }
-    unreachable!()
 }
 
 #[test]
@@ -246,4 +247,161 @@ fn a_port_is_one_processes_until_it_is_killed() {
     let _third = persistent_server(ip, "7201");
     let (ok, text) = rping_client(ip, "7201", true);
     assert!(ok, "client of the server after the killed one:\n{text}");
+}
+
+/// A child whose stdout lines arrive on a channel as they are printed (the program is run
+/// under `stdbuf -oL`, so that its lines are not held in a pipe buffer until it exits).
+struct Lines {
+    kill: Kill,
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    fn spawn(ip: &str, args: &[&str]) -> Lines {
+        let mut all = vec!["stdbuf", "-oL"];
+        all.extend_from_slice(args);
+        let mut c = exec(ip, &all)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = c.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            kill: Kill(Some(c)),
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (up to 30 s) for a line containing `what`.
+    fn wait_for(&mut self, what: &str) {
+        let end = Instant::now() + Duration::from_secs(30);
+        while !self.seen.iter().any(|l| l.contains(what)) {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("no line with {what:?} within 30 s; saw:\n{:#?}", self.seen),
+            }
+        }
+    }
+
+    /// Waits for the exit (up to 60 s): the status and every line printed.
+    fn finish(mut self, what: &str) -> (std::process::ExitStatus, String) {
+        let o = wait(self.kill.0.take().unwrap(), Duration::from_secs(60), what);
+        // Every line: the reader thread ends at the pipe's end of file.
+        self.seen.extend(self.rx.iter());
+        let text = format!(
+            "{}\n{}",
+            self.seen.join("\n"),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status, text)
+    }
+}
+
+/// Every process of the address that joined a multicast group gets its copy of each
+/// datagram sent to it (rxe: `rxe_rcv_mcast_pkt`, every QP attached): two mckey receivers and
+/// the sender, all on one address.
+#[test]
+fn every_process_joined_to_a_group_gets_its_copy() {
+    if !have("mckey") || !have("stdbuf") {
+        println!("SKIPPED: mckey or stdbuf not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    let (ip, group) = ("127.0.79.4", "239.160.0.9");
+    let mut r1 = Lines::spawn(ip, &["mckey", "-m", group, "-b", ip]);
+    let mut r2 = Lines::spawn(ip, &["mckey", "-m", group, "-b", ip]);
+    for r in [&mut r1, &mut r2] {
+        r.wait_for("receiving data transfers");
+    }
+    let s = Lines::spawn(ip, &["mckey", "-m", group, "-b", ip, "-s"]);
+    let (ss, st) = s.finish("mckey -s");
+    assert!(
+        ss.success() && st.contains("data transfers complete"),
+        "{st}"
+    );
+    for (i, r) in [r1, r2].into_iter().enumerate() {
+        let (rs, rt) = r.finish("mckey");
+        assert!(
+            rs.success()
+                && rt.contains("data transfers complete")
+                && rt.contains("return status 0"),
+            "receiver {i}:\n{rt}\nsender:\n{st}"
+        );
+    }
+}
+
+/// A process killed (SIGKILL) in the middle of its transfer gives its slot back, and the
+/// other processes of the address keep running and lose nothing: an `ibv_rc_pingpong` pair
+/// pings on the address while an `ib_write_bw` pair runs there; the pingpong server is
+/// killed during the WRITEs, which still complete and report their bandwidth.
+#[test]
+fn a_process_killed_mid_transfer_leaves_the_others_running() {
+    if !have("ibv_rc_pingpong") || !have("ib_write_bw") || !have("stdbuf") {
+        println!("SKIPPED: ibverbs-utils, perftest or stdbuf not installed");
+        return;
+    }
+    let ip = "127.0.79.5";
+    let mut victim_s = Lines::spawn(
+        ip,
+        &[
+            "ibv_rc_pingpong",
+            "-g",
+            "1",
+            "-n",
+            "100000000",
+            "-p",
+            "18711",
+        ],
+    );
+    wait_tcp_listen(18711);
+    let mut victim_c = Lines::spawn(
+        ip,
+        &[
+            "ibv_rc_pingpong",
+            "-g",
+            "1",
+            "-n",
+            "100000000",
+            "-p",
+            "18711",
+            ip,
+        ],
+    );
+    victim_c.wait_for("remote address");
+    victim_s.wait_for("remote address");
+    // 3000 WRITEs of 64 KiB: about 2 s in a debug build. (Not perftest's timed mode, `-D`:
+    // on a loaded machine its clock calibration refuses to report, "r^2 < 0.9".)
+    let bw = ["ib_write_bw", "-x", "1", "-p", "18712", "-n", "3000"];
+    let bw_s = Lines::spawn(ip, &bw);
+    wait_tcp_listen(18712);
+    let mut client_args = bw.to_vec();
+    client_args.push(ip);
+    let mut bw_c = Lines::spawn(ip, &client_args);
+    // The header comes just before the test starts.
+    bw_c.wait_for("#bytes");
+    let mut v = victim_s.kill.0.take().unwrap();
+    v.kill().unwrap();
+    v.wait().unwrap();
+    let (cs, ct) = bw_c.finish("ib_write_bw client");
+    let (ss, st) = bw_s.finish("ib_write_bw server");
+    assert!(cs.success() && ss.success(), "client:\n{ct}\nserver:\n{st}");
+    // The result line: "65536  <iters>  <peak>  <average MB/sec>  <msg rate>".
+    let result = ct
+        .lines()
+        .find(|l| l.trim_start().starts_with("65536"))
+        .unwrap_or_else(|| panic!("no result line:\n{ct}"));
+    let avg: f64 = result.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!(avg > 0.0, "{result}");
+    drop(victim_c);
 }

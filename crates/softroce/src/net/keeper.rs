@@ -247,16 +247,13 @@ struct Keeper {
 
 impl Keeper {
     fn new(ip: IpAddr, listener: OwnedFd, slot0: Socket, guid: u64, seed: u64) -> Keeper {
-        let qp1 = super::sock::unbound_send_socket(ip, false)
-            .and_then(|s| {
-                s.bind(&SocketAddr::new(ip, 0).into())?;
-                let port = s
-                    .local_addr()?
-                    .as_socket()
-                    .map_or(0, |a: SocketAddr| a.port());
-                Ok((s, port))
-            })
-            .ok();
+        // From QP1's port, as every QP1 MAD of rxe and of softroce's processes (a member of
+        // their SO_REUSEPORT group on that port: the kernel may hand it an ICMP error meant
+        // for a process's QP1 socket, which that process's CM then learns by its retries).
+        let port = super::link::gsi_source_port();
+        let qp1 = super::sock::new_send_socket(ip, port, false)
+            .ok()
+            .map(|s| (s, port));
         Keeper {
             ip,
             listener,

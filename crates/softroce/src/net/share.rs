@@ -92,8 +92,9 @@ impl Share {
                     match super::keeper::start(ip) {
                         Ok(()) => {}
                         // Another process bound the name first: its keeper is starting.
-                        Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && is_name(&e) => {
-                            std::thread::yield_now();
+                        Err(e) if e.kind() == io::ErrorKind::AddrInUse && is_name(&e) => {
+                            // Its keeper listens a moment after its bind: wait that moment.
+                            std::thread::sleep(std::time::Duration::from_millis(1));
                         }
                         Err(e) => return Err(e),
                     }
