@@ -235,8 +235,6 @@ struct Keeper {
     last: usize,
     /// Slot 0's CM: no listener, no connection; answers as the kernel CM answers for them.
     cm: CmEngine,
-    /// QP1's send socket for slot 0's answers, and its source port.
-    qp1: Option<(Socket, u16)>,
     /// Datagrams for no live slot (an unknown QPN, an unanswered MAD, a bad ICRC).
     dropped: u64,
     started: Instant,
@@ -247,13 +245,6 @@ struct Keeper {
 
 impl Keeper {
     fn new(ip: IpAddr, listener: OwnedFd, slot0: Socket, guid: u64, seed: u64) -> Keeper {
-        // From QP1's port, as every QP1 MAD of rxe and of softroce's processes (a member of
-        // their SO_REUSEPORT group on that port: the kernel may hand it an ICMP error meant
-        // for a process's QP1 socket, which that process's CM then learns by its retries).
-        let port = super::link::gsi_source_port();
-        let qp1 = super::sock::new_send_socket(ip, port, false)
-            .ok()
-            .map(|s| (s, port));
         Keeper {
             ip,
             listener,
@@ -263,7 +254,6 @@ impl Keeper {
             listeners: Vec::new(),
             last: 0,
             cm: CmEngine::new(CmConfig::new(ip, guid, seed)),
-            qp1,
             dropped: 0,
             started: Instant::now(),
             clock: super::SystemClock::new(),
@@ -531,14 +521,22 @@ impl Keeper {
     /// Sends what slot 0's CM answers; its events (none the keeper acts on) are dropped.
     fn flush_cm(&mut self) {
         while self.cm.poll_event().is_some() {}
+        let mut sock = None;
         while let Some(m) = self.cm.poll_mad() {
-            let Some((sock, port)) = &self.qp1 else {
+            // From QP1's port, as every QP1 MAD of rxe and of softroce's processes. The
+            // socket joins their SO_REUSEPORT group on that port, where the kernel could
+            // hand it an ICMP error meant for a process's QP1 socket (the CM's quick
+            // "unreachable"): so it exists only for these sends.
+            if sock.is_none() {
+                sock = super::sock::new_send_socket(self.ip, super::qp1::SOURCE_PORT, false).ok();
+            }
+            let Some(s) = &sock else {
                 continue;
             };
             let mut out = [0u8; super::qp1::DATAGRAM_LEN];
-            if let Some(n) = super::qp1::datagram(self.ip, *port, &m, &mut out) {
+            if let Some(n) = super::qp1::datagram(self.ip, super::qp1::SOURCE_PORT, &m, &mut out) {
                 let to = SockAddr::from(SocketAddr::new(m.dst, ROCE_V2_UDP_PORT));
-                let _ = sock.send_to(&out[..n], &to);
+                let _ = s.send_to(&out[..n], &to);
             }
         }
     }

@@ -761,10 +761,10 @@ fn send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<UdpSocke
     Ok(UdpSocket::from(s))
 }
 
-/// The UDP source port of QP1 (the GSI QP), whose sockets report ICMP errors: rxe's port for
-/// QPN 1, 0xD872 (docs/wire-facts.md; QP1's MADs leave from it).
+/// The UDP source port of QP1 (the GSI QP), whose sockets report ICMP errors
+/// ([`super::qp1::SOURCE_PORT`]).
 pub(super) fn gsi_source_port() -> u16 {
-    crate::verbs::rxe_initial_udp_sport(1)
+    super::qp1::SOURCE_PORT
 }
 
 /// Most peer addresses [`UdpLink`] keeps for the CM between two [`Link::poll_unreachable`].

@@ -9,6 +9,10 @@ use crate::wire::{
 };
 use std::net::IpAddr;
 
+/// The UDP source port of QP1 (the GSI QP): rxe's port for QPN 1, 0xD872
+/// (docs/wire-facts.md; QP1's MADs leave from it, and its sockets report ICMP errors).
+pub(super) const SOURCE_PORT: u16 = crate::verbs::rxe_initial_udp_sport(1);
+
 /// UDP payload of a QP1 MAD: BTH (12) + DETH (8) + MAD (256) + ICRC (4).
 pub(super) const DATAGRAM_LEN: usize = 12 + 8 + MAD_LEN + 4;
 

@@ -28,8 +28,7 @@
 //! is then ended only if the process ends it); [`StandIn::start`] returns the system
 //! call's error.
 
-use super::link::gsi_source_port;
-use super::qp1::DATAGRAM_LEN;
+use super::qp1::{DATAGRAM_LEN, SOURCE_PORT};
 use super::sock::unbound_send_socket;
 use crate::cm::MadTransmit;
 use crate::wire::ROCE_V2_UDP_PORT;
@@ -90,7 +89,7 @@ impl StandIn {
         // device's SO_REUSEPORT group on 0xD872 and could take the ICMP errors meant for
         // the device's QP1 socket (the kernel picks one socket of the group for them).
         let sock = unbound_send_socket(local, false)?;
-        let bind_to = socket2::SockAddr::from(SocketAddr::new(local, gsi_source_port()));
+        let bind_to = socket2::SockAddr::from(SocketAddr::new(local, SOURCE_PORT));
         let mut bind_addr = [0u8; ADDR_LEN];
         let bind_len = (bind_to.len() as usize).min(ADDR_LEN);
         // SAFETY: `bind_to` holds `bind_len` initialised bytes of a sockaddr.
@@ -191,7 +190,7 @@ impl StandIn {
     /// UDP headers the stand-in's socket sends with (IPv4 ID 0, flow label 0).
     fn datagram(&self, mad: &MadTransmit, out: &mut [u8]) {
         // `arm` refused mixed families before.
-        let _ = super::qp1::datagram(self.local, gsi_source_port(), mad, out);
+        let _ = super::qp1::datagram(self.local, SOURCE_PORT, mad, out);
     }
 
     fn write(&self, rec: &[u8; RECORD_LEN]) -> io::Result<()> {
@@ -358,13 +357,13 @@ mod tests {
         let mut buf = [0u8; 512];
         for _ in 0..SENDS {
             let (n, from) = peer.recv_from(&mut buf).expect("a datagram within 20 s");
-            assert_eq!((n, from.port()), (DATAGRAM_LEN, gsi_source_port()));
+            assert_eq!((n, from.port()), (DATAGRAM_LEN, SOURCE_PORT));
             let p = RocePacket::parse(&buf[..n]).expect("parses");
             let ip = IcrcIp::V4 {
                 src: std::net::Ipv4Addr::new(127, 0, 23, 21),
                 dst: peer_ip,
                 ident: 0,
-                src_port: gsi_source_port(),
+                src_port: SOURCE_PORT,
                 dst_port: ROCE_V2_UDP_PORT,
             };
             assert!(p.icrc_ok(&ip), "ICRC");

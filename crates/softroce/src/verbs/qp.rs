@@ -25,7 +25,7 @@ pub const LINK_LOCAL_SGID: &str =
 /// The UDP source port rxe gives a QP at creation: `0xC000 + hash_32(qpn, 14)`, where
 /// `hash_32(v, 14) = (v × 0x61C88647 mod 2^32) >> 18`. Source: rxe `rxe_qp.c`
 /// `rxe_qp_init_req`; Linux `include/linux/hash.h`. Example: QPN 0x13 → 0xD078.
-pub fn rxe_initial_udp_sport(qpn: u32) -> u16 {
+pub const fn rxe_initial_udp_sport(qpn: u32) -> u16 {
     0xc000 + ((qpn.wrapping_mul(0x61c8_8647) >> 18) & 0x3fff) as u16
 }
 
