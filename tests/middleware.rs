@@ -319,3 +319,40 @@ fn libfabric_fi_pingpong_verbs_msg_and_rdm() {
     fi_pingpong("msg", "127.0.0.1", "127.0.200.9");
     fi_pingpong("rdm", "127.0.0.1", "127.0.200.11");
 }
+
+/// qperf over rdma_cm (`-cm1`; without it qperf addresses the peer by LID alone, with no
+/// GRH, which RoCE cannot route: "failed to modify QP to RTR: Invalid argument", as on
+/// rxe): rc_lat, then rc_bw (whose server QP has no send queue, max_send_wr 0).
+/// Ignored: about one run in three the client's REQ is answered REJ by the device's keeper
+/// (slot 0) instead of reaching the server's process, which listens (qperf's server forks a
+/// process per test, and that process opens the device and listens); not found yet.
+#[test]
+#[ignore = "intermittent REJ from the shared device's keeper; see the comment"]
+fn qperf_rc_lat_and_rc_bw_over_rdma_cm() {
+    if !tool("qperf", "qperf") {
+        return;
+    }
+    let mut s = exec("127.0.200.12", &["qperf", "-lp", "19770"]);
+    s.stdin(Stdio::null());
+    let mut server = Kill(Some(s.spawn().unwrap()));
+    wait_tcp_listen(19770, &mut server);
+    let mut c = exec(
+        "127.0.200.13",
+        &[
+            "qperf",
+            "-lp",
+            "19770",
+            "-cm1",
+            "127.0.200.12",
+            "rc_lat",
+            "rc_bw",
+        ],
+    );
+    c.stdin(Stdio::null());
+    let out = wait(c.spawn().unwrap(), Duration::from_secs(120), "qperf");
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "qperf {}", text(&out));
+    assert!(t.contains("latency"), "{t}");
+    assert!(t.contains("bw"), "{t}");
+    println!("{t}");
+}
