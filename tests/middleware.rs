@@ -128,8 +128,12 @@ fn perftest(
     let what = format!("ucx_perftest {test} over {tls}");
     let client = wait(c.spawn().unwrap(), Duration::from_secs(120), &what);
     let server = wait(server.0.take().unwrap(), Duration::from_secs(60), &what);
-    assert!(client.status.success(), "{what}: client {}", text(&client));
-    assert!(server.status.success(), "{what}: server {}", text(&server));
+    assert!(
+        client.status.success() && server.status.success(),
+        "{what}: client {}\nserver {}",
+        text(&client),
+        text(&server)
+    );
     let out = String::from_utf8_lossy(&client.stdout).into_owned();
     let fin = out
         .lines()
