@@ -74,6 +74,20 @@ pub fn lib_dir() -> Result<PathBuf, BoxError> {
     Ok(dir)
 }
 
+/// Settings middleware needs on softroce (as on kernel rxe), each set for the program only
+/// when the caller has not set it (`is_set`):
+///
+/// - `UCX_UD_VERBS_ETH_DGID_CHECK=n`: UCX's `ud_verbs` (which `rc_verbs` uses to connect)
+///   reads a received packet's IP version from `wc.sl`, where mlx5 puts it; rxe and softroce
+///   leave `sl` 0, so UCX would check the IPv4 header as an IPv6 destination GID and drop
+///   every packet.
+pub fn middleware_defaults(is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'static str)> {
+    [("UCX_UD_VERBS_ETH_DGID_CHECK", "n")]
+        .into_iter()
+        .filter(|(n, _)| !is_set(n))
+        .collect()
+}
+
 /// Execs the program; returns only on failure.
 pub fn run(args: ExecArgs) -> Result<(), BoxError> {
     let dir = lib_dir()?;
@@ -103,6 +117,9 @@ pub fn run(args: ExecArgs) -> Result<(), BoxError> {
         path.push(old);
     }
     cmd.env("LD_LIBRARY_PATH", path);
+    for (name, value) in middleware_defaults(|n| std::env::var_os(n).is_some()) {
+        cmd.env(name, value);
+    }
     if let Some(devices) = devices.filter(|_| !args.no_view) {
         // Still single-threaded here, as a user namespace requires.
         if let Err(e) = crate::view::enter(&devices) {
@@ -115,4 +132,18 @@ pub fn run(args: ExecArgs) -> Result<(), BoxError> {
     }
     let e = cmd.exec();
     Err(format!("cannot run {}: {e}", args.program[0].to_string_lossy()).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::middleware_defaults;
+
+    #[test]
+    fn ucx_dgid_check_is_off_unless_set() {
+        assert_eq!(
+            middleware_defaults(|_| false),
+            vec![("UCX_UD_VERBS_ETH_DGID_CHECK", "n")]
+        );
+        assert!(middleware_defaults(|n| n == "UCX_UD_VERBS_ETH_DGID_CHECK").is_empty());
+    }
 }

@@ -104,7 +104,9 @@ enum Command {
         address);\n    every address of 127.0.0.0/8 is loopback (--ip 127.0.0.2 for a \
         second device).\n  \
         - SOFTROCE_LOG=debug says what the devices did; the README's Troubleshooting table \
-        lists\n    the common messages.")]
+        lists\n    the common messages.\n  \
+        - Middleware: exec sets UCX_UD_VERBS_ETH_DGID_CHECK=n unless it is set (UCX's \
+        ud_verbs reads\n    the IP version from wc.sl, which rxe and softroce leave 0).")]
     Exec(exec::ExecArgs),
     /// Writes the /sys/class/infiniband* files of softroce's devices (those `exec` shows its
     /// program) under a directory, with /dev/infiniband placeholders, and prints the mounts

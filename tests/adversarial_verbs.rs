@@ -1429,3 +1429,51 @@ fn multicast_to_a_ud_qp_on_an_srq() {
     drop(srq);
     rig.teardown();
 }
+
+/// A QP with no send queue (`max_send_wr` 0), as rxe's `rxe_qp_chk_cap` allows and qperf's
+/// rc_bw server makes (it only receives), is created; a post to its send queue is refused
+/// as a full queue, and its receive queue works. Before the fix create_qp refused it with
+/// EINVAL ("qperf -cm1 HOST rc_bw": "server: failed to create QP: Invalid argument").
+#[test]
+fn qp_without_a_send_queue() {
+    let rig = Rig::new();
+    let qp = rig
+        .pd
+        .create_qp(&softroce::verbs::QpInitAttr {
+            qp_type: softroce::transport::QpType::Rc,
+            send_cq: &rig.cq,
+            recv_cq: &rig.cq,
+            cap: softroce::transport::QpCap {
+                max_send_wr: 0,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+            srq: None,
+        })
+        .expect("max_send_wr 0 is a valid capacity");
+    assert_eq!(qp.cap().max_send_wr, 0);
+    assert!(
+        qp.post_send(&[SendWr::new(1, WrOpcode::Send, Vec::new())])
+            .is_err()
+    );
+    let over = rig.pd.create_qp(&softroce::verbs::QpInitAttr {
+        qp_type: softroce::transport::QpType::Rc,
+        send_cq: &rig.cq,
+        recv_cq: &rig.cq,
+        cap: softroce::transport::QpCap {
+            max_send_wr: u32::MAX,
+            ..softroce::transport::QpCap::default()
+        },
+        sq_sig_all: false,
+        srq: None,
+    });
+    assert!(matches!(
+        over.map(|_| ()).unwrap_err().kind(),
+        ErrorKind::Inval
+    ));
+    drop(qp);
+    rig.teardown();
+}

@@ -21,3 +21,20 @@ fn a_req_between_two_listeners_goes_to_the_second() {
         println!("{text}");
     }
 }
+
+/// rdma_migrate_id of a synchronous id (rdma_create_ep without a channel) to a channel, as
+/// libfabric's verbs provider does: tests/c/cm_migrate.c, on 127.0.160.27 (server) and
+/// 127.0.160.28 (client) in one process. Its calls stop waiting for their events, which
+/// come on the new channel (before the fix rdma_resolve_route took its own ROUTE_RESOLVED
+/// and `fi_pingpong -p verbs -e msg` hung); migrating to NULL makes it synchronous again.
+#[test]
+fn a_migrated_synchronous_id_is_asynchronous() {
+    if let Some(text) = run_c_checks(
+        "cm_migrate",
+        "127.0.160.27,127.0.160.28",
+        &["127.0.160.27", "127.0.160.28"],
+        13,
+    ) {
+        println!("{text}");
+    }
+}

@@ -35,6 +35,21 @@ pub(crate) struct Context {
     pub cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
+impl Context {
+    /// The `element` of an async event about `e`: the object's `ibv_qp`, `ibv_cq` or
+    /// `ibv_srq`, or the port number; None when the object has been destroyed.
+    fn element_of(&self, e: EventElement) -> Option<*mut c_void> {
+        let known = |m: &Mutex<HashMap<u32, usize>>, n: u32| m.lock().get(&n).copied();
+        match e {
+            EventElement::Qp(n) => known(&self.qps, n),
+            EventElement::Cq(n) => known(&self.cqs, n),
+            EventElement::Srq(n) => known(&self.srqs, n),
+            EventElement::Port(p) => Some(usize::from(p)),
+        }
+        .map(|a| a as *mut c_void)
+    }
+}
+
 // SAFETY: a context's `ibv_context` is `vctx.context` of a `#[repr(C)]` `Context`, boxed by
 // `ibv_open_device` (`into_handle`).
 unsafe impl Castable for ibv_context {
@@ -381,17 +396,18 @@ pub(crate) extern "C" fn ibv_get_async_event(
             return Err(libc::EINVAL);
         }
         let dev = c.dev.device();
-        let ev = loop {
+        // An event of a QP, CQ or SRQ destroyed since it was raised is dropped, as the
+        // kernel's destroy drops the object's unread events (`ib_uverbs_release_uevent`):
+        // the program never sees an element that is NULL or freed (UCX reads
+        // `element.qp->qp_num` of every QP event).
+        let (ev, element) = loop {
             if let Some(ev) = dev.try_get_async_event() {
-                break ev;
+                if let Some(element) = c.element_of(ev.element) {
+                    break (ev, element);
+                }
+                continue;
             }
             wait_readable(c.vctx.context.async_fd)?;
-        };
-        let element: *mut c_void = match ev.element {
-            EventElement::Qp(n) => c.qps.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
-            EventElement::Cq(n) => c.cqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
-            EventElement::Srq(n) => c.srqs.lock().get(&n).copied().unwrap_or(0) as *mut c_void,
-            EventElement::Port(p) => usize::from(p) as *mut c_void,
         };
         // SAFETY: writable (the caller's contract).
         unsafe {

@@ -164,6 +164,37 @@ pub(super) fn drop_queued(ch: *mut rdma_event_channel, mut pred: impl FnMut(&Eve
     }
 }
 
+/// Moves the events of `id` queued on channel `from` to the end of channel `to`, in order
+/// (the kernel's `ucma_migrate_id` moves an id's unread events to its new file).
+pub(super) fn move_queued(
+    from: *mut rdma_event_channel,
+    to: *mut rdma_event_channel,
+    id: *mut rdma_cm_id,
+) {
+    if from.is_null() || to.is_null() || from == to {
+        return;
+    }
+    // SAFETY: every channel of an id is one of our boxed `Channel`s.
+    let chan = unsafe { &*from.cast::<Channel>() };
+    let mut moved = Vec::new();
+    {
+        let mut q = chan.queue.lock();
+        q.retain(|&e| {
+            // SAFETY: queued events are live boxes nobody was handed.
+            let mine = unsafe { (*(e as *const Event)).ev.id } == id;
+            if mine {
+                moved.push(e);
+            }
+            !mine
+        });
+    }
+    for e in moved {
+        take_count(chan.ch.fd);
+        // SAFETY: removed from `from`'s queue: a live box owned by nobody else.
+        post_on(to, unsafe { Box::from_raw(e as *mut Event) });
+    }
+}
+
 /// Takes one count from a channel's eventfd without blocking.
 fn take_count(fd: c_int) {
     let mut p = libc::pollfd {

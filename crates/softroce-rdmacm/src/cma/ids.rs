@@ -7,7 +7,7 @@
 use super::addr::{set_route, sockaddr_of, write_sockaddr};
 use super::driver::{End, end_connection, pump};
 use super::events::{
-    drop_queued, is_sync, new_channel, new_event, post, rdma_ack_cm_event,
+    drop_queued, is_sync, move_queued, new_channel, new_event, post, rdma_ack_cm_event,
     rdma_destroy_event_channel, sync_result,
 };
 use super::qp::{rdma_create_qp, rdma_destroy_qp, rdma_destroy_srq};
@@ -355,13 +355,35 @@ pub(crate) extern "C" fn rdma_migrate_id(
     channel: *mut rdma_event_channel,
 ) -> c_int {
     ffi!({
+        // librdmacm's: a NULL channel makes the id synchronous, with a channel of its own;
+        // a channel makes it asynchronous (its calls no longer wait for their events). A
+        // synchronous id's last event is acked and its own channel destroyed. Before, the
+        // id stayed synchronous: libfabric's verbs provider (rdma_create_ep, then
+        // rdma_migrate_id to its EQ's channel) had rdma_resolve_route take its own
+        // ROUTE_RESOLVED event, so the EQ never saw it and never called rdma_connect.
         let mut st = state()?;
-        st.id_mut(id)?;
-        if channel.is_null() {
-            return Err(libc::ENOSYS);
-        }
+        let was_sync = st.id_mut(id)?.sync;
+        let sync = channel.is_null();
+        let channel = if sync {
+            new_channel().ok_or_else(|| errno_or(libc::EMFILE))?
+        } else {
+            channel
+        };
         // SAFETY: live id.
-        unsafe { (*id).channel = channel };
+        let old = unsafe { std::mem::replace(&mut (*id).channel, channel) };
+        move_queued(old, channel, id);
+        st.id_mut(id)?.sync = sync;
+        drop(st);
+        if was_sync {
+            // SAFETY: live id; its event, if any, is one we handed out.
+            let ev = unsafe { std::mem::replace(&mut (*id).event, std::ptr::null_mut()) };
+            if !ev.is_null() {
+                rdma_ack_cm_event(ev);
+            }
+            if old != channel {
+                rdma_destroy_event_channel(old);
+            }
+        }
         Ok(0)
     })
 }

@@ -56,12 +56,15 @@ impl Pd {
     /// QP limit. Source: rxe `rxe_qp.c` (`rxe_qp_chk_cap`, `rxe_qp_init_req`).
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
         let mut c = init.cap;
-        if c.max_send_wr == 0 || c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
+        // A QP may have no send queue (max_send_wr 0), as rxe's `rxe_qp_chk_cap` allows: a
+        // receive-only side (qperf's rc_bw server) posts nothing; its post_send is refused
+        // as a full queue.
+        if c.max_send_wr > MAX_QP_WR || c.max_recv_wr > MAX_QP_WR {
             return Err(Error::new(
                 ErrorKind::Inval,
                 format!(
-                    "create_qp: max_send_wr {} / max_recv_wr {} out of range (max_send_wr \
-                     1..={MAX_QP_WR}, max_recv_wr 0..={MAX_QP_WR}, max_qp_wr)",
+                    "create_qp: max_send_wr {} / max_recv_wr {} out of range (each \
+                     0..={MAX_QP_WR}, max_qp_wr)",
                     c.max_send_wr, c.max_recv_wr
                 ),
             ));
