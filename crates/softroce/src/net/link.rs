@@ -820,7 +820,7 @@ impl UdpLink {
     }
 
     /// Whether ICMP errors said that `peer` has no RoCE device, for a QP's datagrams (the
-    /// peers [`UdpLink::take_icmp_errors_of`] logged).
+    /// peers logged from the error queues of the QPs' send sockets).
     pub fn told_unreachable(&self, peer: IpAddr) -> bool {
         self.told_unreachable.lock().contains(&peer)
     }
