@@ -95,7 +95,7 @@ fn limits_and_states_are_named_in_errors() {
     assert!(!ok);
     assert!(
         out.contains("max_recv_wr 100000 out of range")
-            && out.contains("max_recv_wr 0..=16384, max_qp_wr"),
+            && out.contains("(each 0..=16384, max_qp_wr)"),
         "{out}"
     );
 }
