@@ -1,6 +1,7 @@
-//! The CM driver: per opened device ([`State::open`]), a `CmEngine` and one thread that
-//! waits on QP1 (`softroce_mad_recv` with the engine's next timer as timeout), feeds the
-//! MADs and timers to the engine, and [`pump`]s: its events become rdma_cm events (applying
+//! The CM driver: per opened device ([`State::open`]), a `CmEngine` and one thread running
+//! the engine's CM loop (`softroce::net::cm_loop`) over QP1 (`softroce_mad_recv` with the
+//! engine's next timer as timeout): it feeds the MADs and timers to the engine, and
+//! [`pump`]s: its events become rdma_cm events (applying
 //! the REP to the id's QP as librdmacm does; a REQ or SIDR_REQ makes a passive id,
 //! `requests.rs`), its MADs go onto QP1 (`softroce_mad_send`). Entry points pump too, after
 //! calling the engine. Ending a connection, whoever ends it, is [`end_connection`].
@@ -14,7 +15,7 @@
 use super::addr::{sockaddr_of, ud_ah_attr, write_sockaddr};
 use super::events::{Event, new_event, post, set_private};
 use super::requests::{SIDR_REP_PRIVATE, connect_request, sidr_request};
-use super::state::{OpenDev, State, errno_or, now, state};
+use super::state::{OpenDev, State, clock, errno_or, now, state};
 use super::transitions::{RDMA_UDP_QKEY, qp_rtr, qp_rts};
 use crate::abi::*;
 use crate::ibv::ibv;
@@ -23,15 +24,13 @@ use softroce::cm::rdma_cm::{
     REJ_PRIVATE_DATA_LEN as REJ_PRIVATE, REP_PRIVATE_DATA_LEN as REP_PRIVATE,
 };
 use softroce::cm::{CmConfig, CmEngine, CmEvent, CmState, CommId};
+use softroce::net::cm_loop::{CM_TICK, LoopEnd};
 use softroce::net::standin::StandIn;
 use softroce::transport::{Instant, PathMtu};
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{SidrRepRepr, SidrStatus};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-
-/// Longest a driver thread waits on QP1 between timer checks, in ms.
-const DRIVER_TICK_MS: u64 = 20;
 
 impl State {
     /// Opens device `i` (context, PD, CM engine, QP1 port, driver thread) if not yet open.
@@ -105,38 +104,11 @@ impl State {
                 parked: Vec::new(),
                 standin,
             });
-            let ctx = ctx as usize;
-            let name = format!("softroce-cm-{}", self.devs[i].name);
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || driver_thread(i, ctx))
-                .map_err(|_| libc::EAGAIN)?;
+            let name = self.devs[i].name.clone();
+            start_driver(i, ctx as usize, &name)?;
         }
         self.devs[i].open.as_mut().ok_or(libc::ENODEV)
     }
-}
-
-/// A device's driver thread: [`driver`] under `catch_unwind`. No silent hang: when it
-/// panics (reported on stderr and through `tracing`, `softroce::net::panic`) or finds the
-/// device failed, the device fails ([`fail_device`]), so that no caller waits for an event
-/// that will not come.
-fn driver_thread(dev: usize, ctx: usize) {
-    let run = || driver(dev, ctx);
-    let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-        Ok(None) => return,
-        Ok(Some(why)) => why,
-        Err(p) => {
-            let msg = softroce::net::panic::message(&*p);
-            let name = state().map_or(String::new(), |st| st.devs[dev].name.clone());
-            softroce::net::panic::report(
-                &format!("librdmacm CM driver thread of device {name}"),
-                &msg,
-                "its rdma_cm ids get DEVICE_REMOVAL and their calls fail with EIO",
-            );
-            format!("its CM driver thread panicked: {msg}")
-        }
-    };
-    let _ = std::panic::catch_unwind(|| fail_device(dev, why));
 }
 
 /// Fails device `dev` for `why`: every live id on it (and, once every device failed, every
@@ -174,70 +146,115 @@ fn fail_device(dev: usize, why: String) {
     }
 }
 
-/// The driver loop: waits on QP1 up to the engine's next timer, feeds MADs and timers to
-/// the engine, and pumps. Returns why the device failed, if it did (`softroce_mad_recv`
-/// says EIO); `None` when the state or the device is gone. Panics (only) when the test hook
-/// `SOFTROCE_TEST_PANIC=rdmacm:<ms>` asks it to.
-fn driver(dev: usize, ctx: usize) -> Option<String> {
-    let ibv = ibv().ok()?;
-    let mut mad = [0u8; 256];
-    let panic_at =
-        softroce::net::panic::test_panic_delay("rdmacm").map(|d| std::time::Instant::now() + d);
-    loop {
-        let timeout_ms = {
-            let mut st = state().ok()?;
-            // The test hook (nothing else sets it): the one panic here is the one a test
-            // asks for, with the state's lock held, as a real one could be.
-            if panic_at.is_some_and(|t| std::time::Instant::now() >= t) {
-                panic!("panic injected by a test (SOFTROCE_TEST_PANIC)");
-            }
-            let o = st.devs[dev].open.as_mut()?;
-            match o.cm.poll_timeout() {
-                Some(t) => {
-                    (t.as_nanos().saturating_sub(now().as_nanos()) / 1_000_000).min(DRIVER_TICK_MS)
-                }
-                None => DRIVER_TICK_MS,
-            }
-        };
+/// librdmacm's side of the CM loop ([`softroce::net::cm_loop`]) for device `dev` (context
+/// `ctx`): waits on QP1 through `softroce_mad_recv`, feeds the MAD (or the ICMP
+/// "unreachable") and the due timers to the engine, ends lingering listeners, and pumps.
+/// Stops when the state or the device is gone; fails when `softroce_mad_recv` says EIO (the
+/// device failed). Panics (only) when the test hook `SOFTROCE_TEST_PANIC=rdmacm:<ms>` asks
+/// it to.
+struct Driver {
+    dev: usize,
+    /// The device's `ibv_context`, open for the life of the process.
+    ctx: usize,
+    ibv: &'static crate::ibv::Ibv,
+    panic_at: Option<std::time::Instant>,
+    mad: [u8; 256],
+}
+
+/// What one `softroce_mad_recv` gave: its result (1 a MAD, 2 an ICMP "unreachable", 0
+/// nothing, < 0 an error) and the sender.
+struct Recv {
+    got: c_int,
+    from: Option<SocketAddr>,
+}
+
+impl softroce::net::cm_loop::CmLoop for Driver {
+    type Input = Recv;
+
+    fn next_timer(&mut self) -> Result<Option<Instant>, LoopEnd> {
+        let mut st = state().map_err(|_| LoopEnd::Stopped)?;
+        // The test hook (nothing else sets it): the one panic here is the one a test asks
+        // for, with the state's lock held, as a real one could be.
+        if self
+            .panic_at
+            .is_some_and(|t| std::time::Instant::now() >= t)
+        {
+            panic!("panic injected by a test (SOFTROCE_TEST_PANIC)");
+        }
+        let o = st.devs[self.dev].open.as_mut().ok_or(LoopEnd::Stopped)?;
+        Ok(o.cm.poll_timeout())
+    }
+
+    fn wait(&mut self, timeout: std::time::Duration) -> Result<Recv, LoopEnd> {
         // SAFETY: zeroed sockaddr_storage is valid.
         let mut src: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let ms = c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX);
         // SAFETY: `ctx` is the device's context, open for the life of the process; `mad`
         // holds 256 bytes.
         let got = unsafe {
-            (ibv.mad_recv)(
-                ctx as *mut ibv_context,
-                mad.as_mut_ptr().cast(),
+            (self.ibv.mad_recv)(
+                self.ctx as *mut ibv_context,
+                self.mad.as_mut_ptr().cast(),
                 &mut src,
-                timeout_ms as c_int,
+                ms,
             )
         };
         if got < 0 {
             if errno_or(0) == libc::EIO {
                 // The device failed (its driver thread panicked): QP1 is gone.
-                return Some("its device failed".to_string());
+                return Err(LoopEnd::Failed("its device failed".to_string()));
             }
-            std::thread::sleep(std::time::Duration::from_millis(DRIVER_TICK_MS));
+            std::thread::sleep(CM_TICK);
         }
-        let mut st = state().ok()?;
-        let t = now();
-        if let Some(o) = st.devs[dev].open.as_mut() {
-            if let Ok(from) = sockaddr_of((&src as *const libc::sockaddr_storage).cast()) {
-                match got {
-                    1 => o.cm.handle_mad(t, from.ip(), &mad),
-                    // ICMP said that address has no RoCE device: its connects end now.
-                    2 => {
-                        o.cm.handle_unreachable(t, from.ip());
-                    }
-                    _ => {}
-                }
-            }
-            if o.cm.poll_timeout().is_some_and(|d| d <= t) {
-                o.cm.handle_timeout(t);
-            }
-            end_lingers(o, t);
-        }
-        pump(&mut st, dev);
+        let from = sockaddr_of((&src as *const libc::sockaddr_storage).cast()).ok();
+        Ok(Recv { got, from })
     }
+
+    fn turn(&mut self, t: Instant, r: Recv) -> Result<(), LoopEnd> {
+        let mut st = state().map_err(|_| LoopEnd::Stopped)?;
+        let o = st.devs[self.dev].open.as_mut().ok_or(LoopEnd::Stopped)?;
+        match (r.got, r.from) {
+            (1, Some(from)) => o.cm.handle_mad(t, from.ip(), &self.mad),
+            // ICMP said that address has no RoCE device: its connects end now.
+            (2, Some(from)) => {
+                o.cm.handle_unreachable(t, from.ip());
+            }
+            _ => {}
+        }
+        if o.cm.poll_timeout().is_some_and(|d| d <= t) {
+            o.cm.handle_timeout(t);
+        }
+        end_lingers(o, t);
+        pump(&mut st, self.dev);
+        Ok(())
+    }
+}
+
+/// Starts device `dev`'s CM driver thread (context `ctx`) on [`softroce::net::cm_loop`]. No
+/// silent hang: when it panics (reported on stderr and through `tracing`) or finds the
+/// device failed, the device fails ([`fail_device`]), so that no caller waits for an event
+/// that will not come.
+/// Errors: `EAGAIN` when the thread cannot start.
+fn start_driver(dev: usize, ctx: usize, name: &str) -> Result<(), c_int> {
+    let ibv = ibv()?;
+    let driver = Driver {
+        dev,
+        ctx,
+        ibv,
+        panic_at: softroce::net::panic::test_panic_delay("rdmacm")
+            .map(|d| std::time::Instant::now() + d),
+        mad: [0; 256],
+    };
+    softroce::net::cm_loop::spawn(
+        format!("softroce-cm-{name}"),
+        format!("librdmacm CM driver thread of device {name}"),
+        "its rdma_cm ids get DEVICE_REMOVAL and their calls fail with EIO",
+        driver,
+        clock(),
+        move |why| fail_device(dev, why),
+    )
+    .map(|_| ())
+    .map_err(|_| libc::EAGAIN)
 }
 
 /// Stops listening on the service IDs of `o` whose linger is over; their parked REQs get

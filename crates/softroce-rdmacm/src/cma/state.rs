@@ -299,11 +299,16 @@ pub(super) fn errno_or(default: c_int) -> c_int {
     }
 }
 
-/// The library's time: one [`SystemClock`](softroce::net::SystemClock) for the process, the
-/// engine's adapter of the real clock.
-pub(super) fn now() -> Instant {
+/// The library's clock: one [`SystemClock`](softroce::net::SystemClock) for the process, the
+/// engine's adapter of the real clock (a copy reads the same time).
+pub(super) fn clock() -> softroce::net::SystemClock {
     static CLOCK: OnceLock<softroce::net::SystemClock> = OnceLock::new();
-    softroce::verbs::Clock::now(CLOCK.get_or_init(softroce::net::SystemClock::new))
+    *CLOCK.get_or_init(softroce::net::SystemClock::new)
+}
+
+/// The library's time: [`clock`]'s.
+pub(super) fn now() -> Instant {
+    softroce::verbs::Clock::now(&clock())
 }
 
 pub(super) fn new_id(

@@ -17,6 +17,7 @@
 //! device fail ([`Device::fail`]), the CM is failed for good: every wait for an event or a
 //! request, pending or later, returns `EIO` ([`CmDriver::failure`] says why).
 
+use super::cm_loop::LoopEnd;
 use crate::cm::rdma_cm::req_matches_listener;
 use crate::cm::{CmConfig, CmEngine, CmError, CmEvent, CommId};
 use crate::transport::Instant;
@@ -28,9 +29,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// Longest the driver thread waits on QP1 before it looks at the timers and the stop flag.
-const DRIVER_TICK: Duration = Duration::from_millis(20);
 
 /// A device's CM with its driver thread. See the module documentation.
 #[derive(Debug)]
@@ -199,25 +197,23 @@ impl CmDriver {
             name: dev.name().to_string(),
             link,
         });
-        let thread = {
-            let (shared, dev) = (shared.clone(), dev.clone());
-            std::thread::Builder::new()
-                .name(format!("softroce-cm-{}", dev.name()))
-                .spawn(move || {
-                    // No silent hang: a panic fails the CM, which wakes its waiters.
-                    let run = || drive(&shared, &dev);
-                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-                        let msg = super::panic::message(&*p);
-                        super::panic::report(
-                            &format!("CM driver thread of device {}", dev.name()),
-                            &msg,
-                            "the CM is now failed",
-                        );
-                        shared.fail(format!("its driver thread panicked: {msg}"));
-                    }
-                })
-                .map_err(|_| Error::new(ErrorKind::Again, "CmDriver: cannot start its thread"))?
+        let driver = Driver {
+            shared: shared.clone(),
+            dev: dev.clone(),
+            cq: dev.gsi_cq(),
+            wcs: [Wc::default(); 32],
         };
+        let failing = shared.clone();
+        let thread = super::cm_loop::spawn(
+            format!("softroce-cm-{}", dev.name()),
+            format!("CM driver thread of device {}", dev.name()),
+            "the CM is now failed",
+            driver,
+            shared.clock,
+            // No silent hang: a failed or panicked loop fails the CM, which wakes its waiters.
+            move |why| failing.fail(why),
+        )
+        .map_err(|_| Error::new(ErrorKind::Again, "CmDriver: cannot start its thread"))?;
         Ok(CmDriver {
             shared,
             thread: Some(thread),
@@ -347,7 +343,7 @@ impl CmDriver {
         self.shared.failed.get().map(String::as_str)
     }
 
-    /// Test hook: makes the driver thread panic at its next turn (within [`DRIVER_TICK`]),
+    /// Test hook: makes the driver thread panic at its next turn (within [`CM_TICK`](super::cm_loop::CM_TICK)),
     /// to check what a panic there does (the CM fails and its waiters get `EIO`). Not for
     /// use outside tests.
     #[doc(hidden)]
@@ -397,42 +393,53 @@ impl Drop for CmDriver {
     }
 }
 
-/// The driver loop: wait on QP1's CQ up to the next CM timer (at most [`DRIVER_TICK`]),
-/// hand the completions to the port, run due timers, sort the events. Ends, failing the CM,
-/// when the device fails. Panics (only) when a test asked it to with `panic_for_test`.
-fn drive(shared: &Shared, dev: &Device) {
-    let cq: Cq = dev.gsi_cq();
-    let mut wcs = [Wc::default(); 32];
-    while !shared.stop.load(Ordering::SeqCst) {
+/// The Rust API's side of the CM loop ([`super::cm_loop`]): waits on QP1's CQ, hands the
+/// completions to the port, runs due timers and sorts the events into the mailboxes. Ends
+/// when the driver is dropped, or, failing the CM, when the device fails. Panics (only) when
+/// a test asked it to with `panic_for_test`.
+struct Driver {
+    shared: Arc<Shared>,
+    dev: Device,
+    cq: Cq,
+    wcs: [Wc; 32],
+}
+
+impl super::cm_loop::CmLoop for Driver {
+    /// How many completions `wcs` holds.
+    type Input = usize;
+
+    fn next_timer(&mut self) -> Result<Option<Instant>, LoopEnd> {
+        if self.shared.stop.load(Ordering::SeqCst) {
+            return Err(LoopEnd::Stopped);
+        }
         // The test hook of `CmDriver::inject_panic_for_test` (nothing else sets it): the one
         // panic here is the one a test asks for.
-        if shared.panic_for_test.load(Ordering::SeqCst) {
+        if self.shared.panic_for_test.load(Ordering::SeqCst) {
             panic!("panic injected by a test (CmDriver::inject_panic_for_test)");
         }
-        if let Some(why) = dev.failure() {
+        if let Some(why) = self.dev.failure() {
             // QP1 is flushed and nothing receives on it: the CM cannot go on.
             tracing::error!(
                 target: "softroce::net",
-                device = dev.name(),
+                device = self.dev.name(),
                 "the CM stops: its device failed ({why})"
             );
-            shared.fail(format!("its device failed ({why})"));
-            return;
+            return Err(LoopEnd::Failed(format!("its device failed ({why})")));
         }
-        let wait = {
-            let inner = shared.inner.lock();
-            let now = shared.now();
-            inner.port.poll_timeout().map_or(DRIVER_TICK, |t| {
-                Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())).min(DRIVER_TICK)
-            })
-        };
-        let n = cq.wait(&mut wcs, wait);
-        let now = shared.now();
-        let mut inner = shared.inner.lock();
-        let _ = inner.port.handle_completions(now, &wcs[..n]);
+        Ok(self.shared.inner.lock().port.poll_timeout())
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<usize, LoopEnd> {
+        Ok(self.cq.wait(&mut self.wcs, timeout))
+    }
+
+    fn turn(&mut self, now: Instant, n: usize) -> Result<(), LoopEnd> {
+        let mut inner = self.shared.inner.lock();
+        let _ = inner.port.handle_completions(now, &self.wcs[..n]);
         if inner.pump(now) {
-            shared.arrived.notify_all();
+            self.shared.arrived.notify_all();
         }
+        Ok(())
     }
 }
 

@@ -4,18 +4,27 @@
 //! poller sends with its next request. It implements the engine's `Link`; what a datagram
 //! is comes from the engine's label ([`crate::transport::TxKind`]), never from its bytes.
 
+mod errqueue;
+mod sockets;
+#[cfg(test)]
+mod tests;
+
 use super::batch::{
     GSO_MAX_BYTES, GSO_MAX_SEGMENTS, GatheredMsg, IpCmsg, RecvBatch, enable_gro,
     send_gathered_batch, send_gso_gather, send_mmsg_with,
 };
 use super::pcap::{Capture, SentHeader, roce_addr};
 use super::raw::{RawRx, drop_everything};
-use super::sock::{new_send_socket, new_socket};
-use crate::transport::{Transmit, TxKind, TxPart};
+use super::sock::new_socket;
+use crate::transport::{Transmit, TxPart};
 use crate::verbs::Link;
 use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
+use sockets::{
+    DEFER_MAX_HELD, IDENT_DELTA_CACHE, IdentDeltaKey, IdentDeltas, PIGGYBACK_MAX, SENDMMSG_MSGS,
+    SendSockets, body_and_icrc, gsi_source_port, gso_refused, may_wait, send_socket,
+};
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::io;
@@ -726,135 +735,6 @@ impl UdpLink {
     }
 }
 
-/// The send sockets of one UDP source port: `plain` sends with UDP checksum 0, as rxe does;
-/// `gso`, made on the first GSO send, keeps the checksum, because Linux refuses UDP GSO on a
-/// socket without one (both bound to the port with `SO_REUSEPORT`; [`new_send_socket`]).
-#[derive(Debug)]
-pub(super) struct SendSockets {
-    ip: IpAddr,
-    port: u16,
-    /// Lone datagrams and `sendmmsg` batches: UDP checksum 0.
-    pub(super) plain: UdpSocket,
-    gso: OnceLock<Option<UdpSocket>>,
-}
-
-impl SendSockets {
-    /// The socket for UDP GSO sends (checksummed); the plain one if it cannot be made (its
-    /// GSO sends then fail, and the link falls back to `sendmmsg`).
-    pub(super) fn gso(&self) -> &UdpSocket {
-        self.gso
-            .get_or_init(|| send_socket(self.ip, self.port, true).ok())
-            .as_ref()
-            .unwrap_or(&self.plain)
-    }
-}
-
-/// A send socket of a device at `ip` ([`new_send_socket`]) whose multicast leaves through the
-/// device's own interface (on loopback there is no multicast route otherwise; unicast is
-/// unaffected, so a failure there is ignored).
-fn send_socket(ip: IpAddr, port: u16, udp_checksum: bool) -> io::Result<UdpSocket> {
-    let s = new_send_socket(ip, port, udp_checksum)?;
-    let _ = super::mcast::set_sending_interface(&s, ip);
-    // ICMP errors for a peer without a RoCE device: QP1's reach the CM, a QP's are logged
-    // (`super::icmp`; a send that such an error fails is made again, `UdpLink::send`).
-    super::icmp::set_recv_err(&s, ip)?;
-    Ok(UdpSocket::from(s))
-}
-
-/// The UDP source port of QP1 (the GSI QP), whose sockets report ICMP errors
-/// ([`super::qp1::SOURCE_PORT`]).
-pub(super) fn gsi_source_port() -> u16 {
-    super::qp1::SOURCE_PORT
-}
-
-/// Most peer addresses [`UdpLink`] keeps for the CM between two [`Link::poll_unreachable`].
-const UNREACHABLE_MAX: usize = 64;
-
-impl UdpLink {
-    /// Reads the ICMP errors queued on the send sockets of source port `port`: QP1's go to
-    /// the CM ([`UdpLink::take_icmp_errors`]); a QP's are logged, at `warn` the first time
-    /// for a peer (an RC QP whose peer address has no RoCE device retries, then fails with
-    /// `IBV_WC_RETRY_EXC_ERR`: the log says why), at `debug` after that.
-    fn take_icmp_errors_of(&self, port: u16) {
-        if port == gsi_source_port() {
-            self.take_icmp_errors();
-            return;
-        }
-        let Some(socks) = self.send.lock().get(&port).cloned() else {
-            return;
-        };
-        let mut errs = super::icmp::drain(&socks.plain, UNREACHABLE_MAX);
-        if let Some(Some(g)) = socks.gso.get() {
-            errs.extend(super::icmp::drain(g, UNREACHABLE_MAX));
-        }
-        for e in errs {
-            let first = {
-                let mut told = self.told_unreachable.lock();
-                let new = !told.contains(&e.dst.ip());
-                if new {
-                    if told.len() == UNREACHABLE_MAX {
-                        told.remove(0);
-                    }
-                    told.push(e.dst.ip());
-                }
-                new
-            };
-            let err = io::Error::from_raw_os_error(e.errno);
-            if first {
-                tracing::warn!(
-                    target: "softroce::net",
-                    peer = %e.dst,
-                    src_port = port,
-                    "ICMP: {err} for a QP's datagrams: no RoCE device answers at that address \
-                     (its QPs will exhaust their retries)"
-                );
-            } else {
-                tracing::debug!(
-                    target: "softroce::net",
-                    peer = %e.dst,
-                    src_port = port,
-                    "ICMP: {err} for a QP's datagrams"
-                );
-            }
-        }
-    }
-
-    /// Whether ICMP errors said that `peer` has no RoCE device, for a QP's datagrams (the
-    /// peers logged from the error queues of the QPs' send sockets).
-    pub fn told_unreachable(&self, peer: IpAddr) -> bool {
-        self.told_unreachable.lock().contains(&peer)
-    }
-
-    /// Moves the ICMP errors queued on QP1's send sockets into `unreachable`, logging each.
-    fn take_icmp_errors(&self) {
-        let Some(socks) = self.send.lock().get(&gsi_source_port()).cloned() else {
-            return;
-        };
-        let mut errs = super::icmp::drain(&socks.plain, UNREACHABLE_MAX);
-        if let Some(Some(g)) = socks.gso.get() {
-            errs.extend(super::icmp::drain(g, UNREACHABLE_MAX));
-        }
-        if errs.is_empty() {
-            return;
-        }
-        let mut q = self.unreachable.lock();
-        for e in errs {
-            tracing::info!(
-                target: "softroce::net",
-                peer = %e.dst,
-                "ICMP: {} (no RoCE device answers at that address)",
-                io::Error::from_raw_os_error(e.errno)
-            );
-            if q.len() == UNREACHABLE_MAX {
-                q.pop_front();
-            }
-            if !q.contains(&e.dst.ip()) {
-                q.push_back(e.dst.ip());
-            }
-        }
-    }
-}
-
 impl Link for UdpLink {
     fn poll_unreachable(&self) -> Option<IpAddr> {
         self.take_icmp_errors();
@@ -965,168 +845,5 @@ impl Link for UdpLink {
             .map(|i| 0xc000 | ((want.wrapping_add(i + 1)) & 0x3fff))
             .find(|p| self.socket_for(*p).is_ok())
             .unwrap_or(want)
-    }
-}
-
-/// A busy poll that returns completions sends the held-back ACKs anyway once this many wait.
-pub(super) const DEFER_MAX_HELD: usize = 32;
-
-/// At most this many requests in one batch take the held-back ACKs along (a latency-bound
-/// reply; a bulk batch is not copied for it).
-pub(super) const PIGGYBACK_MAX: usize = 4;
-
-/// True for what may be held back while `UdpLink::holding_acks` is set: ACKs, NAKs and ATOMIC
-/// ACKNOWLEDGEs, as the engine labelled them. READ responses and requests go at once.
-pub(super) fn may_wait(t: &Transmit) -> bool {
-    matches!(t.kind, TxKind::Acknowledge | TxKind::AtomicAcknowledge)
-}
-
-/// (destination, UDP source port, body bytes) of a cached table of ICRC corrections.
-type IdentDeltaKey = (std::net::Ipv4Addr, u16, usize);
-
-/// The ICRC corrections for IPv4 IDs 0..64 ([`UdpLink::ident_deltas`]).
-type IdentDeltas = [[u8; 4]; GSO_MAX_SEGMENTS];
-
-/// Most cached tables of IPv4 GSO ICRC corrections (then the cache starts over).
-pub(super) const IDENT_DELTA_CACHE: usize = 1024;
-
-/// Most GSO sends (or lone datagrams) one `sendmmsg` carries: enough for a window's worth
-/// of 64 KiB messages (two sends each), few enough that one call does not hold the device
-/// lock long.
-pub(super) const SENDMMSG_MSGS: usize = 16;
-
-/// Whether a GSO send error means the kernel (or the route's device) cannot do UDP GSO,
-/// as opposed to a transient failure.
-pub(super) fn gso_refused(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
-    )
-}
-
-/// A datagram as (its bytes before the ICRC, in up to three parts; its ICRC).
-///
-/// # Safety
-/// As [`Transmit::parts`]: under the device lock that built a gathered `t`.
-pub(super) unsafe fn body_and_icrc(t: &Transmit) -> ([TxPart<'_>; 3], [u8; 4]) {
-    match t.tail_icrc() {
-        Some(icrc) => {
-            // SAFETY: forwarded to the caller.
-            let [head, data, pad, _] = unsafe { t.parts() };
-            ([head, data, pad], icrc)
-        }
-        None => {
-            let b = t.payload.len().saturating_sub(4);
-            let (body, last) = t.payload.split_at(b);
-            let mut icrc = [0u8; 4];
-            icrc[..last.len()].copy_from_slice(last);
-            let none = TxPart::from(&[][..]);
-            ([TxPart::from(body), none, none], icrc)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wire::{IcrcIp, icrc_of_body};
-
-    fn datagram(kind: TxKind, dst: IpAddr, src_port: u16, tag: u8) -> Transmit {
-        Transmit {
-            kind,
-            dst,
-            src_port,
-            payload: vec![tag; 24],
-            tail: None,
-            ip: crate::transport::IpFields::default(),
-        }
-    }
-
-    /// A QP's datagrams to an address where no RoCE device listens draw ICMP port
-    /// unreachable, which the link reads and logs (issue 25 item 3): the send that the
-    /// pending error fails is made again, and the peer is told.
-    #[test]
-    fn icmp_for_a_qps_datagrams_is_read_and_logged() {
-        let ip = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 21));
-        let nobody = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 22));
-        let link = UdpLink::bind(ip).expect("bind");
-        let t = datagram(TxKind::Request, nobody, 0xc321, 0x5e);
-        // Loopback answers at once; each send after the first meets the pending error.
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !link.told_unreachable(nobody) {
-            link.send(&t)
-                .expect("a send, made again after an ICMP error");
-            assert!(
-                std::time::Instant::now() < end,
-                "no ICMP error read within 20 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(!link.told_unreachable(ip));
-    }
-
-    /// ACKs held back while received datagrams are delivered leave before a later MAD of
-    /// QP1: a DREQ overtaking them ends the peer's QP before its last SENDs are
-    /// acknowledged (the ucmatose failure against rxe: the peer drops the late ACKs).
-    #[test]
-    fn a_qp1_mad_sends_the_held_acks_first() {
-        let ip = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 11));
-        let peer_ip = std::net::Ipv4Addr::new(127, 0, 23, 12);
-        let peer = std::net::UdpSocket::bind((peer_ip, ROCE_V2_UDP_PORT)).expect("bind peer");
-        peer.set_read_timeout(Some(std::time::Duration::from_secs(20)))
-            .expect("timeout");
-        let link = UdpLink::bind(ip).expect("bind");
-        let dst = IpAddr::V4(peer_ip);
-        link.holding_acks.store(true, Ordering::Relaxed);
-        assert_eq!(
-            link.send_batch(&[datagram(TxKind::Acknowledge, dst, 0xc123, 0xac)]),
-            0
-        );
-        link.holding_acks.store(false, Ordering::Relaxed);
-        assert_eq!(link.deferred.lock().len(), 1, "the ACK is held");
-        let mad = datagram(TxKind::Request, dst, gsi_source_port(), 0x3a);
-        assert_eq!(link.send_batch(&[mad]), 0);
-        assert!(link.deferred.lock().is_empty(), "nothing is held any more");
-        let mut buf = [0u8; 256];
-        let mut order = Vec::new();
-        for _ in 0..2 {
-            let (n, from) = peer.recv_from(&mut buf).expect("a datagram within 20 s");
-            assert!(n >= 24, "{n} B");
-            order.push((buf[0], from.port()));
-        }
-        assert_eq!(
-            order,
-            [(0xac, 0xc123), (0x3a, gsi_source_port())],
-            "the held ACK, then the MAD"
-        );
-    }
-
-    /// Entry `i` of a correction table turns the ICRC computed for IPv4 ID 0 into the one
-    /// for ID `i`, for any body of the table's length; tables are per flow and length.
-    #[test]
-    fn ident_deltas_turn_the_icrc_for_id_0_into_the_icrc_for_id_i() {
-        let ip = std::net::Ipv4Addr::new(127, 0, 23, 1);
-        let link = UdpLink::bind(IpAddr::V4(ip)).expect("bind");
-        let dst = std::net::Ipv4Addr::new(127, 0, 23, 2);
-        for (len, port) in [(20usize, 0xc000u16), (4108, 0xc001), (77, 0xc000)] {
-            let body: Vec<u8> = (0..len as u32).map(|i| (i * 29 % 253) as u8).collect();
-            let flow = |ident| IcrcIp::V4 {
-                src: ip,
-                dst,
-                ident,
-                src_port: port,
-                dst_port: ROCE_V2_UDP_PORT,
-            };
-            let table = link.ident_deltas(ip, dst, port, len);
-            let at0 = icrc_of_body(&flow(0), &body);
-            for (i, d) in table.iter().enumerate() {
-                let mut got = at0;
-                for (g, x) in got.iter_mut().zip(d) {
-                    *g ^= x;
-                }
-                assert_eq!(got, icrc_of_body(&flow(i as u16), &body), "{len} B, ID {i}");
-            }
-            assert!(Arc::ptr_eq(&table, &link.ident_deltas(ip, dst, port, len)));
-        }
     }
 }
