@@ -24,6 +24,8 @@
 //! An rlib of plain Rust items: it exports no C symbol.
 
 pub mod abi;
+#[cfg(feature = "testing")]
+pub mod elf_check;
 pub mod exports;
 pub mod fork;
 pub mod log;

@@ -4,7 +4,7 @@
 //! target/<profile>/softroce-libs/libibverbs.so.1 leads to it. Skipped, saying why, only when
 //! the system library or objdump is missing (CI installs libibverbs-dev).
 
-mod elf;
+use softroce_cabi::elf_check as elf;
 
 /// The version node of softroce's own entry points (src/mad.rs), the last one defined.
 const PRIVATE_NODE: &str = "SOFTROCE_PRIVATE_1";

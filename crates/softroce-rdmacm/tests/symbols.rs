@@ -4,8 +4,7 @@
 //! Skipped, saying why, only when the system library or objdump is missing (CI installs
 //! librdmacm-dev).
 
-#[path = "../../softroce-capi/tests/elf/mod.rs"]
-mod elf;
+use softroce_cabi::elf_check as elf;
 
 #[test]
 fn exports_every_symbol_of_debians_librdmacm() {

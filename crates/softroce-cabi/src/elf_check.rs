@@ -1,7 +1,8 @@
 //! Checks of a built C library against the system's rdma-core library of the same name, read
 //! with `objdump -T` / `objdump -p`: the (symbol, version) pairs, the version nodes, the
-//! SONAME and the `target/<profile>/softroce-libs/` link. Shared by softroce-capi's and
-//! softroce-rdmacm's `tests/symbols.rs` (the latter includes this file with `#[path]`).
+//! SONAME and the `target/<profile>/softroce-libs/` link: what softroce-capi's and
+//! softroce-rdmacm's `tests/symbols.rs` run. Test support only, behind the `testing` feature
+//! (the two crates enable it in their dev-dependencies); it asserts, so no library calls it.
 //! Skipped, saying why, only when the system library or objdump is missing.
 
 use std::collections::BTreeSet;
