@@ -422,30 +422,10 @@ pub(crate) extern "C" fn ibv_get_async_event(
 
 pub(crate) extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 
-/// Waits until `fd` is readable: blocks in `poll` for a blocking fd; for an fd the program
-/// made non-blocking, fails with `EAGAIN` at once (as a `read` would).
+/// Waits until `fd` (a completion channel's or the context's async event descriptor) is
+/// readable, as a `read` of the kernel's uverbs event file waits: `EAGAIN` at once for a
+/// descriptor the program made non-blocking, `EINTR` when a signal handler without
+/// `SA_RESTART` interrupts it ([`softroce::verbs::wait_readable`]).
 pub(crate) fn wait_readable(fd: c_int) -> Result<(), i32> {
-    // SAFETY: fcntl on an fd we own; no pointers.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
-        return Err(libc::EAGAIN);
-    }
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, -1) };
-        if r >= 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
-        if e != libc::EINTR {
-            return Err(e);
-        }
-    }
+    softroce::verbs::wait_readable(fd).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
 }

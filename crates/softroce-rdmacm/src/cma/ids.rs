@@ -150,6 +150,15 @@ pub(super) fn bind(st: &mut State, id: *mut rdma_cm_id, addr: SocketAddr) -> Res
     };
     let local = SocketAddr::new(addr.ip(), port);
     let mut mtu = 3;
+    if dev.is_none() {
+        // The wildcard address is on every device: open them now (joining or starting
+        // each one's keeper), so that rdma_bind_addr can hold the port's service on them
+        // (`connections::hold_bound_service`) and rdma_listen only registers it. A device
+        // that fails to open here fails rdma_listen, which opens it again and says why.
+        for d in 0..st.devs.len() {
+            let _ = st.open(d);
+        }
+    }
     if let Some(d) = dev {
         let o = st.open(d)?;
         mtu = o.mtu;
@@ -176,6 +185,7 @@ pub(crate) extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::so
             return Err(libc::EINVAL);
         }
         bind(&mut st, id, a)?;
+        super::connections::hold_bound_service(&mut st, id);
         Ok(0)
     })
 }

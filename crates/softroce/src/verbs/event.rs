@@ -1,6 +1,6 @@
 //! Asynchronous events, as libibverbs has them: the event types and the device's async event
 //! queue (`ibv_get_async_event`, read through `Device` in `device.rs`), and the signalling
-//! queue it shares with completion channels (`cq.rs`). Each queue has a Linux eventfd that is
+//! queue it shares with completion channels (`cq.rs`). Each queue has a descriptor that is
 //! readable while something is pending, so a caller can wait on it with poll/epoll next to
 //! its sockets.
 //!
@@ -110,67 +110,102 @@ pub struct AsyncEvent {
 /// [`Device::async_events_lost`]).
 const MAX_ASYNC_EVENTS: usize = 4096;
 
-/// A Linux eventfd used as a level signal: readable (counter non-zero) while its queue is
-/// not empty. Blocking (no `EFD_NONBLOCK`): the descriptor is handed out (a completion
-/// channel's `fd` in C) and its `O_NONBLOCK` flag is the holder's to set, as on the
-/// kernel's uverbs file; `ibv_get_cq_event` blocks on a blocking one and fails with EAGAIN
-/// on a non-blocking one. The queue only writes and reads it under its lock, reading only
-/// when it is readable, so it never blocks itself.
+/// A level signal on a descriptor: readable while its queue is not empty. A Unix stream
+/// socket pair: the queue writes one byte into one end when the queue stops being empty and
+/// drains the other end when it empties; the read end is the descriptor handed out (a
+/// completion channel's `fd` in C, a context's `async_fd`). Blocking (no `O_NONBLOCK`):
+/// its `O_NONBLOCK` flag is the holder's to set, as on the kernel's uverbs file.
+///
+/// A socket rather than an eventfd so that a waiter can block in a receive that peeks
+/// ([`wait_readable`]): that call is interrupted by a signal, or restarted, exactly as the
+/// kernel's `read` of a uverbs event file is (EINTR unless the handler has `SA_RESTART`),
+/// where `poll` always fails with EINTR. qperf stops its timed tests with SIGALRM and a
+/// handler without `SA_RESTART`, and expects `ibv_get_cq_event` to return EINTR then;
+/// perftest's duration mode installs its handler with `signal` (`SA_RESTART`) and expects
+/// the wait to go on.
 #[derive(Debug)]
-pub(super) struct EventFd(OwnedFd);
+pub(super) struct EventFd {
+    /// The end handed out and waited on; the queue drains it.
+    read: OwnedFd,
+    /// The end the queue writes its byte into.
+    write: OwnedFd,
+}
 
 impl EventFd {
     pub(super) fn new() -> std::io::Result<EventFd> {
-        // SAFETY: eventfd takes no pointers; a non-negative return is a new descriptor that
-        // nothing else owns, so OwnedFd may take it.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: socketpair writes two descriptors into the live 2-element array.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // SAFETY: `fd` is a valid descriptor owned by no one else (see above).
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        // SAFETY: two new descriptors nothing else owns, so OwnedFd may take them.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // Only the read end goes to the program; the write end stays inside.
+        // SAFETY: shutdown(2) on a descriptor this function owns; no pointers.
+        let _ = unsafe { libc::shutdown(write.as_raw_fd(), libc::SHUT_RD) };
+        Ok(EventFd { read, write })
     }
 
     /// Makes the descriptor readable.
     fn set(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It would block only at a
-        // counter of 2^64 - 2, which one write per queued item between two clears never
-        // reaches.
+        let one = 1u8;
+        // SAFETY: sends 1 byte from a live u8 on our own socket, without blocking: a full
+        // buffer (which one byte per empty-to-pending change never fills) is readable anyway.
         let _ = unsafe {
-            libc::write(
-                self.0.as_raw_fd(),
+            libc::send(
+                self.write.as_raw_fd(),
                 (&raw const one).cast::<libc::c_void>(),
-                core::mem::size_of::<u64>(),
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
         };
     }
 
-    /// Makes the descriptor unreadable (resets the counter).
+    /// Makes the descriptor unreadable (reads every byte waiting).
     fn clear(&self) {
-        let mut p = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, timeout 0. A read of a zero counter would block: read
-        // only what is there (writers and readers hold the queue's lock).
-        if unsafe { libc::poll(&raw mut p, 1, 0) } != 1 {
-            return;
+        let mut buf = [0u8; 64];
+        loop {
+            // SAFETY: receives into a live 64-byte buffer from our own socket, without
+            // blocking.
+            let n = unsafe {
+                libc::recv(
+                    self.read.as_raw_fd(),
+                    buf.as_mut_ptr().cast::<libc::c_void>(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < buf.len() as isize {
+                return;
+            }
         }
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our own eventfd, which is readable.
-        let _ = unsafe {
-            libc::read(
-                self.0.as_raw_fd(),
-                (&raw mut v).cast::<libc::c_void>(),
-                core::mem::size_of::<u64>(),
-            )
-        };
     }
 }
 
-/// A queue with a condition variable and an eventfd that is readable while it is not empty,
+/// Waits until `fd`, the read end of an [`EventFd`] (a completion channel's or a device's
+/// async event descriptor), is readable, as a `read` of the kernel's uverbs event file
+/// waits: it fails with `EAGAIN` at once when the holder made the descriptor non-blocking,
+/// and with `EINTR` when a signal whose handler lacks `SA_RESTART` interrupts it (a handler
+/// with `SA_RESTART` lets the wait go on). Errors: those of `recv(2)`.
+pub fn wait_readable(fd: RawFd) -> std::io::Result<()> {
+    let mut b = 0u8;
+    // SAFETY: peeks at most 1 byte into a live u8; the descriptor is the caller's.
+    let n = unsafe { libc::recv(fd, (&raw mut b).cast::<libc::c_void>(), 1, libc::MSG_PEEK) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A queue with a condition variable and a descriptor that is readable while it is not empty,
 /// or for good once it is closed ([`SignalQueue::close`]).
 pub(super) struct SignalQueue<T> {
     items: Mutex<VecDeque<T>>,
@@ -218,8 +253,9 @@ impl<T> SignalQueue<T> {
             q.pop_front();
             self.lost.fetch_add(1, Ordering::Relaxed);
         }
+        let was_empty = q.is_empty();
         q.push_back(item);
-        if let Some(fd) = &self.fd {
+        if was_empty && let Some(fd) = &self.fd {
             fd.set();
         }
         drop(q);
@@ -259,7 +295,7 @@ impl<T> SignalQueue<T> {
     }
 
     pub(super) fn raw_fd(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, |f| f.0.as_raw_fd())
+        self.fd.as_ref().map_or(-1, |f| f.read.as_raw_fd())
     }
 }
 
@@ -336,5 +372,89 @@ mod tests {
         assert_eq!(q.pop_timeout(Duration::from_secs(3600)), Some(7));
         assert!(readable(q.raw_fd()), "readable once closed, even empty");
         assert_eq!(q.pop_timeout(Duration::from_secs(3600)), None);
+    }
+
+    static HANDLED: AtomicU64 = AtomicU64::new(0);
+
+    extern "C" fn count_signal(_: libc::c_int) {
+        HANDLED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Installs `count_signal` for SIGUSR1, with `SA_RESTART` or without.
+    fn on_sigusr1(restart: bool) {
+        // SAFETY: a zeroed sigaction is valid; the handler is an extern "C" fn(c_int).
+        unsafe {
+            let mut sa: libc::sigaction = core::mem::zeroed();
+            sa.sa_sigaction = count_signal as *const () as usize;
+            sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+            libc::sigemptyset(&raw mut sa.sa_mask);
+            assert_eq!(
+                libc::sigaction(libc::SIGUSR1, &raw const sa, core::ptr::null_mut()),
+                0
+            );
+        }
+    }
+
+    /// Waits (the deadline only ends a failing run) until thread `tid` of this process
+    /// blocks in recvfrom(2), the system call of `wait_readable`.
+    fn wait_blocked_in_recv(tid: libc::pid_t) {
+        let path = format!("/proc/self/task/{tid}/syscall");
+        let nr = libc::SYS_recvfrom.to_string();
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while std::fs::read_to_string(&path)
+            .map(|t| t.split_whitespace().next() != Some(nr.as_str()))
+            .unwrap_or(true)
+        {
+            assert!(
+                std::time::Instant::now() < end,
+                "thread {tid} never blocked in recv"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    // `wait_readable` behaves as the kernel's read of a uverbs event file: a signal whose
+    // handler lacks SA_RESTART ends the wait with EINTR (qperf's SIGALRM ends its timed
+    // tests so); with SA_RESTART the wait goes on until the queue has something.
+    #[test]
+    fn wait_readable_is_interrupted_by_a_signal_as_read_is() {
+        use std::os::unix::thread::JoinHandleExt;
+        let q = std::sync::Arc::new(SignalQueue::<u32>::new(Some(EventFd::new().unwrap()), 8));
+        for restart in [false, true] {
+            on_sigusr1(restart);
+            let before = HANDLED.load(Ordering::SeqCst);
+            let fd = q.raw_fd();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let waiter = std::thread::spawn(move || {
+                // SAFETY: gettid takes nothing.
+                let _ = tx.send(unsafe { libc::gettid() });
+                wait_readable(fd).map_err(|e| e.raw_os_error())
+            });
+            let tid = rx.recv().unwrap();
+            wait_blocked_in_recv(tid);
+            // SAFETY: the waiter thread is alive (it has not returned: it is in recv).
+            assert_eq!(
+                unsafe { libc::pthread_kill(waiter.as_pthread_t(), libc::SIGUSR1) },
+                0
+            );
+            if restart {
+                let end = std::time::Instant::now() + Duration::from_secs(20);
+                while HANDLED.load(Ordering::SeqCst) == before {
+                    assert!(std::time::Instant::now() < end, "the signal never came");
+                    std::thread::yield_now();
+                }
+                // The handler ran and the wait restarted: it ends only with an item.
+                wait_blocked_in_recv(tid);
+                assert!(!waiter.is_finished());
+                q.push(1);
+                assert_eq!(waiter.join().unwrap(), Ok(()));
+                assert_eq!(q.try_pop(), Some(1));
+            } else {
+                assert_eq!(waiter.join().unwrap(), Err(Some(libc::EINTR)));
+                assert_eq!(HANDLED.load(Ordering::SeqCst), before + 1);
+            }
+        }
+        // SAFETY: restores the default disposition of SIGUSR1.
+        unsafe { libc::signal(libc::SIGUSR1, libc::SIG_DFL) };
     }
 }

@@ -36,7 +36,7 @@ pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{
     AtomicCap, DEVICE_CAP_FLAGS, DeviceAttr, PortAttr, device_attr, gid_table, node_guid, port_attr,
 };
-pub use event::{AsyncEvent, EventElement, EventType};
+pub use event::{AsyncEvent, EventElement, EventType, wait_readable};
 pub use mad_ring::{
     CM_PORT_RECV_SLOTS, CM_PORT_SEND_SLOTS, MAD_RECV_SLOT_BYTES, MadCompletion, MadRing,
 };
