@@ -89,7 +89,10 @@ mod types;
 pub use agent::{MadAgent, MadClassDrops};
 pub use counters::{CmCounters, CmDropReason};
 pub use error::{CmError, CmReject};
-pub use types::{AcceptParams, CmConfig, CmEvent, CmState, CommId, ConnectParams, MadTransmit};
+pub use types::{
+    AcceptParams, CMA_CM_RESPONSE_TIMEOUT, CMA_IBOE_PACKET_LIFETIME, CMA_MAX_CM_RETRIES, CmConfig,
+    CmEvent, CmState, CommId, ConnectParams, MadTransmit,
+};
 
 use crate::rand::SplitMix64;
 use crate::transport::Instant;
@@ -103,14 +106,6 @@ use crate::wire::mad::{
 use core::net::IpAddr;
 use core::time::Duration;
 use std::collections::{BTreeMap, VecDeque};
-
-/// rdma_cm's CM response timeout exponent (4.096 µs × 2^20 ≈ 4.3 s): `cma.c`
-/// `CMA_CM_RESPONSE_TIMEOUT`.
-pub const CMA_CM_RESPONSE_TIMEOUT: u8 = 20;
-/// rdma_cm's maximum CM retries: `cma.c` `CMA_MAX_CM_RETRIES`.
-pub const CMA_MAX_CM_RETRIES: u8 = 15;
-/// rdma_cm's packet lifetime exponent on RoCE: `cma.c` `CMA_IBOE_PACKET_LIFETIME`.
-pub const CMA_IBOE_PACKET_LIFETIME: u8 = 16;
 
 /// The most requests (REQ, SIDR_REQ) of one listener that the application has not answered
 /// yet, and the backlog of [`CmEngine::listen`]; a larger backlog given to
