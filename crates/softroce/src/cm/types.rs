@@ -1,5 +1,6 @@
-//! The CM engine's vocabulary: connection IDs and states, configuration (with rdma_cm's `CMA_*` defaults), the parameters of
-//! `connect` and `accept`, the events it reports and the MADs it sends.
+//! The CM engine's vocabulary: connection IDs and states, configuration (with rdma_cm's
+//! `CMA_*` defaults), the parameters of `connect` and `accept`, the events it reports and the
+//! MADs it sends.
 
 use crate::wire::cm::{CmaHdrRepr, RejReason, RepRepr, ReqRepr, SidrRepRepr, SidrReqRepr};
 use crate::wire::mad::MAD_LEN;
