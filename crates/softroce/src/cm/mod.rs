@@ -95,7 +95,7 @@ pub use types::{
 };
 
 use crate::rand::SplitMix64;
-use crate::transport::Instant;
+use crate::transport::{Instant, PathMtu};
 use crate::wire::cm::{
     CmMadRepr, CmMsgRepr, CmPathRepr, CmaHdr, CmaHdrRepr, DrepRepr, DreqRepr, MraRepr, RejReason,
     RejRepr, RepRepr, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip, msg_ref,
@@ -149,19 +149,9 @@ pub const IBOE_HEADER_BYTES: u32 = 96;
 /// MTU is `iboe_get_mtu(ndev->mtu)`, whatever the device's active MTU); a 1500-byte link gives
 /// 1024, which the kernel's REQ carries (docs/wire-facts.md §2.1).
 pub const fn rdma_cm_route_mtu(link_mtu_bytes: u32) -> Option<u8> {
-    let payload = link_mtu_bytes.saturating_sub(IBOE_HEADER_BYTES);
-    if payload >= 4096 {
-        Some(5)
-    } else if payload >= 2048 {
-        Some(4)
-    } else if payload >= 1024 {
-        Some(3)
-    } else if payload >= 512 {
-        Some(2)
-    } else if payload >= 256 {
-        Some(1)
-    } else {
-        None
+    match PathMtu::largest_fitting(link_mtu_bytes.saturating_sub(IBOE_HEADER_BYTES)) {
+        Some(mtu) => Some(mtu as u8),
+        None => None,
     }
 }
 
