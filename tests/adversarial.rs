@@ -137,7 +137,8 @@ fn rig_with(c: Cfg) -> Rig {
         e.set_datagram_path_mtu(c.mtu);
     }
     if c.state == QpState::Sqe {
-        // modify_qp never enters SQE (only a send error does): RTS, then forced.
+        // modify_qp never enters SQE, and no event takes an RC QP there (a send error takes it
+        // to ERR): RTS, then the engine's test escape (its `testing` feature, tests only).
         e.modify_to(QpState::Rts, &attrs, Some(path)).unwrap();
         e.force_state_unchecked(QpState::Sqe);
     } else {

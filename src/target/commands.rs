@@ -3,8 +3,8 @@
 
 use super::args::{CmdArgs, CmdError};
 use super::completions::post_recvs;
+use super::state::{MAX_DUMP_BYTES, MAX_RECV_DEPTH, Target};
 use super::text::{hex, unhex};
-use super::{MAX_DUMP_BYTES, MAX_RECV_DEPTH, Target};
 use serde_json::{Map, Value, json};
 use softroce::verbs::{Gid, Mr, QpAttr, QpAttrMask as A, QpState, RcConnect, SendWr, WrOpcode};
 use std::net::IpAddr;

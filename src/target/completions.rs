@@ -1,8 +1,8 @@
 //! Completions and events: the completion thread's `wc` and `event` lines, and the receive
 //! slots it re-posts (which `connect` and `post_recv` post too).
 
+use super::state::{POLL_PERIOD, Posted, RecvBook, Target, emit};
 use super::text::hex;
-use super::{POLL_PERIOD, Posted, RecvBook, Target, emit};
 use serde_json::{Value, json};
 use softroce::verbs::{QpState, RecvWr, Wc, WcFlags, WcOpcode, WcStatus};
 use std::sync::atomic::Ordering;

@@ -6,7 +6,7 @@ use super::commands::{
     cmd_connect, cmd_counters, cmd_dump_mr, cmd_post_recv, cmd_post_send, cmd_query_qp,
     cmd_write_mr,
 };
-use super::{MAX_LINE_BYTES, Target, emit};
+use super::state::{MAX_LINE_BYTES, Target, emit};
 use serde_json::{Map, Value, json};
 use std::io::{BufRead, Read};
 use std::sync::atomic::Ordering;

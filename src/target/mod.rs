@@ -32,149 +32,21 @@ mod args;
 mod commands;
 mod completions;
 mod input;
+mod options;
 mod setup;
+mod state;
 mod text;
 
+pub use options::TargetArgs;
+
 use crate::BoxError;
-use clap::Args;
 use completions::poll_loop;
 use input::command_loop;
-use parking_lot::Mutex;
-use serde_json::{Value, json};
+use serde_json::json;
 use setup::{ready_json, setup};
-use softroce::net::UdpDevice;
-use softroce::verbs::{AccessFlags, Cq, Mr, PathMtu, Pd, Qp, QpState};
-use std::collections::HashMap;
-use std::io::Write;
-use std::net::IpAddr;
+use state::emit;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-use text::parse_psn;
-
-/// Most MRs `--mr-size` / `--mr-count` may ask for.
-const MAX_MRS: usize = 1024;
-/// Most bytes all MRs together may hold (1 GiB).
-const MAX_TOTAL_MR_BYTES: u64 = 1 << 30;
-/// Most receive slots.
-const MAX_RECV_DEPTH: u32 = 4096;
-/// Send queue depth (`post_send` WRs outstanding at once).
-const MAX_SEND_WR: u32 = 16;
-/// Most bytes one `dump_mr` returns (the hex line is twice as long).
-const MAX_DUMP_BYTES: u64 = 16 << 20;
-/// Longest command line accepted, in bytes.
-const MAX_LINE_BYTES: u64 = 64 << 20;
-/// How long the completion thread waits on the CQ before it looks at the QP state again.
-const POLL_PERIOD: Duration = Duration::from_millis(20);
-
-/// Options of `softroce target`.
-#[derive(Args, Debug)]
-pub struct TargetArgs {
-    #[command(flatten)]
-    pub net: crate::NetArgs,
-    /// Address the device binds (UDP 4791); default $SOFTROCE_IP, else 127.0.0.1.
-    #[arg(long)]
-    ip: Option<IpAddr>,
-    /// Device name.
-    #[arg(short = 'd', long = "ib-dev", default_value = "softroce0")]
-    ib_dev: String,
-    /// Bytes of each MR to register; repeat (or comma-separate) for several MRs.
-    #[arg(long = "mr-size", value_name = "BYTES", value_delimiter = ',', default_values_t = [4096usize])]
-    mr_size: Vec<usize>,
-    /// Register this many MRs of the (single) --mr-size.
-    #[arg(long = "mr-count", value_name = "N")]
-    mr_count: Option<usize>,
-    /// Access flags of the MRs (and of the QP unless --qp-access), comma-separated:
-    /// local_write, remote_write, remote_read, remote_atomic (or `none`).
-    #[arg(
-        long,
-        value_name = "LIST",
-        default_value = "local_write,remote_write,remote_read,remote_atomic"
-    )]
-    access: String,
-    /// The QP's remote access flags (`qp_access_flags`), if they differ from --access.
-    #[arg(long = "qp-access", value_name = "LIST")]
-    qp_access: Option<String>,
-    /// Path MTU in bytes (256, 512, 1024, 2048 or 4096).
-    #[arg(long = "path-mtu", value_name = "BYTES", default_value_t = 1024)]
-    path_mtu: u32,
-    /// RNR timer code (0..=31) this responder sends in RNR NAKs (AETH 0x20 | code).
-    #[arg(long = "min-rnr-timer", value_name = "CODE", default_value_t = 12)]
-    min_rnr_timer: u8,
-    /// The QP's `max_dest_rd_atomic` (0: every READ and atomic is NAKed invalid request).
-    #[arg(long = "max-dest-rd-atomic", value_name = "N", default_value_t = 1)]
-    max_dest_rd_atomic: u8,
-    /// Post no receives at connect and never re-post (use `post_recv`).
-    #[arg(long = "no-recv")]
-    no_recv: bool,
-    /// Receives kept posted (and receive slots in the receive MR).
-    #[arg(long = "recv-depth", value_name = "N", default_value_t = 16)]
-    recv_depth: u32,
-    /// Bytes of each receive slot.
-    #[arg(long = "recv-size", value_name = "BYTES", default_value_t = 4096)]
-    recv_size: u32,
-    /// First PSN this QP sends (`sq_psn`), decimal or 0x hex; default random.
-    #[arg(long, value_name = "PSN", value_parser = parse_psn)]
-    psn: Option<u32>,
-}
-
-/// Settings fixed at start-up.
-#[derive(Debug, Clone, Copy)]
-struct Settings {
-    path_mtu: PathMtu,
-    mr_access: AccessFlags,
-    qp_access: AccessFlags,
-    min_rnr_timer: u8,
-    max_dest_rd_atomic: u8,
-    sq_psn: u32,
-    no_recv: bool,
-    recv_depth: u32,
-    recv_size: u32,
-}
-
-/// One receive WR the target posted.
-#[derive(Debug, Clone, Copy)]
-struct Posted {
-    slot: u32,
-    length: u32,
-    /// Post it again when it completes successfully.
-    repost: bool,
-}
-
-/// Which receive slots are in use, by `wr_id`.
-#[derive(Debug, Default)]
-struct RecvBook {
-    free: Vec<u32>,
-    posted: HashMap<u64, Posted>,
-    next_wr_id: u64,
-}
-
-/// Everything the command loop and the completion thread share. Fields drop in order: the
-/// QP and MRs before the CQ, PD and device.
-struct Target {
-    qp: Qp,
-    mrs: Vec<Mr>,
-    recv_mr: Mr,
-    cq: Cq,
-    _pd: Pd,
-    dev: UdpDevice,
-    set: Settings,
-    recv: Mutex<RecvBook>,
-    /// The QP state last reported; held while a command changes the state, so that the
-    /// completion thread reports only changes the target did not make itself.
-    reported: Mutex<QpState>,
-    stop: AtomicBool,
-    /// Set when stdout is gone: nothing more can be reported.
-    out_broken: AtomicBool,
-}
-
-/// Writes one JSON line to stdout (whole, under the stdout lock) and flushes it.
-fn emit(t: &Target, v: &Value) {
-    let mut o = std::io::stdout().lock();
-    if writeln!(o, "{v}").and_then(|()| o.flush()).is_err() {
-        t.out_broken.store(true, Ordering::SeqCst);
-    }
-}
+use std::sync::atomic::Ordering;
 
 /// Runs `softroce target`.
 pub fn run(a: TargetArgs) -> Result<(), BoxError> {

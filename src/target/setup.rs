@@ -1,11 +1,11 @@
 //! Start-up: checking the options, opening the device, creating the QP and MRs, and the
 //! `ready` line that describes them.
 
-use super::text::{access_json, parse_access};
-use super::{
+use super::options::TargetArgs;
+use super::state::{
     MAX_MRS, MAX_RECV_DEPTH, MAX_SEND_WR, MAX_TOTAL_MR_BYTES, RecvBook, Settings, Target,
-    TargetArgs,
 };
+use super::text::{access_json, parse_access};
 use crate::BoxError;
 use parking_lot::Mutex;
 use serde_json::{Value, json};

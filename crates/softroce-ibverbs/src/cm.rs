@@ -19,13 +19,16 @@
 //! The first use of the CM on a device takes over its QP1 (a program that posts on QP1
 //! itself should not use this module).
 
-use crate::{Context, Error, PreparedQueuePair, QueuePair, Result};
+pub use crate::error::Rejected;
+
+use crate::error::{Error, Result};
+use crate::{Context, PreparedQueuePair, QueuePair};
 use softroce::cm::rdma_cm::{REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, req_user_private_data};
 use softroce::cm::{AcceptParams, CmEvent, CmState, CommId, ConnectParams};
 use softroce::net::{CmDriver, UdpDevice};
 use softroce::rand::SplitMix64;
 use softroce::verbs::{self, PathMtu, QpAttr, QpAttrMask, QpState, QpType, RcConnect};
-use softroce::wire::cm::{RejReason, ReqRepr, port_space, rdma_cm_service_id};
+use softroce::wire::cm::{ReqRepr, port_space, rdma_cm_service_id};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,18 +39,6 @@ const CM_WAIT: Duration = Duration::from_secs(30);
 
 /// ETIMEDOUT, as librdmacm reports a connect nobody answers (UNREACHABLE).
 const ETIMEDOUT: i32 = 110;
-
-/// The error of a connection attempt the peer's CM refused (REJ): [`Error::Rejected`].
-/// librdmacm reports it as RDMA_CM_EVENT_REJECTED with `status` = `reason`, and its
-/// synchronous calls fail with ECONNREFUSED.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejected {
-    /// The REJ reason (IBTA Vol 1 ch. 12, table 108): 28 (consumer defined) when the peer
-    /// called reject, 8 (invalid service ID) when nobody listens on the port, 4 (timeout)…
-    pub reason: RejReason,
-    /// The REJ's private data (148 bytes, zero-padded past what the peer gave).
-    pub private_data: Vec<u8>,
-}
 
 fn timed_out(what: String) -> Error {
     Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, what))

@@ -4,12 +4,10 @@
 
 use super::{CmEngine, MadTransmit};
 use crate::transport::Instant;
+use crate::wire::grh::GRH_LEN;
 use crate::wire::mad::{MAD_HDR_LEN, MGMT_CLASS_CM};
 use core::net::IpAddr;
 use std::collections::BTreeMap;
-
-/// Length of the GRH that precedes every UD receive, in bytes.
-pub const GRH_LEN: usize = 40;
 
 /// MADs the agent did not hand to an engine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -89,10 +89,13 @@ mod types;
 pub use agent::{MadAgent, MadClassDrops};
 pub use counters::{CmCounters, CmDropReason};
 pub use error::{CmError, CmReject};
-pub use types::{AcceptParams, CmConfig, CmEvent, CmState, CommId, ConnectParams, MadTransmit};
+pub use types::{
+    AcceptParams, CMA_CM_RESPONSE_TIMEOUT, CMA_IBOE_PACKET_LIFETIME, CMA_MAX_CM_RETRIES, CmConfig,
+    CmEvent, CmState, CommId, ConnectParams, MadTransmit,
+};
 
 use crate::rand::SplitMix64;
-use crate::transport::Instant;
+use crate::transport::{Instant, PathMtu};
 use crate::wire::cm::{
     CmMadRepr, CmMsgRepr, CmPathRepr, CmaHdr, CmaHdrRepr, DrepRepr, DreqRepr, MraRepr, RejReason,
     RejRepr, RepRepr, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr, SidrStatus, gid_of_ip, msg_ref,
@@ -103,14 +106,6 @@ use crate::wire::mad::{
 use core::net::IpAddr;
 use core::time::Duration;
 use std::collections::{BTreeMap, VecDeque};
-
-/// rdma_cm's CM response timeout exponent (4.096 µs × 2^20 ≈ 4.3 s): `cma.c`
-/// `CMA_CM_RESPONSE_TIMEOUT`.
-pub const CMA_CM_RESPONSE_TIMEOUT: u8 = 20;
-/// rdma_cm's maximum CM retries: `cma.c` `CMA_MAX_CM_RETRIES`.
-pub const CMA_MAX_CM_RETRIES: u8 = 15;
-/// rdma_cm's packet lifetime exponent on RoCE: `cma.c` `CMA_IBOE_PACKET_LIFETIME`.
-pub const CMA_IBOE_PACKET_LIFETIME: u8 = 16;
 
 /// The most requests (REQ, SIDR_REQ) of one listener that the application has not answered
 /// yet, and the backlog of [`CmEngine::listen`]; a larger backlog given to
@@ -154,19 +149,9 @@ pub const IBOE_HEADER_BYTES: u32 = 96;
 /// MTU is `iboe_get_mtu(ndev->mtu)`, whatever the device's active MTU); a 1500-byte link gives
 /// 1024, which the kernel's REQ carries (docs/wire-facts.md §2.1).
 pub const fn rdma_cm_route_mtu(link_mtu_bytes: u32) -> Option<u8> {
-    let payload = link_mtu_bytes.saturating_sub(IBOE_HEADER_BYTES);
-    if payload >= 4096 {
-        Some(5)
-    } else if payload >= 2048 {
-        Some(4)
-    } else if payload >= 1024 {
-        Some(3)
-    } else if payload >= 512 {
-        Some(2)
-    } else if payload >= 256 {
-        Some(1)
-    } else {
-        None
+    match PathMtu::largest_fitting(link_mtu_bytes.saturating_sub(IBOE_HEADER_BYTES)) {
+        Some(mtu) => Some(mtu as u8),
+        None => None,
     }
 }
 

@@ -1,10 +1,18 @@
-//! The CM engine's vocabulary: connection IDs and states, configuration, the parameters of
-//! `connect` and `accept`, the events it reports and the MADs it sends.
+//! The CM engine's vocabulary: connection IDs and states, configuration (with rdma_cm's
+//! `CMA_*` defaults), the parameters of `connect` and `accept`, the events it reports and the
+//! MADs it sends.
 
-use super::{CMA_CM_RESPONSE_TIMEOUT, CMA_IBOE_PACKET_LIFETIME, CMA_MAX_CM_RETRIES};
 use crate::wire::cm::{CmaHdrRepr, RejReason, RepRepr, ReqRepr, SidrRepRepr, SidrReqRepr};
 use crate::wire::mad::MAD_LEN;
 use core::net::IpAddr;
+
+/// rdma_cm's CM response timeout exponent (4.096 µs × 2^20 ≈ 4.3 s): `cma.c`
+/// `CMA_CM_RESPONSE_TIMEOUT`.
+pub const CMA_CM_RESPONSE_TIMEOUT: u8 = 20;
+/// rdma_cm's maximum CM retries: `cma.c` `CMA_MAX_CM_RETRIES`.
+pub const CMA_MAX_CM_RETRIES: u8 = 15;
+/// rdma_cm's packet lifetime exponent on RoCE: `cma.c` `CMA_IBOE_PACKET_LIFETIME`.
+pub const CMA_IBOE_PACKET_LIFETIME: u8 = 16;
 
 /// A local communication ID: names one connection of this engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

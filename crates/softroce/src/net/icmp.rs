@@ -10,8 +10,9 @@
 //! `sock_error`): a sender must retry once when a send fails with one of the
 //! [`is_icmp_errno`] values.
 
+use super::sockaddr::socket_addr_from_storage;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 
 /// What one ICMP error said.
@@ -122,7 +123,7 @@ fn recv_error(sock: &impl AsRawFd) -> io::Result<Option<IcmpError>> {
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let Some(dst) = sockaddr_of(&name) else {
+    let Some(dst) = socket_addr_from_storage(&name) else {
         return Ok(None);
     };
     // SAFETY: `msg` was filled by recvmsg; CMSG_FIRSTHDR / CMSG_NXTHDR walk the control
@@ -151,34 +152,10 @@ fn recv_error(sock: &impl AsRawFd) -> io::Result<Option<IcmpError>> {
     Ok(None)
 }
 
-/// The address in a `sockaddr_storage` the kernel filled.
-fn sockaddr_of(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match i32::from(s.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in, which it is large
-            // enough and aligned for.
-            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Some(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))),
-                u16::from_be(a.sin_port),
-            ))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for sockaddr_in6.
-            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Some(SocketAddr::new(
-                IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)),
-                u16::from_be(a.sin6_port),
-            ))
-        }
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::UdpSocket;
+    use std::net::{Ipv4Addr, UdpSocket};
 
     // A datagram to a loopback port nobody listens on comes back as ICMP port unreachable:
     // with IP_RECVERR the next send on the socket fails once with ECONNREFUSED, sending

@@ -23,13 +23,7 @@ pub fn link_mtu(ip: IpAddr) -> Option<u32> {
 /// 1500-byte Ethernet link, 4096 on `lo` (65536).
 pub fn rxe_port_mtu(netdev_mtu: u32) -> crate::transport::PathMtu {
     use crate::transport::PathMtu;
-    match netdev_mtu.saturating_sub(80) {
-        m if m >= 4096 => PathMtu::Mtu4096,
-        m if m >= 2048 => PathMtu::Mtu2048,
-        m if m >= 1024 => PathMtu::Mtu1024,
-        m if m >= 512 => PathMtu::Mtu512,
-        _ => PathMtu::Mtu256,
-    }
+    PathMtu::largest_fitting(netdev_mtu.saturating_sub(80)).unwrap_or(PathMtu::Mtu256)
 }
 
 /// The name of the interface holding `ip`, from `getifaddrs`.

@@ -3,7 +3,8 @@
 //! by row in `tests/spec_tables_qp.rs`), and [`QpEngine::modify`], which checks a whole call
 //! against that table before it changes anything and then commits it. The engine owns its
 //! state: nothing outside this module moves a QP to another state except a transport error
-//! (which enters ERR) and the documented test escape [`QpEngine::force_state_unchecked`].
+//! (which enters ERR) and a test escape compiled only for tests (the `testing` feature:
+//! `force_state_unchecked`, for a state no modify and no event reaches, an RC QP in SQE).
 //!
 //! Errors are [`ModifyError`]s, all `EINVAL` at the verbs boundary, each naming the
 //! transition ("modify_qp INIT->RTR: missing DEST_QPN"). Nothing here allocates except
@@ -689,6 +690,10 @@ impl QpEngine {
     /// Escape for tests that need a state `modify_qp` cannot reach, such as an RC QP in SQE:
     /// enters `new` with the side effects [`QpEngine::modify`] gives it, without the
     /// transition table. A verbs provider never calls this; it calls [`QpEngine::modify`].
+    /// Compiled only for the engine's unit tests and with the `testing` feature, which only
+    /// the repository's tests enable (tests/adversarial.rs), and hidden from the docs.
+    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
     pub fn force_state_unchecked(&mut self, new: QpState) {
         self.set_state(new);
     }

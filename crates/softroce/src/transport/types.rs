@@ -100,6 +100,24 @@ impl PathMtu {
             _ => None,
         }
     }
+    /// The largest MTU not above `bytes`: how kernel rxe (`eth_mtu_int_to_enum`) and rdma_cm
+    /// (`iboe_get_mtu`) turn what a link leaves after their headers into an IB MTU.
+    /// Units: bytes in. Errors: None below 256 bytes.
+    pub const fn largest_fitting(bytes: u32) -> Option<PathMtu> {
+        if bytes >= 4096 {
+            Some(PathMtu::Mtu4096)
+        } else if bytes >= 2048 {
+            Some(PathMtu::Mtu2048)
+        } else if bytes >= 1024 {
+            Some(PathMtu::Mtu1024)
+        } else if bytes >= 512 {
+            Some(PathMtu::Mtu512)
+        } else if bytes >= 256 {
+            Some(PathMtu::Mtu256)
+        } else {
+            None
+        }
+    }
     /// From the `enum ibv_mtu` value (1..=5).
     pub const fn from_ibv(v: u8) -> Option<PathMtu> {
         match v {

@@ -1,7 +1,7 @@
 //! Application memory under an MR, reached only through raw pointers (see the parent
 //! module's doc and docs/memory.md).
 
-use super::*;
+use super::MemError;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
@@ -17,6 +17,8 @@ use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 /// counts such an overlap as a data race; what this type guarantees is that the engine never
 /// adds one of its own making (no `&`/`&mut` whose no-alias promise an application write
 /// would break, no read the compiler may assume repeats an earlier one).
+///
+/// [`MrTable::register_user`]: super::MrTable::register_user
 #[derive(Debug)]
 pub struct ForeignMem {
     ptr: NonNull<u8>,
@@ -134,8 +136,13 @@ impl ForeignMem {
 #[derive(Debug, Clone, Copy)]
 pub enum MrBytes<'a> {
     /// Engine-owned memory ([`MrTable::register`], [`MrTable::alloc_fast_reg`]).
+    ///
+    /// [`MrTable::register`]: super::MrTable::register
+    /// [`MrTable::alloc_fast_reg`]: super::MrTable::alloc_fast_reg
     Owned(&'a [u8]),
     /// `len` bytes at `offset` of application memory ([`MrTable::register_user`]).
+    ///
+    /// [`MrTable::register_user`]: super::MrTable::register_user
     Foreign {
         /// The MR's memory.
         mem: &'a ForeignMem,

@@ -38,8 +38,6 @@ mod table;
 mod window;
 
 pub use atomic::AtomicOp;
-#[cfg(test)]
-use foreign::BOUNCE_BYTES;
 pub use foreign::{ForeignMem, MrBytes};
 pub(super) use keys::MW_BASE;
 pub use keys::{MAX_MR, MAX_MW, is_mw_key};

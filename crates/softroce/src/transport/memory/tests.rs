@@ -2,6 +2,7 @@
 //! [`ForeignMem`] touch the buffer only through raw pointers and open no socket, so they run
 //! under Miri (docs/memory.md).
 
+use super::foreign::BOUNCE_BYTES;
 use super::*;
 use crate::transport::{AccessFlags, Sge};
 use core::ptr::NonNull;

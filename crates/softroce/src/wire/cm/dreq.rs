@@ -2,7 +2,7 @@
 //! conventions: see [`super`].
 //! Source: IBTA Vol 1 ch. 12, tables 112 and 113; kernel `CM_DREQ_*`, `CM_DREP_*`.
 
-use super::{CM_MSG_LEN, arr};
+use super::bits::{CM_MSG_LEN, arr};
 use crate::wire::{be24, be32, put_be24};
 
 cm_view!(

@@ -3,7 +3,7 @@
 //! Panics: never after `check_len`. Allocation: none.
 //! Source: kernel `include/rdma/rdma_cm.h`, `drivers/infiniband/core/cma.c`.
 
-use super::arr;
+use super::bits::arr;
 use crate::wire::be16;
 
 /// rdma_cm port spaces: the high 16 of the low 32 bits of an rdma_cm service ID.

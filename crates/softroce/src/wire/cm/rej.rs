@@ -3,7 +3,7 @@
 //! `Repr`s. Layout conventions: see [`super`].
 //! Source: IBTA Vol 1 ch. 12, tables 107 and 108; kernel `CM_MRA_*`, `CM_REJ_*`.
 
-use super::{CM_MSG_LEN, arr, get_bits, put_bits};
+use super::bits::{CM_MSG_LEN, arr, get_bits, put_bits};
 use crate::wire::{be16, be32};
 
 cm_view!(

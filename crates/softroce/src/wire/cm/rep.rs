@@ -2,7 +2,7 @@
 //! the three-way handshake): their views and `Repr`s. Layout conventions: see [`super`].
 //! Source: IBTA Vol 1 ch. 12, tables 110 and 111; kernel `CM_REP_*`, `CM_RTU_*`.
 
-use super::{CM_MSG_LEN, arr, get_bits, put_bits};
+use super::bits::{CM_MSG_LEN, arr, get_bits, put_bits};
 use crate::wire::{be24, be32, be64, put_be24};
 
 cm_view!(

@@ -2,7 +2,7 @@
 //! ([`CmPathRepr`]). Layout conventions: see the [`super`] module.
 //! Source: IBTA Vol 1 ch. 12, table 106 (REQ message contents); kernel `CM_REQ_*`.
 
-use super::{CM_MSG_LEN, arr, get_bits, put_bits};
+use super::bits::{CM_MSG_LEN, arr, get_bits, put_bits};
 use crate::wire::{be16, be24, be32, be64, put_be24};
 
 cm_view!(

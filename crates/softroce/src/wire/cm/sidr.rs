@@ -2,7 +2,7 @@
 //! [`SidrStatus`]): views and `Repr`s. Layout conventions: see [`super`].
 //! Source: IBTA Vol 1 ch. 12, tables 119 and 120; kernel `CM_SIDR_REQ_*`, `CM_SIDR_REP_*`.
 
-use super::{CM_MSG_LEN, arr};
+use super::bits::{CM_MSG_LEN, arr};
 use crate::wire::{be16, be24, be32, be64, put_be24};
 
 cm_view!(

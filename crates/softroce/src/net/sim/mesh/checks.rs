@@ -1,7 +1,11 @@
 //! The mesh workload's checks against its reference model: each send and receive completion
 //! as it comes, and each connection's final state.
 
-use super::*;
+use super::super::SimRng;
+use super::model::{Conn, GRH, Kind, Mishap, Node, Op, Transport};
+use crate::transport::Instant;
+use crate::verbs::{Qp, QpState, RecvWr, Wc, WcFlags, WcOpcode, WcStatus};
+use std::time::Duration;
 
 /// Whether `op` uses an R_Key a SEND_WITH_INVALIDATE before it invalidated.
 pub(super) fn invalidated(c: &Conn, op: &Op) -> bool {

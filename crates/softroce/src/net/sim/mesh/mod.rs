@@ -50,18 +50,21 @@
 //! ends the connection: the requester QP must be in ERR, everything after it flushed.
 //!
 //! Replay: [`run`] of the same [`MeshConfig`] repeats the run exactly.
+//!
+//! Files: model.rs holds what a connection is and what is drawn for it, ops.rs the actions,
+//! checks.rs the checks against the model; this file draws the run and drives it.
 
 mod checks;
+mod model;
 mod ops;
 
 use super::{Sim, SimFaults, SimRng, SimStats};
-use crate::transport::Instant;
 use crate::verbs::{
-    AccessFlags, Ah, AhAttr, Cq, Device, Gid, Mr, Mw, MwType, PathMtu, Pd, Qp, QpAttr, QpAttrMask,
-    QpCap, QpInitAttr, QpState, QpType, RcConnect, RecvWr, SendFlags, SendWr, Srq, SrqInitAttr, Wc,
-    WcFlags, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, AhAttr, Gid, Mr, PathMtu, QpCap, QpInitAttr, QpType, RcConnect, RecvWr, Srq,
+    SrqInitAttr, WcStatus,
 };
 use checks::{final_checks, on_recv, on_send};
+use model::{Conn, ConnObjects, DATA_OFF, GRH, Mishap, Node, SRQ_SLOTS, Transport, UC_MAX, UD_MAX};
 use ops::{bind_window, fire_mishap, on_bind, post_op, post_ring};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
@@ -155,200 +158,6 @@ impl MeshReport {
     pub fn ok(&self) -> bool {
         self.violations.is_empty()
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    Rc,
-    Uc,
-    Ud,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mishap {
-    None,
-    BadRkey { at: usize },
-    RequesterErr { at: usize },
-    ResponderErr { at: usize },
-    DestroyResponder { at: usize },
-    DeregRemote { at: usize },
-    RnrStarve { budget: usize },
-    MwInvalidate { at: usize },
-    DestroyRequester { at: usize },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Send,
-    SendImm,
-    Write,
-    WriteImm,
-    Read,
-    Cas,
-    Faa,
-    SendInv,
-}
-
-impl Kind {
-    fn takes_recv(self) -> bool {
-        matches!(
-            self,
-            Kind::Send | Kind::SendImm | Kind::WriteImm | Kind::SendInv
-        )
-    }
-    fn uses_rkey(self) -> bool {
-        matches!(
-            self,
-            Kind::Write | Kind::WriteImm | Kind::Read | Kind::Cas | Kind::Faa
-        )
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Op {
-    index: usize,
-    kind: Kind,
-    len: usize,
-    remote_off: usize,
-    /// SEND/WRITE: the bytes sent. READ: the bytes expected back.
-    data: Vec<u8>,
-    /// Atomics: the original value expected back.
-    orig: u64,
-    imm: u32,
-    /// The bad-R_Key operation of a `BadRkey` mishap.
-    bad: bool,
-    /// Index among the operations that take a receive.
-    recv_index: Option<usize>,
-}
-
-const ATOMIC_OFF: usize = 0;
-const DATA_OFF: usize = 64;
-const GRH: usize = 40;
-const SRQ_SLOTS: usize = 32;
-const UD_MAX: usize = 4096;
-const UC_MAX: usize = 16 << 10;
-
-struct Node {
-    /// Kept for the counters and to hold the device for the run.
-    _dev: Device,
-    pd: Pd,
-    send_cq: Cq,
-    recv_cq: Cq,
-    srq: Option<(Srq, Mr)>,
-    /// Largest receive a buffer of the SRQ must hold.
-    srq_slot: usize,
-}
-
-/// A connection's QPs (requester, responder), local MR, remote MR and receive ring.
-type ConnObjects = (Qp, Qp, Mr, Option<Mr>, Option<Mr>);
-
-struct Conn {
-    id: usize,
-    transport: Transport,
-    req: usize,
-    resp: usize,
-    on_srq: bool,
-    mishap: Mishap,
-    qa: Option<Qp>,
-    qb: Option<Qp>,
-    local: Mr,
-    remote: Option<Mr>,
-    /// Address and R_Key of `remote` (kept after it is deregistered; the window's R_Key
-    /// when there is one).
-    raddr: u64,
-    rkey: u32,
-    /// `MwInvalidate`: a type 2 window over all of `remote`, bound by the responder QP, and
-    /// whether its bind completed.
-    mw: Option<Mw>,
-    mw_bound: bool,
-    /// The responder's own receive buffers (None on an SRQ).
-    ring: Option<Mr>,
-    slot: usize,
-    max: usize,
-    depth: usize,
-    ah: Option<Ah>,
-    qkey: u32,
-    /// RC: the responder's memory as it must be. UC: the fill pattern.
-    model: Vec<u8>,
-    outstanding: VecDeque<Op>,
-    posted: usize,
-    done: usize,
-    recv_ops: usize,
-    recvs_posted: usize,
-    /// RC: receives due, in order. UC/UD: every message sent that takes a receive, with the
-    /// number of times it completed.
-    expect_recv: VecDeque<Op>,
-    sent: Vec<(Op, u32)>,
-    /// (op, offset, length) of everything written to remote memory.
-    touched: Vec<(usize, usize, usize)>,
-    pending_recvs: VecDeque<(Instant, usize)>,
-    /// First failed WR and its status.
-    failed: Option<(usize, WcStatus)>,
-    /// When a timed mishap fires, and whether it has.
-    mishap_time: Option<Instant>,
-    mishap_fired: Option<Instant>,
-    /// The responder may have gone to ERR (its receives may flush, its R_Key checks fail).
-    responder_dead: bool,
-    flushed_recvs: usize,
-    recvs_ok: usize,
-    /// The operation whose receive completed in error.
-    recv_failed: Option<usize>,
-    /// Successful send completions (in order: the operations before this index).
-    ok_count: usize,
-}
-
-impl Mishap {
-    fn name(self) -> &'static str {
-        match self {
-            Mishap::None => "none",
-            Mishap::BadRkey { .. } => "bad_rkey",
-            Mishap::RequesterErr { .. } => "requester_err",
-            Mishap::ResponderErr { .. } => "responder_err",
-            Mishap::DestroyResponder { .. } => "destroy_responder",
-            Mishap::DeregRemote { .. } => "dereg_remote",
-            Mishap::RnrStarve { .. } => "rnr_starve",
-            Mishap::MwInvalidate { .. } => "mw_invalidate",
-            Mishap::DestroyRequester { .. } => "destroy_requester",
-        }
-    }
-}
-
-impl Conn {
-    /// No more operations are posted: one failed, or the requester was moved to ERR or
-    /// destroyed.
-    fn stopped(&self) -> bool {
-        self.failed.is_some()
-            || (matches!(
-                self.mishap,
-                Mishap::RequesterErr { .. } | Mishap::DestroyRequester { .. }
-            ) && self.mishap_fired.is_some())
-    }
-    fn finished(&self, ops: usize) -> bool {
-        // A destroyed QP completes nothing more (rxe: no flush on destroy); what it completed
-        // before is checked when the CQ is drained at the end.
-        (self.qa.is_none() && self.stopped())
-            || (self.outstanding.is_empty() && (self.posted == ops || self.stopped()))
-    }
-    fn name(&self) -> String {
-        format!(
-            "conn {} {:?} dev{}->dev{}{}",
-            self.id,
-            self.transport,
-            self.req,
-            self.resp,
-            if self.on_srq { " srq" } else { "" }
-        )
-    }
-}
-
-fn draw_len(r: &mut SimRng, max: usize) -> usize {
-    let len = match r.below(100) {
-        0..=9 => 0,
-        10..=49 => 1 + r.below(64) as usize,
-        50..=84 => 65 + r.below(4096) as usize,
-        _ => r.below(max as u64 + 1) as usize,
-    };
-    len.min(max)
 }
 
 fn fill_byte(conn: usize, off: usize) -> u8 {

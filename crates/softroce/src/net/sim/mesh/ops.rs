@@ -1,7 +1,14 @@
 //! The mesh workload's actions: posting receives and operations, binding the memory window,
 //! firing a connection's mishap.
 
-use super::*;
+use super::super::SimRng;
+use super::model::{ATOMIC_OFF, Conn, DATA_OFF, Kind, Mishap, Op, Transport, draw_len};
+use crate::transport::Instant;
+use crate::verbs::{
+    AccessFlags, MwType, Pd, QpAttr, QpAttrMask, QpState, RecvWr, SendFlags, SendWr, Wc, WcOpcode,
+    WcStatus, WrOpcode,
+};
+use std::time::Duration;
 
 pub(super) fn post_ring(c: &mut Conn, s: usize, violations: &mut Vec<String>) {
     if let Mishap::RnrStarve { budget } = c.mishap
