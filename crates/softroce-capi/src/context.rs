@@ -441,11 +441,10 @@ pub(crate) fn wait_readable(fd: c_int) -> Result<(), i32> {
         if r >= 0 {
             return Ok(());
         }
-        let e = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
-        if e != libc::EINTR {
-            return Err(e);
+        match softroce_cabi::errno() {
+            libc::EINTR => {}
+            0 => return Err(libc::EIO),
+            e => return Err(e),
         }
     }
 }
