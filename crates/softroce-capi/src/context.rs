@@ -22,7 +22,7 @@ pub(crate) struct Context {
     pub dev: Arc<UdpDevice>,
     /// The address of the device of the list this context opened.
     pub addr: &'static DeviceAddr,
-    /// CQ number → `*mut Cq`, for `ibv_get_cq_event` and CQ async events.
+    /// CQ number → its `*mut ibv_cq` handle, for `ibv_get_cq_event` and CQ async events.
     pub cqs: Mutex<HashMap<u32, usize>>,
     /// QP number → `*mut Qp`, for QP async events.
     pub qps: Mutex<HashMap<u32, usize>>,

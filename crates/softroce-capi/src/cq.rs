@@ -169,11 +169,13 @@ pub(crate) extern "C" fn ibv_get_cq_event(
             .get(&got.cq_num())
             .copied()
             .ok_or(libc::EAGAIN)?;
-        let p = p as *mut Cq;
-        // SAFETY: `p` is a live CQ (in the table); the out pointers are writable.
+        let p = p as *mut ibv_cq;
+        // SAFETY: `p` is the handle of a live CQ (in the table, as ibv_create_cq put it).
+        let q: &Cq = unsafe { try_ref(p) }?;
+        // SAFETY: the out pointers are writable (checked non-NULL above).
         unsafe {
-            *cq = p.cast();
-            *cq_context = (*p).ibv.cq_context;
+            *cq = p;
+            *cq_context = q.ibv.cq_context;
         }
         Ok(0)
     })
