@@ -6,7 +6,7 @@
 use crate::context::{GID_TBL_LEN, ibv_query_gid, ibv_query_gid_type};
 use crate::handle::{Castable, free, into_handle, try_ref};
 use crate::pd::Pd;
-use core::ffi::{c_int, c_uint};
+use core::ffi::c_int;
 use softroce::verbs::{self, AhAttr, Gid};
 use softroce::wire::grh::{GRH_LEN, Grh, flow_label};
 use softroce_cabi::abi::*;
@@ -82,8 +82,6 @@ pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     })
 }
 
-/// `IBV_WC_GRH`: the receive buffer starts with the 40-byte network header.
-const IBV_WC_GRH: c_uint = 1 << 0;
 /// `IBV_GID_TYPE_SYSFS_IB_ROCE_V1` and `IBV_GID_TYPE_SYSFS_ROCE_V2` (what
 /// `ibv_query_gid_type` reports).
 const GID_TYPE_SYSFS_ROCE_V1: u32 = 0;

@@ -279,9 +279,6 @@ pub(crate) extern "C" fn ibv_query_gid_type(
     })
 }
 
-/// `IBV_GID_TYPE_ROCE_V2` of `enum ibv_gid_type`.
-const IBV_GID_TYPE_ROCE_V2: u32 = 2;
-
 pub(crate) extern "C" fn _ibv_query_gid_ex(
     ctx: *mut ibv_context,
     port_num: u32,

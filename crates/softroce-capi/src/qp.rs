@@ -9,7 +9,7 @@ use crate::ah::{Ah, ah_attr, ibv_ah_attr_of};
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::handle::{Castable, free, into_handle, try_ref};
-use crate::mw::{ACCESS_ZERO_BASED, Mw, bind_wr};
+use crate::mw::{Mw, bind_wr};
 use crate::pd::Pd;
 use crate::srq::Srq;
 use crate::wr::{finish_recv, recv_wrs, sges};
@@ -70,22 +70,22 @@ impl WrBuild {
 
 fn qp_type(v: c_int) -> Option<QpType> {
     match v {
-        2 => Some(QpType::Rc),
-        3 => Some(QpType::Uc),
-        4 => Some(QpType::Ud),
+        IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UC => Some(QpType::Uc),
+        IBV_QPT_UD => Some(QpType::Ud),
         _ => None,
     }
 }
 
 pub(crate) fn qp_state(v: c_int) -> Option<QpState> {
     match v {
-        0 => Some(QpState::Reset),
-        1 => Some(QpState::Init),
-        2 => Some(QpState::Rtr),
-        3 => Some(QpState::Rts),
-        4 => Some(QpState::Sqd),
-        5 => Some(QpState::Sqe),
-        6 => Some(QpState::Err),
+        IBV_QPS_RESET => Some(QpState::Reset),
+        IBV_QPS_INIT => Some(QpState::Init),
+        IBV_QPS_RTR => Some(QpState::Rtr),
+        IBV_QPS_RTS => Some(QpState::Rts),
+        IBV_QPS_SQD => Some(QpState::Sqd),
+        IBV_QPS_SQE => Some(QpState::Sqe),
+        IBV_QPS_ERR => Some(QpState::Err),
         _ => None,
     }
 }
@@ -356,16 +356,16 @@ pub(crate) extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
 
 fn wr_opcode(v: c_int) -> Option<WrOpcode> {
     Some(match v {
-        0 => WrOpcode::RdmaWrite,
-        1 => WrOpcode::RdmaWriteWithImm,
-        2 => WrOpcode::Send,
-        3 => WrOpcode::SendWithImm,
-        4 => WrOpcode::RdmaRead,
-        5 => WrOpcode::AtomicCmpAndSwp,
-        6 => WrOpcode::AtomicFetchAndAdd,
-        7 => WrOpcode::LocalInv,
-        8 => WrOpcode::BindMw,
-        9 => WrOpcode::SendWithInv,
+        IBV_WR_RDMA_WRITE => WrOpcode::RdmaWrite,
+        IBV_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
+        IBV_WR_SEND => WrOpcode::Send,
+        IBV_WR_SEND_WITH_IMM => WrOpcode::SendWithImm,
+        IBV_WR_RDMA_READ => WrOpcode::RdmaRead,
+        IBV_WR_ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpAndSwp,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAndAdd,
+        IBV_WR_LOCAL_INV => WrOpcode::LocalInv,
+        IBV_WR_BIND_MW => WrOpcode::BindMw,
+        IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv,
         // TSO (10) and DRIVER1 (11) need a raw packet QP.
         _ => return None,
     })
@@ -551,7 +551,7 @@ pub(crate) unsafe extern "C" fn bind_mw(
             )
         };
         // rxe's provider refuses a zero-based type 1 bind before posting it.
-        if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
+        if b.bind_info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
             return Err(libc::EINVAL);
         }
         let rkey = verbs::inc_rkey(w.mw.rkey());
