@@ -150,17 +150,21 @@ pub(super) fn reg_mr_length_error(length: usize) -> Error {
     )
 }
 
+/// QP1's queue sizes (ib_mad's defaults).
+const GSI_CAP: QpCap = QpCap {
+    max_send_wr: 128,
+    max_recv_wr: 512,
+    max_send_sge: 2,
+    max_recv_sge: 2,
+    max_inline_data: 0,
+};
+/// QP1 signals every send WR.
+const GSI_SQ_SIG_ALL: bool = true;
+
 /// QP1's engine, taken to RTS as ib_mad does (`ib_mad_change_qp_state_to_rts`: INIT with
 /// the Q_Key, RTR, RTS with `sq_psn` 0); UD-style path fixed at creation.
 fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
-    let cap = QpCap {
-        max_send_wr: 128,
-        max_recv_wr: 512,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 0,
-    };
-    let mut e = QpEngine::new(GSI_QPN, QpType::Gsi, GSI_PD, cap, true);
+    let mut e = QpEngine::new(GSI_QPN, QpType::Gsi, GSI_PD, GSI_CAP, GSI_SQ_SIG_ALL);
     e.set_path(Path {
         local: cfg.ip,
         remote: cfg.ip,
@@ -360,6 +364,8 @@ impl Device {
         Qp {
             dev: self.clone(),
             qpn: GSI_QPN,
+            cap: GSI_CAP,
+            sq_sig_all: GSI_SQ_SIG_ALL,
         }
     }
 
