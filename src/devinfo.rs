@@ -236,8 +236,8 @@ fn describe(
     w!("\tnode_guid:\t\t\t{}", guid_str(a.node_guid));
     w!("\tsys_image_guid:\t\t\t{}", guid_str(a.sys_image_guid));
     w!("\tvendor_id:\t\t\t{:#06x}", a.vendor_id);
-    w!("\tvendor_part_id:\t\t\t0");
-    w!("\thw_ver:\t\t\t\t0x0");
+    w!("\tvendor_part_id:\t\t\t{}", a.vendor_part_id);
+    w!("\thw_ver:\t\t\t\t{:#x}", a.hw_ver);
     w!("\tphys_port_cnt:\t\t\t{}", a.phys_port_cnt);
     if verbose {
         w!("\tmax_mr_size:\t\t\t{:#x}", a.max_mr_size);

@@ -15,6 +15,97 @@ pub const IBV_SYSFS_NAME_MAX: usize = 64;
 /// `IBV_SYSFS_PATH_MAX`.
 pub const IBV_SYSFS_PATH_MAX: usize = 256;
 
+// The `enum` constants of verbs.h that softroce's libraries read or write, under verbs.h's
+// names; each typed as the field or argument that carries it. `layout_tests` compares
+// every value with the installed header's.
+
+/// `enum ibv_qp_type` (`ibv_qp.qp_type`, `ibv_qp_init_attr.qp_type`).
+pub const IBV_QPT_RC: c_int = 2;
+pub const IBV_QPT_UC: c_int = 3;
+pub const IBV_QPT_UD: c_int = 4;
+pub const IBV_QPT_XRC_RECV: c_int = 10;
+
+/// `enum ibv_qp_state` (`ibv_qp_attr.qp_state`, `ibv_qp.state`).
+pub const IBV_QPS_RESET: c_int = 0;
+pub const IBV_QPS_INIT: c_int = 1;
+pub const IBV_QPS_RTR: c_int = 2;
+pub const IBV_QPS_RTS: c_int = 3;
+pub const IBV_QPS_SQD: c_int = 4;
+pub const IBV_QPS_SQE: c_int = 5;
+pub const IBV_QPS_ERR: c_int = 6;
+
+/// `enum ibv_qp_attr_mask` (the `attr_mask` argument of `ibv_modify_qp`).
+pub const IBV_QP_STATE: c_int = 1 << 0;
+pub const IBV_QP_CUR_STATE: c_int = 1 << 1;
+pub const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_QKEY: c_int = 1 << 6;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_ALT_PATH: c_int = 1 << 14;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
+pub const IBV_QP_CAP: c_int = 1 << 19;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+
+/// `enum ibv_access_flags` (`ibv_qp_attr.qp_access_flags`, the `access` of `ibv_reg_mr`).
+pub const IBV_ACCESS_LOCAL_WRITE: c_uint = 1 << 0;
+pub const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
+pub const IBV_ACCESS_REMOTE_READ: c_uint = 1 << 2;
+pub const IBV_ACCESS_REMOTE_ATOMIC: c_uint = 1 << 3;
+pub const IBV_ACCESS_MW_BIND: c_uint = 1 << 4;
+pub const IBV_ACCESS_ZERO_BASED: c_uint = 1 << 5;
+/// `IBV_ACCESS_OPTIONAL_RANGE`: the bits from `IBV_ACCESS_OPTIONAL_FIRST` (1 << 20) on,
+/// hints a device may ignore.
+pub const IBV_ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
+
+/// `enum ibv_mw_type` (the `type` of `ibv_alloc_mw`).
+pub const IBV_MW_TYPE_1: c_int = 1;
+pub const IBV_MW_TYPE_2: c_int = 2;
+
+/// `enum ibv_wr_opcode` (`ibv_send_wr.opcode`).
+pub const IBV_WR_RDMA_WRITE: c_int = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+pub const IBV_WR_SEND: c_int = 2;
+pub const IBV_WR_SEND_WITH_IMM: c_int = 3;
+pub const IBV_WR_RDMA_READ: c_int = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+pub const IBV_WR_LOCAL_INV: c_int = 7;
+pub const IBV_WR_BIND_MW: c_int = 8;
+pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+
+/// `enum ibv_wc_opcode` (`ibv_wc.opcode`).
+pub const IBV_WC_SEND: c_int = 0;
+pub const IBV_WC_RDMA_WRITE: c_int = 1;
+pub const IBV_WC_RDMA_READ: c_int = 2;
+pub const IBV_WC_COMP_SWAP: c_int = 3;
+pub const IBV_WC_FETCH_ADD: c_int = 4;
+pub const IBV_WC_BIND_MW: c_int = 5;
+pub const IBV_WC_LOCAL_INV: c_int = 6;
+pub const IBV_WC_RECV: c_int = 1 << 7;
+pub const IBV_WC_RECV_RDMA_WITH_IMM: c_int = (1 << 7) + 1;
+
+/// `enum ibv_wc_flags` (`ibv_wc.wc_flags`): `IBV_WC_GRH`, the receive buffer starts with
+/// the 40-byte network header.
+pub const IBV_WC_GRH: c_uint = 1 << 0;
+
+/// `enum ibv_gid_type` (`ibv_gid_entry.gid_type`).
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+
+/// `IBV_LINK_LAYER_UNSPECIFIED` and `IBV_LINK_LAYER_ETHERNET` (`ibv_port_attr.link_layer`).
+pub const IBV_LINK_LAYER_UNSPECIFIED: u8 = 0;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+
 /// `struct _ibv_device_ops`.
 #[repr(C)]
 pub struct _ibv_device_ops {
@@ -608,6 +699,8 @@ pub struct ibv_qp_init_attr_ex {
 
 /// `IBV_QP_INIT_ATTR_PD`.
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+/// `IBV_QP_INIT_ATTR_XRCD`.
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 /// `IBV_QP_INIT_ATTR_CREATE_FLAGS`.
 pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.

@@ -10,7 +10,7 @@
 //!   return conventions of libibverbs and librdmacm as Rust types (`Result<(), c_int>`,
 //!   `Result<*mut T, c_int>`, `Result<c_int, c_int>`, [`SetsErrno`], …), so `?` works in it
 //!   and the type picks both the C value and the panic value.
-//! - errno helpers: [`set_errno`], [`null_errno`], [`neg_errno`].
+//! - errno helpers: [`set_errno`] and its counterpart [`errno`], [`null_errno`], [`neg_errno`].
 //! - [`fork`]: [`PerProcess`](fork::PerProcess), a value that a `fork`ed child replaces
 //!   with a fresh one on first use (the parent's devices are not the child's).
 //! - [`log`]: the `SOFTROCE_LOG` subscriber, installed by each library on first use (and by
@@ -223,6 +223,13 @@ pub fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// The calling thread's `errno`, as the last failed call (ours or libc's) left it; 0 when
+/// nothing set it since it was cleared.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() }
+}
+
 /// NULL with errno `e`: the failure of a constructor.
 pub fn null_errno<T>(e: i32) -> *mut T {
     set_errno(e);
@@ -238,10 +245,6 @@ pub fn neg_errno(e: i32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn errno() -> i32 {
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-    }
 
     /// A body that panics when `errno` is 0 (so the compiler cannot see the panic coming)
     /// and else returns `v`.

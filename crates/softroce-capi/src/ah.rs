@@ -3,11 +3,11 @@
 //! `verbs::Ah`. [`ah_attr`] is the one conversion of an `ibv_ah_attr`, also used by
 //! `ibv_modify_qp` (qp.rs), and [`ibv_ah_attr_of`] its way back for `ibv_query_qp`.
 
-use crate::context::{GID_TBL_LEN, ibv_query_gid, ibv_query_gid_type};
+use crate::context::{ibv_query_gid, ibv_query_gid_type};
 use crate::handle::{Castable, free, into_handle, try_ref};
 use crate::pd::Pd;
-use core::ffi::{c_int, c_uint};
-use softroce::verbs::{self, AhAttr, Gid};
+use core::ffi::c_int;
+use softroce::verbs::{self, AhAttr, GID_TBL_LEN, Gid};
 use softroce::wire::grh::{GRH_LEN, Grh, flow_label};
 use softroce_cabi::abi::*;
 use softroce_cabi::{SetsErrno, ffi, neg_errno};
@@ -82,8 +82,6 @@ pub(crate) extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     })
 }
 
-/// `IBV_WC_GRH`: the receive buffer starts with the 40-byte network header.
-const IBV_WC_GRH: c_uint = 1 << 0;
 /// `IBV_GID_TYPE_SYSFS_IB_ROCE_V1` and `IBV_GID_TYPE_SYSFS_ROCE_V2` (what
 /// `ibv_query_gid_type` reports).
 const GID_TYPE_SYSFS_ROCE_V1: u32 = 0;

@@ -22,7 +22,7 @@ pub(crate) struct Context {
     pub dev: Arc<UdpDevice>,
     /// The address of the device of the list this context opened.
     pub addr: &'static DeviceAddr,
-    /// CQ number → `*mut Cq`, for `ibv_get_cq_event` and CQ async events.
+    /// CQ number → its `*mut ibv_cq` handle, for `ibv_get_cq_event` and CQ async events.
     pub cqs: Mutex<HashMap<u32, usize>>,
     /// QP number → `*mut Qp`, for QP async events.
     pub qps: Mutex<HashMap<u32, usize>>,
@@ -66,30 +66,15 @@ fn fill_device_attr(c: &Context, out: &mut ibv_device_attr) {
     out.node_guid = a.node_guid.to_be();
     out.sys_image_guid = a.sys_image_guid.to_be();
     out.max_mr_size = a.max_mr_size;
-    out.page_size_cap = 0xffff_f000; // rxe: RXE_PAGE_SIZE_CAP
+    out.page_size_cap = a.page_size_cap;
     out.vendor_id = a.vendor_id;
-    out.vendor_part_id = 0;
-    out.hw_ver = 0;
+    out.vendor_part_id = a.vendor_part_id;
+    out.hw_ver = a.hw_ver;
     out.max_qp = a.max_qp as c_int;
     out.max_qp_wr = a.max_qp_wr as c_int;
-    // rxe's RXE_DEVICE_CAP_FLAGS, in `enum ibv_device_cap_flags` bits: BAD_PKEY_CNTR,
-    // BAD_QKEY_CNTR, AUTO_PATH_MIG, CHANGE_PHY_PORT, UD_AV_PORT_ENFORCE, PORT_ACTIVE_EVENT,
-    // SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, MEM_WINDOW, MEM_MGT_EXTENSIONS,
-    // MEM_WINDOW_TYPE_2B.
-    out.device_cap_flags = (1 << 1)
-        | (1 << 2)
-        | (1 << 4)
-        | (1 << 5)
-        | (1 << 6)
-        | (1 << 10)
-        | (1 << 11)
-        | (1 << 12)
-        | (1 << 13)
-        | (1 << 17)
-        | (1 << 21)
-        | (1 << 24);
+    out.device_cap_flags = a.device_cap_flags;
     out.max_sge = a.max_sge as c_int;
-    out.max_sge_rd = a.max_sge as c_int;
+    out.max_sge_rd = a.max_sge_rd as c_int;
     out.max_cq = a.max_cq as c_int;
     out.max_cqe = (a.max_cqe - 1) as c_int;
     out.max_mr = a.max_mr as c_int;
@@ -97,7 +82,7 @@ fn fill_device_attr(c: &Context, out: &mut ibv_device_attr) {
     out.max_qp_rd_atom = a.max_qp_rd_atom as c_int;
     out.max_res_rd_atom = a.max_res_rd_atom as c_int;
     out.max_qp_init_rd_atom = a.max_qp_init_rd_atom as c_int;
-    out.atomic_cap = 1; // IBV_ATOMIC_HCA
+    out.atomic_cap = a.atomic_cap as c_int;
     out.max_mw = a.max_mw as c_int;
     out.max_mcast_grp = a.max_mcast_grp as c_int;
     out.max_mcast_qp_attach = a.max_mcast_qp_attach as c_int;
@@ -149,7 +134,7 @@ pub(crate) unsafe extern "C" fn query_device_ex_op(
             fill_device_attr(c, &mut (*attr).orig_attr);
             let n = std::mem::size_of::<ibv_device_attr_ex>();
             if attr_size >= n {
-                (*attr).phys_port_cnt_ex = 1;
+                (*attr).phys_port_cnt_ex = u32::from((*attr).orig_attr.phys_port_cnt);
             }
         }
         Ok(())
@@ -158,29 +143,30 @@ pub(crate) unsafe extern "C" fn query_device_ex_op(
 
 fn port_attr(c: &Context, port_num: u8) -> Result<ibv_port_attr, i32> {
     let p = c.dev.device().query_port(port_num).map_err(|e| e.errno())?;
-    let a = c.dev.device().query_device();
     Ok(ibv_port_attr {
         state: c_int::from(p.state),
         max_mtu: p.max_mtu as c_int,
         active_mtu: p.active_mtu as c_int,
-        gid_tbl_len: GID_TBL_LEN.max(p.gid_tbl_len) as c_int,
-        // rxe: RXE_PORT_CAP_FLAGS = IBV_PORT_CM_SUP
-        port_cap_flags: 1 << 16,
-        max_msg_sz: a.max_msg_sz.min(u64::from(u32::MAX)) as u32,
+        gid_tbl_len: p.gid_tbl_len as c_int,
+        port_cap_flags: p.port_cap_flags,
+        max_msg_sz: p.max_msg_sz.min(u64::from(u32::MAX)) as u32,
         bad_pkey_cntr: 0,
         qkey_viol_cntr: 0,
         pkey_tbl_len: p.pkey_tbl_len,
         lid: 0,
         sm_lid: 0,
         lmc: 0,
-        max_vl_num: 1, // IBV_VL_0 ... rxe reports 1
+        max_vl_num: p.max_vl_num,
         sm_sl: 0,
         subnet_timeout: 0,
         init_type_reply: 0,
-        active_width: 1, // 1X, as rxe 6.1 on the interop guest's virtio NIC
-        active_speed: 1, // rxe reports the netdev's speed; SDR here
-        phys_state: 5,   // LINK_UP
-        link_layer: 2,   // IBV_LINK_LAYER_ETHERNET
+        active_width: p.active_width,
+        active_speed: p.active_speed,
+        phys_state: p.phys_state,
+        link_layer: match p.link_layer {
+            "Ethernet" => IBV_LINK_LAYER_ETHERNET,
+            _ => IBV_LINK_LAYER_UNSPECIFIED,
+        },
         flags: 0,
         port_cap_flags2: 0,
     })
@@ -219,21 +205,18 @@ pub(crate) extern "C" fn ibv_query_port(
     unsafe { query_port_op(ctx, port_num, attr, n) }
 }
 
-/// Entries of the port's GID table that `ibv_query_port` reports (`gid_tbl_len`): rxe's
-/// `RXE_PORT_GID_TBL_LEN`. softroce fills the first few (the device's GIDs); the rest are
-/// empty, as on rxe: `ibv_query_gid` reads them as zeros, `ibv_query_gid_ex` says ENODATA.
-pub(crate) const GID_TBL_LEN: u32 = 1024;
-
-/// GID `index` of port `port_num`: `Ok(None)` for an empty entry of the table, EINVAL for a
-/// port other than 1 or an index past [`GID_TBL_LEN`].
+/// GID `index` of port `port_num`: `Ok(None)` for an empty entry of the table (all but the
+/// first [`GID_ENTRIES`](softroce::verbs::GID_ENTRIES); `ibv_query_gid` reads one as zeros,
+/// `ibv_query_gid_ex` says ENODATA, as on rxe), EINVAL for a port other than 1 or an index
+/// past the port's `gid_tbl_len` entries.
 fn gid_slot(
     c: &Context,
     port_num: u32,
     index: u32,
 ) -> Result<Option<softroce::verbs::GidEntry>, i32> {
     let port = u8::try_from(port_num).map_err(|_| libc::EINVAL)?;
-    c.dev.device().query_port(port).map_err(|e| e.errno())?;
-    if index >= GID_TBL_LEN {
+    let p = c.dev.device().query_port(port).map_err(|e| e.errno())?;
+    if index >= p.gid_tbl_len {
         return Err(libc::EINVAL);
     }
     let Ok(index) = u8::try_from(index) else {
@@ -278,9 +261,6 @@ pub(crate) extern "C" fn ibv_query_gid_type(
         Ok(0)
     })
 }
-
-/// `IBV_GID_TYPE_ROCE_V2` of `enum ibv_gid_type`.
-const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 
 pub(crate) extern "C" fn _ibv_query_gid_ex(
     ctx: *mut ibv_context,

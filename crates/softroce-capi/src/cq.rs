@@ -169,11 +169,13 @@ pub(crate) extern "C" fn ibv_get_cq_event(
             .get(&got.cq_num())
             .copied()
             .ok_or(libc::EAGAIN)?;
-        let p = p as *mut Cq;
-        // SAFETY: `p` is a live CQ (in the table); the out pointers are writable.
+        let p = p as *mut ibv_cq;
+        // SAFETY: `p` is the handle of a live CQ (in the table, as ibv_create_cq put it).
+        let q: &Cq = unsafe { try_ref(p) }?;
+        // SAFETY: the out pointers are writable (checked non-NULL above).
         unsafe {
-            *cq = p.cast();
-            *cq_context = (*p).ibv.cq_context;
+            *cq = p;
+            *cq_context = q.ibv.cq_context;
         }
         Ok(0)
     })
@@ -199,17 +201,17 @@ pub(crate) extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
 /// `enum ibv_wc_opcode` of an engine completion.
 fn wc_opcode(o: WcOpcode) -> c_int {
     match o {
-        WcOpcode::Send => 0,
-        WcOpcode::RdmaWrite => 1,
-        WcOpcode::RdmaRead => 2,
-        WcOpcode::CompSwap => 3,
-        WcOpcode::FetchAdd => 4,
-        WcOpcode::BindMw => 5,
-        WcOpcode::LocalInv => 6,
-        // The kernel's IB_WC_REG_MR, which rxe passes through.
+        WcOpcode::Send => IBV_WC_SEND,
+        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
+        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
+        WcOpcode::CompSwap => IBV_WC_COMP_SWAP,
+        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
+        WcOpcode::BindMw => IBV_WC_BIND_MW,
+        WcOpcode::LocalInv => IBV_WC_LOCAL_INV,
+        // The kernel's IB_WC_REG_MR, which rxe passes through (verbs.h names no 8).
         WcOpcode::RegMr => 8,
-        WcOpcode::Recv => 128,
-        WcOpcode::RecvRdmaWithImm => 129,
+        WcOpcode::Recv => IBV_WC_RECV,
+        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Every mirrored struct of [`softroce_cabi::abi`] against the installed `<infiniband/verbs.h>`: a C
 //! program compiled with `cc` prints `sizeof`, `_Alignof` and every field's `offsetof`; the
-//! Rust side prints the same with `size_of`/`align_of`/`offset_of!`; both must agree.
+//! Rust side prints the same with `size_of`/`align_of`/`offset_of!`; both must agree. The
+//! same for the value of every `IBV_*` constant it mirrors.
 //! Skipped, saying why, only when `cc` or the header is missing.
 
 use softroce_cabi::abi::*;
@@ -164,25 +165,25 @@ fn c_program(layouts: &[Layout]) -> String {
     c + "  return 0;\n}\n"
 }
 
-#[test]
-fn structs_match_installed_verbs_h() {
+/// Compiles `program` against the installed headers and runs it: its stdout, or None (and
+/// a SKIPPED line saying why) when verbs.h or `cc` is missing.
+fn run_c(tag: &str, program: &str) -> Option<String> {
     if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
         println!(
             "SKIPPED: /usr/include/infiniband/verbs.h is missing (apt-get install libibverbs-dev)"
         );
-        return;
+        return None;
     }
-    let layouts = rust_layouts();
-    let dir = std::env::temp_dir().join(format!("softroce-capi-layout-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("softroce-capi-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("layout.c");
-    let exe = dir.join("layout");
-    std::fs::write(&src, c_program(&layouts)).unwrap();
+    let src = dir.join(format!("{tag}.c"));
+    let exe = dir.join(tag);
+    std::fs::write(&src, program).unwrap();
     let cc = match Command::new("cc").arg("-o").arg(&exe).arg(&src).output() {
         Ok(o) => o,
         Err(e) => {
             println!("SKIPPED: cannot run cc: {e}");
-            return;
+            return None;
         }
     };
     assert!(
@@ -192,9 +193,17 @@ fn structs_match_installed_verbs_h() {
     );
     let run = Command::new(&exe).output().unwrap();
     assert!(run.status.success());
-    let c_side = String::from_utf8(run.stdout).unwrap();
-    let rust_side = render(&layouts);
     let _ = std::fs::remove_dir_all(&dir);
+    Some(String::from_utf8(run.stdout).unwrap())
+}
+
+#[test]
+fn structs_match_installed_verbs_h() {
+    let layouts = rust_layouts();
+    let Some(c_side) = run_c("layout", &c_program(&layouts)) else {
+        return;
+    };
+    let rust_side = render(&layouts);
     let diff: Vec<String> = c_side
         .lines()
         .zip(rust_side.lines())
@@ -208,4 +217,109 @@ fn structs_match_installed_verbs_h() {
         layouts.len(),
         c_side.lines().count()
     );
+}
+
+/// (name, value) of each `IBV_*` constant of [`softroce_cabi::abi`] that mirrors a verbs.h
+/// enum member or macro.
+macro_rules! constants {
+    ($($name:ident),* $(,)?) => {
+        vec![$((stringify!($name), i64::from($name))),*]
+    };
+}
+
+fn rust_constants() -> Vec<(&'static str, i64)> {
+    constants![
+        IBV_QPT_RC,
+        IBV_QPT_UC,
+        IBV_QPT_UD,
+        IBV_QPT_XRC_RECV,
+        IBV_QPS_RESET,
+        IBV_QPS_INIT,
+        IBV_QPS_RTR,
+        IBV_QPS_RTS,
+        IBV_QPS_SQD,
+        IBV_QPS_SQE,
+        IBV_QPS_ERR,
+        IBV_QP_STATE,
+        IBV_QP_CUR_STATE,
+        IBV_QP_EN_SQD_ASYNC_NOTIFY,
+        IBV_QP_ACCESS_FLAGS,
+        IBV_QP_PKEY_INDEX,
+        IBV_QP_PORT,
+        IBV_QP_QKEY,
+        IBV_QP_AV,
+        IBV_QP_PATH_MTU,
+        IBV_QP_TIMEOUT,
+        IBV_QP_RETRY_CNT,
+        IBV_QP_RNR_RETRY,
+        IBV_QP_RQ_PSN,
+        IBV_QP_MAX_QP_RD_ATOMIC,
+        IBV_QP_ALT_PATH,
+        IBV_QP_MIN_RNR_TIMER,
+        IBV_QP_SQ_PSN,
+        IBV_QP_MAX_DEST_RD_ATOMIC,
+        IBV_QP_PATH_MIG_STATE,
+        IBV_QP_CAP,
+        IBV_QP_DEST_QPN,
+        IBV_ACCESS_LOCAL_WRITE,
+        IBV_ACCESS_REMOTE_WRITE,
+        IBV_ACCESS_REMOTE_READ,
+        IBV_ACCESS_REMOTE_ATOMIC,
+        IBV_ACCESS_MW_BIND,
+        IBV_ACCESS_ZERO_BASED,
+        IBV_ACCESS_OPTIONAL_RANGE,
+        IBV_MW_TYPE_1,
+        IBV_MW_TYPE_2,
+        IBV_WR_RDMA_WRITE,
+        IBV_WR_RDMA_WRITE_WITH_IMM,
+        IBV_WR_SEND,
+        IBV_WR_SEND_WITH_IMM,
+        IBV_WR_RDMA_READ,
+        IBV_WR_ATOMIC_CMP_AND_SWP,
+        IBV_WR_ATOMIC_FETCH_AND_ADD,
+        IBV_WR_LOCAL_INV,
+        IBV_WR_BIND_MW,
+        IBV_WR_SEND_WITH_INV,
+        IBV_WC_SEND,
+        IBV_WC_RDMA_WRITE,
+        IBV_WC_RDMA_READ,
+        IBV_WC_COMP_SWAP,
+        IBV_WC_FETCH_ADD,
+        IBV_WC_BIND_MW,
+        IBV_WC_LOCAL_INV,
+        IBV_WC_RECV,
+        IBV_WC_RECV_RDMA_WITH_IMM,
+        IBV_WC_GRH,
+        IBV_GID_TYPE_ROCE_V2,
+        IBV_LINK_LAYER_UNSPECIFIED,
+        IBV_LINK_LAYER_ETHERNET,
+        IBV_QP_INIT_ATTR_PD,
+        IBV_QP_INIT_ATTR_CREATE_FLAGS,
+        IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+        IBV_QP_INIT_ATTR_XRCD,
+    ]
+}
+
+#[test]
+fn constants_match_installed_verbs_h() {
+    let want = rust_constants();
+    let mut c =
+        String::from("#include <stdio.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
+    for (name, _) in &want {
+        c += &format!("  printf(\"{name} %lld\\n\", (long long)({name}));\n");
+    }
+    c += "  return 0;\n}\n";
+    let Some(c_side) = run_c("constants", &c) else {
+        return;
+    };
+    let rust_side: String = want.iter().map(|(n, v)| format!("{n} {v}\n")).collect();
+    let diff: Vec<String> = c_side
+        .lines()
+        .zip(rust_side.lines())
+        .filter(|(c, r)| c != r)
+        .map(|(c, r)| format!("verbs.h: {c}\n   Rust: {r}"))
+        .collect();
+    assert!(diff.is_empty(), "constants differ:\n{}", diff.join("\n"));
+    assert_eq!(c_side.lines().count(), want.len());
+    println!("{} constants checked", want.len());
 }

@@ -22,8 +22,11 @@ unsafe impl Castable for ibv_mr {
 
 /// The access flags softroce knows; the optional-range bits (`IBV_ACCESS_OPTIONAL_RANGE`)
 /// are hints a device may ignore.
-const ACCESS_KNOWN: c_uint = 0x1f;
-const ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
+const ACCESS_KNOWN: c_uint = IBV_ACCESS_LOCAL_WRITE
+    | IBV_ACCESS_REMOTE_WRITE
+    | IBV_ACCESS_REMOTE_READ
+    | IBV_ACCESS_REMOTE_ATOMIC
+    | IBV_ACCESS_MW_BIND;
 
 pub(crate) extern "C" fn ibv_reg_mr(
     pd: *mut ibv_pd,
@@ -56,7 +59,7 @@ pub(crate) extern "C" fn ibv_reg_mr_iova2(
         let p: &Pd = unsafe { try_ref(pd) }?;
         // On-demand paging, zero-based and the other access flags beyond these are not
         // supported.
-        if access & !(ACCESS_KNOWN | ACCESS_OPTIONAL_RANGE) != 0 {
+        if access & !(ACCESS_KNOWN | IBV_ACCESS_OPTIONAL_RANGE) != 0 {
             return Err(libc::EOPNOTSUPP);
         }
         // SAFETY: libibverbs' contract: `addr` is valid for `length` bytes until

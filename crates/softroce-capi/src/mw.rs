@@ -29,16 +29,10 @@ unsafe impl Castable for ibv_mw {
     type RustType = Mw;
 }
 
-/// `IBV_MW_TYPE_1`, `IBV_MW_TYPE_2`.
-const IBV_MW_TYPE_1: c_int = 1;
-const IBV_MW_TYPE_2: c_int = 2;
-
 /// The rights a window can grant: REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC. Other bits
 /// (LOCAL_WRITE, which pyverbs passes, and MW_BIND) mean nothing for a window; rxe
 /// accepts and ignores them.
-const MW_ACCESS: u32 = 0xe;
-/// `IBV_ACCESS_ZERO_BASED`: a window addressed from 0 (type 2 only).
-pub(crate) const ACCESS_ZERO_BASED: u32 = 0x20;
+const MW_ACCESS: u32 = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
 /// `ops.alloc_mw`: a window of type 1 or 2 on `pd`; another type is EINVAL (rxe), and
 /// past 4096 windows ENOMEM.
@@ -112,7 +106,7 @@ pub(crate) unsafe fn bind_wr(
         mr_lkey,
         addr: info.addr,
         length: info.length,
-        access: AccessFlags(info.mw_access_flags & (MW_ACCESS | ACCESS_ZERO_BASED)),
+        access: AccessFlags(info.mw_access_flags & (MW_ACCESS | IBV_ACCESS_ZERO_BASED)),
     });
     Ok(wr)
 }

@@ -9,7 +9,7 @@ use crate::ah::{Ah, ah_attr, ibv_ah_attr_of};
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::handle::{Castable, free, into_handle, try_ref};
-use crate::mw::{ACCESS_ZERO_BASED, Mw, bind_wr};
+use crate::mw::{Mw, bind_wr};
 use crate::pd::Pd;
 use crate::srq::Srq;
 use crate::wr::{finish_recv, recv_wrs, sges};
@@ -22,11 +22,10 @@ use softroce::verbs::{
 use softroce_cabi::abi::*;
 use softroce_cabi::{SetsErrno, ffi};
 
-/// A queue pair, with what `ibv_query_qp` reports that the engine does not keep: the
-/// creation attributes (the attributes `ibv_modify_qp` set are the engine's,
-/// `verbs::Qp::query`). Every QP is a
-/// `struct ibv_qp_ex` (whose first field is the `struct ibv_qp`); those made by
-/// `ibv_create_qp_ex` with send ops have its `ibv_wr_*` functions set and `is_ex`.
+/// A queue pair: the engine's `verbs::Qp` (its capacities, `sq_sig_all` and the
+/// attributes `ibv_modify_qp` set are the engine's), behind a `struct ibv_qp_ex` (whose
+/// first field is the `struct ibv_qp`); those made by `ibv_create_qp_ex` with send ops have
+/// its `ibv_wr_*` functions set and `is_ex`.
 #[repr(C)]
 pub(crate) struct Qp {
     pub ibv: ibv_qp_ex,
@@ -34,8 +33,6 @@ pub(crate) struct Qp {
     pub is_ex: bool,
     /// The WRs of an `ibv_wr_start` … `ibv_wr_complete` sequence.
     pub build: Mutex<WrBuild>,
-    pub cap: ibv_qp_cap,
-    pub sq_sig_all: c_int,
 }
 
 // SAFETY: `ibv_qp_ex` is the first field of the `#[repr(C)]` `Qp` that `ibv_create_qp`
@@ -70,23 +67,34 @@ impl WrBuild {
 
 fn qp_type(v: c_int) -> Option<QpType> {
     match v {
-        2 => Some(QpType::Rc),
-        3 => Some(QpType::Uc),
-        4 => Some(QpType::Ud),
+        IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UC => Some(QpType::Uc),
+        IBV_QPT_UD => Some(QpType::Ud),
         _ => None,
     }
 }
 
 pub(crate) fn qp_state(v: c_int) -> Option<QpState> {
     match v {
-        0 => Some(QpState::Reset),
-        1 => Some(QpState::Init),
-        2 => Some(QpState::Rtr),
-        3 => Some(QpState::Rts),
-        4 => Some(QpState::Sqd),
-        5 => Some(QpState::Sqe),
-        6 => Some(QpState::Err),
+        IBV_QPS_RESET => Some(QpState::Reset),
+        IBV_QPS_INIT => Some(QpState::Init),
+        IBV_QPS_RTR => Some(QpState::Rtr),
+        IBV_QPS_RTS => Some(QpState::Rts),
+        IBV_QPS_SQD => Some(QpState::Sqd),
+        IBV_QPS_SQE => Some(QpState::Sqe),
+        IBV_QPS_ERR => Some(QpState::Err),
         _ => None,
+    }
+}
+
+/// `struct ibv_qp_cap` of the engine's capacities.
+pub(crate) fn ibv_qp_cap_of(c: QpCap) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
     }
 }
 
@@ -124,15 +132,10 @@ pub(crate) extern "C" fn ibv_create_qp(
             srq,
         };
         let qp = p.pd.create_qp(&attr).map_err(|e| e.errno())?;
-        // As the kernel's create_qp response does: the send queue's capacities as rxe
-        // sized them (`max_inline_data` and `max_send_sge` may grow, `Pd::create_qp`).
-        let sized = qp.cap();
-        init.cap.max_send_sge = sized.max_send_sge;
-        init.cap.max_inline_data = sized.max_inline_data;
-        if srq.is_some() {
-            init.cap.max_recv_wr = 0;
-            init.cap.max_recv_sge = 0;
-        }
+        // As the kernel's create_qp response does: the capacities as rxe sized them
+        // (`max_inline_data` and `max_send_sge` may grow, the receive ones are 0 with an
+        // SRQ: `Pd::create_qp`).
+        init.cap = ibv_qp_cap_of(qp.cap());
         let num = qp.qp_num();
         // SAFETY: all zeros is a valid `ibv_qp_ex` (NULL function pointers, numbers).
         let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
@@ -156,8 +159,6 @@ pub(crate) extern "C" fn ibv_create_qp(
             qp,
             is_ex: false,
             build: Mutex::new(Default::default()),
-            cap: init.cap,
-            sq_sig_all: init.sq_sig_all,
         });
         // SAFETY: the PD's context is live.
         let c: &Context = unsafe { try_ref(p.ibv.context) }?;
@@ -294,7 +295,8 @@ pub(crate) extern "C" fn ibv_query_qp(
         let state = e.qp_state as c_int;
         a.qp_state = state;
         a.cur_qp_state = state;
-        a.cap = q.cap;
+        let cap = ibv_qp_cap_of(q.qp.cap());
+        a.cap = cap;
         a.sq_draining = u8::from(e.qp_state == QpState::Sqd);
         // SAFETY: writable out structs (the caller's contract).
         unsafe {
@@ -304,9 +306,9 @@ pub(crate) extern "C" fn ibv_query_qp(
                 send_cq: q.ibv.qp_base.send_cq,
                 recv_cq: q.ibv.qp_base.recv_cq,
                 srq: q.ibv.qp_base.srq,
-                cap: q.cap,
+                cap,
                 qp_type: q.ibv.qp_base.qp_type,
-                sq_sig_all: q.sq_sig_all,
+                sq_sig_all: c_int::from(q.qp.sq_sig_all()),
             };
             (*qp).state = state;
         }
@@ -356,16 +358,16 @@ pub(crate) extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
 
 fn wr_opcode(v: c_int) -> Option<WrOpcode> {
     Some(match v {
-        0 => WrOpcode::RdmaWrite,
-        1 => WrOpcode::RdmaWriteWithImm,
-        2 => WrOpcode::Send,
-        3 => WrOpcode::SendWithImm,
-        4 => WrOpcode::RdmaRead,
-        5 => WrOpcode::AtomicCmpAndSwp,
-        6 => WrOpcode::AtomicFetchAndAdd,
-        7 => WrOpcode::LocalInv,
-        8 => WrOpcode::BindMw,
-        9 => WrOpcode::SendWithInv,
+        IBV_WR_RDMA_WRITE => WrOpcode::RdmaWrite,
+        IBV_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
+        IBV_WR_SEND => WrOpcode::Send,
+        IBV_WR_SEND_WITH_IMM => WrOpcode::SendWithImm,
+        IBV_WR_RDMA_READ => WrOpcode::RdmaRead,
+        IBV_WR_ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpAndSwp,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAndAdd,
+        IBV_WR_LOCAL_INV => WrOpcode::LocalInv,
+        IBV_WR_BIND_MW => WrOpcode::BindMw,
+        IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv,
         // TSO (10) and DRIVER1 (11) need a raw packet QP.
         _ => return None,
     })
@@ -485,7 +487,7 @@ pub(crate) unsafe extern "C" fn post_send(
             let r = unsafe { send_wr(w, q.ibv.qp_base.qp_type) }.and_then(|e| {
                 // SAFETY: an inline WR's SGEs address readable bytes (libibverbs'
                 // contract: the provider copies them before ibv_post_send returns).
-                unsafe { inline_bytes(&e, q.cap.max_inline_data) }.map(|d| (e, d))
+                unsafe { inline_bytes(&e, q.qp.cap().max_inline_data) }.map(|d| (e, d))
             });
             match r {
                 Ok((e, data)) => {
@@ -551,7 +553,7 @@ pub(crate) unsafe extern "C" fn bind_mw(
             )
         };
         // rxe's provider refuses a zero-based type 1 bind before posting it.
-        if b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
+        if b.bind_info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
             return Err(libc::EINVAL);
         }
         let rkey = verbs::inc_rkey(w.mw.rkey());

@@ -268,7 +268,7 @@ unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length
 /// `max_send_sge` (rxe's provider), `EINVAL` for a NULL list.
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
     last_wr(qp, |q, w, data| {
-        if num_sge > q.cap.max_send_sge as usize {
+        if num_sge > q.qp.cap().max_send_sge as usize {
             return Err(libc::ENOSPC);
         }
         if num_sge > 0 && sg_list.is_null() {
@@ -313,7 +313,7 @@ unsafe fn set_inline(qp: *mut ibv_qp_ex, num_buf: usize, buf: impl Fn(usize) -> 
                 let (addr, length) = buf(k);
                 total = total
                     .checked_add(length)
-                    .filter(|&t| t <= q.cap.max_inline_data as usize)
+                    .filter(|&t| t <= q.qp.cap().max_inline_data as usize)
                     .ok_or(libc::ENOSPC)?;
                 bufs.push((addr, length));
             }

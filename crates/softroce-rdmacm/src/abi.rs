@@ -155,39 +155,6 @@ pub const RDMA_PS_TCP: c_int = 0x0106;
 pub const RDMA_PS_UDP: c_int = 0x0111;
 pub const RDMA_PS_IB: c_int = 0x013f;
 
-/// `enum ibv_qp_type` values used here.
-pub const IBV_QPT_RC: c_int = 2;
-pub const IBV_QPT_UD: c_int = 4;
-/// `enum ibv_qp_state` values used here.
-pub const IBV_QPS_INIT: c_int = 1;
-pub const IBV_QPS_RTR: c_int = 2;
-pub const IBV_QPS_RTS: c_int = 3;
-pub const IBV_QPS_ERR: c_int = 6;
-/// `enum ibv_qp_attr_mask` bits used here.
-pub mod mask {
-    pub const STATE: i32 = 1 << 0;
-    pub const ACCESS_FLAGS: i32 = 1 << 3;
-    pub const PKEY_INDEX: i32 = 1 << 4;
-    pub const PORT: i32 = 1 << 5;
-    pub const QKEY: i32 = 1 << 6;
-    pub const AV: i32 = 1 << 7;
-    pub const PATH_MTU: i32 = 1 << 8;
-    pub const TIMEOUT: i32 = 1 << 9;
-    pub const RETRY_CNT: i32 = 1 << 10;
-    pub const RNR_RETRY: i32 = 1 << 11;
-    pub const RQ_PSN: i32 = 1 << 12;
-    pub const MAX_QP_RD_ATOMIC: i32 = 1 << 13;
-    pub const MIN_RNR_TIMER: i32 = 1 << 15;
-    pub const SQ_PSN: i32 = 1 << 16;
-    pub const MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
-    pub const DEST_QPN: i32 = 1 << 20;
-}
-/// `enum ibv_access_flags` bits used here.
-pub const IBV_ACCESS_LOCAL_WRITE: u32 = 1;
-pub const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
-pub const IBV_ACCESS_REMOTE_READ: u32 = 4;
-pub const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
-
 /// `struct rdma_addrinfo`.
 #[repr(C)]
 pub struct rdma_addrinfo {
@@ -230,11 +197,6 @@ pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
 /// `rdma_addrinfo.ai_flags` bits.
 pub const RAI_PASSIVE: c_int = 1;
 pub const RAI_NUMERICHOST: c_int = 2;
-
-/// `IBV_QPT_XRC_RECV` (`enum ibv_qp_type`).
-pub const IBV_QPT_XRC_RECV: c_int = 10;
-/// `IBV_QP_INIT_ATTR_XRCD` (`enum ibv_qp_init_attr_mask`).
-pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 
 /// `struct ibv_tm_cap`: tag matching capabilities of an SRQ.
 #[repr(C)]

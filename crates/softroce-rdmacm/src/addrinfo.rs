@@ -176,9 +176,6 @@ mod tests {
         );
         rdma_freeaddrinfo(res);
         assert_eq!(rdma_getaddrinfo(null, null, std::ptr::null(), &mut res), -1);
-        assert_eq!(
-            std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::EINVAL)
-        );
+        assert_eq!(softroce_cabi::errno(), libc::EINVAL);
     }
 }

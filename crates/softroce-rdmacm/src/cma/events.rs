@@ -381,10 +381,7 @@ pub(crate) extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn errno() -> c_int {
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-    }
+    use softroce_cabi::errno;
 
     // A channel destroyed twice (perftest -R's client retry does it) is refused with EBADF,
     // as librdmacm's calls on the closed fd are, and so is taking an event from it.

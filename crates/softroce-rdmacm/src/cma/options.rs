@@ -70,7 +70,7 @@ pub(crate) extern "C" fn rdma_init_qp_attr(
                     qp_state: IBV_QPS_RTR,
                     ..Default::default()
                 },
-                mask::STATE,
+                IBV_QP_STATE,
             )
         } else if qp_type == IBV_QPT_UD && want == IBV_QPS_RTS {
             (
@@ -79,7 +79,7 @@ pub(crate) extern "C" fn rdma_init_qp_attr(
                     sq_psn: 0,
                     ..Default::default()
                 },
-                mask::STATE | mask::SQ_PSN,
+                IBV_QP_STATE | IBV_QP_SQ_PSN,
             )
         } else if want == IBV_QPS_RTR || want == IBV_QPS_RTS {
             let (Some(dev), Some(peer)) = (dev, peer) else {

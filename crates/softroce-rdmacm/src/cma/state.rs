@@ -292,10 +292,11 @@ impl State {
     }
 }
 
+/// The errno an inner call left, or `default` when it left none (errno 0).
 pub(super) fn errno_or(default: c_int) -> c_int {
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(e) if e != 0 => e,
-        _ => default,
+    match softroce_cabi::errno() {
+        0 => default,
+        e => e,
     }
 }
 

@@ -28,17 +28,17 @@ pub(super) fn init_attr(qp_type: c_int) -> (ibv_qp_attr, c_int) {
         port_num: 1,
         ..Default::default()
     };
-    let mut m = mask::STATE | mask::PKEY_INDEX | mask::PORT;
+    let mut m = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
     if qp_type == IBV_QPT_UD {
         a.qkey = RDMA_UDP_QKEY;
-        m |= mask::QKEY;
+        m |= IBV_QP_QKEY;
     } else {
         // Deviation: librdmacm grants remote READ/atomics only when responder resources
         // are negotiated; softroce grants them at INIT (the engine still bounds READs by
         // max_dest_rd_atomic).
         a.qp_access_flags =
             IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-        m |= mask::ACCESS_FLAGS;
+        m |= IBV_QP_ACCESS_FLAGS;
     }
     (a, m)
 }
@@ -71,13 +71,13 @@ pub(super) fn rtr_attr(c: &RcConnect) -> (ibv_qp_attr, c_int) {
     a.ah_attr.grh.hop_limit = c.hop_limit;
     a.ah_attr.grh.traffic_class = c.traffic_class;
     a.ah_attr.grh.flow_label = c.flow_label;
-    let m = mask::STATE
-        | mask::AV
-        | mask::PATH_MTU
-        | mask::DEST_QPN
-        | mask::RQ_PSN
-        | mask::MAX_DEST_RD_ATOMIC
-        | mask::MIN_RNR_TIMER;
+    let m = IBV_QP_STATE
+        | IBV_QP_AV
+        | IBV_QP_PATH_MTU
+        | IBV_QP_DEST_QPN
+        | IBV_QP_RQ_PSN
+        | IBV_QP_MAX_DEST_RD_ATOMIC
+        | IBV_QP_MIN_RNR_TIMER;
     (a, m)
 }
 
@@ -92,12 +92,12 @@ pub(super) fn rts_attr(c: &RcConnect) -> (ibv_qp_attr, c_int) {
         max_rd_atomic: c.max_rd_atomic,
         ..Default::default()
     };
-    let m = mask::STATE
-        | mask::SQ_PSN
-        | mask::TIMEOUT
-        | mask::RETRY_CNT
-        | mask::RNR_RETRY
-        | mask::MAX_QP_RD_ATOMIC;
+    let m = IBV_QP_STATE
+        | IBV_QP_SQ_PSN
+        | IBV_QP_TIMEOUT
+        | IBV_QP_RETRY_CNT
+        | IBV_QP_RNR_RETRY
+        | IBV_QP_MAX_QP_RD_ATOMIC;
     (a, m)
 }
 
@@ -119,13 +119,13 @@ pub(super) fn ud_qp_rts(ibv: &Ibv, qp: *mut ibv_qp) -> Result<(), c_int> {
         qp_state: IBV_QPS_RTR,
         ..Default::default()
     };
-    modify(ibv, qp, &mut a, mask::STATE)?;
+    modify(ibv, qp, &mut a, IBV_QP_STATE)?;
     let mut a = ibv_qp_attr {
         qp_state: IBV_QPS_RTS,
         sq_psn: 0,
         ..Default::default()
     };
-    modify(ibv, qp, &mut a, mask::STATE | mask::SQ_PSN)
+    modify(ibv, qp, &mut a, IBV_QP_STATE | IBV_QP_SQ_PSN)
 }
 
 pub(super) fn qp_err(ibv: &Ibv, qp: *mut ibv_qp) {
@@ -136,5 +136,5 @@ pub(super) fn qp_err(ibv: &Ibv, qp: *mut ibv_qp) {
         qp_state: IBV_QPS_ERR,
         ..Default::default()
     };
-    let _ = modify(ibv, qp, &mut a, mask::STATE);
+    let _ = modify(ibv, qp, &mut a, IBV_QP_STATE);
 }

@@ -87,8 +87,13 @@ pub(super) const MAX_QP_WR: u32 = 16384;
 pub const MAX_SGE: u32 = 32;
 pub(super) const MAX_QP: u32 = 1 << 16;
 pub(super) const MAX_RD_ATOM: u32 = 128;
-/// Entries of a device's GID table ([`super::gid_table`]).
-pub const GID_TBL_LEN: usize = 2;
+/// Entries of port 1's GID table, as `ibv_query_port` reports them (`gid_tbl_len`): kernel
+/// rxe's `RXE_PORT_GID_TBL_LEN`. Only the first [`GID_ENTRIES`] hold a GID; the rest are
+/// empty, as on rxe, where the table has a slot per address of the netdev.
+pub const GID_TBL_LEN: u32 = 1024;
+/// The populated entries at the start of the GID table ([`super::gid_table`]): the
+/// link-local GID and the device's address.
+pub const GID_ENTRIES: usize = 2;
 /// First QPN handed out; 0 and 1 are the special QPs, rxe starts its pool at 0x11.
 pub(super) const FIRST_QPN: u32 = 0x11;
 /// The GSI QP's number.
@@ -132,7 +137,7 @@ pub(super) struct Shared {
     /// Completions of QP1.
     pub(super) gsi_cq: Arc<CqShared>,
     pub(super) cfg: DeviceConfig,
-    pub(super) gids: [GidEntry; GID_TBL_LEN],
+    pub(super) gids: [GidEntry; GID_ENTRIES],
     pub(super) link: Arc<dyn Link>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) state: Mutex<State>,

@@ -2,8 +2,8 @@
 //! completion-channel creation, the asynchronous event queue, QP1 (GSI), counters and timers.
 
 use super::base::{
-    Device, DeviceConfig, FIRST_QPN, GID_TBL_LEN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry, GidType,
-    MAX_QP, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
+    Device, DeviceConfig, FIRST_QPN, GID_ENTRIES, GID_TBL_LEN, GSI_CQE, GSI_PD, GSI_QPN, GidEntry,
+    GidType, MAX_QP, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
 };
 use super::cq::{CompChannel, Cq, CqShared, MAX_CQE, PollHook};
 use super::event::{AsyncEvent, AsyncEvents, EventElement, EventFd, EventType, SignalQueue};
@@ -35,6 +35,10 @@ pub struct DeviceAttr {
     pub max_mr_size: u64,
     /// Vendor id (rxe reports 0xFFFFFF).
     pub vendor_id: u32,
+    /// Vendor part id (rxe leaves it 0).
+    pub vendor_part_id: u32,
+    /// Hardware version (rxe leaves it 0).
+    pub hw_ver: u32,
     /// Most QPs.
     pub max_qp: u32,
     /// Most WRs per queue.
@@ -117,7 +121,8 @@ pub struct PortAttr {
     pub max_mtu: PathMtu,
     /// Active path MTU.
     pub active_mtu: PathMtu,
-    /// GID table length.
+    /// GID table length ([`GID_TBL_LEN`], rxe's 1024), of which the first
+    /// [`GID_ENTRIES`] are populated ([`Device::gids`]).
     pub gid_tbl_len: u32,
     /// P_Key table length.
     pub pkey_tbl_len: u16,
@@ -150,17 +155,21 @@ pub(super) fn reg_mr_length_error(length: usize) -> Error {
     )
 }
 
+/// QP1's queue sizes (ib_mad's defaults).
+const GSI_CAP: QpCap = QpCap {
+    max_send_wr: 128,
+    max_recv_wr: 512,
+    max_send_sge: 2,
+    max_recv_sge: 2,
+    max_inline_data: 0,
+};
+/// QP1 signals every send WR.
+const GSI_SQ_SIG_ALL: bool = true;
+
 /// QP1's engine, taken to RTS as ib_mad does (`ib_mad_change_qp_state_to_rts`: INIT with
 /// the Q_Key, RTR, RTS with `sq_psn` 0); UD-style path fixed at creation.
 fn gsi_engine(cfg: &DeviceConfig, link: &dyn Link) -> QpEngine {
-    let cap = QpCap {
-        max_send_wr: 128,
-        max_recv_wr: 512,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 0,
-    };
-    let mut e = QpEngine::new(GSI_QPN, QpType::Gsi, GSI_PD, cap, true);
+    let mut e = QpEngine::new(GSI_QPN, QpType::Gsi, GSI_PD, GSI_CAP, GSI_SQ_SIG_ALL);
     e.set_path(Path {
         local: cfg.ip,
         remote: cfg.ip,
@@ -212,7 +221,7 @@ pub fn node_guid(ip: IpAddr) -> u64 {
 /// The GID table of the device on `ip`, as [`Device::gids`] and `ibv_query_gid` report it:
 /// index 0 the link-local GID `fe80::` + the device's EUI-64 (as kernel rxe's first entry),
 /// index 1 the address itself (`::ffff:a.b.c.d` for IPv4), both RoCE v2.
-pub fn gid_table(ip: IpAddr) -> [GidEntry; GID_TBL_LEN] {
+pub fn gid_table(ip: IpAddr) -> [GidEntry; GID_ENTRIES] {
     let mut ll = [0u8; 16];
     ll[0] = 0xfe;
     ll[1] = 0x80;
@@ -240,6 +249,8 @@ pub fn device_attr(ip: IpAddr) -> DeviceAttr {
         sys_image_guid: node_guid(ip),
         max_mr_size: 1 << 31,
         vendor_id: 0x00ff_ffff,
+        vendor_part_id: 0,
+        hw_ver: 0,
         max_qp: MAX_QP,
         max_qp_wr: MAX_QP_WR,
         max_sge: MAX_SGE,
@@ -277,7 +288,7 @@ pub fn port_attr(active_mtu: PathMtu) -> PortAttr {
         state: 4,
         max_mtu: PathMtu::Mtu4096,
         active_mtu,
-        gid_tbl_len: GID_TBL_LEN as u32,
+        gid_tbl_len: GID_TBL_LEN,
         pkey_tbl_len: 1,
         link_layer: "Ethernet",
         max_msg_sz: crate::transport::MAX_MSG_BYTES,
@@ -360,6 +371,8 @@ impl Device {
         Qp {
             dev: self.clone(),
             qpn: GSI_QPN,
+            cap: GSI_CAP,
+            sq_sig_all: GSI_SQ_SIG_ALL,
         }
     }
 
@@ -412,7 +425,8 @@ impl Device {
         Ok(port_attr(self.shared.cfg.active_mtu))
     }
 
-    /// `ibv_query_gid`. Errors: `EINVAL` for port ≠ 1 or an index past the table.
+    /// `ibv_query_gid` of a populated entry (the first [`GID_ENTRIES`] of the table).
+    /// Errors: `EINVAL` for port ≠ 1 or an index past the populated entries.
     pub fn query_gid(&self, port_num: u8, index: u8) -> Result<GidEntry> {
         if port_num != 1 {
             return Err(Error::new(
@@ -424,7 +438,12 @@ impl Device {
             .gids
             .get(usize::from(index))
             .copied()
-            .ok_or_else(|| Error::new(ErrorKind::Inval, "query_gid: index past the GID table"))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Inval,
+                    "query_gid: index past the populated GID entries",
+                )
+            })
     }
 
     /// The GID table.

@@ -30,7 +30,9 @@ pub use crate::transport::{
 pub use crate::wire::Gid;
 pub use crate::wire::grh::grh_source;
 pub use ah::Ah;
-pub use base::{Device, DeviceConfig, GID_TBL_LEN, GidEntry, GidType, MAX_SGE, MULTICAST_QPN};
+pub use base::{
+    Device, DeviceConfig, GID_ENTRIES, GID_TBL_LEN, GidEntry, GidType, MAX_SGE, MULTICAST_QPN,
+};
 pub use cm_port::CmPort;
 pub use cq::{CompChannel, Cq, PollHook};
 pub use device::{

@@ -104,6 +104,11 @@ impl Pd {
             qpn = next(qpn);
         }
         st.next_qpn = next(qpn);
+        if init.srq.is_some() {
+            // No receive queue of its own: ibv_create_qp reports its receive capacities as 0.
+            c.max_recv_wr = 0;
+            c.max_recv_sge = 0;
+        }
         let mut engine = QpEngine::new(qpn, init.qp_type, self.handle, c, init.sq_sig_all);
         engine.set_gather(self.dev.shared.link.gathers());
         if let Some(srq) = init.srq {
@@ -141,6 +146,8 @@ impl Pd {
         Ok(Qp {
             dev: self.dev.clone(),
             qpn,
+            cap: c,
+            sq_sig_all: init.sq_sig_all,
         })
     }
 }
@@ -163,8 +170,8 @@ pub struct QpInitAttr<'a> {
     /// Signal every send WR (`sq_sig_all`).
     pub sq_sig_all: bool,
     /// The shared receive queue the QP takes its receive WQEs from (`srq`); `None` for its
-    /// own receive queue. With an SRQ, `cap.max_recv_wr`/`max_recv_sge` are ignored and
-    /// [`Qp::post_recv`] fails with `EINVAL`.
+    /// own receive queue. With an SRQ, `cap.max_recv_wr`/`max_recv_sge` are ignored (the
+    /// QP's [`Qp::cap`] says 0) and [`Qp::post_recv`] fails with `EINVAL`.
     pub srq: Option<&'a Srq>,
 }
 
@@ -173,6 +180,10 @@ pub struct QpInitAttr<'a> {
 pub struct Qp {
     pub(super) dev: Device,
     pub(super) qpn: u32,
+    /// The engine's capacities and `sq_sig_all`, which no call changes after creation (read
+    /// here without the device lock, on every post).
+    pub(super) cap: QpCap,
+    pub(super) sq_sig_all: bool,
 }
 
 impl Qp {
@@ -191,11 +202,15 @@ impl Qp {
 
     /// The capacities the QP was created with, as [`Pd::create_qp`] sized them
     /// (`ibv_create_qp` writes them back into `init_attr->cap`; `ibv_query_qp` reports them).
+    /// With an SRQ the receive capacities are 0.
     pub fn cap(&self) -> QpCap {
-        let st = self.dev.shared.state.lock();
-        st.qps
-            .get(&self.qpn)
-            .map_or(QpCap::default(), |s| s.engine.cap())
+        self.cap
+    }
+
+    /// Whether every send WR completes with a CQE, whatever its `SIGNALED` flag
+    /// (`sq_sig_all` at creation; `ibv_query_qp` reports it).
+    pub fn sq_sig_all(&self) -> bool {
+        self.sq_sig_all
     }
 
     /// Current state.
