@@ -91,49 +91,6 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
     })
 }
 
-/// After `rdma_bind_addr`: the service ID of the bound port is held for this process on
-/// its device(s) for [`LISTEN_LINGER`](super::state::LISTEN_LINGER), as a lingering
-/// service (see [`Parked`](super::state::Parked)): the device's steering brings its REQs
-/// here and the engine takes them, so that a REQ that arrives before `rdma_listen` waits
-/// for it instead of drawing REJ 8. qperf's server sends `rdma_get_src_port` to its client
-/// between `rdma_bind_addr` and `rdma_listen`; the kernel's listen is one system call and
-/// wins that race, softroce's (a request to the shared device's keeper) lost it to a fast
-/// client. A hold that finds the service taken by another process is skipped:
-/// `rdma_listen` reports EADDRINUSE then, as before. Nothing listens at the end of the hold:
-/// the engine and the keeper let the service go and parked REQs get REJ 8
-/// (`driver::end_lingers`).
-pub(super) fn hold_bound_service(st: &mut State, id: *mut rdma_cm_id) {
-    let Ok(s) = st.id_mut(id) else {
-        return;
-    };
-    let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
-    // SAFETY: live id (checked above under the lock).
-    let ps = unsafe { (*id).ps };
-    let sid = rdma_cm_service_id(ps as u16, port);
-    let devs: Vec<usize> = match dev {
-        Some(d) => vec![d],
-        None => (0..st.devs.len()).collect(),
-    };
-    let Ok(ibv) = ibv() else {
-        return;
-    };
-    let until = now() + super::state::LISTEN_LINGER;
-    for d in devs {
-        if super::requests::listener_for(st, d, sid).is_some() {
-            continue;
-        }
-        let Some(o) = st.devs[d].open.as_mut() else {
-            continue;
-        };
-        // SAFETY: the device's open context.
-        if !o.lingering.contains_key(&sid) && unsafe { (ibv.cm_listen)(o.ctx, sid, 1) } != 0 {
-            continue;
-        }
-        let _ = o.cm.listen(sid);
-        o.lingering.insert(sid, until);
-    }
-}
-
 /// The SRQ bit of a REQ or REP (librdmacm: whether the id's QP has an SRQ, else
 /// `conn_param->srq`).
 fn qp_has_srq(idr: &rdma_cm_id, cp: Option<&rdma_conn_param>) -> bool {

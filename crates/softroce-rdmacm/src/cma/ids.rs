@@ -14,6 +14,7 @@ use super::qp::{rdma_create_qp, rdma_destroy_qp, rdma_destroy_srq};
 use super::requests::listener_for;
 use super::state::{IdState, LISTEN_LINGER, State, errno_or, free_id, new_id, now, state};
 use crate::abi::*;
+use crate::ibv::ibv;
 use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
 use softroce::wire::cm::{gid_of_ip, rdma_cm_service_id};
@@ -185,9 +186,52 @@ pub(crate) extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::so
             return Err(libc::EINVAL);
         }
         bind(&mut st, id, a)?;
-        super::connections::hold_bound_service(&mut st, id);
+        hold_bound_service(&mut st, id);
         Ok(0)
     })
+}
+
+/// After `rdma_bind_addr`: the service ID of the bound port is held for this process on
+/// its device(s) for [`LISTEN_LINGER`](LISTEN_LINGER), as a lingering
+/// service (see [`Parked`](super::state::Parked)): the device's steering brings its REQs
+/// here and the engine takes them, so that a REQ that arrives before `rdma_listen` waits
+/// for it instead of drawing REJ 8. qperf's server sends `rdma_get_src_port` to its client
+/// between `rdma_bind_addr` and `rdma_listen`; the kernel's listen is one system call and
+/// wins that race, softroce's (a request to the shared device's keeper) lost it to a fast
+/// client. A hold that finds the service taken by another process is skipped:
+/// `rdma_listen` reports EADDRINUSE then, as before. Nothing listens at the end of the hold:
+/// the engine and the keeper let the service go and parked REQs get REJ 8
+/// (`driver.rs`, `end_lingers`).
+fn hold_bound_service(st: &mut State, id: *mut rdma_cm_id) {
+    let Ok(s) = st.id_mut(id) else {
+        return;
+    };
+    let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
+    // SAFETY: live id (checked above under the lock).
+    let ps = unsafe { (*id).ps };
+    let sid = rdma_cm_service_id(ps as u16, port);
+    let devs: Vec<usize> = match dev {
+        Some(d) => vec![d],
+        None => (0..st.devs.len()).collect(),
+    };
+    let Ok(ibv) = ibv() else {
+        return;
+    };
+    let until = now() + LISTEN_LINGER;
+    for d in devs {
+        if listener_for(st, d, sid).is_some() {
+            continue;
+        }
+        let Some(o) = st.devs[d].open.as_mut() else {
+            continue;
+        };
+        // SAFETY: the device's open context.
+        if !o.lingering.contains_key(&sid) && unsafe { (ibv.cm_listen)(o.ctx, sid, 1) } != 0 {
+            continue;
+        }
+        let _ = o.cm.listen(sid);
+        o.lingering.insert(sid, until);
+    }
 }
 
 /// The body of [`rdma_resolve_addr`].
