@@ -47,8 +47,12 @@ impl QpEngine {
         mem: &mut MemoryTable,
     ) {
         let psn = pkt.repr.bth.psn;
-        // A response must answer a PSN we sent: older than the next one we will send.
-        if psn.diff(self.req.psn) >= 0 {
+        // A response must answer a PSN we sent: older than the highest one sent so far.
+        // Not the next one the requester will send: after a rewind for a retry that is
+        // behind what the responder may have received and acknowledged, and refusing those
+        // ACKs retransmitted until IBV_WC_RETRY_EXC_ERR while the peer answered every
+        // retransmission with them (rxe `check_psn` compares with the WQE's last PSN).
+        if psn.diff(self.req.high_psn) >= 0 {
             self.counters.drop_packet(DropReason::UnexpectedResponse);
             return;
         }
@@ -140,6 +144,12 @@ impl QpEngine {
         }
         if acked.diff(self.comp.psn) > 0 {
             self.comp.psn = acked;
+        }
+        // An ACK of packets sent before a rewind, past where the retry has got to: the
+        // requester goes on from the first PSN not acknowledged, not from what it was
+        // resending (which the peer has).
+        if self.comp.psn.diff(self.req.psn) > 0 {
+            self.advance_to(self.comp.psn);
         }
         let progressed = self.comp.psn != before;
         if progressed {

@@ -787,3 +787,56 @@ fn rts_sequence_nak_older_than_the_next_read_response_is_still_dropped() {
     assert!(e.poll_completion().is_none());
     assert_eq!(e.counters().dropped(DropReason::UnexpectedResponse), 1);
 }
+
+/// An ACK with psn `psn`.
+fn ack(psn: u32) -> PacketRepr {
+    let mut r = PacketRepr::new(BthRepr {
+        ack_req: false,
+        ..bth(Opcode::RC_ACKNOWLEDGE, psn)
+    });
+    r.aeth = Some(AethRepr {
+        syndrome: 0x1f,
+        msn: 1,
+    });
+    r
+}
+
+#[test]
+fn rts_ack_of_the_first_transmission_past_a_retry_completes_and_stops_it() {
+    // A 4-packet SEND (PSN 0x100..0x103), all sent, none acknowledged in time: the timer
+    // rewinds to 0x100 and the retry has resent one packet when the ACK of the first
+    // transmission's last packet (0x103) arrives. The peer has the whole message: the WQE
+    // completes, nothing more is resent, and no retry is left pending. Before, that ACK was
+    // dropped as beyond the requester's next PSN (0x101), and every later retry drew the
+    // same ACK until IBV_WC_RETRY_EXC_ERR (fi_pingpong's 1 MiB messages on a loaded machine).
+    let (mut e, mut mem, key, va) = rc_qp_rts();
+    let sge = Sge {
+        addr: va,
+        length: 4096,
+        lkey: key,
+    };
+    e.post_send(SendWr::new(7, WrOpcode::Send, vec![sge]))
+        .unwrap();
+    let first: Vec<u32> = sent(&mut e, &mem).iter().map(|s| s.1).collect();
+    assert_eq!(first, [PSN, PSN + 1, PSN + 2, PSN + 3]);
+    let t = e.poll_timeout().expect("the retransmit timer runs");
+    e.handle_timeout(t);
+    let resent = e
+        .poll_transmit(t, &mem)
+        .expect("the retry resends from 0x100");
+    let p = RocePacket::parse(&resent.payload).unwrap();
+    assert_eq!(p.repr.bth.psn.value(), PSN);
+    deliver(&mut e, &mut mem, ack(PSN + 3), &[]);
+    let wc = e.poll_completion().expect("the SEND completes").wc;
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+    assert!(
+        sent(&mut e, &mem).is_empty(),
+        "nothing is resent after the ACK"
+    );
+    assert_eq!(e.poll_timeout(), None, "no retransmit timer left");
+    assert_eq!(e.state(), QpState::Rts);
+    // The next WR takes the next PSN.
+    e.post_send(SendWr::new(8, WrOpcode::Send, vec![])).unwrap();
+    let next: Vec<u32> = sent(&mut e, &mem).iter().map(|s| s.1).collect();
+    assert_eq!(next, [PSN + 4]);
+}

@@ -190,7 +190,7 @@ impl EventFd {
     }
 }
 
-/// Waits until `fd`, the read end of an [`EventFd`] (a completion channel's or a device's
+/// Waits until `fd`, the read end of an event descriptor (a completion channel's or a device's
 /// async event descriptor), is readable, as a `read` of the kernel's uverbs event file
 /// waits: it fails with `EAGAIN` at once when the holder made the descriptor non-blocking,
 /// and with `EINTR` when a signal whose handler lacks `SA_RESTART` interrupts it (a handler
