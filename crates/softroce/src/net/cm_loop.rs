@@ -53,8 +53,16 @@ pub trait CmLoop {
 /// How long the loop waits at `now` for an engine whose next timer is `next`: until the
 /// timer, at most [`CM_TICK`] (0 when the timer is due).
 pub fn wait_for(next: Option<Instant>, now: Instant) -> Duration {
-    next.map_or(CM_TICK, |t| {
-        Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())).min(CM_TICK)
+    wait_for_capped(next, now, CM_TICK)
+}
+
+/// [`wait_for`] with the cap `cap` instead of [`CM_TICK`]: until `next`, at most `cap` (0
+/// when `next` is due, `cap` when no timer is armed). The one timer arithmetic of the CM's
+/// waits: the loop's, and the keeper's poll on its slot-0 CM ([`super::keeper`]), which
+/// wakes at most once a second.
+pub fn wait_for_capped(next: Option<Instant>, now: Instant, cap: Duration) -> Duration {
+    next.map_or(cap, |t| {
+        Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())).min(cap)
     })
 }
 
@@ -163,6 +171,12 @@ mod tests {
         assert_eq!(
             wait_for(Some(Instant::from_nanos(1)), Instant::from_nanos(9)),
             ms(0)
+        );
+        let s = Duration::from_secs(1);
+        assert_eq!(wait_for_capped(None, Instant::ZERO, s), s);
+        assert_eq!(
+            wait_for_capped(Some(Instant::from_nanos(45_000_000)), Instant::ZERO, s),
+            ms(45)
         );
     }
 
