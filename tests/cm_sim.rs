@@ -8,7 +8,12 @@
 //! - `World::on_devices`: each engine behind `verbs::CmPort` on QP1 of a `net::sim` device,
 //!   the code librdmacm.so.1 runs: MADs are UD SENDs with the GSI Q_Key, received behind a
 //!   GRH through the port's receive ring and the MAD agent, over the simulated link with the
-//!   same loss, duplication and reordering (and bit flips the ICRC catches).
+//!   same loss, duplication and reordering (and bit flips the ICRC catches). The ports are
+//!   driven by the CM driver loop the Rust API's `CmDriver` and librdmacm.so.1 run
+//!   (`net::cm_loop::run`, through `OnDevices`), on the simulation's clock: its wait steps
+//!   the simulated network up to the next datagram, device timer, CM timer or application
+//!   action (at most `CM_TICK` of virtual time), and its turn is `CmPort::process` for every
+//!   port, then the application.
 //!
 //! The seed chooses every parameter (swarm testing): loss, duplication, reordering, delay,
 //! retries, how many connections, how slowly the application accepts, how often it rejects,
@@ -28,6 +33,7 @@
 use softroce::cm::{
     AcceptParams, CmConfig, CmEngine, CmEvent, CmState, CommId, ConnectParams, MadTransmit,
 };
+use softroce::net::cm_loop::{self, CmLoop, LoopEnd};
 use softroce::net::sim::{Sim, SimFaults, SimRng};
 use softroce::transport::Instant;
 use softroce::verbs::{CmPort, Device};
@@ -436,49 +442,15 @@ impl World {
         self.check()
     }
 
-    /// The event loop of `on_devices`: the next of a datagram or device timer (the
-    /// simulator's), an application action and a CM timer; then every port moves its QP1
-    /// completions, due timers and queued MADs (`CmPort::process`, as librdmacm's event
-    /// thread does), and the events go to the application.
+    /// The event loop of `on_devices`: the CM driver loop of the Rust API and
+    /// librdmacm.so.1 ([`cm_loop::run`]) on the simulation's clock, over [`OnDevices`].
     fn run_on_devices(&mut self) -> Result<(), String> {
-        let mut steps = 0u64;
-        loop {
-            steps += 1;
-            if steps > 2_000_000 {
-                return Err("no quiescence after 2,000,000 steps".into());
-            }
-            let p = self.ports.as_mut().unwrap();
-            let t_net = p.sim.next_event();
-            let t_cm = p.ports.iter().filter_map(CmPort::poll_timeout).min();
-            let t_act = self.actions.peek().map(|Reverse(x)| x.0);
-            let Some(next) = [t_net, t_act, t_cm].into_iter().flatten().min() else {
-                break;
-            };
-            if next.as_nanos() > 3_600_000_000_000 {
-                return Err(format!(
-                    "still busy after an hour of virtual time: {next:?}"
-                ));
-            }
-            if t_net == Some(next) {
-                p.sim.step();
-            } else {
-                let d = next.since(p.sim.now());
-                p.sim.advance(d);
-            }
-            self.now = next.max(p.sim.now());
-            if t_act == Some(next) {
-                let Reverse((_, _, a)) = self.actions.pop().unwrap();
-                self.act(a);
-            }
-            let now = self.now;
-            let p = self.ports.as_mut().unwrap();
-            for port in &mut p.ports {
-                port.process(now)
-                    .map_err(|e| format!("CmPort::process: {e}"))?;
-            }
-            self.drain();
+        let clock = self.ports.as_ref().unwrap().sim.clock();
+        let mut l = OnDevices { w: self, turns: 0 };
+        match cm_loop::run(&mut l, &*clock) {
+            LoopEnd::Stopped => self.check(),
+            LoopEnd::Failed(why) => Err(why),
         }
-        self.check()
     }
 
     fn check(&self) -> Result<(), String> {
@@ -551,6 +523,84 @@ impl World {
             }
         }
         Ok(())
+    }
+}
+
+/// The simulated run as a [`CmLoop`]: the loop waits up to the next of a datagram or device
+/// timer (the simulator's), an application action and a CM timer, as a driver thread waits
+/// on QP1; then every port moves its QP1 completions, due timers and queued MADs
+/// (`CmPort::process`, as the drivers' turns do), the application acts, and the events go to
+/// it. Waiting never blocks: it steps the simulated network, so virtual time jumps.
+struct OnDevices<'a> {
+    w: &'a mut World,
+    turns: u64,
+}
+
+impl OnDevices<'_> {
+    /// The earliest of the network's next event, a CM port's timer and the next action.
+    fn next(&self) -> Option<Instant> {
+        let p = self.w.ports.as_ref().unwrap();
+        let t_net = p.sim.next_event();
+        let t_cm = p.ports.iter().filter_map(CmPort::poll_timeout).min();
+        let t_act = self.w.actions.peek().map(|Reverse(x)| x.0);
+        [t_net, t_act, t_cm].into_iter().flatten().min()
+    }
+}
+
+impl CmLoop for OnDevices<'_> {
+    /// Nothing: what came is in the ports' QP1 rings, which `CmPort::process` reads.
+    type Input = ();
+
+    fn next_timer(&mut self) -> Result<Option<Instant>, LoopEnd> {
+        let next = self.next();
+        if let Some(t) = next
+            && t.as_nanos() > 3_600_000_000_000
+        {
+            return Err(LoopEnd::Failed(format!(
+                "still busy after an hour of virtual time: {t:?}"
+            )));
+        }
+        Ok(next)
+    }
+
+    /// Steps the network to its next event if that comes within `timeout` (a datagram or
+    /// device timer wakes the wait), else moves virtual time on by `timeout`.
+    fn wait(&mut self, timeout: Duration) -> Result<(), LoopEnd> {
+        let sim = &mut self.w.ports.as_mut().unwrap().sim;
+        if sim.next_event().is_some_and(|t| t <= sim.now() + timeout) {
+            sim.step();
+        } else {
+            sim.advance(timeout);
+        }
+        Ok(())
+    }
+
+    /// Ends the loop (`Stopped`) when nothing is pending any more: no datagram, no timer, no
+    /// action.
+    fn turn(&mut self, now: Instant, (): ()) -> Result<(), LoopEnd> {
+        // The 20 ms cap of `cm_loop::wait_for` adds turns where nothing is due; an hour of
+        // virtual time is 180,000 of them, well inside the bound.
+        self.turns += 1;
+        if self.turns > 2_000_000 {
+            return Err(LoopEnd::Failed(
+                "no quiescence after 2,000,000 loop turns".into(),
+            ));
+        }
+        let w = &mut *self.w;
+        w.now = now;
+        if w.actions.peek().is_some_and(|Reverse(x)| x.0 <= now) {
+            let Reverse((_, _, a)) = w.actions.pop().unwrap();
+            w.act(a);
+        }
+        for port in &mut w.ports.as_mut().unwrap().ports {
+            port.process(now)
+                .map_err(|e| LoopEnd::Failed(format!("CmPort::process: {e}")))?;
+        }
+        w.drain();
+        match self.next() {
+            Some(_) => Ok(()),
+            None => Err(LoopEnd::Stopped),
+        }
     }
 }
 

@@ -3,16 +3,21 @@
 //! ICMP "unreachable", due timers) to the engine and sorts the engine's events. Every CM
 //! frontend runs its engine on it: the Rust API's [`CmDriver`](super::cm::CmDriver) (QP1
 //! through [`CmPort`](crate::verbs::CmPort)) and librdmacm.so.1 (QP1 through libibverbs.so.1's
-//! private MAD entry points, since its devices live in the other library). What differs
-//! between them is what a frontend does with the events, written once each in
-//! [`CmLoop::turn`]; the waiting, the timer arithmetic, the stop and failure paths and the
-//! panic guard are here.
+//! private MAD entry points, since its devices live in the other library), each on a thread
+//! ([`spawn`]); and the simulator's CM storms (tests/cm_sim.rs, `OnDevices`), which call
+//! [`run`] on the simulation's clock ([`Sim::clock`](super::sim::Sim::clock)) with a `wait`
+//! that steps the simulated network instead of blocking. What differs between them is what
+//! a frontend does with the events, written once each in [`CmLoop::turn`]; the waiting, the
+//! timer arithmetic, the stop and failure paths and the panic guard are here. The keeper of
+//! a shared device (`net::keeper`) is no CM loop (its poll also serves the process
+//! slots), but its poll timeout is this timer arithmetic too ([`wait_for_capped`]).
 //!
 //! No silent hang: [`spawn`] runs the loop under `catch_unwind`; a panic is reported (stderr
 //! and `SOFTROCE_LOG`, [`super::panic::report`]) and, like a loop that ends because its
 //! device failed, handed to the frontend's `on_failure`, which fails what waits on the CM.
 //!
-//! Time: the caller's [`Clock`] (the frontends pass a [`SystemClock`](super::SystemClock)).
+//! Time: the caller's [`Clock`] (the frontends pass a [`SystemClock`](super::SystemClock),
+//! the simulator its [`ManualClock`](super::ManualClock)).
 
 use crate::transport::Instant;
 use crate::verbs::Clock;
@@ -53,8 +58,16 @@ pub trait CmLoop {
 /// How long the loop waits at `now` for an engine whose next timer is `next`: until the
 /// timer, at most [`CM_TICK`] (0 when the timer is due).
 pub fn wait_for(next: Option<Instant>, now: Instant) -> Duration {
-    next.map_or(CM_TICK, |t| {
-        Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())).min(CM_TICK)
+    wait_for_capped(next, now, CM_TICK)
+}
+
+/// [`wait_for`] with the cap `cap` instead of [`CM_TICK`]: until `next`, at most `cap` (0
+/// when `next` is due, `cap` when no timer is armed). The one timer arithmetic of the CM's
+/// waits: the loop's, and the keeper's poll on its slot-0 CM (`net::keeper`), which
+/// wakes at most once a second.
+pub fn wait_for_capped(next: Option<Instant>, now: Instant, cap: Duration) -> Duration {
+    next.map_or(cap, |t| {
+        Duration::from_nanos(t.as_nanos().saturating_sub(now.as_nanos())).min(cap)
     })
 }
 
@@ -163,6 +176,12 @@ mod tests {
         assert_eq!(
             wait_for(Some(Instant::from_nanos(1)), Instant::from_nanos(9)),
             ms(0)
+        );
+        let s = Duration::from_secs(1);
+        assert_eq!(wait_for_capped(None, Instant::ZERO, s), s);
+        assert_eq!(
+            wait_for_capped(Some(Instant::from_nanos(45_000_000)), Instant::ZERO, s),
+            ms(45)
         );
     }
 

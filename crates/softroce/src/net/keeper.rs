@@ -108,6 +108,11 @@ pub(super) const NAME_TAKEN: &str = "keeper name taken";
 /// How long a keeper waits for its first client before it gives up (its starter died).
 pub const FIRST_CLIENT_WAIT: Duration = Duration::from_secs(10);
 
+/// Longest the keeper's poll waits before it looks at its slot-0 CM's timers and its exit
+/// conditions again (the CM's next timer, when sooner, through
+/// [`wait_for_capped`](super::cm_loop::wait_for_capped)).
+const KEEPER_TICK: Duration = Duration::from_secs(1);
+
 /// A socket of the group: bound to `ip:4791` with `SO_REUSEPORT`, set up as a device's
 /// receive socket (`super::sock`).
 fn group_socket(ip: IpAddr) -> io::Result<Socket> {
@@ -279,11 +284,8 @@ impl Keeper {
                 .collect();
             pfds.extend(idle.iter().map(|&s| pollfd(self.socks[s].as_raw_fd())));
             let now = self.clock.now();
-            let timeout = self
-                .cm
-                .poll_timeout()
-                .map_or(1000, |t| t.since(now).as_millis().min(1000))
-                as libc::c_int;
+            let timeout = super::cm_loop::wait_for_capped(self.cm.poll_timeout(), now, KEEPER_TICK)
+                .as_millis() as libc::c_int;
             // SAFETY: `pfds` is a live array of `pfds.len()` pollfd.
             let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
             if n < 0 {

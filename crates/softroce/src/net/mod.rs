@@ -13,8 +13,8 @@
 //! - [`cm`]: [`CmDriver`], a device's CM engine on its QP1 with a driver thread and
 //!   per-connection mailboxes (what the Rust API's rdma_cm-shaped connect/accept wait on).
 //! - [`cm_loop`]: the one CM driver loop (wait on QP1 up to the next CM timer, feed the
-//!   engine, sort its events) that [`CmDriver`] and librdmacm.so.1 both run, with its panic
-//!   guard.
+//!   engine, sort its events) that [`CmDriver`], librdmacm.so.1 and the simulator's CM
+//!   storms (tests/cm_sim.rs, on [`sim`]'s clock) all run, with its panic guard.
 //! - [`discover`]: the devices of this process, from `$SOFTROCE_IP`, for every frontend.
 //! - [`batch`]: UDP GSO / GRO and `sendmmsg` / `recvmmsg` system calls.
 //! - [`pcap`]: [`Capture`], a pcap (raw-IP link type) of every datagram drivers send and

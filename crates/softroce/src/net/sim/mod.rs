@@ -355,6 +355,13 @@ impl Sim {
         self.clock.now()
     }
 
+    /// The simulation's clock, which [`step`](Sim::step) and [`advance`](Sim::advance) move:
+    /// a driver loop that reads a [`Clock`](crate::verbs::Clock) (the CM loop,
+    /// [`super::cm_loop::run`]) runs on virtual time through it.
+    pub fn clock(&self) -> Arc<ManualClock> {
+        self.clock.clone()
+    }
+
     /// Link counters.
     pub fn stats(&self) -> SimStats {
         self.net.stats()
