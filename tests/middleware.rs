@@ -320,10 +320,16 @@ fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str) {
 /// the host's interfaces (getifaddrs), where only 127.0.0.1 of 127.0.0.0/8 appears.
 ///
 /// Ignored in the default run: it passes alone (`cargo test --test middleware -- --ignored
-/// libfabric`), but run beside the other tests of this file `fi_pingpong -e msg` hung (2 of
-/// 2 runs, no output on either side, 2026-12-02); the cause is not found yet.
+/// libfabric`), but beside the other tests of this file (8 processes spinning on 2 cores) it
+/// fails about 2 runs in 3. Two causes were found and fixed (rdma_bind_addr's hold for a
+/// REQ that beats rdma_listen; a late ACK dropped after a retry's rewind, which ended every
+/// 1 MiB run beside 3 CPU hogs with "transport retry counter exceeded"). Left: beside 6 CPU
+/// hogs a 1 MiB message stalls at its 128th packet (the requester's window): the peer's
+/// ACKs of that packet are in the requester's capture but the requester resends from the
+/// message's first PSN until IBV_WC_RETRY_EXC_ERR; and one hang with no output on either
+/// side (1 of 3 runs beside the other tests). Not found yet.
 #[test]
-#[ignore = "hangs beside the other middleware tests (cause not found); passes alone"]
+#[ignore = "fails beside 8 spinning processes on 2 cores (RETRY_EXC_ERR at 1 MiB, a hang); passes alone"]
 fn libfabric_fi_pingpong_verbs_msg_and_rdm() {
     fi_pingpong("msg", "127.0.0.1", "127.0.200.9");
     fi_pingpong("rdm", "127.0.0.1", "127.0.200.11");
