@@ -81,10 +81,11 @@ fn ibv_rc_pingpong_between_two_processes() {
         "-p",
         &port,
     ];
-    let server = exec("127.0.115.11", &common).spawn().unwrap();
+    let mut server = Some(exec("127.0.115.11", &common).spawn().unwrap());
     // The server listens on TCP once its device is up; the client retries connecting only
-    // briefly, so give the server a moment.
-    std::thread::sleep(Duration::from_millis(500));
+    // briefly, so it starts then.
+    wait_tcp_listen(port.parse().unwrap(), &mut server);
+    let server = server.unwrap();
     let mut client_args = common.to_vec();
     client_args.push("127.0.0.1");
     let client = exec("127.0.115.12", &client_args).spawn().unwrap();
@@ -101,6 +102,52 @@ fn ibv_rc_pingpong_between_two_processes() {
         assert!(text.contains("20 iters in"), "{who}:\n{text}");
         assert!(text.contains("GID ::ffff:127.0.115.1"), "{who}:\n{text}");
     }
+}
+
+/// rdma-core's own `ibv_rc_pingpong -g 0` (issue 25 item 2), as tutorials run it: on rxe,
+/// GID index 0 is the link-local GID; softroce sends from none, so `ibv_modify_qp` to RTR
+/// fails with EINVAL as there, and the library says once, on stderr, what to pass instead.
+/// The server fails first (after the TCP exchange) and exits non-zero; its client sees the
+/// exchange end.
+#[test]
+fn ibv_rc_pingpong_with_gid_index_0_fails_naming_gid_index_1() {
+    if !have("ibv_rc_pingpong") {
+        println!("SKIPPED: ibv_rc_pingpong not installed (apt-get install ibverbs-utils)");
+        return;
+    }
+    let port = free_port().to_string();
+    let common = ["ibv_rc_pingpong", "-g", "0", "-n", "5", "-p", &port];
+    let mut server = Some(exec("127.0.115.13", &common).spawn().unwrap());
+    wait_tcp_listen(port.parse().unwrap(), &mut server);
+    let mut client_args = common.to_vec();
+    client_args.push("127.0.0.1");
+    let client = exec("127.0.115.14", &client_args).spawn().unwrap();
+    let s = wait(
+        server.unwrap(),
+        Duration::from_secs(30),
+        "ibv_rc_pingpong -g 0 server",
+    );
+    let c = wait(
+        client,
+        Duration::from_secs(30),
+        "ibv_rc_pingpong -g 0 client",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&s.stdout),
+        String::from_utf8_lossy(&s.stderr),
+    );
+    assert!(
+        !s.status.success(),
+        "the server ran with GID 0:\n{out}{err}"
+    );
+    assert!(!c.status.success(), "the client ran with GID 0");
+    assert!(err.contains("Failed to modify QP to RTR"), "{err}");
+    let hints: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("GID index 0 is the link-local GID; pass GID index 1"))
+        .collect();
+    assert_eq!(hints.len(), 1, "one hint, naming the fix:\n{err}");
+    assert!(hints[0].contains("-g 1"), "{}", hints[0]);
 }
 
 // `softroce exec --pcap FILE` (issue 25 item 4): every datagram of the program's devices and

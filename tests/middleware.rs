@@ -9,7 +9,7 @@ mod exec_support;
 use exec_support::*;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Kills the child by its pid if the test panics first.
 struct Kill(Option<Child>);
@@ -34,38 +34,6 @@ fn tool(tool: &str, package: &str) -> bool {
     );
     println!("SKIPPED: {tool} is not installed (apt-get install {package})");
     false
-}
-
-/// Waits (up to 60 s) until a TCP socket listens on `port`.
-fn wait_tcp_listen(port: u16, server: &mut Kill) {
-    let want = format!(":{port:04X}");
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let t = std::fs::read_to_string(table).unwrap_or_default();
-            if t.lines().any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
-            }) {
-                return;
-            }
-        }
-        if let Some(c) = &mut server.0
-            && let Ok(Some(st)) = c.try_wait()
-        {
-            let out = server.0.take().unwrap().wait_with_output().unwrap();
-            panic!(
-                "server exited ({st}) before listening on TCP {port}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        assert!(
-            Instant::now() < end,
-            "nothing listens on TCP {port} within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -118,7 +86,7 @@ fn perftest(
     let mut s = exec(server_ip, &["ucx_perftest", "-p", &p]);
     s.env("UCX_TLS", tls).env("UCX_NET_DEVICES", "softroce0:1");
     let mut server = Kill(Some(s.spawn().unwrap()));
-    wait_tcp_listen(port, &mut server);
+    wait_tcp_listen(port, &mut server.0);
     let mut c = exec_pcap(
         client_ip,
         &pcap,
@@ -280,7 +248,7 @@ fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str) {
     let mut s = exec(server_ip, &["fi_pingpong", "-p", "verbs", "-e", ep]);
     s.stdin(Stdio::null());
     let mut server = Kill(Some(s.spawn().unwrap()));
-    wait_tcp_listen(port, &mut server);
+    wait_tcp_listen(port, &mut server.0);
     let mut c = exec_pcap(
         client_ip,
         &pcap,
@@ -355,7 +323,7 @@ fn qperf_rc_and_rc_rdma_tests_over_rdma_cm() {
     let mut s = exec("127.0.200.12", &["qperf", "-lp", "19770"]);
     s.stdin(Stdio::null());
     let mut server = Kill(Some(s.spawn().unwrap()));
-    wait_tcp_listen(19770, &mut server);
+    wait_tcp_listen(19770, &mut server.0);
     let mut c = exec(
         "127.0.200.13",
         &[

@@ -26,30 +26,6 @@ impl Drop for Kill {
     }
 }
 
-/// Waits (up to 20 s) until a TCP socket listens on `port` (ibv_rc_pingpong's server
-/// listens once its QP is made: its device is open by then).
-fn wait_tcp_listen(port: u16) {
-    let want = format!(":{port:04X}");
-    let end = Instant::now() + Duration::from_secs(20);
-    loop {
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let t = std::fs::read_to_string(table).unwrap_or_default();
-            // Column 2 is the local address:port, column 4 the state (0A: LISTEN).
-            if t.lines().any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
-            }) {
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < end,
-            "nothing listens on TCP {port} within 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Whether the keeper of the device on `ip` is there: its Unix socket `@softroce/<ip>`.
 fn keeper_listening(ip: &str) -> bool {
     let t = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
@@ -91,7 +67,7 @@ fn a_verbs_server_and_client_in_two_processes_share_one_address() {
     }
     let ip = "127.0.79.1";
     let srv = Kill(Some(pingpong(ip, 18601, None).spawn().unwrap()));
-    wait_tcp_listen(18601);
+    wait_tcp_listen(18601, &mut None);
     let c = wait(
         pingpong(ip, 18601, Some("127.0.0.1")).spawn().unwrap(),
         Duration::from_secs(60),
@@ -364,7 +340,7 @@ fn a_process_killed_mid_transfer_leaves_the_others_running() {
             "18711",
         ],
     );
-    wait_tcp_listen(18711);
+    wait_tcp_listen(18711, &mut None);
     let mut victim_c = Lines::spawn(
         ip,
         &[
@@ -384,7 +360,7 @@ fn a_process_killed_mid_transfer_leaves_the_others_running() {
     // on a loaded machine its clock calibration refuses to report, "r^2 < 0.9".)
     let bw = ["ib_write_bw", "-x", "1", "-p", "18712", "-n", "3000"];
     let bw_s = Lines::spawn(ip, &bw);
-    wait_tcp_listen(18712);
+    wait_tcp_listen(18712, &mut None);
     let mut client_args = bw.to_vec();
     client_args.push(ip);
     let mut bw_c = Lines::spawn(ip, &client_args);

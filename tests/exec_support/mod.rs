@@ -215,3 +215,36 @@ pub fn decode(pcap: &Path) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Waits (up to 60 s) until a TCP socket listens on `port` (/proc/net/tcp, tcp6); fails at
+/// once, with its output, if `server` exits first (it is taken then).
+pub fn wait_tcp_listen(port: u16, server: &mut Option<Child>) {
+    let want = format!(":{port:04X}");
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let t = std::fs::read_to_string(table).unwrap_or_default();
+            if t.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+            }) {
+                return;
+            }
+        }
+        if let Some(c) = server.as_mut()
+            && let Ok(Some(st)) = c.try_wait()
+        {
+            let out = server.take().unwrap().wait_with_output().unwrap();
+            panic!(
+                "server exited ({st}) before listening on TCP {port}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            Instant::now() < end,
+            "nothing listens on TCP {port} within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
