@@ -40,15 +40,10 @@ pub(crate) extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
         if s.listening {
             return Ok(0);
         }
-        let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
         // SAFETY: live id.
         let ps = unsafe { (*id).ps };
         // UD port spaces listen for SIDR_REQs on the same service ID.
-        let sid = rdma_cm_service_id(ps as u16, port);
-        let devs: Vec<usize> = match dev {
-            Some(d) => vec![d],
-            None => (0..st.devs.len()).collect(),
-        };
+        let (sid, devs) = st.service_scope(id, ps).ok_or(libc::EINVAL)?;
         let ibv = ibv()?;
         for &d in &devs {
             let o = st.open(d)?;

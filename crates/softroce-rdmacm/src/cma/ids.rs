@@ -17,7 +17,7 @@ use crate::abi::*;
 use crate::ibv::ibv;
 use crate::{ffi, neg_errno};
 use core::ffi::{c_int, c_void};
-use softroce::wire::cm::{gid_of_ip, rdma_cm_service_id};
+use softroce::wire::cm::gid_of_ip;
 use std::net::SocketAddr;
 
 pub(crate) extern "C" fn rdma_create_id(
@@ -117,13 +117,8 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 /// A listening id went away: the service IDs it listened on that no other id listens on
 /// keep being listened on for [`LISTEN_LINGER`] (the kernel stops at once; see [`Parked`]).
 fn linger(st: &mut State, id: *mut rdma_cm_id, ps: c_int) {
-    let Some(s) = st.ids.get(&(id as usize)) else {
+    let Some((sid, devs)) = st.service_scope(id, ps) else {
         return;
-    };
-    let sid = rdma_cm_service_id(ps as u16, s.local.map_or(0, |l| l.port()));
-    let devs: Vec<usize> = match s.dev {
-        Some(d) => vec![d],
-        None => (0..st.devs.len()).collect(),
     };
     let until = now() + LISTEN_LINGER;
     for d in devs {
@@ -203,16 +198,13 @@ pub(crate) extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::so
 /// the engine and the keeper let the service go and parked REQs get REJ 8
 /// (`driver.rs`, `end_lingers`).
 fn hold_bound_service(st: &mut State, id: *mut rdma_cm_id) {
-    let Ok(s) = st.id_mut(id) else {
+    if st.id_mut(id).is_err() {
         return;
-    };
-    let (dev, port) = (s.dev, s.local.map_or(0, |l| l.port()));
+    }
     // SAFETY: live id (checked above under the lock).
     let ps = unsafe { (*id).ps };
-    let sid = rdma_cm_service_id(ps as u16, port);
-    let devs: Vec<usize> = match dev {
-        Some(d) => vec![d],
-        None => (0..st.devs.len()).collect(),
+    let Some((sid, devs)) = st.service_scope(id, ps) else {
+        return;
     };
     let Ok(ibv) = ibv() else {
         return;

@@ -14,7 +14,7 @@ use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use softroce::cm::{CmEngine, CommId};
 use softroce::net::standin::StandIn;
 use softroce::transport::Instant;
-use softroce::wire::cm::{CmaHdrRepr, RepRepr, ReqRepr};
+use softroce::wire::cm::{CmaHdrRepr, RepRepr, ReqRepr, rdma_cm_service_id};
 use softroce_cabi::fork::PerProcess;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -265,6 +265,23 @@ impl State {
             .get_mut(&(id as usize))
             .filter(|s| !s.destroyed)
             .ok_or(libc::EINVAL)
+    }
+
+    /// The service ID of `id`'s bound port in port space `ps`, and the devices it covers:
+    /// its own, or every device for the wildcard address. `None` for an id not in the table
+    /// (a destroyed id that is still there counts).
+    pub(super) fn service_scope(
+        &self,
+        id: *mut rdma_cm_id,
+        ps: c_int,
+    ) -> Option<(u64, Vec<usize>)> {
+        let s = self.ids.get(&(id as usize))?;
+        let sid = rdma_cm_service_id(ps as u16, s.local.map_or(0, |l| l.port()));
+        let devs = match s.dev {
+            Some(d) => vec![d],
+            None => (0..self.devs.len()).collect(),
+        };
+        Some((sid, devs))
     }
 
     /// A free port of port space `ps` (librdmacm: the kernel picks one in the local range).
