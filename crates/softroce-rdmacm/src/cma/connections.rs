@@ -21,7 +21,6 @@ use softroce::cm::rdma_cm::{
     CMA_HDR_LEN, REP_PRIVATE_DATA_LEN as REP_PRIVATE, REQ_PRIVATE_DATA_LEN as REQ_PRIVATE,
 };
 use softroce::cm::{AcceptParams, ConnectParams};
-use softroce::transport::PathMtu;
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{CmaHdrRepr, SidrStatus, rdma_cm_service_id};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -214,7 +213,7 @@ fn accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c
         return Err(libc::EINVAL);
     }
     let ack_timeout = s.ack_timeout;
-    let port_mtu = PathMtu::from_ibv(st.open(dev)?.mtu).unwrap_or(PathMtu::Mtu1024);
+    let port_mtu = st.open(dev)?.path_mtu();
     let qpn = if idr.qp.is_null() {
         cp.map_or(0, |c| c.qp_num)
     } else {

@@ -26,7 +26,7 @@ use softroce::cm::rdma_cm::{
 use softroce::cm::{CmConfig, CmEngine, CmEvent, CmState, CommId};
 use softroce::net::cm_loop::{CM_TICK, LoopEnd};
 use softroce::net::standin::StandIn;
-use softroce::transport::{Instant, PathMtu};
+use softroce::transport::Instant;
 use softroce::verbs::RcConnect;
 use softroce::wire::cm::{SidrRepRepr, SidrStatus};
 use std::collections::HashMap;
@@ -449,7 +449,7 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
     let id = addr as *mut rdma_cm_id;
     // SAFETY: ids in `comms` are live boxes (rdma_destroy_id removes them).
     let qp = unsafe { (*id).qp };
-    let mtu = o.mtu;
+    let path_mtu = o.path_mtu();
     match ev {
         CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {}
         CmEvent::ConnectResponse { rep, .. } => {
@@ -472,7 +472,7 @@ fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
             let mut c = RcConnect::rdma_cm_active(
                 &rep,
                 peer,
-                PathMtu::from_ibv(mtu).unwrap_or(PathMtu::Mtu1024),
+                path_mtu,
                 s.responder_resources,
                 s.initiator_depth,
                 s.retry_count,

@@ -8,7 +8,6 @@ use super::transitions::{init_attr, rtr_attr, rts_attr};
 use crate::abi::*;
 use crate::ffi;
 use core::ffi::{c_int, c_void};
-use softroce::transport::PathMtu;
 use softroce::verbs::RcConnect;
 
 pub(crate) extern "C" fn rdma_set_option(
@@ -85,7 +84,7 @@ pub(crate) extern "C" fn rdma_init_qp_attr(
             let (Some(dev), Some(peer)) = (dev, peer) else {
                 return Err(libc::EINVAL);
             };
-            let port_mtu = PathMtu::from_ibv(st.open(dev)?.mtu).unwrap_or(PathMtu::Mtu1024);
+            let port_mtu = st.open(dev)?.path_mtu();
             let s = st.id_mut(id)?;
             let mut c = if let Some(req) = &s.req {
                 RcConnect::rdma_cm_passive(

@@ -13,7 +13,7 @@ use core::ffi::{c_int, c_void};
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use softroce::cm::{CmEngine, CommId};
 use softroce::net::standin::StandIn;
-use softroce::transport::Instant;
+use softroce::transport::{Instant, PathMtu};
 use softroce::wire::cm::{CmaHdrRepr, RepRepr, ReqRepr, rdma_cm_service_id};
 use softroce_cabi::fork::PerProcess;
 use std::collections::HashMap;
@@ -41,6 +41,13 @@ pub(super) struct OpenDev {
     /// The process's stand-in for this device, which ends its established connections
     /// once the process is gone (`softroce::net::standin`); `None` if it could not start.
     pub(super) standin: Option<StandIn>,
+}
+
+impl OpenDev {
+    /// [`OpenDev::mtu`] as the engine's path MTU (an enum value no port reports: 1024).
+    pub(super) fn path_mtu(&self) -> PathMtu {
+        PathMtu::from_ibv(self.mtu).unwrap_or(PathMtu::Mtu1024)
+    }
 }
 
 /// A REQ for a service ID nobody listens on any more, held while the ID lingers.
