@@ -149,7 +149,7 @@ pub(super) fn bind(st: &mut State, id: *mut rdma_cm_id, addr: SocketAddr) -> Res
     if dev.is_none() {
         // The wildcard address is on every device: open them now (joining or starting
         // each one's keeper), so that rdma_bind_addr can hold the port's service on them
-        // (`connections::hold_bound_service`) and rdma_listen only registers it. A device
+        // (`hold_bound_service`) and rdma_listen only registers it. A device
         // that fails to open here fails rdma_listen, which opens it again and says why.
         for d in 0..st.devs.len() {
             let _ = st.open(d);
