@@ -17,8 +17,8 @@ use exec_support::*;
 use softroce::cm::{CmConfig, CmEngine, ConnectParams};
 use softroce::net::UdpDevice;
 use softroce::transport::{DropReason, Instant as EngineInstant};
-use softroce::wire::cm::{CmMadRepr, CmMsgRepr, RejReason, port_space};
-use softroce::wire::mad::MAD_LEN;
+use softroce::wire::cm::{CmMadRepr, CmMsgRepr, DreqRepr, RejReason, RepRepr, port_space};
+use softroce::wire::mad::{MAD_LEN, MadHdrRepr};
 use softroce::wire::{BthRepr, DethRepr, IcrcIp, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::process::{Child, Stdio};
@@ -281,6 +281,45 @@ impl Peer {
     }
 }
 
+fn mad(msg: CmMsgRepr) -> [u8; MAD_LEN] {
+    CmMadRepr {
+        hdr: MadHdrRepr::cm(0x4242, 0),
+        msg,
+    }
+    .to_bytes()
+}
+
+/// A REP answering a REQ of comm ID `remote_comm_id` (which nobody sent).
+fn stray_rep(remote_comm_id: u32) -> [u8; MAD_LEN] {
+    mad(CmMsgRepr::Rep(RepRepr {
+        local_comm_id: 0x0bad_0001,
+        remote_comm_id,
+        local_qkey: 0,
+        local_qpn: 0x99,
+        local_eecn: 0,
+        starting_psn: 0,
+        responder_resources: 0,
+        initiator_depth: 0,
+        target_ack_delay: 0,
+        failover_accepted: 0,
+        end_to_end_flow_control: false,
+        rnr_retry_count: 7,
+        srq: false,
+        local_ca_guid: 1,
+        private_data: [0; 196],
+    }))
+}
+
+/// A DREQ for the connection of comm ID `remote_comm_id` (which does not exist).
+fn stray_dreq(remote_comm_id: u32) -> [u8; MAD_LEN] {
+    mad(CmMsgRepr::Dreq(DreqRepr {
+        local_comm_id: 0x0bad_0002,
+        remote_comm_id,
+        remote_qpn_eecn: 0x99,
+        private_data: [0; 220],
+    }))
+}
+
 fn rejs(mads: &[CmMadRepr]) -> Vec<RejReason> {
     mads.iter()
         .filter_map(|m| match &m.msg {
@@ -288,6 +327,12 @@ fn rejs(mads: &[CmMadRepr]) -> Vec<RejReason> {
             _ => None,
         })
         .collect()
+}
+
+fn dreps(mads: &[CmMadRepr]) -> usize {
+    mads.iter()
+        .filter(|m| matches!(m.msg, CmMsgRepr::Drep(_)))
+        .count()
 }
 
 /// The keeper answers a REQ for a port nobody listens on with REJ 8 (invalid service ID),
@@ -381,4 +426,61 @@ fn a_flood_for_unowned_and_stale_qpns_is_counted_and_harms_no_one() {
         sent,
         "the REQ is an answer, not a drop"
     );
+}
+
+/// CM messages for a process that was killed and for a slot no process holds, while a
+/// pingpong pair shares the device with the test: an `ibv_rc_pingpong` server is started on
+/// the address and killed (SIGKILL: it runs nothing on its way out), which gives its slot
+/// back to the keeper. Then, from a peer: a DREQ and a REP naming a comm ID of the killed
+/// process's slot and of slot 0x7f (never given out), a REQ for a port nobody listens on,
+/// and 1,000 RC SEND_ONLY datagrams for the killed process's own QPN. Proves: the keeper
+/// answers each CM message as the kernel CM answers one for a connection or listener that
+/// does not exist (DREQ: DREP; REP: REJ 5, invalid comm ID; REQ: REJ 8, invalid service ID),
+/// for the killed process's slot as for the never-used one; the datagrams for the killed
+/// process's QP are each one drop in the keeper's count; the pair finishes its checked run.
+#[test]
+fn cm_messages_for_a_killed_process_get_the_kernel_answers() {
+    if !installed() {
+        return;
+    }
+    let (ip, dst) = ("127.0.79.23", Ipv4Addr::new(127, 0, 79, 23));
+    let dev = UdpDevice::open("softroce_hostile", IpAddr::V4(dst)).unwrap();
+    let mut victim = Lines::spawn(ip, &["ibv_rc_pingpong", "-g", "1", "-p", "18821"]);
+    let victim_qpn = qpn_of(&victim.wait_for("local address"));
+    let mut v = victim.kill.0.take().unwrap();
+    v.kill().unwrap();
+    v.wait().unwrap();
+    let gone = victim_qpn >> 16;
+    let iters = 20_000;
+    let (mut s, mut c, pair) = live_pair(ip, 18822, iters);
+    assert!(!pair.contains(&gone), "{gone} {pair:?}");
+    let mut p = Peer::new("127.0.79.24");
+    let k0 = keeper_drops(&dev);
+    for slot in [gone, 0x7f] {
+        let comm_id = slot << 24 | 0x00c0_ffee;
+        p.send_mad(dst, &stray_dreq(comm_id));
+        let got = p.recv_mads(Duration::from_secs(5), 1);
+        assert_eq!(dreps(&got), 1, "DREQ for slot {slot:#x}: {got:?}");
+        p.send_mad(dst, &stray_rep(comm_id));
+        let got = p.recv_mads(Duration::from_secs(5), 1);
+        assert_eq!(
+            rejs(&got),
+            vec![RejReason::INVALID_COMM_ID],
+            "REP for slot {slot:#x}: {got:?}"
+        );
+    }
+    keeper_answers(&mut p, dst, 7321);
+    let to_gone = p.datagram(dst, Opcode::RC_SEND_ONLY, victim_qpn, None, b"late");
+    for _ in 0..1000 {
+        p.send(dst, &to_gone);
+    }
+    eventually("the late datagrams counted", || {
+        let k = keeper_drops(&dev) - k0;
+        (k == 1000, k)
+    });
+    assert!(
+        s.running() && c.running(),
+        "the pair ended before the test did: give it more iterations"
+    );
+    pair_finishes(s, c, iters);
 }

@@ -462,8 +462,8 @@ impl Keeper {
         let _ = self.reprogram();
     }
 
-    /// Reads every datagram waiting on slot `s`'s socket: slot 0's CM MADs are answered,
-    /// the rest dropped and counted.
+    /// Reads every datagram waiting on slot `s`'s socket (slot 0, or a slot no process
+    /// holds): CM MADs are answered, the rest dropped and counted.
     fn drain(&mut self, s: usize) {
         let Some(sock) = self.socks.get(s) else {
             return;
@@ -488,15 +488,19 @@ impl Keeper {
                 return;
             }
             let src = super::sockaddr::socket_addr_from_storage(&from);
-            let answered = s == 0 && src.is_some_and(|src| self.on_slot0(src, n as usize));
+            // A MAD naming a comm ID of a process gone (its slot's socket) is answered as
+            // slot 0's are: the kernel CM answers a DREQ for a connection it no longer has
+            // with a DREP and a REP with REJ (invalid comm ID), so that the peer of a killed
+            // process is told at once instead of retrying until its CM timeout.
+            let answered = src.is_some_and(|src| self.on_slot0(src, n as usize));
             if !answered {
                 self.dropped += 1;
             }
         }
     }
 
-    /// A datagram for slot 0 from `src` (`len` bytes in `buf`): a CM MAD goes to slot 0's
-    /// engine. Returns whether it was one (with a good ICRC).
+    /// A datagram for slot 0 or a slot no process holds from `src` (`len` bytes in `buf`):
+    /// a CM MAD goes to slot 0's engine. Returns whether it was one (with a good ICRC).
     fn on_slot0(&mut self, src: SocketAddr, len: usize) -> bool {
         let Some(data) = self.buf.get(..len) else {
             return false;
