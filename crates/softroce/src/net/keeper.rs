@@ -42,10 +42,15 @@ pub(super) const OP_SLOT: u8 = b'S';
 pub(super) const OP_LISTEN: u8 = b'L';
 /// A request's op: stop listening on a service ID.
 pub(super) const OP_UNLISTEN: u8 = b'U';
+/// A request's op: the keeper's count of dropped datagrams (its service ID is ignored;
+/// the reply is [`DROPS_REPLY_LEN`] bytes long).
+pub(super) const OP_DROPS: u8 = b'D';
 /// Length of a request record.
 pub(super) const REQ_LEN: usize = 16;
 /// Length of a reply record (and of the greeting).
 pub(super) const REPLY_LEN: usize = 8;
+/// Length of the reply to [`OP_DROPS`]: a reply record, then the count (u64 little-endian).
+pub(super) const DROPS_REPLY_LEN: usize = REPLY_LEN + 8;
 
 /// The keeper's Unix socket address for the device on `ip`: `@softroce/<ip>` in the
 /// abstract namespace, as a `sockaddr_un` and its length.
@@ -389,15 +394,24 @@ impl Keeper {
                 sid.copy_from_slice(&req[8..]);
                 let sid = u64::from_le_bytes(sid);
                 let slot = self.clients[i].slot;
+                let mut reply = [0u8; DROPS_REPLY_LEN];
                 let errno = match req[0] {
                     OP_LISTEN => self.listen(slot, sid),
                     OP_UNLISTEN => self.unlisten(slot, sid),
+                    OP_DROPS => {
+                        reply[REPLY_LEN..].copy_from_slice(&self.dropped.to_le_bytes());
+                        0
+                    }
                     _ => libc::EINVAL,
                 };
-                let mut reply = [0u8; REPLY_LEN];
                 reply[0] = req[0];
-                reply[4..].copy_from_slice(&errno.to_le_bytes());
-                if send_record(fd, &reply).is_err() {
+                reply[4..REPLY_LEN].copy_from_slice(&errno.to_le_bytes());
+                let len = if req[0] == OP_DROPS {
+                    DROPS_REPLY_LEN
+                } else {
+                    REPLY_LEN
+                };
+                if send_record(fd, &reply[..len]).is_err() {
                     self.release(i);
                 }
             }
@@ -448,8 +462,8 @@ impl Keeper {
         let _ = self.reprogram();
     }
 
-    /// Reads every datagram waiting on slot `s`'s socket: slot 0's CM MADs are answered,
-    /// the rest dropped and counted.
+    /// Reads every datagram waiting on slot `s`'s socket (slot 0, or a slot no process
+    /// holds): CM MADs are answered, the rest dropped and counted.
     fn drain(&mut self, s: usize) {
         let Some(sock) = self.socks.get(s) else {
             return;
@@ -474,15 +488,19 @@ impl Keeper {
                 return;
             }
             let src = super::sockaddr::socket_addr_from_storage(&from);
-            let answered = s == 0 && src.is_some_and(|src| self.on_slot0(src, n as usize));
+            // A MAD naming a comm ID of a process gone (its slot's socket) is answered as
+            // slot 0's are: the kernel CM answers a DREQ for a connection it no longer has
+            // with a DREP and a REP with REJ (invalid comm ID), so that the peer of a killed
+            // process is told at once instead of retrying until its CM timeout.
+            let answered = src.is_some_and(|src| self.on_slot0(src, n as usize));
             if !answered {
                 self.dropped += 1;
             }
         }
     }
 
-    /// A datagram for slot 0 from `src` (`len` bytes in `buf`): a CM MAD goes to slot 0's
-    /// engine. Returns whether it was one (with a good ICRC).
+    /// A datagram for slot 0 or a slot no process holds from `src` (`len` bytes in `buf`):
+    /// a CM MAD goes to slot 0's engine. Returns whether it was one (with a good ICRC).
     fn on_slot0(&mut self, src: SocketAddr, len: usize) -> bool {
         let Some(data) = self.buf.get(..len) else {
             return false;

@@ -21,12 +21,13 @@
 //! (`b'S'`, the slot, with the socket attached), then requests of 16 bytes (an op,
 //! three zero bytes, four zero bytes, the service ID little-endian) each answered by a
 //! reply of 8 bytes (the op, three zero bytes, an errno little-endian, 0 for
-//! success). Source of the conventions (QPN and comm-ID slots): [`super::steer`].
+//! success); the reply to `b'D'` ([`Share::keeper_drops`]) has the count after those 8
+//! bytes (u64 little-endian). Source of the conventions (QPN and comm-ID slots): [`super::steer`].
 
 use super::fork::{Unshared, unshared};
 use super::keeper::{
-    NAME_TAKEN, OP_LISTEN, OP_SLOT, OP_UNLISTEN, REPLY_LEN, REQ_LEN, keeper_addr, recv_record,
-    send_record, seqpacket,
+    DROPS_REPLY_LEN, NAME_TAKEN, OP_DROPS, OP_LISTEN, OP_SLOT, OP_UNLISTEN, REPLY_LEN, REQ_LEN,
+    keeper_addr, recv_record, send_record, seqpacket,
 };
 use parking_lot::Mutex;
 use std::io;
@@ -125,15 +126,33 @@ impl Share {
         self.request(OP_UNLISTEN, service_id)
     }
 
+    /// How many datagrams the device's keeper dropped since it started: those for a slot no
+    /// process holds (a QPN or CM comm ID of no process, or of a process gone) that are not
+    /// CM MADs it answers, and datagrams on slot 0 that are not a well-formed MAD to QP1
+    /// (rxe counts its drops per device the same way). A process's own drops (an unknown QPN
+    /// in its slot, a bad ICRC) are its device's counters. Errors: EPIPE when the keeper is
+    /// gone.
+    pub fn keeper_drops(&self) -> io::Result<u64> {
+        let mut reply = [0u8; DROPS_REPLY_LEN];
+        self.exchange(OP_DROPS, 0, &mut reply)?;
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&reply[REPLY_LEN..]);
+        Ok(u64::from_le_bytes(n))
+    }
+
     fn request(&self, op: u8, service_id: u64) -> io::Result<()> {
+        self.exchange(op, service_id, &mut [0u8; REPLY_LEN])
+    }
+
+    /// Sends request `op` and reads its reply, of exactly `reply.len()` bytes, into `reply`.
+    fn exchange(&self, op: u8, service_id: u64, reply: &mut [u8]) -> io::Result<()> {
         let ctl = self.ctl.lock();
         let mut req = [0u8; REQ_LEN];
         req[0] = op;
         req[8..].copy_from_slice(&service_id.to_le_bytes());
         send_record(ctl.as_raw_fd(), &req)?;
-        let mut reply = [0u8; REPLY_LEN];
-        let n = recv_record(ctl.as_raw_fd(), &mut reply, 0)?;
-        if n != REPLY_LEN || reply[0] != op {
+        let n = recv_record(ctl.as_raw_fd(), reply, 0)?;
+        if n != reply.len() || reply.first() != Some(&op) {
             return Err(io::Error::from_raw_os_error(libc::EPIPE));
         }
         match i32::from_le_bytes([reply[4], reply[5], reply[6], reply[7]]) {

@@ -231,6 +231,13 @@ impl UdpLink {
         self.share.as_ref().map_or(Ok(()), |s| s.listen(service_id))
     }
 
+    /// How many datagrams the shared device's keeper dropped
+    /// ([`super::share::Share::keeper_drops`]); `None` when the port is this link's alone.
+    /// Errors: EPIPE when the keeper is gone.
+    pub fn keeper_drops(&self) -> Option<io::Result<u64>> {
+        self.share.as_ref().map(super::share::Share::keeper_drops)
+    }
+
     /// Undoes [`UdpLink::share_listen`].
     pub fn share_unlisten(&self, service_id: u64) {
         if let Some(s) = &self.share {
