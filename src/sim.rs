@@ -16,7 +16,8 @@ pub enum Workload {
     /// Two devices, one RC QP pair, every RC operation.
     Rc,
     /// 2-4 devices, RC/UC/UD QPs between random pairs, SRQs, and error paths (bad R_Key, QP
-    /// to ERR, QP destroyed, MR deregistered, RNR exhaustion); `--ops` per connection.
+    /// to ERR, QP destroyed, MR deregistered, RNR exhaustion, memory window invalidated,
+    /// device closed); `--ops` per connection.
     Mesh,
 }
 

@@ -1,8 +1,8 @@
 //! Deterministic simulation of a mesh: several devices, many RC/UC/UD QPs each between
 //! random pairs, some on a shared receive queue, some with a mishap (bad R_Key, QP to ERR,
 //! QP destroyed, MR deregistered, RNR exhaustion, a memory window invalidated by
-//! SEND_WITH_INVALIDATE), all checked against the reference model in
-//! crates/softroce/src/net/sim/mesh.rs.
+//! SEND_WITH_INVALIDATE, a device closed), all checked against the reference model in
+//! crates/softroce/src/net/sim/mesh/.
 //!
 //! A failure prints `SOFTROCE_SEED=<n>`; set that variable to replay exactly that seed.
 //! `SOFTROCE_SIM_SEEDS=<n>` runs more seeds; the `#[ignore]`d `mesh_soak` runs
@@ -90,6 +90,9 @@ fn mesh_with_swarm_faults_from_the_seed() {
         ("dereg_remote", WcStatus::RemAccessErr),
         ("rnr_starve", WcStatus::RnrRetryExcErr),
         ("mw_invalidate", WcStatus::RemAccessErr),
+        // The requester's device closed: its QPs flush. The responder's: retries run out.
+        ("device_close", WcStatus::WrFlushErr),
+        ("device_close", WcStatus::RetryExcErr),
     ] {
         assert!(
             seen.contains_key(&(want.0, format!("{:?}", want.1))),

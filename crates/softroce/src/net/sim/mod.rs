@@ -349,6 +349,20 @@ impl Sim {
         dev
     }
 
+    /// Fails `dev` the way a device whose driver thread panicked fails (`net::udp`):
+    /// [`Device::fail`] moves its QPs to ERR, which flushes their WRs, and raises
+    /// `IBV_EVENT_DEVICE_FATAL`; then, as the thread is gone, nothing more is delivered to the
+    /// device (datagrams to its address are dropped) and its timers no longer run. Its
+    /// objects stay usable (polling CQs, destroying). A device not on this simulation's
+    /// network is left alone.
+    pub fn fail_device(&mut self, dev: &Device, reason: &str) {
+        let Some(i) = self.devices.iter().position(|d| d.ip() == dev.ip()) else {
+            return;
+        };
+        let dev = self.devices.remove(i);
+        dev.fail(reason);
+    }
+
     /// Virtual time now.
     pub fn now(&self) -> Instant {
         use crate::verbs::Clock;

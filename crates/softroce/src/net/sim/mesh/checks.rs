@@ -2,8 +2,8 @@
 //! as it comes, and each connection's final state.
 
 use super::super::SimRng;
-use super::model::{Conn, GRH, Kind, Mishap, Node, Op, Transport};
-use crate::transport::Instant;
+use super::model::{Conn, GRH, Kind, Mishap, Node, Op, RC_RETRY_CNT, RC_TIMEOUT, Transport};
+use crate::transport::{Instant, ack_timeout};
 use crate::verbs::{Qp, QpState, RecvWr, Wc, WcFlags, WcOpcode, WcStatus};
 use std::time::Duration;
 
@@ -40,6 +40,9 @@ pub(super) fn failure_allowed(
                     c.mishap,
                     Mishap::ResponderErr { .. } | Mishap::DestroyResponder { .. }
                 ) && c.mishap_fired.is_some())
+                // The responder's device closed: nothing ACKs any more (rxe: the retries run
+                // out, `rxe_comp.c` COMPST_ERROR_RETRY).
+                || (c.resp_closed && !c.req_closed && c.transport == Transport::Rc)
         }
         WcStatus::RemAccessErr => key_may_fail(c, op),
         WcStatus::RnrRetryExcErr => match c.mishap {
@@ -47,7 +50,9 @@ pub(super) fn failure_allowed(
             _ => false,
         },
         WcStatus::WrFlushErr => {
-            matches!(c.mishap, Mishap::RequesterErr { .. }) && c.mishap_fired.is_some()
+            (matches!(c.mishap, Mishap::RequesterErr { .. }) && c.mishap_fired.is_some())
+                // The requester's device closed: its QPs went to ERR, which flushes.
+                || c.req_closed
         }
         _ => false,
     }
@@ -56,6 +61,7 @@ pub(super) fn failure_allowed(
 pub(super) fn on_send(
     c: &mut Conn,
     wc: &Wc,
+    now: Instant,
     lossy: (bool, bool),
     bytes: &mut u64,
     violations: &mut Vec<String>,
@@ -86,6 +92,7 @@ pub(super) fn on_send(
     if wc.status != WcStatus::Success {
         if failure_allowed(c, &op, wc.status, lossy) {
             c.failed = Some((i, wc.status));
+            retries_ran_out(c, i, wc.status, now, lossy, violations);
             if let Some(qa) = &c.qa
                 && qa.state() != QpState::Err
             {
@@ -153,6 +160,35 @@ pub(super) fn on_send(
             }
         }
         _ => {}
+    }
+}
+
+/// A requester whose responder's device closed ends `IBV_WC_RETRY_EXC_ERR` only after
+/// `retry_cnt` retransmissions, each an ACK timeout after the one before: on a link that
+/// neither loses nor reorders (where no retry was spent before the close), no sooner than
+/// `retry_cnt` ACK timeouts after the close.
+fn retries_ran_out(
+    c: &Conn,
+    i: usize,
+    status: WcStatus,
+    now: Instant,
+    (lossy, reorders): (bool, bool),
+    violations: &mut Vec<String>,
+) {
+    let Some(closed) = c.closed_at else { return };
+    if status != WcStatus::RetryExcErr || !c.resp_closed || lossy || reorders {
+        return;
+    }
+    let timeout = ack_timeout(RC_TIMEOUT).unwrap_or_default();
+    let soonest = closed + timeout * u32::from(RC_RETRY_CNT);
+    if now < soonest {
+        violations.push(format!(
+            "{}: op {i} ended IBV_WC_RETRY_EXC_ERR {} ns after its responder's device closed, \
+             before {RC_RETRY_CNT} retransmissions {} ns apart",
+            c.name(),
+            now.since(closed).as_nanos(),
+            timeout.as_nanos()
+        ));
     }
 }
 
@@ -344,6 +380,7 @@ pub(super) fn final_checks(c: &Conn, violations: &mut Vec<String>) {
             qa.state()
         ));
     }
+    qp_states(c, first_failed, violations);
     match c.transport {
         Transport::Rc => {
             // Every receive of an operation before the first failure completed.
@@ -413,5 +450,51 @@ pub(super) fn final_checks(c: &Conn, violations: &mut Vec<String>) {
             }
         }
         Transport::Ud => {}
+    }
+}
+
+/// The QPs' states at the end: those on a closed device in ERR (it moved them there, as a
+/// device that fails does); the others where their own connection left them: a requester
+/// that saw no failure and was not moved to ERR, and a responder no mishap reached, in RTS
+/// (a device closing leaves the QPs of the other devices alone).
+fn qp_states(c: &Conn, first_failed: Option<usize>, violations: &mut Vec<String>) {
+    let name = c.name();
+    let requester_moved =
+        matches!(c.mishap, Mishap::RequesterErr { .. }) && c.mishap_fired.is_some();
+    if let Some(qa) = &c.qa {
+        let want = if c.req_closed {
+            Some(QpState::Err)
+        } else if first_failed.is_none() && !requester_moved {
+            Some(QpState::Rts)
+        } else {
+            None
+        };
+        if want.is_some_and(|w| qa.state() != w) {
+            violations.push(format!(
+                "{name}: requester in {:?} at the end, {:?} due (device {} {})",
+                qa.state(),
+                want,
+                c.req,
+                if c.req_closed { "closed" } else { "open" }
+            ));
+        }
+    }
+    if let Some(qb) = &c.qb {
+        let want = if c.resp_closed {
+            Some(QpState::Err)
+        } else if !c.responder_dead {
+            Some(QpState::Rts)
+        } else {
+            None
+        };
+        if want.is_some_and(|w| qb.state() != w) {
+            violations.push(format!(
+                "{name}: responder in {:?} at the end, {:?} due (device {} {})",
+                qb.state(),
+                want,
+                c.resp,
+                if c.resp_closed { "closed" } else { "open" }
+            ));
+        }
     }
 }

@@ -43,11 +43,28 @@
 //!   responder QP bound; one fenced SEND_WITH_INVALIDATE revokes it → its receive completes
 //!   with `IBV_WC_WITH_INV` and the window's R_Key, every READ/WRITE/atomic before it
 //!   succeeds, the first one after it ends `IBV_WC_REM_ACCESS_ERR`.
+//! - `DeviceClose` (any transport; one run in four, on a connection without another
+//!   mishap): the connection's requester or responder device closes mid-transfer, failing
+//!   the way a device whose driver thread panicked does ([`Sim::fail_device`], i.e.
+//!   [`crate::verbs::Device::fail`]; then nothing reaches it). Every connection with a QP
+//!   on it is affected, whatever its own mishap: on the closed device every QP is in ERR
+//!   and every outstanding WR ends `IBV_WC_WR_FLUSH_ERR` (its receives too; of an SRQ
+//!   only the one a message in progress held); on the other devices an RC requester whose
+//!   responder was there ends `IBV_WC_RETRY_EXC_ERR` for the first WR not acknowledged, no
+//!   sooner than `retry_cnt` ACK timeouts after the close (on a link that neither loses nor
+//!   reorders), UC/UD senders complete successfully (no ACK), and their other QPs stay in
+//!   RTS. Whatever a requester completed successfully was delivered: its bytes are in the
+//!   closed device's memory and its receive completed there. (rxe has no device-fatal
+//!   flush: a removed rxe device has its objects destroyed by uverbs, and the CQ rings
+//!   unmapped. The engine does what mlx5 does on an internal error, and what a QP in ERR
+//!   does in the verbs spec.)
 //!
 //! On a link that loses (or corrupts, which the ICRC turns into loss) packets a failure may
 //! also be `IBV_WC_RETRY_EXC_ERR` (the requester's retries ran out first, or the NAK that
 //! would have told it was lost and the responder in ERR ignores the retries). Every failure
-//! ends the connection: the requester QP must be in ERR, everything after it flushed.
+//! ends the connection: the requester QP must be in ERR, everything after it flushed. At
+//! the end a requester that saw no failure (and was not moved to ERR) is in RTS, and so is
+//! a responder no mishap reached.
 //!
 //! Replay: [`run`] of the same [`MeshConfig`] repeats the run exactly.
 //!
@@ -64,8 +81,11 @@ use crate::verbs::{
     SrqInitAttr, WcStatus,
 };
 use checks::{final_checks, on_recv, on_send};
-use model::{Conn, ConnObjects, DATA_OFF, GRH, Mishap, Node, SRQ_SLOTS, Transport, UC_MAX, UD_MAX};
-use ops::{bind_window, fire_mishap, on_bind, post_op, post_ring};
+use model::{
+    Conn, ConnObjects, DATA_OFF, GRH, Mishap, Node, RC_RETRY_CNT, RC_TIMEOUT, SRQ_SLOTS, Transport,
+    UC_MAX, UD_MAX,
+};
+use ops::{bind_window, close_device, fire_mishap, on_bind, post_op, post_ring};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -142,8 +162,8 @@ pub struct ConnEnd {
     /// Requester and responder on the same device.
     pub loopback: bool,
     /// The mishap drawn: `none`, `bad_rkey`, `requester_err`, `responder_err`,
-    /// `destroy_responder`, `dereg_remote`, `rnr_starve`, `mw_invalidate` or
-    /// `destroy_requester`.
+    /// `destroy_responder`, `dereg_remote`, `rnr_starve`, `mw_invalidate`,
+    /// `destroy_requester` or `device_close`.
     pub mishap: &'static str,
     /// The status of the first failed WR (the rest flushed), if one failed.
     pub failed: Option<WcStatus>,
@@ -210,7 +230,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                 send_cq: dev.create_cq(8192)?,
                 recv_cq: dev.create_cq(8192)?,
                 pd,
-                _dev: dev.clone(),
+                dev: dev.clone(),
                 srq: None,
                 srq_slot: 0,
             })
@@ -278,6 +298,22 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
         // A starved responder has its own receive queue (an SRQ is shared with others).
         let on_srq = on_srq && !matches!(mishap, Mishap::RnrStarve { .. });
         plans.push((id, transport, req, resp, on_srq, max, mishap));
+    }
+    // In one run in four, one device closes mid-transfer: the mishap of a connection that
+    // has none, closing its requester's or its responder's device (drawn apart from the main
+    // stream, as above, with a salt under which no seed of tests/sim_mesh.rs's
+    // `soak_regressions` draws one: they keep replaying the runs they were kept for).
+    let mut closer = SimRng::new(cfg.seed ^ 0xc105_ed00_002a);
+    if cfg.mishaps && closer.chance(0.25) {
+        let free: Vec<usize> = (0..plans.len())
+            .filter(|&k| plans[k].6 == Mishap::None)
+            .collect();
+        if !free.is_empty() {
+            let p = &mut plans[free[closer.below(free.len() as u64) as usize]];
+            let dev = if closer.chance(0.5) { p.2 } else { p.3 };
+            let at = closer.below(cfg.ops.max(1) as u64) as usize;
+            p.6 = Mishap::DeviceClose { at, dev };
+        }
     }
     for (n, node) in nodes.iter_mut().enumerate() {
         let slot = plans
@@ -438,7 +474,8 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                 };
                 for c in [&mut to_b, &mut to_a] {
                     c.path_mtu = mtu;
-                    c.timeout = 8; // ≈ 1 ms of virtual time
+                    c.timeout = RC_TIMEOUT;
+                    c.retry_cnt = RC_RETRY_CNT;
                     c.min_rnr_timer = 1 + rng.below(4) as u8;
                     c.max_rd_atomic = 4;
                     c.max_dest_rd_atomic = 4;
@@ -492,6 +529,9 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
             recvs_ok: 0,
             recv_failed: None,
             ok_count: 0,
+            req_closed: false,
+            resp_closed: false,
+            closed_at: None,
         };
         if !on_srq {
             for s in 0..ring_slots {
@@ -512,12 +552,19 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
         }
         let now = sim.now();
         // Timed mishaps.
+        let mut closing = None;
         for c in conns.iter_mut() {
             if c.mishap_time.is_some_and(|t| t <= now) && c.mishap_fired.is_none() {
                 c.mishap_time = None;
                 c.mishap_fired = Some(now);
                 fire_mishap(c, &mut violations);
+                if let Mishap::DeviceClose { dev, .. } = c.mishap {
+                    closing = Some(dev);
+                }
             }
+        }
+        if let Some(dev) = closing {
+            close_device(&mut sim, &nodes[dev], dev, now, &mut conns);
         }
         // New operations, while each window allows.
         for c in conns.iter_mut() {
@@ -568,6 +615,7 @@ pub fn run(cfg: &MeshConfig) -> MeshReport {
                     Some(&(ci, false)) => on_send(
                         &mut conns[ci],
                         &wc,
+                        now,
                         (lossy, reorders),
                         &mut report.bytes,
                         &mut violations,

@@ -14,6 +14,9 @@ pub(super) enum Transport {
     Ud,
 }
 
+/// A connection's error path (mod.rs lists what each gives). `DeviceClose` closes `dev`,
+/// this connection's requester or responder device, which affects every connection with a QP
+/// on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mishap {
     None,
@@ -25,6 +28,7 @@ pub(super) enum Mishap {
     RnrStarve { budget: usize },
     MwInvalidate { at: usize },
     DestroyRequester { at: usize },
+    DeviceClose { at: usize, dev: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,10 +81,13 @@ pub(super) const GRH: usize = 40;
 pub(super) const SRQ_SLOTS: usize = 32;
 pub(super) const UD_MAX: usize = 4096;
 pub(super) const UC_MAX: usize = 16 << 10;
+/// RC `timeout` (4.096 µs × 2^8 ≈ 1 ms of virtual time) and `retry_cnt`.
+pub(super) const RC_TIMEOUT: u8 = 8;
+pub(super) const RC_RETRY_CNT: u8 = 7;
 
 pub(super) struct Node {
-    /// Kept for the counters and to hold the device for the run.
-    pub(super) _dev: Device,
+    /// Held for the run; a `DeviceClose` fails it.
+    pub(super) dev: Device,
     pub(super) pd: Pd,
     pub(super) send_cq: Cq,
     pub(super) recv_cq: Cq,
@@ -145,6 +152,12 @@ pub(super) struct Conn {
     pub(super) recv_failed: Option<usize>,
     /// Successful send completions (in order: the operations before this index).
     pub(super) ok_count: usize,
+    /// The requester's / the responder's device was closed (a `DeviceClose`, this
+    /// connection's or another's).
+    pub(super) req_closed: bool,
+    pub(super) resp_closed: bool,
+    /// When that device closed.
+    pub(super) closed_at: Option<Instant>,
 }
 
 impl Mishap {
@@ -159,6 +172,7 @@ impl Mishap {
             Mishap::RnrStarve { .. } => "rnr_starve",
             Mishap::MwInvalidate { .. } => "mw_invalidate",
             Mishap::DestroyRequester { .. } => "destroy_requester",
+            Mishap::DeviceClose { .. } => "device_close",
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The mesh workload's actions: posting receives and operations, binding the memory window,
 //! firing a connection's mishap.
 
-use super::super::SimRng;
-use super::model::{ATOMIC_OFF, Conn, DATA_OFF, Kind, Mishap, Op, Transport, draw_len};
+use super::super::{Sim, SimRng};
+use super::model::{ATOMIC_OFF, Conn, DATA_OFF, Kind, Mishap, Node, Op, Transport, draw_len};
 use crate::transport::Instant;
 use crate::verbs::{
     AccessFlags, MwType, Pd, QpAttr, QpAttrMask, QpState, RecvWr, SendFlags, SendWr, Wc, WcOpcode,
@@ -111,6 +111,32 @@ pub(super) fn fire_mishap(c: &mut Conn, violations: &mut Vec<String>) {
         }
         _ => {}
     }
+}
+
+/// Closes device `dev` (a `DeviceClose`) through the engine's own path, what a driver thread
+/// that panicked does ([`Sim::fail_device`], [`crate::verbs::Device::fail`]), and marks every
+/// connection with a QP on it.
+pub(super) fn close_device(
+    sim: &mut Sim,
+    node: &Node,
+    dev: usize,
+    now: Instant,
+    conns: &mut [Conn],
+) {
+    for c in conns.iter_mut() {
+        if c.req == dev || c.resp == dev {
+            c.closed_at = Some(now);
+        }
+        if c.req == dev {
+            c.req_closed = true;
+        }
+        if c.resp == dev {
+            c.resp_closed = true;
+            // Its receives flush (those of an SRQ: only the one a message in progress held).
+            c.responder_dead = true;
+        }
+    }
+    sim.fail_device(&node.dev, "closed by the mesh workload (DeviceClose)");
 }
 
 pub(super) fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: &mut Vec<String>) {
@@ -298,6 +324,7 @@ pub(super) fn post_op(c: &mut Conn, rng: &mut SimRng, now: Instant, violations: 
         | Mishap::ResponderErr { at }
         | Mishap::DestroyResponder { at }
         | Mishap::DeregRemote { at }
+        | Mishap::DeviceClose { at, .. }
             if at == i =>
         {
             c.mishap_time = Some(now + Duration::from_nanos(rng.below(500_000)));
