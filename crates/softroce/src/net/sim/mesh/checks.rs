@@ -179,6 +179,12 @@ fn retries_ran_out(
     if status != WcStatus::RetryExcErr || !c.resp_closed || lossy || reorders {
         return;
     }
+    // A connection with a mishap of its own (its responder destroyed, an RNR starve...) may
+    // have spent retries before the close (seed 71306: DestroyResponder at op 1, then the
+    // responder's device closed): only the close's own retries are bounded here.
+    if !matches!(c.mishap, Mishap::None | Mishap::DeviceClose { .. }) {
+        return;
+    }
     let timeout = ack_timeout(RC_TIMEOUT).unwrap_or_default();
     let soonest = closed + timeout * u32::from(RC_RETRY_CNT);
     if now < soonest {
