@@ -28,6 +28,8 @@
 //!   (`softroce exec`), and rdmacm-utils' rping, ucmatose, udaddy, perftest's `ib_send_bw -R`
 //!   and the seed's rdma_server/rdma_client through its librdmacm.so.1, against the same
 //!   programs on rxe; and an rdma_cm REQ/SIDR_REQ to a port nobody listens on, both ways;
+//! - UCX: Debian's ucx_perftest (tag_lat and a 64 KiB tag_bw over rc_verbs, tag_lat over
+//!   ud_verbs) through `softroce exec` against ucx_perftest on rxe;
 //! - a control run of `ibv_rc_pingpong` between two rxe devices inside the guest, to show what
 //!   rxe does on its own (see the note on spurious retries in docs/interop.md).
 //!
@@ -2152,23 +2154,7 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         cap.stderr
     );
     let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-    // tcpdump's closing statistics: every packet the filter took must be in the file.
-    let stat = |what: &str| {
-        cap.stderr.lines().find_map(|l| {
-            l.strip_suffix(what)
-                .and_then(|n| n.trim().parse::<u64>().ok())
-        })
-    };
-    let (captured, filtered, dropped) = (
-        stat(" packets captured"),
-        stat(" packets received by filter"),
-        stat(" packets dropped by kernel"),
-    );
-    ensure!(
-        captured.is_some() && captured == filtered && dropped == Some(0),
-        "the tap's capture is incomplete: {}",
-        cap.stderr
-    );
+    capture_complete(&cap)?;
     ensure!(
         p.guest_rc == 0,
         "{} on rxe exited {}:\n{}",
@@ -2283,6 +2269,246 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
          tap), rxe accepted {rcvd}{}; rxe sent {rxe_sent}; rxe retransmit timeouts {}",
         if sent > rcvd {
             format!(" ({} sent after rxe's last packet)", sent - rcvd)
+        } else {
+            String::new()
+        },
+        g(&rxe, "completer_retry_err")
+    ))
+}
+
+// ------------------------------------------------------------ UCX (softroce exec) vs rxe
+
+/// Where UCX's TCP exchange listens (the port the suite's readiness checks watch).
+const UCX_PORT: u16 = 18515;
+
+/// One ucx_perftest run of the UCX scenarios (issue 21 item 4): the test, its message size and
+/// iterations, and `UCX_TLS`.
+struct UcxTest {
+    test: &'static str,
+    size: u32,
+    iters: u32,
+    tls: &'static str,
+}
+
+fn ucx_test(name: &str) -> UcxTest {
+    let (test, size, iters, tls) = match name {
+        "tag_bw" => ("tag_bw", 65536, PERF_ITERS, "rc_verbs,ud_verbs:aux"),
+        "ud" => ("tag_lat", 8, LAT_ITERS, "ud_verbs"),
+        _ => ("tag_lat", 8, LAT_ITERS, "rc_verbs,ud_verbs:aux"),
+    };
+    UcxTest {
+        test,
+        size,
+        iters,
+        tls,
+    }
+}
+
+/// ucx_perftest's "Final:" row (`Final: iterations median average overall bw_average
+/// bw_overall msgrate_average msgrate_overall`), which must report `iters` iterations and an
+/// overall latency and bandwidth above 0. Only the overall figures are whole-run ones: the
+/// averages are the last report interval's (seen `inf`), and 8-byte messages every few hundred
+/// µs print a bandwidth of 0.00 MB/s.
+fn ucx_final(out: &str, iters: u32) -> Res<Vec<f64>> {
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("Final:"))
+        .ok_or("no \"Final:\" row")?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| {
+            w.parse()
+                .map_err(|_| format!("{line:?}: {w:?} is no number"))
+        })
+        .collect::<Res<_>>()?;
+    ensure!(
+        v.len() == 8 && v[0] == f64::from(iters) && v[3] > 0.0 && v[7] > 0.0,
+        "{line:?}: expected {iters} iterations, an overall latency and message rate above 0"
+    );
+    Ok(v)
+}
+
+/// tcpdump's closing statistics on stderr: every packet its filter took is in the file.
+fn capture_complete(cap: &HostExit) -> Res<()> {
+    let stat = |what: &str| {
+        cap.stderr.lines().find_map(|l| {
+            l.strip_suffix(what)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+    };
+    let (captured, filtered, dropped) = (
+        stat(" packets captured"),
+        stat(" packets received by filter"),
+        stat(" packets dropped by kernel"),
+    );
+    ensure!(
+        captured.is_some() && captured == filtered && dropped == Some(0),
+        "the tap's capture is incomplete: {}",
+        cap.stderr
+    );
+    Ok(())
+}
+
+/// Issue 21 item 4: Debian's ucx_perftest (UCX 1.13) through `softroce exec` on the host
+/// against ucx_perftest on kernel rxe in the guest, over `rc_verbs` (UD for the wire-up) or
+/// `ud_verbs` alone. Both sides set `UCX_UD_VERBS_ETH_DGID_CHECK=n`: UCX reads a received
+/// packet's IP version from `wc.sl`, which rxe and softroce both leave 0. Checks both exit
+/// statuses, the client's "Final:" row (every iteration ran), and in a capture on the tap that
+/// the data went over RoCE (RC or UD packets from softroce, at least one per iteration; the RC
+/// payload at least the iterations' bytes) and that rxe accepted every packet softroce sent
+/// but those sent after rxe's last one (UCX's disconnect, when rxe's process may be gone).
+fn ucx(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
+    let t = ucx_test(name);
+    ensure!(
+        Path::new("/usr/bin/ucx_perftest").exists(),
+        "/usr/bin/ucx_perftest is missing: apt-get install ucx-utils"
+    );
+    let env = |dev: &str| {
+        vec![
+            format!("UCX_TLS={}", t.tls),
+            format!("UCX_NET_DEVICES={dev}:1"),
+            "UCX_UD_VERBS_ETH_DGID_CHECK=n".to_string(),
+        ]
+    };
+    let mut args = env("softroce0");
+    args.extend(
+        [
+            softroce_bin().display().to_string().as_str(),
+            "exec",
+            "--ip",
+            &rig.host_ip,
+            "--",
+            "ucx_perftest",
+            "-p",
+            &UCX_PORT.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let client = format!("-t {} -s {} -n {}", t.test, t.size, t.iters);
+    let mut tool = format!("{} ucx_perftest -p {UCX_PORT}", env("$DEV").join(" "));
+    if role == Role::SoftroceClient {
+        args.extend(client.split_whitespace().map(str::to_string));
+        args.push(rig.guest_ip.clone());
+    } else {
+        tool.push_str(&format!(" {client} $HOST_IP"));
+    }
+    let pcap = rig.run.join(format!(
+        "ucx-{}.pcap",
+        rig.seq.fetch_add(1, Ordering::Relaxed)
+    ));
+    let before = rig.rxe_counters()?;
+    let cap = host_capture(rig, &pcap)?;
+    let p = run_pair(rig, log, role, Path::new("env"), &args, "", &tool);
+    let cap = stop_capture(cap);
+    let p = p?;
+    let after = rig.rxe_counters()?;
+    let rxe = delta(&before, &after);
+    let _ = writeln!(
+        log,
+        "## rxe counters (delta): {rxe:?}\n## tcpdump: {}",
+        cap.stderr
+    );
+    let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    capture_complete(&cap)?;
+    ensure!(
+        p.guest_rc == 0,
+        "ucx_perftest on rxe exited {}:\n{}",
+        p.guest_rc,
+        p.guest_out
+    );
+    ensure!(
+        p.host.code == Some(0),
+        "ucx_perftest on softroce exited {:?}:\n{}{}",
+        p.host.code,
+        p.host.stdout,
+        p.host.stderr
+    );
+    let client_out = if role == Role::SoftroceClient {
+        &p.host.stdout
+    } else {
+        &p.guest_out
+    };
+    let fin = ucx_final(client_out, t.iters).map_err(|e| format!("the client: {e}"))?;
+    let shape = if t.test.ends_with("_lat") {
+        format!(
+            "{} × {} B over {}: latency median {:.2} µs, overall {:.2} µs (client)",
+            t.iters, t.size, t.tls, fin[1], fin[3]
+        )
+    } else {
+        format!(
+            "{} × {} B over {}: {:.2} MB/s, {:.0} msg/s overall (client)",
+            t.iters, t.size, t.tls, fin[5], fin[7]
+        )
+    };
+    // The BTH opcode's top 3 bits: 0 RC, 3 UD (IBTA Vol 1 9.2); 0x11 is the RC ACK.
+    let host: [u8; 4] = rig
+        .host_ip
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|e| e.to_string())?
+        .octets();
+    let pkts: Vec<(u64, bool, u8, usize)> = pcap_roce_ip(&pcap)?
+        .into_iter()
+        .filter_map(|(t, ip)| {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let opcode = *ip.get(ihl + 8)?;
+            let len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            Some((t, ip[12..16] == host, opcode, len))
+        })
+        .collect();
+    let rc_data = |p: &&(u64, bool, u8, usize)| p.2 >> 5 == 0 && p.2 != 0x11;
+    let from_softroce = pkts.iter().filter(|p| p.1).count() as u64;
+    let rxe_sent = pkts.len() as u64 - from_softroce;
+    let sr_rc = pkts.iter().filter(|p| p.1).filter(rc_data).count() as u64;
+    let sr_rc_acks = pkts.iter().filter(|p| p.1 && p.2 == 0x11).count() as u64;
+    let sr_ud = pkts.iter().filter(|p| p.1 && p.2 >> 5 == 3).count() as u64;
+    let rc_all = pkts.iter().filter(rc_data).count() as u64;
+    let rc_bytes = pkts.iter().filter(rc_data).map(|p| p.3 as u64).sum::<u64>();
+    let iters = u64::from(t.iters);
+    if t.tls.starts_with("rc_") {
+        // tag_lat is a ping-pong: each side sends a message an iteration. In tag_bw the
+        // client sends; the server's RC QP answers with ACKs (and UCX's credit grants).
+        let sr_min = if t.test.ends_with("_lat") { iters } else { 1 };
+        ensure!(
+            sr_rc + sr_rc_acks >= sr_min
+                && rc_all >= iters
+                && rc_bytes >= iters * u64::from(t.size),
+            "the data did not go over RC: {rc_all} RC packets (not ACKs) on the tap, {rc_bytes} \
+             bytes with their headers, softroce's {sr_rc} and {sr_rc_acks} ACKs, for {iters} \
+             iterations of {} B",
+            t.size
+        );
+    } else {
+        ensure!(
+            sr_ud >= iters && pkts.iter().all(|p| p.2 >> 5 == 3),
+            "the data did not go over UD alone: softroce sent {sr_ud} UD packets for {iters} \
+             iterations, the tap carried {} others",
+            pkts.iter().filter(|p| p.2 >> 5 != 3).count()
+        );
+    }
+    let rxe_last = pkts.iter().filter(|p| !p.1).map(|p| p.0).max();
+    let after_rxe = pkts
+        .iter()
+        .filter(|p| p.1 && rxe_last.is_some_and(|t| p.0 > t))
+        .count() as u64;
+    let rcvd = g(&rxe, "rcvd_pkts");
+    ensure!(
+        from_softroce > 0 && rcvd <= from_softroce && from_softroce - rcvd <= after_rxe,
+        "rxe accepted {rcvd} packets, softroce sent {from_softroce} (the tap's capture; \
+         {after_rxe} of them after rxe's last packet); drops on the way: {}",
+        path_drops(&rxe)
+    );
+    ensure!(
+        rxe_sent == g(&rxe, "sent_pkts"),
+        "rxe counted {} packets sent, the tap carried {rxe_sent}",
+        g(&rxe, "sent_pkts")
+    );
+    Ok(format!(
+        "{shape}; softroce sent {from_softroce} packets ({sr_rc} RC requests, {sr_rc_acks} RC \
+         ACKs, {sr_ud} UD), rxe accepted {rcvd}{}; rxe sent {rxe_sent}; rxe retransmit timeouts {}",
+        if from_softroce > rcvd {
+            format!(" ({} sent after rxe's last packet)", from_softroce - rcvd)
         } else {
             String::new()
         },
@@ -3204,6 +3430,28 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             "ib_atomic_bw -n 200 -m 1024 (8-byte FETCH_AND_ADD) through softroce exec vs \
              ib_atomic_bw on rxe",
             |r, l, role| capi(r, l, role, "atomic_bw"),
+        ),
+        (
+            "UCX: ucx_perftest tag_lat rc_verbs",
+            "Debian's ucx_perftest -t tag_lat -s 8 -n 200 (UCX 1.13, UCX_TLS=rc_verbs,ud_verbs:aux, \
+             UCX_UD_VERBS_ETH_DGID_CHECK=n on both sides) through softroce exec vs ucx_perftest \
+             on rxe; the client's Final: row shows every iteration, the tap carries at least one \
+             RC request an iteration (softroce's among them), rxe accepts every softroce packet but those after its last \
+             one",
+            |r, l, role| ucx(r, l, role, "tag_lat"),
+        ),
+        (
+            "UCX: ucx_perftest tag_bw 64 KiB rc_verbs",
+            "ucx_perftest -t tag_bw -s 65536 -n 200 over rc_verbs through softroce exec vs \
+             ucx_perftest on rxe; the RC packets (not ACKs) carry at least the 200 messages' \
+             bytes",
+            |r, l, role| ucx(r, l, role, "tag_bw"),
+        ),
+        (
+            "UCX: ucx_perftest tag_lat ud_verbs",
+            "ucx_perftest -t tag_lat -s 8 -n 200 over ud_verbs alone through softroce exec vs \
+             ucx_perftest on rxe; UD packets only, at least one from softroce an iteration",
+            |r, l, role| ucx(r, l, role, "ud"),
         ),
         (
             "rdma_cm: rping",

@@ -37,7 +37,7 @@ PREFIX=24
 # rdmacm-utils are the tools those run through softroce's libibverbs.so.1 and librdmacm.so.1
 # on the host; gcc and librdmacm-dev build the rdma_cm scenarios' C programs.
 HOST_TOOLS=(qemu-system-x86 debootstrap busybox-static cpio kmod e2fsprogs zstd iproute2 tcpdump
-  ibverbs-utils perftest rdmacm-utils gcc libc6-dev librdmacm-dev)
+  ibverbs-utils perftest rdmacm-utils gcc libc6-dev librdmacm-dev ucx-utils)
 G=$CACHE/guest
 
 die() { echo "rig.sh: $*" >&2; exit 1; }
