@@ -8,20 +8,8 @@
 mod exec_support;
 use exec_support::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// Kills the child by its pid if the test panics first.
-struct Kill(Option<Child>);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// True when `tool` is installed; otherwise SKIPPED (or, under CI=true, a failure).
 fn tool(tool: &str, package: &str) -> bool {

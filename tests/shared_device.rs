@@ -11,20 +11,8 @@
 
 mod exec_support;
 use exec_support::*;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-/// Kills the child by its pid if the test panics first.
-struct Kill(Option<Child>);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// Whether the keeper of the device on `ip` is there: its Unix socket `@softroce/<ip>`.
 fn keeper_listening(ip: &str) -> bool {
@@ -225,66 +213,6 @@ fn a_port_is_one_processes_until_it_is_killed() {
     assert!(ok, "client of the server after the killed one:\n{text}");
 }
 
-/// A child whose stdout lines arrive on a channel as they are printed (the program is run
-/// under `stdbuf -oL`, so that its lines are not held in a pipe buffer until it exits).
-struct Lines {
-    kill: Kill,
-    rx: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Lines {
-    fn spawn(ip: &str, args: &[&str]) -> Lines {
-        let mut all = vec!["stdbuf", "-oL"];
-        all.extend_from_slice(args);
-        let mut c = exec(ip, &all)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = c.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Lines {
-            kill: Kill(Some(c)),
-            rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (up to 30 s) for a line containing `what`.
-    fn wait_for(&mut self, what: &str) {
-        let end = Instant::now() + Duration::from_secs(30);
-        while !self.seen.iter().any(|l| l.contains(what)) {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no line with {what:?} within 30 s; saw:\n{:#?}", self.seen),
-            }
-        }
-    }
-
-    /// Waits for the exit (up to 60 s): the status and every line printed.
-    fn finish(mut self, what: &str) -> (std::process::ExitStatus, String) {
-        let o = wait(self.kill.0.take().unwrap(), Duration::from_secs(60), what);
-        // Every line: the reader thread ends at the pipe's end of file.
-        self.seen.extend(self.rx.iter());
-        let text = format!(
-            "{}\n{}",
-            self.seen.join("\n"),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (o.status, text)
-    }
-}
-
 /// Every process of the address that joined a multicast group gets its copy of each
 /// datagram sent to it (rxe: `rxe_rcv_mcast_pkt`, every QP attached): two mckey receivers and
 /// the sender, all on one address.
@@ -366,9 +294,7 @@ fn a_process_killed_mid_transfer_leaves_the_others_running() {
     let mut bw_c = Lines::spawn(ip, &client_args);
     // The header comes just before the test starts.
     bw_c.wait_for("#bytes");
-    let mut v = victim_s.kill.0.take().unwrap();
-    v.kill().unwrap();
-    v.wait().unwrap();
+    victim_s.kill_now();
     let (cs, ct) = bw_c.finish("ib_write_bw client");
     let (ss, st) = bw_s.finish("ib_write_bw server");
     assert!(cs.success() && ss.success(), "client:\n{ct}\nserver:\n{st}");

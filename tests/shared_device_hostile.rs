@@ -21,91 +21,14 @@ use softroce::wire::cm::{CmMadRepr, CmMsgRepr, DreqRepr, RejReason, RepRepr, por
 use softroce::wire::mad::{MAD_LEN, MadHdrRepr};
 use softroce::wire::{BthRepr, DethRepr, IcrcIp, Opcode, PacketRepr, Psn, ROCE_V2_UDP_PORT};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const GSI_QKEY: u32 = 0x8001_0000;
 
-/// Kills the child by its pid if the test panics first.
-struct Kill(Option<Child>);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A child whose stdout lines arrive on a channel as they are printed (run under
-/// `stdbuf -oL`).
-struct Lines {
-    kill: Kill,
-    rx: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Lines {
-    fn spawn(ip: &str, args: &[&str]) -> Lines {
-        let mut all = vec!["stdbuf", "-oL"];
-        all.extend_from_slice(args);
-        let mut c = exec(ip, &all)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = c.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Lines {
-            kill: Kill(Some(c)),
-            rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (up to 60 s) for a line containing `what`; returns it.
-    fn wait_for(&mut self, what: &str) -> String {
-        let end = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(l) = self.seen.iter().find(|l| l.contains(what)) {
-                return l.clone();
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no line with {what:?} within 60 s; saw:\n{:#?}", self.seen),
-            }
-        }
-    }
-
-    /// Whether the child has not exited yet.
-    fn running(&mut self) -> bool {
-        self.kill
-            .0
-            .as_mut()
-            .is_some_and(|c| c.try_wait().unwrap().is_none())
-    }
-
-    /// Waits for the exit (up to 120 s): the status and every line printed.
-    fn finish(mut self, what: &str) -> (std::process::ExitStatus, String) {
-        let o = wait(self.kill.0.take().unwrap(), Duration::from_secs(120), what);
-        self.seen.extend(self.rx.iter());
-        let text = format!(
-            "{}\n{}",
-            self.seen.join("\n"),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (o.status, text)
-    }
+/// A program under `softroce exec` with its lines read as they come, waiting up to 60 s for
+/// a line and 120 s for its exit (these runs share the CPU with the flood).
+fn lines(ip: &str, args: &[&str]) -> Lines {
+    Lines::spawn_with_limits(ip, args, Duration::from_secs(60), Duration::from_secs(120))
 }
 
 /// The QPN in an ibv_rc_pingpong "local address: ... QPN 0x010000, ..." line.
@@ -133,10 +56,10 @@ fn live_pair(ip: &str, port: u16, iters: u32) -> (Lines, Lines, [u32; 2]) {
         "-p",
         &port,
     ];
-    let mut s = Lines::spawn(ip, &args);
+    let mut s = lines(ip, &args);
     wait_tcp_listen(port.parse().unwrap(), &mut None);
     args.push(ip);
-    let mut c = Lines::spawn(ip, &args);
+    let mut c = lines(ip, &args);
     let slots = [
         qpn_of(&s.wait_for("local address")) >> 16,
         qpn_of(&c.wait_for("local address")) >> 16,
@@ -445,11 +368,9 @@ fn cm_messages_for_a_killed_process_get_the_kernel_answers() {
     }
     let (ip, dst) = ("127.0.79.23", Ipv4Addr::new(127, 0, 79, 23));
     let dev = UdpDevice::open("softroce_hostile", IpAddr::V4(dst)).unwrap();
-    let mut victim = Lines::spawn(ip, &["ibv_rc_pingpong", "-g", "1", "-p", "18821"]);
+    let mut victim = lines(ip, &["ibv_rc_pingpong", "-g", "1", "-p", "18821"]);
     let victim_qpn = qpn_of(&victim.wait_for("local address"));
-    let mut v = victim.kill.0.take().unwrap();
-    v.kill().unwrap();
-    v.wait().unwrap();
+    victim.kill_now();
     let gone = victim_qpn >> 16;
     let iters = 20_000;
     let (mut s, mut c, pair) = live_pair(ip, 18822, iters);

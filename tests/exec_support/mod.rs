@@ -248,3 +248,115 @@ pub fn wait_tcp_listen(port: u16, server: &mut Option<Child>) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Kills the child by its pid if the test panics first.
+pub struct Kill(pub Option<Child>);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A child of `softroce exec` whose stdout lines arrive on a channel as they are printed (the
+/// program is run under `stdbuf -oL`, so that its lines are not held in a pipe buffer until
+/// it exits). Its waits end a failing run after `line_limit` (a line) and `exit_limit` (the
+/// exit).
+pub struct Lines {
+    kill: Kill,
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+    line_limit: Duration,
+    exit_limit: Duration,
+}
+
+impl Lines {
+    /// `softroce exec --ip IP -- stdbuf -oL ARGS…`, waiting up to 30 s for a line and 60 s
+    /// for the exit.
+    pub fn spawn(ip: &str, args: &[&str]) -> Lines {
+        Lines::spawn_with_limits(ip, args, Duration::from_secs(30), Duration::from_secs(60))
+    }
+
+    /// [`Lines::spawn`] with other limits.
+    pub fn spawn_with_limits(
+        ip: &str,
+        args: &[&str],
+        line_limit: Duration,
+        exit_limit: Duration,
+    ) -> Lines {
+        let mut all = vec!["stdbuf", "-oL"];
+        all.extend_from_slice(args);
+        let mut c = exec(ip, &all)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = c.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            kill: Kill(Some(c)),
+            rx,
+            seen: Vec::new(),
+            line_limit,
+            exit_limit,
+        }
+    }
+
+    /// Waits for a line containing `what`; returns it.
+    pub fn wait_for(&mut self, what: &str) -> String {
+        let end = Instant::now() + self.line_limit;
+        loop {
+            if let Some(l) = self.seen.iter().find(|l| l.contains(what)) {
+                return l.clone();
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!(
+                    "no line with {what:?} within {:?}; saw:\n{:#?}",
+                    self.line_limit, self.seen
+                ),
+            }
+        }
+    }
+
+    /// Kills the child with SIGKILL and reaps it (a process killed mid-run).
+    pub fn kill_now(&mut self) {
+        if let Some(mut c) = self.kill.0.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// Whether the child has not exited yet.
+    pub fn running(&mut self) -> bool {
+        self.kill
+            .0
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    /// Waits for the exit: the status and every line printed (stdout, then stderr).
+    pub fn finish(mut self, what: &str) -> (std::process::ExitStatus, String) {
+        let o = wait(self.kill.0.take().unwrap(), self.exit_limit, what);
+        // Every line: the reader thread ends at the pipe's end of file.
+        self.seen.extend(self.rx.iter());
+        let text = format!(
+            "{}\n{}",
+            self.seen.join("\n"),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status, text)
+    }
+}
