@@ -2137,22 +2137,7 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     } else {
         tool.push_str(" $HOST_IP");
     }
-    let pcap = rig.run.join(format!(
-        "capi-{}.pcap",
-        rig.seq.fetch_add(1, Ordering::Relaxed)
-    ));
-    let before = rig.rxe_counters()?;
-    let cap = host_capture(rig, &pcap)?;
-    let p = run_pair(rig, log, role, &softroce_bin(), &args, "", &tool);
-    let cap = stop_capture(cap);
-    let p = p?;
-    let after = rig.rxe_counters()?;
-    let rxe = delta(&before, &after);
-    let _ = writeln!(
-        log,
-        "## rxe counters (delta): {rxe:?}\n## tcpdump: {}",
-        cap.stderr
-    );
+    let (p, cap, pcap, rxe) = captured_pair(rig, log, role, "capi", &softroce_bin(), &args, &tool)?;
     let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
     capture_complete(&cap)?;
     ensure!(
@@ -2329,6 +2314,38 @@ fn ucx_final(out: &str, iters: u32) -> Res<Vec<f64>> {
     Ok(v)
 }
 
+/// [`run_pair`] (host program `host_prog` with `host_args`, no ready line; `guest_body` in
+/// the guest) inside a capture of the host's tap (`RUNDIR/<prefix>-<n>.pcap`), with the rxe
+/// counters read before and after: the pair, the capture, its file and the counters'
+/// delta (the last two logged).
+fn captured_pair(
+    rig: &Rig,
+    log: &mut String,
+    role: Role,
+    prefix: &str,
+    host_prog: &Path,
+    host_args: &[String],
+    guest_body: &str,
+) -> Res<(Pair, HostExit, PathBuf, BTreeMap<String, u64>)> {
+    let pcap = rig.run.join(format!(
+        "{prefix}-{}.pcap",
+        rig.seq.fetch_add(1, Ordering::Relaxed)
+    ));
+    let before = rig.rxe_counters()?;
+    let cap = host_capture(rig, &pcap)?;
+    let p = run_pair(rig, log, role, host_prog, host_args, "", guest_body);
+    let cap = stop_capture(cap);
+    let p = p?;
+    let after = rig.rxe_counters()?;
+    let rxe = delta(&before, &after);
+    let _ = writeln!(
+        log,
+        "## rxe counters (delta): {rxe:?}\n## tcpdump: {}",
+        cap.stderr
+    );
+    Ok((p, cap, pcap, rxe))
+}
+
 /// tcpdump's closing statistics on stderr: every packet its filter took is in the file.
 fn capture_complete(cap: &HostExit) -> Res<()> {
     let stat = |what: &str| {
@@ -2394,22 +2411,7 @@ fn ucx(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     } else {
         tool.push_str(&format!(" {client} $HOST_IP"));
     }
-    let pcap = rig.run.join(format!(
-        "ucx-{}.pcap",
-        rig.seq.fetch_add(1, Ordering::Relaxed)
-    ));
-    let before = rig.rxe_counters()?;
-    let cap = host_capture(rig, &pcap)?;
-    let p = run_pair(rig, log, role, Path::new("env"), &args, "", &tool);
-    let cap = stop_capture(cap);
-    let p = p?;
-    let after = rig.rxe_counters()?;
-    let rxe = delta(&before, &after);
-    let _ = writeln!(
-        log,
-        "## rxe counters (delta): {rxe:?}\n## tcpdump: {}",
-        cap.stderr
-    );
+    let (p, cap, pcap, rxe) = captured_pair(rig, log, role, "ucx", Path::new("env"), &args, &tool)?;
     let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
     capture_complete(&cap)?;
     ensure!(
