@@ -148,9 +148,7 @@ impl QpEngine {
         // An ACK of packets sent before a rewind, past where the retry has got to: the
         // requester goes on from the first PSN not acknowledged, not from what it was
         // resending (which the peer has).
-        if self.comp.psn.diff(self.req.psn) > 0 {
-            self.advance_to(self.comp.psn);
-        }
+        self.advance_to(self.comp.psn);
         let progressed = self.comp.psn != before;
         if progressed {
             self.progress(now);

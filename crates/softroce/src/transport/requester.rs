@@ -423,30 +423,9 @@ impl QpEngine {
 
     /// Go-back-N: the next packet sent will be the one at `psn`, from the WQE that holds it.
     /// A READ restarts at that response PSN with its address advanced and length reduced by
-    /// the bytes already received (rxe `req_retry`). A PSN no WQE holds changes nothing.
-    pub(super) fn rewind_to(&mut self, psn: Psn) {
-        self.move_cursor_to(psn);
-    }
-
-    /// Moves the cursor forward to `psn`, the first PSN the peer has not acknowledged, when
-    /// that is past the cursor (an ACK of packets sent before a rewind): `psn`'s packet of
-    /// the WQE that holds it, or, past every WQE that has PSNs, the first WQE without.
-    pub(super) fn advance_to(&mut self, psn: Psn) {
-        if psn.diff(self.req.psn) <= 0 || self.move_cursor_to(psn) {
-            return;
-        }
-        self.req.wqe = self
-            .sq
-            .iter()
-            .position(|w| !w.assigned && !w.local_done)
-            .unwrap_or(self.sq.len());
-        self.req.offset = 0;
-        self.req.psn = psn;
-        self.req.noack_pkts = 0;
-    }
-
-    /// Puts the cursor on `psn`'s packet of the WQE that holds it; false if none does.
-    fn move_cursor_to(&mut self, psn: Psn) -> bool {
+    /// the bytes already received (rxe `req_retry`). A PSN no WQE holds changes nothing
+    /// (false).
+    pub(super) fn rewind_to(&mut self, psn: Psn) -> bool {
         let pmtu = self.pmtu();
         for (i, w) in self.sq.iter().enumerate() {
             if !w.assigned {
@@ -466,5 +445,22 @@ impl QpEngine {
             }
         }
         false
+    }
+
+    /// Moves the cursor forward to `psn`, the first PSN the peer has not acknowledged, when
+    /// that is past the cursor (an ACK of packets sent before a rewind): `psn`'s packet of
+    /// the WQE that holds it, or, past every WQE that has PSNs, the first WQE without.
+    pub(super) fn advance_to(&mut self, psn: Psn) {
+        if psn.diff(self.req.psn) <= 0 || self.rewind_to(psn) {
+            return;
+        }
+        self.req.wqe = self
+            .sq
+            .iter()
+            .position(|w| !w.assigned && !w.local_done)
+            .unwrap_or(self.sq.len());
+        self.req.offset = 0;
+        self.req.psn = psn;
+        self.req.noack_pkts = 0;
     }
 }

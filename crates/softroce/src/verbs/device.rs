@@ -6,7 +6,7 @@ use super::base::{
     GidType, MAX_QP, MAX_QP_WR, MAX_RD_ATOM, MAX_SGE, QpSlot, Shared, State,
 };
 use super::cq::{CompChannel, Cq, CqShared, MAX_CQE, PollHook};
-use super::event::{AsyncEvent, AsyncEvents, EventElement, EventFd, EventType, SignalQueue};
+use super::event::{AsyncEvent, AsyncEvents, EventElement, EventType, LevelFd, SignalQueue};
 use super::pd::Pd;
 use super::qp::{Qp, rxe_initial_udp_sport};
 use super::srq::{MAX_SRQ, MAX_SRQ_SGE, MAX_SRQ_WR};
@@ -583,13 +583,13 @@ impl Device {
         self.async_events().0.lost.load(Ordering::Relaxed)
     }
 
-    /// `ibv_create_comp_channel`. Errors: `ENOMEM` when no eventfd can be made (the
+    /// `ibv_create_comp_channel`. Errors: `ENOMEM` when no socket pair can be made (the
     /// process is out of descriptors).
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
-        let fd = EventFd::new().map_err(|e| {
+        let fd = LevelFd::new().map_err(|e| {
             Error::new(
                 ErrorKind::NoMem,
-                format!("create_comp_channel: eventfd: {e}"),
+                format!("create_comp_channel: socketpair: {e}"),
             )
         })?;
         let shared = Arc::new(SignalQueue::new(Some(fd), usize::MAX));
@@ -692,7 +692,8 @@ impl Device {
     }
 }
 
-/// The device's event queue is readable (pollable) while events are pending: its eventfd.
+/// The device's event queue is readable (pollable) while events are pending: its
+/// descriptor (the read end of a socket pair).
 /// -1 if the process had no descriptor left when the device was made.
 impl AsRawFd for Device {
     fn as_raw_fd(&self) -> RawFd {

@@ -124,15 +124,15 @@ const MAX_ASYNC_EVENTS: usize = 4096;
 /// perftest's duration mode installs its handler with `signal` (`SA_RESTART`) and expects
 /// the wait to go on.
 #[derive(Debug)]
-pub(super) struct EventFd {
+pub(super) struct LevelFd {
     /// The end handed out and waited on; the queue drains it.
     read: OwnedFd,
     /// The end the queue writes its byte into.
     write: OwnedFd,
 }
 
-impl EventFd {
-    pub(super) fn new() -> std::io::Result<EventFd> {
+impl LevelFd {
+    pub(super) fn new() -> std::io::Result<LevelFd> {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: socketpair writes two descriptors into the live 2-element array.
         let r = unsafe {
@@ -151,7 +151,7 @@ impl EventFd {
         // Only the read end goes to the program; the write end stays inside.
         // SAFETY: shutdown(2) on a descriptor this function owns; no pointers.
         let _ = unsafe { libc::shutdown(write.as_raw_fd(), libc::SHUT_RD) };
-        Ok(EventFd { read, write })
+        Ok(LevelFd { read, write })
     }
 
     /// Makes the descriptor readable.
@@ -210,7 +210,7 @@ pub fn wait_readable(fd: RawFd) -> std::io::Result<()> {
 pub(super) struct SignalQueue<T> {
     items: Mutex<VecDeque<T>>,
     ready: Condvar,
-    fd: Option<EventFd>,
+    fd: Option<LevelFd>,
     /// Set by `close`, under the `items` lock.
     closed: AtomicBool,
     pub(super) lost: AtomicU64,
@@ -218,7 +218,7 @@ pub(super) struct SignalQueue<T> {
 }
 
 impl<T> SignalQueue<T> {
-    pub(super) fn new(fd: Option<EventFd>, cap: usize) -> SignalQueue<T> {
+    pub(super) fn new(fd: Option<LevelFd>, cap: usize) -> SignalQueue<T> {
         SignalQueue {
             items: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
@@ -304,7 +304,7 @@ pub(super) struct AsyncEvents(pub(super) SignalQueue<AsyncEvent>);
 
 impl AsyncEvents {
     pub(super) fn new() -> AsyncEvents {
-        AsyncEvents(SignalQueue::new(EventFd::new().ok(), MAX_ASYNC_EVENTS))
+        AsyncEvents(SignalQueue::new(LevelFd::new().ok(), MAX_ASYNC_EVENTS))
     }
     pub(super) fn push(&self, event_type: EventType, element: EventElement) {
         self.0.push(AsyncEvent {
@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn signal_queue_fd_is_readable_exactly_while_items_are_pending() {
-        let q: SignalQueue<u32> = SignalQueue::new(Some(EventFd::new().unwrap()), 3);
+        let q: SignalQueue<u32> = SignalQueue::new(Some(LevelFd::new().unwrap()), 3);
         let fd = q.raw_fd();
         assert!(!readable(fd));
         q.push(1);
@@ -354,7 +354,7 @@ mod tests {
     // wakes too.
     #[test]
     fn a_closed_signal_queue_wakes_its_waiter_and_stays_readable() {
-        let q = std::sync::Arc::new(SignalQueue::<u32>::new(Some(EventFd::new().unwrap()), 8));
+        let q = std::sync::Arc::new(SignalQueue::<u32>::new(Some(LevelFd::new().unwrap()), 8));
         let (tx, rx) = std::sync::mpsc::channel();
         let waiter = {
             let q = q.clone();
@@ -419,7 +419,7 @@ mod tests {
     #[test]
     fn wait_readable_is_interrupted_by_a_signal_as_read_is() {
         use std::os::unix::thread::JoinHandleExt;
-        let q = std::sync::Arc::new(SignalQueue::<u32>::new(Some(EventFd::new().unwrap()), 8));
+        let q = std::sync::Arc::new(SignalQueue::<u32>::new(Some(LevelFd::new().unwrap()), 8));
         for restart in [false, true] {
             on_sigusr1(restart);
             let before = HANDLED.load(Ordering::SeqCst);
