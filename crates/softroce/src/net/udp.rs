@@ -362,7 +362,7 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool, panic_for_test: &At
                 // The pollers drain the group sockets; this is for a poller that only
                 // takes what its CQ holds (adaptive mode) or stopped between two turns.
                 drain_groups(device, link, &mut buf);
-                device.handle_timeouts();
+                serve_timers(device, link);
                 continue;
             }
             park = park.min(BUSY_DRIVER_RECV);
@@ -426,8 +426,40 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool, panic_for_test: &At
             Err(_) => std::thread::sleep(Duration::from_millis(1)),
         }
         drain_groups(device, link, &mut buf);
-        device.handle_timeouts();
+        serve_timers(device, link);
     }
+}
+
+/// The most `recvmmsg` batches [`serve_timers`] takes from the socket before a due timer
+/// runs: 64 batches of `RECV_BATCH` datagrams, more than a 128-PSN window of every QP of
+/// a busy device (a socket that never empties must not hold the timers back for ever).
+const DRAIN_BEFORE_TIMERS: usize = 64;
+
+/// Runs the device's due QP timers, after receiving what already waits on its socket.
+///
+/// rxe handles each packet in softirq as it arrives, before the retransmit timer that the
+/// packet's ACK stops can fire. Here the thread that receives may not have run for longer
+/// than the ACK timeout (two cores, applications spinning on both): the ACK is queued on
+/// the socket behind a due timer, and running the timer first would spend one of the
+/// QP's `retry_cnt` retries (and resend a window) for a packet the peer acknowledged,
+/// until `IBV_WC_RETRY_EXC_ERR` (libfabric's fi_pingpong, 1 MiB, beside CPU hogs).
+/// So when a timer is due, the socket is drained first (up to [`DRAIN_BEFORE_TIMERS`]
+/// batches; not if a busy poller holds the receive buffers: it is receiving). The raw
+/// socket of exact-ICRC mode has no non-blocking receive here and is not drained.
+fn serve_timers(device: &Device, link: &UdpLink) {
+    if link.raw.is_none() && device.timer_due() {
+        for _ in 0..DRAIN_BEFORE_TIMERS {
+            let Some(mut rx) = link.rx.try_lock() else {
+                break;
+            };
+            if rx.recv(link.recv.as_raw_fd(), false).is_err() {
+                break;
+            }
+            deliver(device, link, &rx, true, link.offload);
+        }
+        link.flush_deferred();
+    }
+    device.handle_timeouts();
 }
 
 /// In adaptive busy-polling mode ([`UdpOptions::busy_poll_adaptive`]), how often the driver
@@ -680,6 +712,76 @@ mod tests {
         let mut got = [0u8; 12];
         rmr.read(40, &mut got).unwrap();
         assert_eq!(&got, b"to the group");
+    }
+
+    // An ACK that waits on the socket when the retransmit timer is due must be handled
+    // before the timer: the thread that receives may not have run for longer than the ACK
+    // timeout (fi_pingpong beside CPU hogs spent retries on ACKs it had, until
+    // IBV_WC_RETRY_EXC_ERR). With retry_cnt 0 a single spurious timeout ends the SEND with
+    // RETRY_EXC_ERR, so this fails whenever the timer runs first.
+    #[test]
+    fn a_due_retransmit_timer_waits_for_the_ack_already_on_the_socket() {
+        use crate::verbs::{PathMtu, RcConnect};
+        let a = busy_device_without_driver(Ipv4Addr::new(127, 0, 24, 71));
+        let b = UdpDevice::open(
+            "softroce_ack_peer",
+            IpAddr::V4(Ipv4Addr::new(127, 0, 24, 72)),
+        )
+        .expect("open a device on loopback");
+        let rc = |d: &Device| {
+            let pd = d.alloc_pd().unwrap();
+            let cq = d.create_cq(8).unwrap();
+            let qp = pd
+                .create_qp(&QpInitAttr {
+                    qp_type: QpType::Rc,
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    cap: QpCap::default(),
+                    sq_sig_all: true,
+                    srq: None,
+                })
+                .unwrap();
+            let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+            (pd, cq, qp, mr)
+        };
+        let (_apd, acq, aqp, amr) = rc(&a);
+        let (_bpd, bcq, bqp, bmr) = rc(&b);
+        let connect = |qp: &crate::verbs::Qp, peer: &crate::verbs::Qp, ip: Ipv4Addr| {
+            let mut c = RcConnect::new(peer.qp_num(), Gid::from(ip), 100, 100);
+            c.path_mtu = PathMtu::Mtu1024;
+            // The shortest ACK timeout (8.192 µs) and no retry: one timeout is fatal.
+            c.timeout = 1;
+            c.retry_cnt = 0;
+            qp.connect_rc(&c).unwrap();
+        };
+        connect(&aqp, &bqp, Ipv4Addr::new(127, 0, 24, 72));
+        connect(&bqp, &aqp, Ipv4Addr::new(127, 0, 24, 71));
+        bqp.post_recv(&[RecvWr {
+            wr_id: 5,
+            sg_list: vec![bmr.sge(0, 64)],
+        }])
+        .unwrap();
+        amr.write(0, b"acknowledged").unwrap();
+        aqp.post_send(&[SendWr::new(1, WrOpcode::Send, vec![amr.sge(0, 12)])])
+            .unwrap();
+        // B's driver received the SEND and sent its ACK (loopback queues it on A's socket
+        // within the send) before the receive completes.
+        let mut wc = [Wc::default()];
+        assert_eq!(bcq.wait(&mut wc, Duration::from_secs(10)), 1);
+        assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, 5));
+        // A's retransmit timer (8 µs) comes due while nothing has received the ACK.
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while !a.timer_due() {
+            assert!(
+                std::time::Instant::now() < end,
+                "the retransmit timer never came due"
+            );
+            std::thread::yield_now();
+        }
+        serve_timers(&a.device, &a.link);
+        assert_eq!(acq.poll_queued(&mut wc), 1, "the SEND completed");
+        assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, 1));
+        assert_eq!(aqp.counters().completer_retry_err, 0, "no retry was spent");
     }
 
     /// Runs `f` in a thread and returns what it gives, waiting up to 20 s for it: the

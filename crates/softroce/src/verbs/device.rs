@@ -534,6 +534,13 @@ impl Device {
         }
     }
 
+    /// Whether a QP timer is due now on the device's clock (what [`Device::handle_timeouts`]
+    /// would run).
+    pub fn timer_due(&self) -> bool {
+        let now = self.now();
+        self.next_deadline().is_some_and(|t| t <= now)
+    }
+
     /// The earliest QP timer deadline on the device's clock, if any.
     pub fn next_deadline(&self) -> Option<Instant> {
         let st = self.shared.state.lock();
