@@ -263,7 +263,11 @@ pub fn icrc_of_body(ip: &IcrcIp, body: &[u8]) -> [u8; 4] {
 /// packets accepted (1.53e-5), whether 2 bits, 3–8 bits, a burst or random bytes were hit;
 /// none of 41,984 single-bit flips.
 /// Returns `None` when no ID fits; `ip` must be [`IcrcIp::V4`] (else `None`).
-/// Cost: 17 CRC passes over the packet.
+///
+/// `L` depends only on where the ID field sits from the end of the packet, that is on the
+/// body's length, not on its bytes or the addresses: each thread keeps the reduced bases of
+/// the last [`IDENT_BASES`] body lengths it solved. Cost: one CRC pass over the packet (17
+/// for a body length the thread has not solved lately).
 pub fn solve_ipv4_ident(ip: &IcrcIp, body: &[u8], received: [u8; 4]) -> Option<u16> {
     let IcrcIp::V4 {
         src,
@@ -288,35 +292,83 @@ pub fn solve_ipv4_ident(ip: &IcrcIp, body: &[u8], received: [u8; 4]) -> Option<u
         ))
     };
     let f0 = f(0);
-    let mut target = f0 ^ u32::from_le_bytes(received);
-    // Gaussian elimination: rows of (vector, which ID bits make it).
-    let mut rows: [(u32, u16); 16] = [(0, 0); 16];
-    let mut n = 0;
-    for bit in 0..16 {
-        let mut v = f(1 << bit) ^ f0;
-        let mut mask = 1u16 << bit;
-        for &(rv, rm) in &rows[..n] {
-            if v ^ rv < v {
-                v ^= rv;
-                mask ^= rm;
+    let basis = IDENT_BASIS_CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(b) = c.slots.iter().flatten().find(|b| b.body_len == body.len()) {
+            return *b;
+        }
+        let b = IdentBasis::new(body.len(), |bit| f(1 << bit) ^ f0);
+        let i = c.next;
+        c.slots[i] = Some(b);
+        c.next = (i + 1) % IDENT_BASES;
+        b
+    });
+    basis.solve(f0 ^ u32::from_le_bytes(received))
+}
+
+/// How many body lengths' bases [`solve_ipv4_ident`] keeps per thread: a flow's full-MTU
+/// packets, its last ones, ACKs and a few more.
+pub const IDENT_BASES: usize = 8;
+
+/// The bases of the last [`IDENT_BASES`] body lengths solved on this thread, replaced round
+/// robin.
+struct IdentBasisCache {
+    slots: [Option<IdentBasis>; IDENT_BASES],
+    next: usize,
+}
+
+thread_local! {
+    static IDENT_BASIS_CACHE: core::cell::RefCell<IdentBasisCache> =
+        const { core::cell::RefCell::new(IdentBasisCache { slots: [None; IDENT_BASES], next: 0 }) };
+}
+
+/// The linear map `L` from the 16 IPv4 ID bits to the ICRC, for one body length, reduced by
+/// Gaussian elimination over GF(2): rows of (vector, which ID bits make it), sorted by
+/// leading bit, highest first, so that reducing a vector is one greedy pass.
+#[derive(Clone, Copy)]
+struct IdentBasis {
+    body_len: usize,
+    rows: [(u32, u16); 16],
+    n: usize,
+}
+
+impl IdentBasis {
+    /// The basis from `unit(bit)` = `L` of the ID with only `bit` set.
+    fn new(body_len: usize, mut unit: impl FnMut(u16) -> u32) -> IdentBasis {
+        let mut b = IdentBasis {
+            body_len,
+            rows: [(0, 0); 16],
+            n: 0,
+        };
+        for bit in 0..16 {
+            let mut v = unit(bit);
+            let mut mask = 1u16 << bit;
+            for &(rv, rm) in &b.rows[..b.n] {
+                if v ^ rv < v {
+                    v ^= rv;
+                    mask ^= rm;
+                }
+            }
+            if v != 0 {
+                b.rows[b.n] = (v, mask);
+                b.n += 1;
+                b.rows[..b.n].sort_unstable_by_key(|r| r.0.leading_zeros());
             }
         }
-        if v != 0 {
-            rows[n] = (v, mask);
-            n += 1;
-            // Keep rows sorted by leading bit, highest first, so reduction is greedy.
-            rows[..n]
-                .sort_unstable_by(|a, b| b.0.leading_zeros().cmp(&a.0.leading_zeros()).reverse());
-        }
+        b
     }
-    let mut ident = 0u16;
-    for &(rv, rm) in &rows[..n] {
-        if target ^ rv < target {
-            target ^= rv;
-            ident ^= rm;
+
+    /// The ID `x` with `L(x) = target`, if one exists.
+    fn solve(&self, mut target: u32) -> Option<u16> {
+        let mut ident = 0u16;
+        for &(rv, rm) in &self.rows[..self.n] {
+            if target ^ rv < target {
+                target ^= rv;
+                ident ^= rm;
+            }
         }
+        (target == 0).then_some(ident)
     }
-    (target == 0).then_some(ident)
 }
 
 #[cfg(test)]
@@ -423,6 +475,48 @@ mod tests {
             let mut bad = body.clone();
             bad[100] ^= 0x10;
             assert_eq!(solve_ipv4_ident(&ip, &bad, icrc), None);
+        }
+    }
+
+    // The per-thread bases are keyed by body length only: flows with other addresses,
+    // ports and bytes reuse them, and more lengths than the cache holds evict and
+    // recompute. Every solve must still give the ID the sender wrote.
+    #[test]
+    fn cached_bases_serve_every_flow_of_a_length() {
+        let lengths = [
+            0usize, 12, 16, 64, 300, 1024, 1036, 2048, 4096, 4108, 4112, 9000,
+        ];
+        assert!(lengths.len() > IDENT_BASES);
+        let mut seed = 0x9e37_79b9u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for round in 0..3u8 {
+            for &len in &lengths {
+                let body: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                let ident = next() as u16;
+                let ip = IcrcIp::V4 {
+                    src: Ipv4Addr::new(10, round, 0, (next() % 250) as u8 + 1),
+                    dst: Ipv4Addr::new(10, 77, round, 1),
+                    ident,
+                    src_port: next() as u16 | 0xc000,
+                    dst_port: 4791,
+                };
+                let icrc = icrc_of_body(&ip, &body);
+                assert_eq!(
+                    solve_ipv4_ident(&ip, &body, icrc),
+                    Some(ident),
+                    "{round}/{len}"
+                );
+                if len > 0 {
+                    let mut bad = body.clone();
+                    bad[len / 2] ^= 0x01;
+                    assert_eq!(solve_ipv4_ident(&ip, &bad, icrc), None, "{round}/{len}");
+                }
+            }
         }
     }
 
