@@ -30,6 +30,9 @@
 //!   programs on rxe; and an rdma_cm REQ/SIDR_REQ to a port nobody listens on, both ways;
 //! - UCX: Debian's ucx_perftest (tag_lat and a 64 KiB tag_bw over rc_verbs, tag_lat over
 //!   ud_verbs) through `softroce exec` against ucx_perftest on rxe;
+//! - MPI: Open MPI 4.1 over UCX (pml ucx), tests/c/mpi_pingpong.c with one rank through
+//!   `softroce exec` on the host and one on rxe, mpirun on the host starting the guest's orted
+//!   through the rig's job channel;
 //! - a control run of `ibv_rc_pingpong` between two rxe devices inside the guest, to show what
 //!   rxe does on its own (see the note on spurious retries in docs/interop.md).
 //!
@@ -145,6 +148,8 @@ struct Rig {
     netns: String,
     host_ip: String,
     guest_ip: String,
+    /// The tap subnet's prefix length.
+    prefix: u8,
     seq: AtomicU32,
 }
 
@@ -170,6 +175,9 @@ impl Rig {
             netns: get("NETNS")?,
             host_ip: get("HOST_IP")?,
             guest_ip: get("GUEST_IP")?,
+            prefix: get("PREFIX")?
+                .parse()
+                .map_err(|e| format!("PREFIX in {}: {e}", run.join("env").display()))?,
             seq: AtomicU32::new(1),
         };
         Ok(rig)
@@ -184,6 +192,16 @@ impl Rig {
             .map_err(|e| format!("write {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, dir.join(format!("{id}.sh"))).map_err(|e| e.to_string())?;
         Ok(GuestJob { dir, id })
+    }
+
+    /// The tap's subnet (`10.66.0.0/24`), which holds both the host's and the guest's address.
+    fn subnet(&self) -> Res<String> {
+        let ip: std::net::Ipv4Addr = self.host_ip.parse().map_err(|e| format!("{e}"))?;
+        let mask = u32::MAX
+            .checked_shl(32u32.saturating_sub(u32::from(self.prefix)))
+            .unwrap_or(0);
+        let net = std::net::Ipv4Addr::from(u32::from(ip) & mask);
+        Ok(format!("{net}/{}", self.prefix))
     }
 
     /// Runs `body` in the guest to its end.
@@ -410,6 +428,25 @@ impl HostProc {
             stdout: self.stdout(),
             stderr: self.err.lock().map(|s| s.clone()).unwrap_or_default(),
         }
+    }
+
+    /// As [`HostProc::wait`] for a launcher (mpirun): after `timeout` it gets SIGTERM, on which
+    /// it stops what it started (its ranks, its daemons), and SIGKILL only if it is still there
+    /// `grace` later. The exit code is `None` when it had to be stopped.
+    fn wait_launcher(mut self, timeout: Duration, grace: Duration) -> HostExit {
+        let deadline = Instant::now() + timeout;
+        while let Ok(None) = self.child.try_wait() {
+            if Instant::now() > deadline {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &self.child.id().to_string()])
+                    .status();
+                let mut exit = self.wait(grace);
+                exit.code = None;
+                return exit;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait(Duration::ZERO)
     }
 }
 
@@ -2518,6 +2555,357 @@ fn ucx(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     ))
 }
 
+// ------------------------------------------------------ Open MPI (softroce exec) vs rxe
+
+/// The MPI ping-pong's message sizes and iterations (`SIZE:ITERS`, tests/c/mpi_pingpong.c),
+/// and whether UCX sends the size by rendezvous: 8 B and 4 KiB go eagerly (RC SENDs), 256 KiB
+/// is above UCX's rendezvous threshold (UCX 1.13 on rc_verbs: the receiver RDMA READs the
+/// sender's buffer).
+const MPI_SIZES: [(u32, u32, bool); 3] = [(8, 200, false), (4096, 100, false), (262_144, 20, true)];
+
+/// tests/c/mpi_pingpong.c, compiled on the host with mpicc into the share's `cm-bin`.
+fn mpi_program(rig: &Rig) -> Res<PathBuf> {
+    let dir = rig.run.join("cm-bin");
+    let exe = dir.join("mpi_pingpong");
+    if exe.exists() {
+        return Ok(exe);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_pingpong.c");
+    let out = Command::new("mpicc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("mpicc: {e} (apt-get install libopenmpi-dev)"))?;
+    ensure!(
+        out.status.success(),
+        "mpicc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(exe)
+}
+
+/// Writes mpirun's `plm_rsh_agent` for one MPI run, `RUNDIR/mpi-rsh-<job>`, and returns its
+/// path. mpirun calls it as `AGENT HOST COMMAND...` (as it would call ssh) to start its daemon
+/// (orted) on HOST, the guest: it writes COMMAND, shell text as ssh hands it to the remote
+/// shell, as the guest job `job` (the rig's job channel, `RUNDIR/jobs`), waits for the job's
+/// exit status, prints its output and exits with its status. The job first links the host's
+/// path of the run directory to `/share`, so that the program's host path is its path in the
+/// guest too. The agent gives up when mpirun, its parent, is gone. mpirun runs with
+/// `--leave-session-attached`, so that orted stays in the job (without it, mpirun's
+/// `plm_rsh_no_tree_spawn` tells orted to daemonize).
+fn mpi_rsh_agent(rig: &Rig, job: &str) -> Res<PathBuf> {
+    let run = rig.run.display().to_string();
+    let parent = rig.run.parent().ok_or("the run directory has no parent")?;
+    let agent = rig.run.join(format!("mpi-rsh-{job}"));
+    let text = format!(
+        "#!/bin/sh\n\
+         # mpirun's plm_rsh_agent for the MPI scenario of tests/interop_rxe.rs: AGENT HOST COMMAND...\n\
+         # runs COMMAND in the rig's guest as job {job} and exits with its status.\n\
+         shift\n\
+         jobs='{run}/jobs'\n\
+         {{\n\
+         \x20 echo \"mkdir -p '{parent}' && ln -sfn /share '{run}'\"\n\
+         \x20 printf '%s\\n' \"$*\"\n\
+         }} > \"$jobs/{job}.tmp\" && mv \"$jobs/{job}.tmp\" \"$jobs/{job}.sh\" || exit 255\n\
+         while [ ! -e \"$jobs/{job}.rc\" ]; do\n\
+         \x20 kill -0 \"$PPID\" 2>/dev/null || exit 255\n\
+         \x20 sleep 0.05\n\
+         done\n\
+         cat \"$jobs/{job}.out\"\n\
+         exit \"$(cat \"$jobs/{job}.rc\")\"\n",
+        parent = parent.display()
+    );
+    std::fs::write(&agent, text).map_err(|e| format!("write {}: {e}", agent.display()))?;
+    let chmod = Command::new("chmod")
+        .arg("0755")
+        .arg(&agent)
+        .status()
+        .map_err(|e| format!("chmod: {e}"))?;
+    ensure!(chmod.success(), "chmod {} failed", agent.display());
+    Ok(agent)
+}
+
+/// Issue 21 item 4: an MPI job across softroce and kernel rxe. Open MPI 4.1 (`--mca pml ucx
+/// --mca btl self`, UCX 1.13 over `UCX_TLS=rc_verbs,ud_verbs:aux,self`) runs
+/// tests/c/mpi_pingpong.c as two ranks, one on the host through `softroce exec` (mpirun
+/// itself runs under it, so its local rank sees softroce0) and one on rxe in the guest, whose
+/// orted mpirun starts through [`mpi_rsh_agent`] and reaches over the tap
+/// (`oob_tcp_if_include`). `UCX_NET_DEVICES` is each rank's own (`-x` per application context:
+/// softroce0:1, rxe0:1), and both set `UCX_UD_VERBS_ETH_DGID_CHECK=n` (see [`ucx`]).
+/// `SoftroceClient`: softroce holds rank 0, which sends each ping; `SoftroceServer`: rank 1,
+/// which checks each ping and answers it. Checks mpirun's and orted's exit statuses, where each
+/// rank ran, the program's `ok` line for every size (both ranks check every byte they
+/// receive), and in a capture on the tap that RC data went both ways with at least the
+/// messages' bytes, that the 256 KiB messages went by rendezvous (RDMA READs from both sides),
+/// and that rxe accepted every packet softroce sent but those after rxe's last one (rxe's
+/// counters also count the packets its rank's UCX sends itself: `sent_pkts` beyond the tap's).
+fn mpi(rig: &Rig, log: &mut String, role: Role) -> Res<String> {
+    for (tool, pkg) in [("mpirun", "openmpi-bin"), ("mpicc", "libopenmpi-dev")] {
+        ensure!(
+            Path::new("/usr/bin").join(tool).exists(),
+            "/usr/bin/{tool} is missing: apt-get install {pkg}"
+        );
+    }
+    let exe = mpi_program(rig)?.display().to_string();
+    let job = format!("{:03}-orted", rig.seq.fetch_add(1, Ordering::Relaxed));
+    let agent = mpi_rsh_agent(rig, &job)?;
+    let app = |host: &str, dev: &str| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "-np",
+            "1",
+            "--host",
+            host,
+            "-x",
+            "UCX_TLS=rc_verbs,ud_verbs:aux,self",
+            "-x",
+            "UCX_UD_VERBS_ETH_DGID_CHECK=n",
+            "-x",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.push(format!("UCX_NET_DEVICES={dev}:1"));
+        a.push(exe.clone());
+        a.extend(MPI_SIZES.iter().map(|(s, n, _)| format!("{s}:{n}")));
+        a
+    };
+    let softroce_app = app(&rig.host_ip, "softroce0");
+    let rxe_app = app(&rig.guest_ip, "rxe0");
+    let (first, second) = if role == Role::SoftroceClient {
+        (softroce_app, rxe_app)
+    } else {
+        (rxe_app, softroce_app)
+    };
+    let mut args: Vec<String> = [
+        "exec",
+        "--ip",
+        &rig.host_ip,
+        "--",
+        "mpirun",
+        "--allow-run-as-root",
+        "--leave-session-attached",
+        "--mca",
+        "plm_rsh_agent",
+        &agent.display().to_string(),
+        "--mca",
+        "plm_rsh_no_tree_spawn",
+        "1",
+        "--mca",
+        "oob_tcp_if_include",
+        &rig.subnet()?,
+        "--mca",
+        "pml",
+        "ucx",
+        "--mca",
+        "btl",
+        "self",
+        "--bind-to",
+        "none",
+        "-wdir",
+        "/tmp",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(first);
+    args.push(":".into());
+    args.extend(second);
+    let _ = writeln!(
+        log,
+        "## host: {} {}",
+        softroce_bin().display(),
+        args.join(" ")
+    );
+
+    let pcap = rig.run.join(format!("mpi-{job}.pcap"));
+    let before = rig.rxe_counters()?;
+    let cap = host_capture(rig, &pcap)?;
+    let host = match rig.host(&softroce_bin(), &args) {
+        Ok(p) => p.wait_launcher(TOOL_TIMEOUT, Duration::from_secs(20)),
+        Err(e) => {
+            let _ = stop_capture(cap);
+            return Err(e);
+        }
+    };
+    let guest_job = GuestJob {
+        dir: rig.run.join("jobs"),
+        id: job.clone(),
+    };
+    // orted leaves once mpirun told it to, or once mpirun is gone.
+    let guest = if guest_job.dir.join(format!("{job}.sh")).exists() {
+        Some(guest_job.wait(rig, Duration::from_secs(30)))
+    } else {
+        None
+    };
+    let cap = stop_capture(cap);
+    let after = rig.rxe_counters()?;
+    let rxe = delta(&before, &after);
+    let orted = match &guest {
+        None => "never started".to_string(),
+        Some(Ok((rc, out))) => format!("exit {rc}, output:\n{out}"),
+        Some(Err(e)) => e.clone(),
+    };
+    let _ = writeln!(
+        log,
+        "## mpirun exit: {:?}\n## mpirun stdout:\n{}\n## mpirun stderr:\n{}\n## orted in \
+         the guest: {orted}\n## rxe counters (delta): {rxe:?}\n## tcpdump: {}",
+        host.code, host.stdout, host.stderr, cap.stderr
+    );
+    let g = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    ensure!(
+        host.code == Some(0),
+        "mpirun exited {:?} (None: stopped after {TOOL_TIMEOUT:?}):\n{}{}",
+        host.code,
+        host.stdout,
+        host.stderr
+    );
+    let (guest_rc, guest_out) = guest.ok_or("mpirun never started its daemon in the guest")??;
+    ensure!(
+        guest_rc == 0,
+        "orted in the guest exited {guest_rc}:\n{guest_out}"
+    );
+    capture_complete(&cap)?;
+
+    // Where each rank ran: rxe's in the guest, softroce's on this host.
+    let here = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_err(|e| format!("hostname: {e}"))?;
+    let sr_rank = if role == Role::SoftroceClient { 0 } else { 1 };
+    for rank in [0, 1] {
+        let head = format!("mpi_pingpong: rank {rank} of 2 on ");
+        let on = host
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&head))
+            .ok_or_else(|| format!("no {head:?} line:\n{}", host.stdout))?;
+        ensure!(
+            (on == here.trim()) == (rank == sr_rank),
+            "rank {rank} ran on {on:?}, expected {} (this host is {:?})",
+            if rank == sr_rank {
+                "this host"
+            } else {
+                "the guest"
+            },
+            here.trim()
+        );
+    }
+    let mut rtts = Vec::new();
+    for (size, iters, _) in MPI_SIZES {
+        let head = format!("mpi_pingpong: ok {size} B x {iters}, round trip avg ");
+        let us = host
+            .stdout
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&head)?
+                    .strip_suffix(" us")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .ok_or_else(|| format!("no {head:?} line:\n{}", host.stdout))?;
+        rtts.push(format!("{size} B × {iters} {us:.0} µs"));
+    }
+
+    // The BTH opcode's top 3 bits: 0 RC (0x11 its ACK, 0x0c an RDMA READ request), 3 UD.
+    let me: [u8; 4] = rig
+        .host_ip
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|e| e.to_string())?
+        .octets();
+    let pkts: Vec<(u64, bool, u8, u64)> = pcap_roce_ip(&pcap)?
+        .into_iter()
+        .filter_map(|(t, ip)| {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let opcode = *ip.get(ihl + 8)?;
+            let len = u64::from(u16::from_be_bytes([ip[2], ip[3]]));
+            Some((t, ip[12..16] == me, opcode, len))
+        })
+        .collect();
+    let rc_data = |p: &&(u64, bool, u8, u64)| p.2 >> 5 == 0 && p.2 != 0x11;
+    let payload: u64 = MPI_SIZES
+        .iter()
+        .map(|(s, n, _)| u64::from(*s) * u64::from(*n))
+        .sum();
+    let rndv: u64 = MPI_SIZES
+        .iter()
+        .filter(|(_, _, r)| *r)
+        .map(|(_, n, _)| u64::from(*n))
+        .sum();
+    let mut per_side = Vec::new();
+    for (side, mine) in [("softroce", true), ("rxe", false)] {
+        let rc: Vec<&(u64, bool, u8, u64)> = pkts
+            .iter()
+            .filter(|p| p.1 == mine)
+            .filter(rc_data)
+            .collect();
+        let bytes: u64 = rc.iter().map(|p| p.3).sum();
+        let reads = rc.iter().filter(|p| p.2 == 0x0c).count() as u64;
+        ensure!(
+            bytes >= payload,
+            "{side} sent {} RC packets (not ACKs) of {bytes} bytes with their headers; its \
+             rank sent {payload} bytes of messages",
+            rc.len()
+        );
+        ensure!(
+            reads >= rndv,
+            "{side} sent {reads} RDMA READ requests for the {rndv} rendezvous messages its rank \
+             received"
+        );
+        per_side.push((rc.len(), reads));
+    }
+    let from_softroce = pkts.iter().filter(|p| p.1).count() as u64;
+    let rxe_sent = pkts.len() as u64 - from_softroce;
+    let sr_acks = pkts.iter().filter(|p| p.1 && p.2 == 0x11).count();
+    let sr_ud = pkts.iter().filter(|p| p.1 && p.2 >> 5 == 3).count();
+    let rxe_last = pkts.iter().filter(|p| !p.1).map(|p| p.0).max();
+    let after_rxe = pkts
+        .iter()
+        .filter(|p| p.1 && rxe_last.is_some_and(|t| p.0 > t))
+        .count() as u64;
+    // The rank's UCX connects to itself too (MPI_Init of a lone rank on rxe: 5 packets sent
+    // and received): rxe hands those packets to itself (rxe_loopback), they never reach the
+    // wire, and both counters count them.
+    let loopback = g(&rxe, "sent_pkts").checked_sub(rxe_sent).ok_or_else(|| {
+        format!(
+            "rxe counted {} packets sent, the tap carried {rxe_sent}",
+            g(&rxe, "sent_pkts")
+        )
+    })?;
+    let rcvd = g(&rxe, "rcvd_pkts").saturating_sub(loopback);
+    ensure!(
+        from_softroce > 0
+            && g(&rxe, "rcvd_pkts") >= loopback
+            && rcvd <= from_softroce
+            && from_softroce - rcvd <= after_rxe,
+        "rxe accepted {} packets, {loopback} of them its own (sent_pkts {} less the {rxe_sent} \
+         on the tap); softroce sent {from_softroce} (the tap's capture; {after_rxe} of them \
+         after rxe's last packet); drops on the way: {}",
+        g(&rxe, "rcvd_pkts"),
+        g(&rxe, "sent_pkts"),
+        path_drops(&rxe)
+    );
+    Ok(format!(
+        "rank {sr_rank} on softroce, rank {} on rxe; ok for {} (round trip avg); softroce sent \
+         {from_softroce} packets ({} RC requests and responses, {} of them RDMA READ requests, \
+         {sr_acks} RC ACKs, {sr_ud} UD), rxe accepted {rcvd}{}; rxe sent {rxe_sent} ({} RC \
+         requests and responses, {} RDMA READ requests) and {loopback} to itself (its rank's \
+         UCX loopback); rxe retransmit timeouts {}",
+        1 - sr_rank,
+        rtts.join(", "),
+        per_side[0].0,
+        per_side[0].1,
+        if from_softroce > rcvd {
+            format!(" ({} sent after rxe's last packet)", from_softroce - rcvd)
+        } else {
+            String::new()
+        },
+        per_side[1].0,
+        per_side[1].1,
+        g(&rxe, "completer_retry_err")
+    ))
+}
+
 /// perftest's result rows: the lines after the header that starts with `#bytes` and names
 /// `column`, up to the table's closing rule, each split at white space.
 fn result_rows(out: &str, column: &str) -> Res<Vec<Vec<String>>> {
@@ -3454,6 +3842,21 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
             "ucx_perftest -t tag_lat -s 8 -n 200 over ud_verbs alone through softroce exec vs \
              ucx_perftest on rxe; UD packets only, at least one from softroce an iteration",
             |r, l, role| ucx(r, l, role, "ud"),
+        ),
+        (
+            "MPI: Open MPI ping-pong, pml ucx",
+            "tests/c/mpi_pingpong.c under Open MPI 4.1 (Debian's mpirun --mca pml ucx --mca btl \
+             self, UCX_TLS=rc_verbs,ud_verbs:aux,self, UCX_UD_VERBS_ETH_DGID_CHECK=n on both \
+             sides) with one rank through softroce exec on the host and one on rxe in the guest, \
+             whose orted mpirun starts through the rig's job channel (plm_rsh_agent) and which \
+             reaches mpirun over the tap: 200 × 8 B, 100 × 4 KiB and 20 × 256 KiB round trips, \
+             every message checked byte by byte by the rank that receives it. Server: softroce \
+             holds rank 1, which answers each ping; client: rank 0, which sends them. The tap \
+             carries RC data both ways with at least the messages' bytes, the 256 KiB messages \
+             go by UCX's rendezvous (both sides RDMA READ), rxe accepts every softroce packet \
+             but those after its last one (rxe's counters also count the few packets its rank's \
+             UCX sends itself over rxe's loopback: `sent_pkts` beyond the tap's)",
+            |r, l, role| mpi(r, l, role),
         ),
         (
             "rdma_cm: rping",

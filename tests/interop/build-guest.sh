@@ -29,7 +29,7 @@ export DEBIAN_FRONTEND=noninteractive LC_ALL=C
 # Packages installed into the guest rootfs on top of debootstrap minbase.
 GUEST_PKGS=(
   rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils infiniband-diags
-  iproute2 tcpdump kmod procps netbase python3-pyverbs ucx-utils
+  iproute2 tcpdump kmod procps netbase python3-pyverbs ucx-utils openmpi-bin
 )
 # Kernel modules copied (with their dependencies) into the rootfs.
 GUEST_MODS=(
@@ -125,7 +125,8 @@ mkdir -p "$ROOTFS/share"
   echo "kernel: $KDEB_PKG ($(dpkg-deb -f "$CACHE"/debs/"$KDEB_PKG"_*_amd64.deb Version))"
   chroot "$ROOTFS" dpkg-query -W -f '${Package} ${Version}\n' \
     rdma-core ibverbs-providers ibverbs-utils libibverbs1 librdmacm1 perftest rdmacm-utils \
-    infiniband-diags iproute2 tcpdump python3 python3-pyverbs libucx0 ucx-utils
+    infiniband-diags iproute2 tcpdump python3 python3-pyverbs libucx0 ucx-utils \
+    openmpi-bin libopenmpi3 libpmix2
 } > "$G/manifest.txt"
 chroot "$ROOTFS" dpkg-query -W -f '${Package} ${Version}\n' > "$G/packages.txt"
 

@@ -35,9 +35,12 @@ GUEST_IP=10.66.0.2
 PREFIX=24
 # tcpdump captures the tap for the C-library scenarios; ibverbs-utils, perftest and
 # rdmacm-utils are the tools those run through softroce's libibverbs.so.1 and librdmacm.so.1
-# on the host; gcc and librdmacm-dev build the rdma_cm scenarios' C programs.
+# on the host; gcc and librdmacm-dev build the rdma_cm scenarios' C programs; ucx-utils and
+# openmpi-bin run the UCX and MPI scenarios' host side, libopenmpi-dev (mpicc) builds the
+# MPI program.
 HOST_TOOLS=(qemu-system-x86 debootstrap busybox-static cpio kmod e2fsprogs zstd iproute2 tcpdump
-  ibverbs-utils perftest rdmacm-utils gcc libc6-dev librdmacm-dev ucx-utils)
+  ibverbs-utils perftest rdmacm-utils gcc libc6-dev librdmacm-dev ucx-utils openmpi-bin
+  libopenmpi-dev)
 G=$CACHE/guest
 
 die() { echo "rig.sh: $*" >&2; exit 1; }
