@@ -77,3 +77,62 @@ extern "C" fn in_child() {
     // SAFETY: the descriptor opened above.
     unsafe { libc::close(null) };
 }
+
+/// Every signal blocked in the calling thread while this lives; the previous mask comes back
+/// when it is dropped. Held across the `fork`/`clone` of softroce's own helper processes
+/// (the stand-in, the keeper): the child starts with every signal blocked, so none of the
+/// program's handlers can run in it before [`child_signal_defaults`] removes them.
+pub(super) struct SignalsBlocked(libc::sigset_t);
+
+impl SignalsBlocked {
+    pub(super) fn new() -> SignalsBlocked {
+        // SAFETY: sigfillset/pthread_sigmask on sets owned here; the old mask is kept to be
+        // restored.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            SignalsBlocked(old)
+        }
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `new` in this thread.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
+        }
+    }
+}
+
+/// In a helper child forked under [`SignalsBlocked`]: every signal back to its default
+/// action, then `ignored` ignored, then nothing blocked. A copy of the program's handlers
+/// would otherwise run in the child: libinfinipath (loaded by libfabric) catches SIGTERM and
+/// calls `exit`, whose exit handlers in the child wait forever for a lock another thread of
+/// the program held at the fork; the stand-in then never ended. Async-signal-safe (sigaction
+/// and sigprocmask only).
+///
+/// # Safety
+/// Only in a freshly forked child whose signal state nothing else in it relies on.
+pub(super) unsafe fn child_signal_defaults(ignored: &[libc::c_int]) {
+    // SAFETY: sigaction/sigprocmask with sets owned here; SIGKILL and SIGSTOP refuse the
+    // change, which is harmless.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut dfl.sa_mask);
+        for sig in 1..=libc::SIGRTMAX() {
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        }
+        let mut ign = dfl;
+        ign.sa_sigaction = libc::SIG_IGN;
+        for &sig in ignored {
+            libc::sigaction(sig, &ign, std::ptr::null_mut());
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+}

@@ -155,6 +155,8 @@ pub(super) fn start(ip: IpAddr) -> io::Result<()> {
     // What the keeper answers with on slot 0, made here where the environment may be read.
     let guid = crate::verbs::device_attr(ip).node_guid;
     let seed = super::clock::seed_from_clock_and_pid();
+    // Every signal blocked until the child has dropped the program's handlers.
+    let blocked = super::fork::SignalsBlocked::new();
     // SAFETY: fork(2). The child only runs `keeper_main` (through a second fork), which
     // never returns and follows the rules of the module documentation.
     let pid = unsafe { libc::fork() };
@@ -174,6 +176,7 @@ pub(super) fn start(ip: IpAddr) -> io::Result<()> {
         }
         keeper_main(ip, listener, slot0, guid, seed);
     }
+    drop(blocked);
     loop {
         // SAFETY: waits for the child forked above; no status wanted.
         let r = unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
@@ -204,15 +207,12 @@ fn keeper_main(ip: IpAddr, listener: OwnedFd, slot0: Socket, guid: u64, seed: u6
                 libc::close(fd);
             }
         }
-        for sig in 1..32 {
-            libc::signal(sig, libc::SIG_DFL);
-        }
-        for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
-            libc::signal(sig, libc::SIG_IGN);
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        super::fork::child_signal_defaults(&[
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+        ]);
         libc::chdir(c"/".as_ptr());
         // The originals (3 and 4 are now the same sockets) were closed by close_range or
         // are the dups themselves; forget the owners without closing again.

@@ -108,6 +108,8 @@ impl StandIn {
         let mut buf = vec![0u8; RECORD_LEN * 8];
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
+        // Every signal blocked until the child has dropped the program's handlers.
+        let blocked = super::fork::SignalsBlocked::new();
         // SAFETY: a fork-like clone (no CLONE_VM, no new stack: the child continues on a
         // copy of this stack) with no exit signal. The child runs only `child_main`, which
         // makes async-signal-safe system calls on memory allocated above and never returns.
@@ -134,6 +136,7 @@ impl StandIn {
                 &mut buf,
             );
         }
+        drop(blocked);
         drop(rd);
         drop(sock);
         // SAFETY: the write end; O_NONBLOCK so that a stalled child never blocks the CM.
@@ -229,11 +232,15 @@ fn child_main(
             }
         }
         // Out of the terminal's process group: the Ctrl-C (SIGINT), hangup or quit that
-        // ends the process must leave its stand-in running.
+        // ends the process must leave its stand-in running. None of the program's signal
+        // handlers comes along (`child_signal_defaults`): SIGTERM ends the stand-in.
         libc::setsid();
-        for sig in [libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGPIPE] {
-            libc::signal(sig, libc::SIG_IGN);
-        }
+        super::fork::child_signal_defaults(&[
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+        ]);
         let (rd, sock) = (0, 1);
         loop {
             let mut pfd = libc::pollfd {
@@ -334,6 +341,73 @@ fn apply(table: &mut [Entry], rec: &[u8]) {
 mod tests {
     use super::*;
     use crate::wire::{IcrcIp, RocePacket, mad::MAD_LEN};
+
+    /// The `/proc/<pid>/status` field `name` (a hexadecimal signal mask) of process `pid`,
+    /// with its `State` line; `None` once the process is reaped. Signals 32 and 33 are left
+    /// out: glibc keeps them for its threads and refuses to change them.
+    fn status(pid: libc::pid_t, name: &str) -> Option<(u64, String)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |n: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(n).map(|v| v.trim().to_string()))
+        };
+        let glibc = (1u64 << 31) | (1u64 << 32);
+        let mask = u64::from_str_radix(&field(name)?, 16).ok()? & !glibc;
+        Some((mask, field("State:")?))
+    }
+
+    // The stand-in is a copy of a program whose libraries may catch signals (libinfinipath,
+    // loaded by libfabric, catches SIGTERM and calls exit, whose handlers in the copy wait
+    // for a lock that a thread of the program held at the clone): a stand-in that kept
+    // them never ended. It must catch nothing, ignore only the four signals it documents,
+    // and die of SIGTERM.
+    #[test]
+    fn the_stand_in_keeps_none_of_the_programs_signal_handlers() {
+        extern "C" fn caught(_: libc::c_int) {}
+        // SAFETY: installs a handler that does nothing for SIGUSR2, which no test sends.
+        unsafe {
+            libc::signal(libc::SIGUSR2, caught as *const () as libc::sighandler_t);
+        }
+        let s = StandIn::start(IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 23, 31))).expect("start");
+        let pid = s.pid();
+        let bit = |sig: libc::c_int| 1u64 << (sig - 1);
+        let ignored =
+            bit(libc::SIGINT) | bit(libc::SIGHUP) | bit(libc::SIGQUIT) | bit(libc::SIGPIPE);
+        // The child sets its signals up as it starts; the deadline only ends a failing run.
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while status(pid, "SigIgn:").map(|(m, _)| m) != Some(ignored) {
+            assert!(
+                std::time::Instant::now() < end,
+                "{:?}",
+                status(pid, "SigIgn:")
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            status(pid, "SigCgt:").map(|(m, _)| m),
+            Some(0),
+            "caught signals"
+        );
+        assert_eq!(
+            status(pid, "SigBlk:").map(|(m, _)| m),
+            Some(0),
+            "blocked signals"
+        );
+        // SAFETY: signals the stand-in child made above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        while status(pid, "SigIgn:").is_some_and(|(_, state)| !state.starts_with('Z')) {
+            assert!(
+                std::time::Instant::now() < end,
+                "the stand-in outlived SIGTERM"
+            );
+            std::thread::yield_now();
+        }
+        // SAFETY: restores SIGUSR2's default action.
+        unsafe {
+            libc::signal(libc::SIGUSR2, libc::SIG_DFL);
+        }
+        drop(s);
+    }
 
     /// A stand-in whose process is gone (here: its pipe closed) sends what was armed and
     /// not disarmed, each datagram a QP1 MAD that parses with a good ICRC, from QP1's port.
