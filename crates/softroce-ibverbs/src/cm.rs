@@ -236,7 +236,7 @@ impl ConnectRequest {
             starting_psn: rep_psn,
             responder_resources: rr,
             initiator_depth: ini,
-            target_ack_delay: 0,
+            target_ack_delay: softroce::cm::LOCAL_CA_ACK_DELAY,
             rnr_retry_count: b.rnr_retry & 7,
             srq: false,
             private_data: private_data.to_vec(),

@@ -229,7 +229,7 @@ fn accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c
         starting_psn: psn,
         responder_resources: rr,
         initiator_depth: ini,
-        target_ack_delay: 0,
+        target_ack_delay: softroce::cm::LOCAL_CA_ACK_DELAY,
         rnr_retry_count: rnr,
         srq: qp_has_srq(idr, cp),
         private_data: user.to_vec(),

@@ -91,7 +91,7 @@ pub use counters::{CmCounters, CmDropReason};
 pub use error::{CmError, CmReject};
 pub use types::{
     AcceptParams, CMA_CM_RESPONSE_TIMEOUT, CMA_IBOE_PACKET_LIFETIME, CMA_MAX_CM_RETRIES, CmConfig,
-    CmEvent, CmState, CommId, ConnectParams, MadTransmit,
+    CmEvent, CmState, CommId, ConnectParams, LOCAL_CA_ACK_DELAY, MadTransmit, cm_ack_timeout,
 };
 
 use crate::rand::SplitMix64;

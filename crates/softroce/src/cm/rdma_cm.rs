@@ -26,9 +26,13 @@ pub const REJ_PRIVATE_DATA_LEN: usize = 148;
 /// Most private data an rdma_cm user puts in a REQ: 92 − 36 (librdmacm's
 /// `rdma_connect` returns EINVAL beyond it).
 pub const RDMA_CM_REQ_USER_DATA_MAX: usize = REQ_PRIVATE_DATA_LEN - CMA_HDR_LEN;
-/// Local ACK timeout exponent softroce's rdma_cm frontends give their RC QPs (4.096 µs ×
-/// 2^14 ≈ 67 ms; kernel rdma_cm takes it from the path record, which softroce has none of).
-pub const RDMA_CM_LOCAL_ACK_TIMEOUT: u8 = 14;
+/// The local ACK timeout exponent of an rdma_cm REQ on RoCE: the kernel's
+/// `cm_ack_timeout(ack_delay, CMA_IBOE_PACKET_LIFETIME)` with rxe's ACK delay, 17 (4.096 µs ×
+/// 2^17 ≈ 537 ms), which the passive side's QP takes as its timeout (kernel `cm.c`
+/// `cm_format_req`, `cm_format_path_from_req`). Kernels before 6.2 had a packet lifetime of
+/// 18 and say 19 (capture of the interop rig's 6.1 kernel).
+pub const RDMA_CM_LOCAL_ACK_TIMEOUT: u8 =
+    super::cm_ack_timeout(super::LOCAL_CA_ACK_DELAY, super::CMA_IBOE_PACKET_LIFETIME);
 /// RNR NAK timer code rdma_cm gives its RC QPs at RTR: 0, which is the longest, 655.36 ms
 /// (kernel `cm.c` `cm_init_qp_rtr_attr`). A peer whose SEND finds no receive posted waits
 /// that long per RNR retry (pyverbs' external-QP test posts its receive late and relies on
@@ -114,6 +118,33 @@ pub fn req_user_private_data(req: &ReqRepr) -> &[u8] {
 mod tests {
     use super::*;
     use crate::wire::cm::CmaHdr;
+
+    // The kernel CM's arithmetic (cm.c cm_ack_timeout), and what it gives on RoCE: the REQ
+    // of a 6.1 kernel says 19 (packet lifetime 18, captured on the interop rig), of later
+    // kernels 17 (lifetime 16), softroce's 17. A timeout of 14 (67 ms, softroce's before)
+    // retransmitted eight times sooner than rxe under rdma_cm, and a process that the
+    // scheduler kept off the CPU for 7 x 67 ms lost its connection to IBV_WC_RETRY_EXC_ERR
+    // (fi_pingpong beside the other middleware tests).
+    #[test]
+    fn the_ack_timeout_is_the_kernel_cms() {
+        use crate::cm::{CMA_IBOE_PACKET_LIFETIME, LOCAL_CA_ACK_DELAY, cm_ack_timeout};
+        assert_eq!(cm_ack_timeout(15, 18), 19);
+        assert_eq!(cm_ack_timeout(15, 16), 17);
+        assert_eq!(cm_ack_timeout(0, 16), 17);
+        assert_eq!(cm_ack_timeout(16, 15), 17);
+        assert_eq!(cm_ack_timeout(20, 10), 20);
+        assert_eq!(cm_ack_timeout(20, 18), 21);
+        assert_eq!(cm_ack_timeout(31, 31), 31);
+        assert_eq!(
+            RDMA_CM_LOCAL_ACK_TIMEOUT,
+            cm_ack_timeout(LOCAL_CA_ACK_DELAY, CMA_IBOE_PACKET_LIFETIME)
+        );
+        assert_eq!(RDMA_CM_LOCAL_ACK_TIMEOUT, 17);
+        let local: SocketAddr = "127.0.170.1:40000".parse().unwrap();
+        let remote: SocketAddr = "127.0.170.2:7471".parse().unwrap();
+        let p = ConnectParams::rdma_cm(local, remote, port_space::TCP, 17, 0x123, 3, b"").unwrap();
+        assert_eq!(p.local_ack_timeout, 17);
+    }
 
     #[test]
     fn rdma_cm_req_carries_the_cma_header_then_the_user_data() {

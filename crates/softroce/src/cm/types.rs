@@ -13,6 +13,31 @@ pub const CMA_CM_RESPONSE_TIMEOUT: u8 = 20;
 pub const CMA_MAX_CM_RETRIES: u8 = 15;
 /// rdma_cm's packet lifetime exponent on RoCE: `cma.c` `CMA_IBOE_PACKET_LIFETIME`.
 pub const CMA_IBOE_PACKET_LIFETIME: u8 = 16;
+/// The CA ACK delay exponent of softroce's devices (`ibv_device_attr.local_ca_ack_delay`),
+/// rxe's `RXE_LOCAL_CA_ACK_DELAY`: what a REP says as its target ACK delay and what the CM
+/// adds to the packet lifetime for the REQ's local ACK timeout (kernel `cm.c`, the
+/// `cm_dev->ack_delay` of the port).
+pub const LOCAL_CA_ACK_DELAY: u8 = 15;
+
+/// The kernel CM's local ACK timeout exponent for a path of `packet_life_time` to a CA whose
+/// ACK delay is `ca_ack_delay` (kernel `cm.c` `cm_ack_timeout`: about twice the packet
+/// lifetime plus the delay, as IBTA 12.7.34 asks): the REQ's local ACK timeout (with the
+/// local CA's delay) and the active side's QP timeout (with the REP's target ACK delay).
+/// At most 31.
+pub const fn cm_ack_timeout(ca_ack_delay: u8, packet_life_time: u8) -> u8 {
+    let mut ack_timeout = packet_life_time as u32 + 1;
+    let delay = ca_ack_delay as u32;
+    if ack_timeout >= delay {
+        ack_timeout += (delay >= ack_timeout - 1) as u32;
+    } else {
+        ack_timeout = delay + (ack_timeout + 1 >= delay) as u32;
+    }
+    if ack_timeout > 31 {
+        31
+    } else {
+        ack_timeout as u8
+    }
+}
 
 /// A local communication ID: names one connection of this engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -11,8 +11,8 @@
 
 use super::mad_ring::{MadCompletion, MadRing};
 use super::{Cq, Device, Gid, PathMtu, RcConnect, Result, Wc};
-use crate::cm::rdma_cm::{RDMA_CM_LOCAL_ACK_TIMEOUT, RDMA_CM_MIN_RNR_TIMER};
-use crate::cm::{CmEngine, MadAgent, MadTransmit};
+use crate::cm::rdma_cm::RDMA_CM_MIN_RNR_TIMER;
+use crate::cm::{CMA_IBOE_PACKET_LIFETIME, CmEngine, MadAgent, MadTransmit, cm_ack_timeout};
 use crate::transport::Instant;
 use crate::wire::cm::{RepRepr, ReqRepr};
 use crate::wire::grh::grh_source;
@@ -128,8 +128,8 @@ impl CmPort {
 impl RcConnect {
     /// Passive side, before its REP: towards the REQ's QP (`dest_qp_num` = its
     /// `local_qpn`) at `peer`, path MTU the smaller of `port_mtu` and the REQ's, the REQ's
-    /// flow label, retry and RNR retry counts, ACK timeout the REQ's or
-    /// [`RDMA_CM_LOCAL_ACK_TIMEOUT`], whichever is longer; `max_dest_rd_atomic` =
+    /// flow label, retry and RNR retry counts, ACK timeout the REQ's local ACK timeout (at
+    /// least 1; kernel `cm_format_path_from_req`, `cm_init_av_by_path`); `max_dest_rd_atomic` =
     /// `responder_resources` (what our REP announces), `max_rd_atomic` = `initiator_depth`
     /// bounded by the REQ's responder resources. PSNs as the kernel's CM sets them (cm.c
     /// `cm_req_handler`, `ib_send_cm_rep`): a CM message's starting PSN is the one its sender
@@ -147,10 +147,9 @@ impl RcConnect {
         let path_mtu = PathMtu::from_ibv(req.path_mtu).map_or(port_mtu, |m| m.min(port_mtu));
         RcConnect {
             path_mtu,
-            timeout: req
-                .primary_path
-                .local_ack_timeout
-                .max(RDMA_CM_LOCAL_ACK_TIMEOUT),
+            // cm.c: the path's packet lifetime is the REQ's local ACK timeout − 1 (not
+            // below 0), the timeout one more.
+            timeout: req.primary_path.local_ack_timeout.max(1),
             retry_cnt: req.retry_count & 7,
             rnr_retry: req.rnr_retry_count & 7,
             min_rnr_timer: RDMA_CM_MIN_RNR_TIMER,
@@ -165,7 +164,9 @@ impl RcConnect {
     /// `peer`, with the `path_mtu`, `retry_cnt` and `responder_resources`
     /// (`max_dest_rd_atomic`) our REQ announced, `max_rd_atomic` = `initiator_depth` bounded
     /// by the REP's responder resources, the REP's RNR retry count, ACK timeout
-    /// [`RDMA_CM_LOCAL_ACK_TIMEOUT`], RNR timer [`RDMA_CM_MIN_RNR_TIMER`]. PSNs as the
+    /// `cm_ack_timeout(REP's target ACK delay, CMA_IBOE_PACKET_LIFETIME)` (kernel
+    /// `cm_rep_handler`: 17 with an rxe peer's 15, as `cm::rdma_cm::RDMA_CM_LOCAL_ACK_TIMEOUT`), RNR timer
+    /// [`RDMA_CM_MIN_RNR_TIMER`]. PSNs as the
     /// kernel's CM sets them (cm.c `ib_send_cm_req`, `cm_rep_handler`): we receive from
     /// `req_psn`, the starting PSN our REQ announced (`rq_psn`), and send from the REP's
     /// `starting_psn` (`sq_psn`).
@@ -180,7 +181,7 @@ impl RcConnect {
     ) -> RcConnect {
         RcConnect {
             path_mtu,
-            timeout: RDMA_CM_LOCAL_ACK_TIMEOUT,
+            timeout: cm_ack_timeout(rep.target_ack_delay, CMA_IBOE_PACKET_LIFETIME),
             retry_cnt: retry_cnt & 7,
             rnr_retry: rep.rnr_retry_count & 7,
             min_rnr_timer: RDMA_CM_MIN_RNR_TIMER,

@@ -276,7 +276,7 @@ pub fn device_attr(ip: IpAddr) -> DeviceAttr {
         max_total_mcast_qp_attach: 0x7_0000,
         max_ah: 32767,
         max_pkeys: 64,
-        local_ca_ack_delay: 15,
+        local_ca_ack_delay: crate::cm::LOCAL_CA_ACK_DELAY,
     }
 }
 
