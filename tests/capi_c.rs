@@ -11,7 +11,8 @@
 //! WRITE, `ibv_wr_set_inline_data` / `_list`) and rxe's `max_inline_data` sizing and errors,
 //! a UD receiver answering with `ibv_create_ah_from_wc` (and `ibv_init_ah_from_wc`'s
 //! fields), `ibv_reg_mr_iova` / `_iova2` with an IOVA other than the address (WRITE, READ,
-//! local SGE), and `ibv_rereg_mr`'s results as on rxe.
+//! local SGE), `ibv_rereg_mr`'s results as on rxe, and the sysfs helpers
+//! (`ibv_get_sysfs_path`, `ibv_read_sysfs_file`, the device's `ibdev_path`).
 //!
 //! tests/c/fork_reopen.c: a forked child and its parent's devices: the child's open of a
 //! device the parent holds fails (EADDRINUSE) instead of handing it the parent's device,

@@ -21,12 +21,18 @@
  *      peer's WRITE and READ address it from 0, past its length is IBV_WC_REM_ACCESS_ERR;
  *      ibv_bind_mw of a zero-based type 1 window is EINVAL (rxe's provider);
  *   6. an extended CQ with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP is EOPNOTSUPP (rxe's
- *      provider), and ibv_query_rt_values_ex too.
+ *      provider), and ibv_query_rt_values_ex too;
+ *   7. the sysfs helpers libibverbs exports and its headers no longer declare (Open MPI's
+ *      openib BTL declares ibv_get_sysfs_path itself, and gives up on a host whose
+ *      <sysfs>/class/infiniband is not a directory): ibv_get_sysfs_path is "/sys", the
+ *      device's ibdev_path is under it, ibv_read_sysfs_file reads its files without the
+ *      newline (-1 and ENOENT for a missing one).
  *
  * Prints "ok - ..." per check, "FAIL - ..." and exits 1 at the first failure. Compiled and
  * run by tests/capi_c.rs through `softroce exec`; every wait has a deadline.
  */
 #include "rc_pair.h"
+#include <sys/stat.h>
 
 /* 1a: cap.max_inline_data as rxe sizes a WQE: max(16 * max_send_sge, max_inline_data). */
 static void inline_caps(void)
@@ -535,6 +541,42 @@ static void timestamps(void)
 	   "ibv_query_rt_values_ex: %s, as rxe", strerror(EOPNOTSUPP));
 }
 
+/* 7: not in rdma-core 44's headers; declared as Open MPI declares them. */
+const char *ibv_get_sysfs_path(void);
+int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
+
+static void sysfs_helpers(void)
+{
+	const char *root = ibv_get_sysfs_path();
+	CHECK(root && strcmp(root, "/sys") == 0, "ibv_get_sysfs_path: %s", root ? root : "NULL");
+	char path[512];
+	struct stat st;
+	snprintf(path, sizeof path, "%s/class/infiniband", root);
+	CHECK(stat(path, &st) == 0 && S_ISDIR(st.st_mode), "%s is not a directory", path);
+	struct ibv_device *dev = ctx[0]->device;
+	snprintf(path, sizeof path, "%s/class/infiniband/%s", root, ibv_get_device_name(dev));
+	CHECK(strcmp(dev->ibdev_path, path) == 0, "ibdev_path %s, want %s", dev->ibdev_path,
+	      path);
+	char buf[64];
+	int n = ibv_read_sysfs_file(dev->ibdev_path, "node_type", buf, sizeof buf);
+	CHECK(n == 5 && strcmp(buf, "1: CA") == 0, "node_type: %d \"%s\"", n, n > 0 ? buf : "");
+	n = ibv_read_sysfs_file(dev->ibdev_path, "ports/1/link_layer", buf, sizeof buf);
+	CHECK(n == 8 && strcmp(buf, "Ethernet") == 0, "ports/1/link_layer: %d \"%s\"", n,
+	      n > 0 ? buf : "");
+	/* "Ethernet\n" in a buffer of 9: the newline's byte becomes the NUL. */
+	n = ibv_read_sysfs_file(dev->ibdev_path, "ports/1/link_layer", buf, 9);
+	CHECK(n == 8 && strcmp(buf, "Ethernet") == 0, "link_layer in 9 bytes: %d", n);
+	/* In 8 bytes the newline is not read and the contents cannot be terminated: -1. */
+	CHECK(ibv_read_sysfs_file(dev->ibdev_path, "ports/1/link_layer", buf, 8) == -1,
+	      "link_layer in 8 bytes");
+	errno = 0;
+	n = ibv_read_sysfs_file(dev->ibdev_path, "no_such_file", buf, sizeof buf);
+	CHECK(n == -1 && errno == ENOENT, "a missing file: %d, %s", n, strerror(errno));
+	OK("ibv_get_sysfs_path %s, %s/class/infiniband a directory, ibv_read_sysfs_file of "
+	   "node_type \"1: CA\" and link_layer \"Ethernet\", a missing file %s", root, root,
+	   strerror(ENOENT));
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -548,6 +590,7 @@ int main(void)
 	rereg();
 	zero_based_mw();
 	timestamps();
+	sysfs_helpers();
 
 	close_devices();
 	printf("all passed\n");

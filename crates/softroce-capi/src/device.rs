@@ -67,15 +67,17 @@ fn new_device(addr: DeviceAddr, index: c_int) -> Device {
         dev_path: [0; IBV_SYSFS_PATH_MAX],
         ibdev_path: [0; IBV_SYSFS_PATH_MAX],
     };
+    // rdma-core makes both paths from ibv_get_sysfs_path() (init.c).
+    let sysfs = crate::sysfs::sysfs_path().to_string_lossy();
     copy_str(&mut ibv.name, &addr.name);
     copy_str(&mut ibv.dev_name, &format!("uverbs{index}"));
     copy_str(
         &mut ibv.dev_path,
-        &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+        &format!("{sysfs}/class/infiniband_verbs/uverbs{index}"),
     );
     copy_str(
         &mut ibv.ibdev_path,
-        &format!("/sys/class/infiniband/{}", addr.name),
+        &format!("{sysfs}/class/infiniband/{}", addr.name),
     );
     Device { ibv, addr, index }
 }

@@ -14,6 +14,9 @@
 //!   to the driver thread while the device mostly sends (`UdpOptions::busy_poll_adaptive`);
 //!   `ibv_get_cq_event` hands receiving back to the driver thread before it blocks
 //!   (`UdpDevice::poller_sleeps`).
+//! - sysfs: `ibv_get_sysfs_path` and `ibv_read_sysfs_file` as rdma-core's (`sysfs.rs`);
+//!   each device's `dev_path` and `ibdev_path` start with that path, where `softroce exec`
+//!   puts the files kernel rxe's devices have.
 //! - Files: one per object, as rdma-core's libibverbs splits its commands (cmd_cq.c,
 //!   cmd_qp.c, …): `context.rs`, `pd.rs`, `mr.rs`, `mw.rs`, `comp_channel.rs`, `cq.rs`
 //!   (with polling and the extended CQ), `srq.rs`, `ah.rs`, `qp.rs` (with post_send /
@@ -67,6 +70,7 @@ mod qp;
 mod qp_ex;
 mod srq;
 mod strings;
+mod sysfs;
 mod wr;
 
 #[cfg(test)]
@@ -88,6 +92,7 @@ pub(crate) use qp::*;
 pub(crate) use qp_ex::ibv_qp_to_qp_ex;
 pub(crate) use srq::*;
 pub(crate) use strings::*;
+pub(crate) use sysfs::{ibv_get_sysfs_path, ibv_read_sysfs_file};
 
 // The versioned symbols (generated from exports.txt by build.rs). Not in the unit-test
 // binary, which is an executable without the version script.
