@@ -62,12 +62,19 @@ work=$(mktemp -d /tmp/srmpi.XXXXXX)
 p=srmpi-$$
 down() {
   if [ "$keep" = 0 ]; then
-    for i in $(seq "$hosts"); do ip netns del "$p-h$i" 2>/dev/null || true; done
-    ip netns del "$p-sw" 2>/dev/null || true
+    # What still runs in a namespace (mpirun's daemons and ranks when the job was cut
+    # short) would outlive its deletion.
+    for ns in $(seq -f "$p-h%g" "$hosts") "$p-sw"; do
+      pids=$(ip netns pids "$ns" 2>/dev/null) && [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+      ip netns del "$ns" 2>/dev/null || true
+    done
   fi
   rm -rf "$work"
 }
 trap down EXIT
+# A SIGTERM or Ctrl-C ends the script through its EXIT trap.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # The program: mpi_ring unless given.
 if [ ${#prog[@]} -eq 0 ]; then

@@ -40,7 +40,11 @@ pub fn exec_pcap<S: AsRef<OsStr>>(ip: &str, pcap: &Path, args: &[S]) -> Command 
     c
 }
 
-/// Waits for `child` up to `limit`, killing it past that.
+/// Waits for `child` up to `limit`; past that ends it and panics with what it printed.
+/// Ending it: SIGTERM, so that a script's EXIT trap removes what it started
+/// (scripts/mpi-netns.sh: its namespaces and their processes), then SIGKILL after 10 s. Its
+/// output is read for at most 10 s more: a process it started and that outlives it (mpirun's
+/// daemons) may hold the pipes open for ever, and the test must still end and say why.
 pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
     let deadline = Instant::now() + limit;
     loop {
@@ -48,15 +52,51 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
             return child.wait_with_output().unwrap();
         }
         if Instant::now() > deadline {
+            let (stdout, stderr) = (
+                read_in_background(child.stdout.take()),
+                read_in_background(child.stderr.take()),
+            );
+            // SAFETY: signals our own child, which has not been reaped (try_wait said so).
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let grace = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().unwrap().is_none() && Instant::now() < grace {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
+            let _ = child.wait();
+            let until = Instant::now() + Duration::from_secs(10);
             panic!(
                 "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&stdout(until)),
+                String::from_utf8_lossy(&stderr(until))
             );
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads `pipe` to its end in a thread; the returned function gives what was read by then
+/// or by `until`, whichever comes first.
+fn read_in_background(
+    pipe: Option<impl std::io::Read + Send + 'static>,
+) -> impl FnOnce(Instant) -> Vec<u8> {
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    if let Some(mut p) = pipe {
+        let got = got.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = p.read(&mut buf) {
+                got.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            let _ = tx.send(());
+        });
+    } else {
+        let _ = tx.send(());
+    }
+    move |until: Instant| {
+        let _ = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
+        got.lock().unwrap().clone()
     }
 }
 
