@@ -326,22 +326,35 @@ fn open_mpi_openib_btl_stops_at_the_port_as_on_rxe() {
 
 /// fi_pingpong between two processes on two addresses over the verbs provider: `-e msg`
 /// (verbs' RC endpoints, connected with rdma_cm) or `-e rdm` (verbs;ofi_rxm).
-fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str) {
-    // fi_pingpong's own control port (its default); the two runs are sequential.
-    let port = 47592;
+/// `port` is fi_pingpong's control port (`-B` on the server, `-P` on the client), one per
+/// test so that the two may run side by side.
+fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str, port: u16) {
     if !tool("fi_pingpong", "libfabric-bin") {
         return;
     }
     let dir = scratch(&format!("fi-{ep}"));
     let pcap = dir.join("client.pcap");
-    let mut s = exec(server_ip, &["fi_pingpong", "-p", "verbs", "-e", ep]);
+    let p = port.to_string();
+    let mut s = exec(
+        server_ip,
+        &["fi_pingpong", "-p", "verbs", "-e", ep, "-B", p.as_str()],
+    );
     s.stdin(Stdio::null());
     let mut server = Kill(Some(s.spawn().unwrap()));
     wait_tcp_listen(port, &mut server.0);
     let mut c = exec_pcap(
         client_ip,
         &pcap,
-        &["fi_pingpong", "-p", "verbs", "-e", ep, server_ip],
+        &[
+            "fi_pingpong",
+            "-p",
+            "verbs",
+            "-e",
+            ep,
+            "-P",
+            p.as_str(),
+            server_ip,
+        ],
     );
     c.stdin(Stdio::null());
     let what = format!("fi_pingpong -e {ep}");
@@ -372,26 +385,33 @@ fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// fi_pingpong's control connection has a fixed port: `-e msg`, then `-e rdm`, in one test.
+/// fi_pingpong over verbs' RC endpoints (`-e msg`, connected with rdma_cm), 64 B to 1 MiB.
 /// The server is on 127.0.0.1: libfabric's verbs provider lists a device's addresses from
 /// the host's interfaces (getifaddrs), where only 127.0.0.1 of 127.0.0.0/8 appears.
 ///
-/// Ignored in the default run: it passes alone (`cargo test --test middleware -- --ignored
-/// libfabric`), but beside the other tests of this file (8 processes spinning on 2 cores) it
-/// fails about 2 runs in 3. Two causes were found and fixed (rdma_bind_addr's hold for a
-/// REQ that beats rdma_listen; a late ACK dropped after a retry's rewind, which ended every
-/// 1 MiB run beside 3 CPU hogs with "transport retry counter exceeded"). Left, beside 6 CPU
-/// hogs: both sides retransmit windows of 128 packets every ~170 ms while each side's ACKs
-/// reach the other's requester only after several retries (the captures hold 620 duplicate
-/// ACKs of a message's last PSN before its sender moves on), until IBV_WC_RETRY_EXC_ERR:
-/// the starved receive path drains its socket slower than go-back-N refills it (issue 23
-/// item 2, progress that does not wait for the scheduler); and one hang with no output on
-/// either side (1 of 3 runs beside the other tests), not found yet.
+/// Ignored until 2026-12-06: beside the other tests of this file (8 processes spinning on 2
+/// cores) its 1 MiB messages ended in IBV_WC_RETRY_EXC_ERR about 2 runs in 3. Causes found
+/// and fixed: rdma_bind_addr's hold for a REQ that beats rdma_listen; a late ACK dropped
+/// after a retry's rewind; due timers run before the ACKs already on the socket
+/// (`net::udp::serve_timers`); rdma_cm QPs with a 67 ms ACK timeout where the kernel CM
+/// gives 537 ms (`cm::cm_ack_timeout`); 17 CRC passes per received GSO segment in debug
+/// builds (`solve_ipv4_ident`, crc32fast's opt-level) (docs/testing.md).
 #[test]
-#[ignore = "fails beside 8 spinning processes on 2 cores (RETRY_EXC_ERR at 1 MiB, a hang); passes alone"]
-fn libfabric_fi_pingpong_verbs_msg_and_rdm() {
-    fi_pingpong("msg", "127.0.0.1", "127.0.200.9");
-    fi_pingpong("rdm", "127.0.0.1", "127.0.200.11");
+fn libfabric_fi_pingpong_verbs_msg() {
+    fi_pingpong("msg", "127.0.0.1", "127.0.200.9", 47592);
+}
+
+/// fi_pingpong over verbs;ofi_rxm (`-e rdm`), 64 B to 1 MiB.
+///
+/// Ignored in the default run: beside the other tests of this file the server crashed once
+/// in 8 runs with SIGSEGV inside libfabric after its last row (an indirect call through a
+/// freed function table in libfabric's teardown; the client had exited with status 0), and
+/// once, before the fixes above, the client hung with no output. Passes alone
+/// (`cargo test --test middleware -- --ignored libfabric`).
+#[test]
+#[ignore = "libfabric's rxm teardown crashed 1 run in 8 beside the other tests; passes alone"]
+fn libfabric_fi_pingpong_verbs_rdm() {
+    fi_pingpong("rdm", "127.0.0.1", "127.0.200.11", 47593);
 }
 
 /// qperf over rdma_cm (`-cm1`; without it qperf addresses the peer by LID alone, with no
