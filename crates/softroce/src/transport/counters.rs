@@ -190,12 +190,129 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// How many counters there are: rxe's 16 ([`Counters::entries`]' first ones) and one per
+    /// [`DropReason`].
+    pub const LEN: usize = 16 + DropReason::ALL.len();
+
+    /// The counters' names, in the order of [`Counters::values`] and [`Counters::entries`].
+    pub const NAMES: [&'static str; Counters::LEN] = {
+        let rxe = [
+            "sent_pkts",
+            "rcvd_pkts",
+            "duplicate_request",
+            "out_of_seq_request",
+            "rcvd_rnr_err",
+            "send_rnr_err",
+            "rcvd_seq_err",
+            "ack_deferred",
+            "retry_exceeded_err",
+            "retry_rnr_exceeded_err",
+            "completer_retry_err",
+            "send_err",
+            "link_downed",
+            "rdma_sends",
+            "rdma_recvs",
+            "retransmitted_pkts",
+        ];
+        let mut names = [""; Counters::LEN];
+        let mut i = 0;
+        while i < rxe.len() {
+            names[i] = rxe[i];
+            i += 1;
+        }
+        let mut d = 0;
+        while d < DropReason::ALL.len() {
+            names[rxe.len() + d] = DropReason::ALL[d].name();
+            d += 1;
+        }
+        names
+    };
+
     /// Counts one dropped packet.
     pub fn drop_packet(&mut self, why: DropReason) {
         tracing::debug!(target: "softroce::drop", reason = why.name(), "packet dropped");
+        self.count_drop(why);
+    }
+
+    /// Counts one dropped packet, as [`Counters::drop_packet`] without its trace event (for
+    /// a shared device's keeper, a forked process that may take no lock of the program's,
+    /// `tracing`'s included).
+    pub fn count_drop(&mut self, why: DropReason) {
         if let Some(i) = DropReason::ALL.iter().position(|r| *r == why) {
             self.drops[i] += 1;
         }
+    }
+
+    /// Every counter's value, in the order of [`Counters::NAMES`].
+    pub fn values(&self) -> [u64; Counters::LEN] {
+        let rxe = [
+            self.sent_pkts,
+            self.rcvd_pkts,
+            self.duplicate_request,
+            self.out_of_seq_request,
+            self.rcvd_rnr_err,
+            self.send_rnr_err,
+            self.rcvd_seq_err,
+            self.ack_deferred,
+            self.retry_exceeded_err,
+            self.retry_rnr_exceeded_err,
+            self.completer_retry_err,
+            self.send_err,
+            self.link_downed,
+            self.rdma_sends,
+            self.rdma_recvs,
+            self.retransmitted_pkts,
+        ];
+        let mut v = [0u64; Counters::LEN];
+        v[..rxe.len()].copy_from_slice(&rxe);
+        v[rxe.len()..].copy_from_slice(&self.drops);
+        v
+    }
+
+    /// The counters whose values, in the order of [`Counters::NAMES`], are `v`.
+    pub fn from_values(v: &[u64; Counters::LEN]) -> Counters {
+        let mut drops = [0u64; DropReason::ALL.len()];
+        drops.copy_from_slice(&v[16..]);
+        Counters {
+            sent_pkts: v[0],
+            rcvd_pkts: v[1],
+            duplicate_request: v[2],
+            out_of_seq_request: v[3],
+            rcvd_rnr_err: v[4],
+            send_rnr_err: v[5],
+            rcvd_seq_err: v[6],
+            ack_deferred: v[7],
+            retry_exceeded_err: v[8],
+            retry_rnr_exceeded_err: v[9],
+            completer_retry_err: v[10],
+            send_err: v[11],
+            link_downed: v[12],
+            rdma_sends: v[13],
+            rdma_recvs: v[14],
+            retransmitted_pkts: v[15],
+            drops,
+        }
+    }
+
+    /// What was counted since the values `published` (in the order of [`Counters::NAMES`]),
+    /// which become these counters' values: `None` when nothing was. For the part of a
+    /// shared device's counters that a process adds to the device's shared memory
+    /// (`verbs::SharedCounters`). Counters only grow; a value below its published one gives
+    /// the wrapped difference, never a panic.
+    pub fn delta_since(
+        &self,
+        published: &mut [u64; Counters::LEN],
+    ) -> Option<[u64; Counters::LEN]> {
+        let now = self.values();
+        if now == *published {
+            return None;
+        }
+        let mut delta = [0u64; Counters::LEN];
+        for ((d, n), p) in delta.iter_mut().zip(now.iter()).zip(published.iter()) {
+            *d = n.wrapping_sub(*p);
+        }
+        *published = now;
+        Some(delta)
     }
 
     /// Drops counted for one reason.
@@ -234,29 +351,59 @@ impl Counters {
         }
     }
 
-    /// `(name, value)` pairs in rxe's order, then the drop reasons.
+    /// `(name, value)` pairs in rxe's order, then the drop reasons ([`Counters::NAMES`]).
     pub fn entries(&self) -> Vec<(&'static str, u64)> {
-        let mut v = vec![
-            ("sent_pkts", self.sent_pkts),
-            ("rcvd_pkts", self.rcvd_pkts),
-            ("duplicate_request", self.duplicate_request),
-            ("out_of_seq_request", self.out_of_seq_request),
-            ("rcvd_rnr_err", self.rcvd_rnr_err),
-            ("send_rnr_err", self.send_rnr_err),
-            ("rcvd_seq_err", self.rcvd_seq_err),
-            ("ack_deferred", self.ack_deferred),
-            ("retry_exceeded_err", self.retry_exceeded_err),
-            ("retry_rnr_exceeded_err", self.retry_rnr_exceeded_err),
-            ("completer_retry_err", self.completer_retry_err),
-            ("send_err", self.send_err),
-            ("link_downed", self.link_downed),
-            ("rdma_sends", self.rdma_sends),
-            ("rdma_recvs", self.rdma_recvs),
-            ("retransmitted_pkts", self.retransmitted_pkts),
-        ];
-        for (r, n) in DropReason::ALL.iter().zip(self.drops.iter()) {
-            v.push((r.name(), *n));
+        Counters::NAMES.into_iter().zip(self.values()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbered() -> Counters {
+        let mut v = [0u64; Counters::LEN];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = 100 + i as u64;
         }
-        v
+        Counters::from_values(&v)
+    }
+
+    #[test]
+    fn values_follow_the_names_and_come_back() {
+        let c = numbered();
+        assert_eq!(Counters::from_values(&c.values()), c);
+        assert_eq!(
+            (c.sent_pkts, c.rcvd_pkts, c.retransmitted_pkts),
+            (100, 101, 115)
+        );
+        assert_eq!(c.dropped(DropReason::Truncated), 116);
+        assert_eq!(c.dropped(DropReason::UdReceiveTooShort), 100 + 36);
+        let e = c.entries();
+        assert_eq!(e.len(), Counters::LEN);
+        assert_eq!(e[0], ("sent_pkts", 100));
+        assert_eq!(e[11], ("send_err", 111));
+        assert_eq!(e[15], ("retransmitted_pkts", 115));
+        assert_eq!(e[16 + 5], ("icrc_errors", 121));
+        let mut names = Counters::NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Counters::LEN, "names are distinct");
+    }
+
+    #[test]
+    fn delta_since_gives_what_grew_once() {
+        let mut published = [0u64; Counters::LEN];
+        let mut c = Counters::default();
+        assert_eq!(c.delta_since(&mut published), None);
+        c.sent_pkts = 3;
+        c.count_drop(DropReason::BadQkey);
+        let d = c.delta_since(&mut published).unwrap();
+        assert_eq!(Counters::from_values(&d), c);
+        assert_eq!(c.delta_since(&mut published), None, "nothing new");
+        c.sent_pkts += 2;
+        let d = Counters::from_values(&c.delta_since(&mut published).unwrap());
+        assert_eq!((d.sent_pkts, d.dropped_total()), (2, 0));
+        assert_eq!(published, c.values());
     }
 }
