@@ -20,9 +20,12 @@
 //! | 8 + s × [`BLOCK_WORDS`], `Counters::LEN` words | slot `s`'s block: its counters in the order of `Counters::NAMES` |
 //!
 //! Slot 0's block is the keeper's (datagrams for no process, the CM answers it sends); the
-//! block of slot `s` ≥ 1 is added to by the process holding slot `s`, with relaxed
-//! `fetch_add`s on cache lines no other process writes (so the data path's cost is a few
-//! uncontended atomic adds per pump, `crate::verbs::SharedCounters`). A block is never reset:
+//! block of slot `s` ≥ 1 is added to by the process holding slot `s` alone (its device adds
+//! under its lock), each add a relaxed atomic load and store on cache lines no other process
+//! writes: the data path's cost is a few plain loads and stores per pump, no locked
+//! instruction (`crate::verbs::SharedCounters`). A `fork`ed child that went on using its
+//! parent's device object would be a second writer, whose adds could overwrite some of the
+//! parent's (counts lost, nothing else; a child opens its own devices). A block is never reset:
 //! when a process exits or is killed its counts stay in its slot's block, and the process the
 //! slot is given to next adds to them. So the device's counters are the sum of all blocks,
 //! whichever processes live, and they only grow, as rxe's do; nothing folds a block away, so
@@ -187,12 +190,15 @@ impl CounterPages {
         (start..start + Counters::LEN).filter_map(|i| self.word(i))
     }
 
-    /// Adds `delta` to slot `slot`'s block.
-    pub(super) fn add(&self, slot: u8, delta: &[u64; Counters::LEN]) {
-        for (w, d) in self.block(slot).zip(delta) {
-            if *d != 0 {
-                w.fetch_add(*d, Ordering::Relaxed);
-            }
+    /// Adds `n` to counter `index` (in the order of `Counters::NAMES`) of slot `slot`'s
+    /// block; nothing for an index past the counters. The block's one writer calls this (the
+    /// process holding the slot, under its device's lock; the keeper for slot 0): a relaxed
+    /// load and store, no locked instruction on the data path.
+    pub(super) fn add(&self, slot: u8, index: usize, n: u64) {
+        if index < Counters::LEN
+            && let Some(w) = self.word(HEADER_WORDS + usize::from(slot) * BLOCK_WORDS + index)
+        {
+            w.store(w.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
         }
     }
 
@@ -246,8 +252,8 @@ impl SlotCounters {
 }
 
 impl SharedCounters for SlotCounters {
-    fn add(&self, delta: &[u64; Counters::LEN]) {
-        self.pages.add(self.slot, delta);
+    fn add(&self, index: usize, n: u64) {
+        self.pages.add(self.slot, index, n);
     }
 
     fn total(&self) -> Counters {
@@ -260,11 +266,9 @@ mod tests {
     use super::*;
     use crate::transport::DropReason;
 
-    fn one(name: &str, n: u64) -> [u64; Counters::LEN] {
-        let mut d = [0u64; Counters::LEN];
-        let i = Counters::NAMES.iter().position(|x| *x == name).unwrap();
-        d[i] = n;
-        d
+    /// The index of counter `name`.
+    fn at(name: &str) -> usize {
+        Counters::NAMES.iter().position(|x| *x == name).unwrap()
     }
 
     /// A second mapping of the same memfd, as a process that received it maps it.
@@ -280,12 +284,10 @@ mod tests {
         assert_eq!(keeper.total(), Counters::default());
         let a = SlotCounters::new(reopen(&fd), 1);
         let b = SlotCounters::new(reopen(&fd), 2);
-        a.add(&one("sent_pkts", 5));
-        a.add(&one("rcvd_pkts", 5));
-        b.add(&one("sent_pkts", 3));
-        let mut dropped = Counters::default();
-        dropped.count_drop(DropReason::UnknownQp);
-        keeper.add(0, &dropped.values());
+        a.add(at("sent_pkts"), 5);
+        a.add(at("rcvd_pkts"), 5);
+        b.add(at("sent_pkts"), 3);
+        keeper.add(0, at(DropReason::UnknownQp.name()), 1);
         let t = b.total();
         assert_eq!((t.sent_pkts, t.rcvd_pkts), (8, 5));
         assert_eq!(t.dropped(DropReason::UnknownQp), 1);
@@ -296,7 +298,7 @@ mod tests {
         assert_eq!(b.total(), t);
         // Slot 1 is given to a new process: it adds to the slot's block.
         let c = SlotCounters::new(reopen(&fd), 1);
-        c.add(&one("sent_pkts", 2));
+        c.add(at("sent_pkts"), 2);
         assert_eq!(c.slot_counters().sent_pkts, 7);
         assert_eq!(b.total().sent_pkts, 10);
         assert_eq!(keeper.total().sent_pkts, 10);
@@ -306,21 +308,28 @@ mod tests {
     fn blocks_are_whole_lines_and_fit_every_slot() {
         let (fd, p) = CounterPages::create().unwrap();
         // The last counter of the last slot is the pages' last block's.
-        let mut last = [0u64; Counters::LEN];
-        last[Counters::LEN - 1] = 9;
-        p.add(u8::MAX, &last);
+        p.add(u8::MAX, Counters::LEN - 1, 9);
         assert_eq!(reopen(&fd).slot_values(u8::MAX)[Counters::LEN - 1], 9);
         let w = p.word(WORDS - BLOCK_WORDS + Counters::LEN - 1).unwrap();
         assert_eq!(w.load(Ordering::Relaxed), 9);
         assert!(p.word(WORDS).is_none());
+        // An index past the counters (into the block's padding, or the next block) is not
+        // added anywhere.
+        p.add(3, Counters::LEN, 1);
+        assert_eq!(p.total(), reopen(&fd).total());
+        assert_eq!(p.slot_values(4), [0; Counters::LEN]);
+        let pad = p
+            .word(HEADER_WORDS + 3 * BLOCK_WORDS + Counters::LEN)
+            .unwrap();
+        assert_eq!(pad.load(Ordering::Relaxed), 0);
         assert_eq!(rustix::fs::fstat(&fd).unwrap().st_size as usize, PAGES_LEN);
     }
 
     #[test]
     fn sums_wrap_instead_of_panicking() {
         let (_fd, p) = CounterPages::create().unwrap();
-        p.add(1, &one("sent_pkts", u64::MAX));
-        p.add(2, &one("sent_pkts", 2));
+        p.add(1, at("sent_pkts"), u64::MAX);
+        p.add(2, at("sent_pkts"), 2);
         assert_eq!(p.total().sent_pkts, 1);
     }
 

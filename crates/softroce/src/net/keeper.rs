@@ -156,7 +156,12 @@ pub(super) fn start(ip: IpAddr) -> io::Result<()> {
     let slot0 = group_socket(ip)?;
     steer::attach(&slot0, &steer::program(1, &[])?)?;
     // The device's counters, made here (where a failure can be reported) for the keeper.
-    let (memfd, pages) = CounterPages::create()?;
+    let (memfd, pages) = CounterPages::create().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("making the device's counter pages (memfd): {e}"),
+        )
+    })?;
     // What the keeper answers with on slot 0, made here where the environment may be read.
     let guid = crate::verbs::device_attr(ip).node_guid;
     let seed = super::clock::seed_from_clock_and_pid();
@@ -281,7 +286,7 @@ struct Keeper {
     /// the drops, the MADs received and the answers sent.
     counters: Counters,
     /// `counters` as last added to slot 0's block.
-    published: [u64; Counters::LEN],
+    published: Counters,
     started: Instant,
     clock: super::SystemClock,
     served_any: bool,
@@ -310,7 +315,7 @@ impl Keeper {
             pages,
             memfd,
             counters: Counters::default(),
-            published: [0; Counters::LEN],
+            published: Counters::default(),
             started: Instant::now(),
             clock: super::SystemClock::new(),
             served_any: false,
@@ -362,11 +367,18 @@ impl Keeper {
                 self.accept();
             }
             self.cm.handle_timeout(self.clock.now());
+            self.publish();
             self.flush_cm();
-            if let Some(d) = self.counters.delta_since(&mut self.published) {
-                self.pages.add(0, &d);
-            }
+            self.publish();
         }
+    }
+
+    /// Adds what the keeper counted since it last did to slot 0's block of the counter
+    /// pages.
+    fn publish(&mut self) {
+        let pages = &self.pages;
+        self.counters
+            .hand_on_growth(&mut self.published, |i, n| pages.add(0, i, n));
     }
 
     /// A new process: its slot, with the slot's socket.
@@ -620,19 +632,22 @@ impl Keeper {
             if sock.is_none() {
                 sock = super::sock::new_send_socket(self.ip, super::qp1::SOURCE_PORT, false).ok();
             }
-            let Some(s) = &sock else {
-                self.counters.send_err += 1;
-                continue;
-            };
+            // Counted as a device counts what it sends: before it leaves (so that a peer
+            // that sees the answer sees it counted), with `send_err` when it could not.
+            self.counters.sent_pkts += 1;
+            self.publish();
             let mut out = [0u8; super::qp1::DATAGRAM_LEN];
-            let sent = super::qp1::datagram(self.ip, super::qp1::SOURCE_PORT, &m, &mut out)
-                .is_some_and(|n| {
+            let sent = match (
+                &sock,
+                super::qp1::datagram(self.ip, super::qp1::SOURCE_PORT, &m, &mut out),
+            ) {
+                (Some(s), Some(n)) => {
                     let to = SockAddr::from(SocketAddr::new(m.dst, ROCE_V2_UDP_PORT));
                     s.send_to(&out[..n], &to).is_ok()
-                });
-            if sent {
-                self.counters.sent_pkts += 1;
-            } else {
+                }
+                _ => false,
+            };
+            if !sent {
                 self.counters.send_err += 1;
             }
         }

@@ -116,7 +116,7 @@ pub(super) struct QpSlot {
     pub(super) recv_cq: Arc<CqShared>,
     /// The engine's counters as last added to the device's shared counters
     /// ([`Shared::shared_counters`]); all 0 while the device has none.
-    pub(super) published: [u64; Counters::LEN],
+    pub(super) published: Counters,
 }
 
 impl QpSlot {
@@ -126,7 +126,7 @@ impl QpSlot {
             query: super::modify::QpQuery::new(),
             send_cq,
             recv_cq,
-            published: [0; Counters::LEN],
+            published: Counters::default(),
         }
     }
 }
@@ -141,7 +141,7 @@ pub(super) struct State {
     pub(super) counters: Counters,
     /// `counters` as last added to the device's shared counters
     /// ([`Shared::shared_counters`]); all 0 while the device has none.
-    pub(super) published: [u64; Counters::LEN],
+    pub(super) published: Counters,
     /// CNPs received with a good ICRC and ignored (softroce has no congestion control).
     pub(super) rp_cnp_ignored: u64,
     /// Multicast groups this device's QPs are attached to: group address -> QPNs, in
@@ -224,6 +224,9 @@ impl Device {
             return;
         };
         let share = self.shared.shared_counters.as_deref();
+        // Whether the engine may have counted something not yet added to the shared
+        // counters (the input that led to this pump, a local operation).
+        let mut unpublished = true;
         let mut send_errs = 0;
         // Local operations (REG_MR, LOCAL_INV, BIND_MW) run when the requester reaches
         // them; after one runs the requester may have more to send. Each round's datagrams
@@ -239,6 +242,7 @@ impl Device {
                 if let Some(share) = share {
                     publish(share, slot.engine.counters(), &mut slot.published);
                 }
+                unpublished = false;
                 send_errs += self.shared.link.send_batch(&batch) as u64;
                 for t in batch.drain(..) {
                     crate::transport::bufpool::give(t.payload);
@@ -248,11 +252,14 @@ impl Device {
             if !slot.engine.run_local_ops(mrs) {
                 break;
             }
+            unpublished = true;
         }
         counters.send_err += send_errs;
         // Before the completions: a process that sees one sees what led to it counted.
         if let Some(share) = share {
-            publish(share, slot.engine.counters(), &mut slot.published);
+            if unpublished {
+                publish(share, slot.engine.counters(), &mut slot.published);
+            }
             if send_errs != 0 {
                 publish(share, counters, published);
             }
@@ -311,10 +318,8 @@ impl Device {
 }
 
 /// Adds to `share` what `counters` counted since `published`, their values when last added.
-fn publish(share: &dyn SharedCounters, counters: &Counters, published: &mut [u64; Counters::LEN]) {
-    if let Some(d) = counters.delta_since(published) {
-        share.add(&d);
-    }
+fn publish(share: &dyn SharedCounters, counters: &Counters, published: &mut Counters) {
+    counters.hand_on_growth(published, |i, n| share.add(i, n));
 }
 
 pub(super) struct SrqEntry {

@@ -325,7 +325,7 @@ impl Device {
             next_pd: 1,
             live_pds: Vec::new(),
             counters: Counters::default(),
-            published: [0; Counters::LEN],
+            published: Counters::default(),
             rp_cnp_ignored: 0,
             mcast: BTreeMap::new(),
             tx_batch: Vec::new(),
@@ -467,6 +467,7 @@ impl Device {
             Some(share) => {
                 // Whatever this process counted is in the total it reads.
                 self.publish_all_counters(&mut st);
+                drop(st);
                 share.total()
             }
             None => Self::own_counters(&st),

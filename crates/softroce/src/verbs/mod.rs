@@ -222,15 +222,15 @@ pub trait Link: Send + Sync {
 /// its `hw_counters`. Each process adds what its device counts to its own part; the device's
 /// counters are the sum of the parts.
 ///
-/// A device adds to its part before it lets go of its lock after counting (when a QP has
-/// sent and completed what an input caused, at the end of a receive batch, before a
-/// destroyed QP's counts join the device's own), so another process that reads the total
-/// after seeing the effect of a packet (its answer, a completion) sees the packet counted,
-/// up to the moments between a send and that add.
+/// A device adds what it counted (what grew since it last added: a few counters per
+/// packet) before the datagrams it caused leave and before the completions it caused are
+/// delivered, at the end of each receive batch, and before a destroyed QP's counts join the
+/// device's own; a read of [`Device::counters`] adds everything first. So a process that sees
+/// the answer or the completion of a packet sees the packet counted.
 pub trait SharedCounters: Send + Sync {
-    /// Adds `delta[i]` to counter `i` (in the order of [`Counters::NAMES`]) of this
-    /// process's part.
-    fn add(&self, delta: &[u64; Counters::LEN]);
+    /// Adds `n` to counter `index` (in the order of [`Counters::NAMES`]) of this process's
+    /// part; nothing for an index past them.
+    fn add(&self, index: usize, n: u64);
 
     /// The device's counters: the sum of every part (every process that has used the
     /// device's address, those gone included, and whatever serves the address between

@@ -700,9 +700,7 @@ impl Drop for Qp {
         if let Some(slot) = st.qps.remove(&self.qpn) {
             let c = slot.engine.counters().clone();
             st.counters.add(&c);
-            for (p, q) in st.published.iter_mut().zip(slot.published) {
-                *p = p.wrapping_add(q);
-            }
+            st.published.add(&slot.published);
         }
         st.srqs.detach(self.qpn);
     }
