@@ -7,11 +7,19 @@
 //! (REJ from the device, as the kernel CM answers); a second listener of a port refused; a
 //! process killed with SIGKILL gives its slot back, and the device's keeper goes away with
 //! the last process. Skipped, saying why, only when the programs are not installed (CI
-//! installs them).
+//! installs them). And, with `softroce target` processes and the test's own device, the
+//! device's counters are the device's, as rxe's `hw_counters` are: every process sees the sum
+//! over all of them, a killed one's counts included (`softroce::net::counter_pages`).
 
 mod exec_support;
 use exec_support::*;
+use serde_json::Value;
+use softroce::net::UdpDevice;
+use softroce::verbs::{Counters, DropReason};
+use std::io::{BufRead, Write};
+use std::net::{IpAddr, UdpSocket};
 use std::process::Stdio;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Whether the keeper of the device on `ip` is there: its Unix socket `@softroce/<ip>`.
@@ -306,4 +314,236 @@ fn a_process_killed_mid_transfer_leaves_the_others_running() {
     let avg: f64 = result.split_whitespace().nth(3).unwrap().parse().unwrap();
     assert!(avg > 0.0, "{result}");
     drop(victim_c);
+}
+
+/// A `softroce target` process: JSON commands on its stdin, its output lines (replies, `wc`
+/// and `event` lines) read as they come.
+struct Target {
+    kill: Kill,
+    stdin: std::process::ChildStdin,
+    lines: mpsc::Receiver<String>,
+    /// `wc` and `event` lines read while waiting for something else.
+    kept: Vec<(String, Value)>,
+}
+
+impl Target {
+    /// Starts a target on `ip` (first PSN 0x100, a 256-byte MR) and returns it with its
+    /// `ready` line.
+    fn start(ip: &str) -> (Target, Value) {
+        let mut c = std::process::Command::new(SOFTROCE)
+            .args(["target", "--ip", ip, "--psn", "0x100", "--mr-size", "256"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (stdin, out) = (c.stdin.take().unwrap(), c.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut t = Target {
+            kill: Kill(Some(c)),
+            stdin,
+            lines,
+            kept: Vec::new(),
+        };
+        let ready = t.next_of("ready");
+        (t, ready)
+    }
+
+    /// The next output line: its kind and body.
+    fn line(&mut self) -> (String, Value) {
+        let text = self
+            .lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a line from softroce target within 30 s");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let (k, body) = v
+            .as_object()
+            .and_then(|o| o.iter().next())
+            .unwrap_or_else(|| panic!("not a one-key object: {text}"));
+        (k.clone(), body.clone())
+    }
+
+    /// The next line of kind `kind`, keeping the `wc` and `event` lines before it; any
+    /// other line (an `error`) fails the test.
+    fn next_of(&mut self, kind: &str) -> Value {
+        if let Some(i) = self.kept.iter().position(|(k, _)| k == kind) {
+            return self.kept.remove(i).1;
+        }
+        loop {
+            let (k, v) = self.line();
+            if k == kind {
+                return v;
+            }
+            assert!(k == "wc" || k == "event", "waiting for {kind}: {k} {v}");
+            self.kept.push((k, v));
+        }
+    }
+
+    /// Sends one command line and returns its reply.
+    fn cmd(&mut self, kind: &str, args: Value) -> Value {
+        let line = serde_json::json!({ kind: args }).to_string();
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        self.next_of(kind)
+    }
+
+    /// Connects the target's QP to `peer`'s (a target's `ready` line) on `ip`.
+    fn connect(&mut self, peer: &Value, ip: &str) {
+        let args =
+            serde_json::json!({"dest_qpn": peer["qpn"], "dest_gid": ip, "dest_psn": "0x100"});
+        let c = self.cmd("connect", args);
+        assert_eq!(c["state"], "RTS", "{c}");
+    }
+
+    /// Sends `n` SENDs of 16 bytes, one at a time, each completed before the next.
+    fn sends(&mut self, n: u64) {
+        for i in 0..n {
+            let args = serde_json::json!({"opcode": "send", "length": 16, "wr_id": i});
+            self.cmd("post_send", args);
+            loop {
+                let wc = self.next_of("wc");
+                if wc["opcode"] == "IBV_WC_SEND" {
+                    assert_eq!(
+                        (&wc["status"], &wc["wr_id"]),
+                        (&"IBV_WC_SUCCESS".into(), &i.into())
+                    );
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The counters the target's device shows (the `counters` command).
+    fn counters(&mut self) -> Value {
+        self.cmd("counters", serde_json::json!({}))
+    }
+}
+
+/// The counters of the test's traffic: packets sent and received, SENDs completed at
+/// either end, drops (all of them) and the truncated ones among them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    sent_pkts: u64,
+    rcvd_pkts: u64,
+    rdma_sends: u64,
+    rdma_recvs: u64,
+    drops: u64,
+    truncated: u64,
+}
+
+impl Seen {
+    /// From a target's `counters` line.
+    fn of_json(c: &Value) -> Seen {
+        let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("no {k} in {c}"));
+        Seen {
+            sent_pkts: n("sent_pkts"),
+            rcvd_pkts: n("rcvd_pkts"),
+            rdma_sends: n("rdma_sends"),
+            rdma_recvs: n("rdma_recvs"),
+            drops: DropReason::ALL.iter().map(|r| n(r.name())).sum(),
+            truncated: n("truncated"),
+        }
+    }
+
+    fn of(c: &Counters) -> Seen {
+        Seen {
+            sent_pkts: c.sent_pkts,
+            rcvd_pkts: c.rcvd_pkts,
+            rdma_sends: c.rdma_sends,
+            rdma_recvs: c.rdma_recvs,
+            drops: c.dropped_total(),
+            truncated: c.dropped(DropReason::Truncated),
+        }
+    }
+}
+
+/// Waits (up to 30 s) until `get` gives `want`; the last reading is in the failure.
+fn shows<T: std::fmt::Debug>(who: &str, want: Seen, mut get: impl FnMut() -> (Seen, T)) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (got, raw) = get();
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "{who}: counters {got:?}, want {want:?}: {raw:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// rxe's `hw_counters` are per device, and so are a shared device's counters: two
+/// `softroce target` processes and the test's own device share one address; the targets
+/// send each other 5 and 3 SENDs (each one packet, acknowledged by one ACK), and one
+/// datagram too short for RoCE reaches the address from a plain UDP socket (the keeper's
+/// drop: it is for no process). Every process then shows the device's counters: 16 packets
+/// sent and received, 8 SENDs at each end, 1 truncated drop; the test's device, which sent
+/// nothing, counts nothing of its own. Then one target is killed (SIGKILL: it runs nothing
+/// on its way out) and every process left, and one that comes after it, still shows its
+/// counts in the device's.
+#[test]
+fn device_counters_are_the_sum_over_the_processes_sharing_the_address() {
+    let ip = "127.0.79.6";
+    let (mut a, ready_a) = Target::start(ip);
+    let (mut b, ready_b) = Target::start(ip);
+    let dev = UdpDevice::open("softroce_counters", ip.parse::<IpAddr>().unwrap()).unwrap();
+    assert!(dev.link().slot().is_some(), "the test's device is shared");
+    a.connect(&ready_b, ip);
+    b.connect(&ready_a, ip);
+    a.sends(5);
+    b.sends(3);
+    UdpSocket::bind("127.0.79.7:0")
+        .unwrap()
+        .send_to(b"not RoCE", (ip, 4791))
+        .unwrap();
+    let want = Seen {
+        sent_pkts: 16,
+        rcvd_pkts: 16,
+        rdma_sends: 8,
+        rdma_recvs: 8,
+        drops: 1,
+        truncated: 1,
+    };
+    for (name, t) in [("target a", &mut a), ("target b", &mut b)] {
+        shows(name, want, || {
+            let c = t.counters();
+            (Seen::of_json(&c), c)
+        });
+    }
+    shows("the test's device", want, || {
+        let c = dev.counters();
+        (Seen::of(&c), c)
+    });
+    assert_eq!(
+        dev.process_counters(),
+        Counters::default(),
+        "the test's own part"
+    );
+
+    let mut killed = a.kill.0.take().unwrap();
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    // The counts of the killed target stay: read now, and by a process that comes later.
+    assert_eq!(
+        Seen::of_json(&b.counters()),
+        want,
+        "target b after the kill"
+    );
+    assert_eq!(Seen::of(&dev.counters()), want, "the test's device");
+    let (mut c, _) = Target::start(ip);
+    assert_eq!(
+        Seen::of_json(&c.counters()),
+        want,
+        "a target started after the kill"
+    );
+    b.cmd("quit", serde_json::json!({}));
+    c.cmd("quit", serde_json::json!({}));
 }

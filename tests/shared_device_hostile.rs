@@ -284,8 +284,10 @@ fn installed() -> bool {
 /// the pair's slots. Sent in batches of 100 per target, each counted before the next (so
 /// that no datagram is lost to a full socket buffer and the counts can be exact). Proves:
 /// every datagram for the slot nobody holds is one drop in the keeper's count, every one for
-/// the stale QPN one `UnknownQp` drop in the test's device, nothing else is counted there,
-/// the pair finishes its checked run, and the keeper still answers a REQ afterwards.
+/// the stale QPN one `UnknownQp` drop in the test's process's part of the device counters,
+/// nothing else is counted there; the device's counters (every process's, the keeper's
+/// included) count every datagram of the flood as one `UnknownQp` drop; the pair finishes its
+/// checked run, and the keeper still answers a REQ afterwards.
 #[test]
 fn a_flood_for_unowned_and_stale_qpns_is_counted_and_harms_no_one() {
     if !installed() {
@@ -307,8 +309,9 @@ fn a_flood_for_unowned_and_stale_qpns_is_counted_and_harms_no_one() {
         .iter()
         .map(|s| p.datagram(dst, Opcode::RC_SEND_ONLY, s << 16 | 0xfff0, None, b"stale"))
         .collect();
-    let (k0, d0) = (keeper_drops(&dev), dev.counters());
+    let (k0, d0, all0) = (keeper_drops(&dev), dev.process_counters(), dev.counters());
     let mut sent = 0u64;
+    let mut to_pair = 0u64;
     for batch in 0..200 {
         for _ in 0..100 {
             p.send(dst, &unowned);
@@ -319,11 +322,12 @@ fn a_flood_for_unowned_and_stale_qpns_is_counted_and_harms_no_one() {
                 for _ in 0..100 {
                     p.send(dst, d);
                 }
+                to_pair += 100;
             }
         }
         sent += 100;
         eventually("the batch counted", || {
-            let (k, d) = (keeper_drops(&dev), dev.counters());
+            let (k, d) = (keeper_drops(&dev), dev.process_counters());
             let got = (
                 k - k0,
                 d.dropped(DropReason::UnknownQp) - d0.dropped(DropReason::UnknownQp),
@@ -331,12 +335,20 @@ fn a_flood_for_unowned_and_stale_qpns_is_counted_and_harms_no_one() {
             (got == (sent, sent), (sent, got))
         });
     }
+    // The device's counters hold every process's drops: the test's, the keeper's (the
+    // unowned slot) and the pair's (their stale QPNs), while the pair still runs (so no drop
+    // of its end is among them).
+    eventually("the device's drops", || {
+        let all = dev.counters();
+        let n = all.dropped(DropReason::UnknownQp) - all0.dropped(DropReason::UnknownQp);
+        (n == 2 * sent + to_pair, (2 * sent + to_pair, n))
+    });
     assert!(
         s.running() && c.running(),
         "the pair ended before the flood did: give it more iterations"
     );
     // Nothing but the stale QPN was dropped by the test's device.
-    let d = dev.counters();
+    let d = dev.process_counters();
     assert_eq!(
         d.dropped_total() - d0.dropped_total(),
         sent,
@@ -360,7 +372,8 @@ fn a_flood_for_unowned_and_stale_qpns_is_counted_and_harms_no_one() {
 /// answers each CM message as the kernel CM answers one for a connection or listener that
 /// does not exist (DREQ: DREP; REP: REJ 5, invalid comm ID; REQ: REJ 8, invalid service ID),
 /// for the killed process's slot as for the never-used one; the datagrams for the killed
-/// process's QP are each one drop in the keeper's count; the pair finishes its checked run.
+/// process's QP are each one drop in the keeper's count and one `UnknownQp` drop in the
+/// device's counters; the pair finishes its checked run.
 #[test]
 fn cm_messages_for_a_killed_process_get_the_kernel_answers() {
     if !installed() {
@@ -376,7 +389,7 @@ fn cm_messages_for_a_killed_process_get_the_kernel_answers() {
     let (mut s, mut c, pair) = live_pair(ip, 18822, iters);
     assert!(!pair.contains(&gone), "{gone} {pair:?}");
     let mut p = Peer::new("127.0.79.24");
-    let k0 = keeper_drops(&dev);
+    let (k0, all0) = (keeper_drops(&dev), dev.counters());
     for slot in [gone, 0x7f] {
         let comm_id = slot << 24 | 0x00c0_ffee;
         p.send_mad(dst, &stray_dreq(comm_id));
@@ -399,6 +412,13 @@ fn cm_messages_for_a_killed_process_get_the_kernel_answers() {
         let k = keeper_drops(&dev) - k0;
         (k == 1000, k)
     });
+    // And in the device's counters, which every process reads.
+    let all = dev.counters();
+    assert_eq!(
+        all.dropped(DropReason::UnknownQp) - all0.dropped(DropReason::UnknownQp),
+        1000,
+        "{all:?}"
+    );
     assert!(
         s.running() && c.running(),
         "the pair ended before the test did: give it more iterations"

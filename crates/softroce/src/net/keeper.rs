@@ -24,8 +24,10 @@
 //! parent could have held (no `tracing`, no standard streams, no environment, no statics of
 //! the engine), and ends with `_exit` (no `atexit` handler of the program runs twice).
 
+use super::counter_pages::CounterPages;
 use super::steer::{self, Listener, MAX_SLOTS};
 use crate::cm::{CmConfig, CmEngine};
+use crate::transport::{Counters, DropReason};
 use crate::verbs::Clock;
 use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, RocePacket, mad::MAD_LEN, solve_ipv4_ident};
 use socket2::{SockAddr, Socket};
@@ -36,7 +38,8 @@ use std::time::{Duration, Instant};
 
 // ---- the protocol between a process and the keeper (`super::share`) ----
 
-/// The greeting's op: the slot, with its socket.
+/// The greeting's op: the slot, with its socket and the device's counter pages
+/// ([`super::counter_pages`]).
 pub(super) const OP_SLOT: u8 = b'S';
 /// A request's op: listen on a service ID.
 pub(super) const OP_LISTEN: u8 = b'L';
@@ -152,6 +155,13 @@ pub(super) fn start(ip: IpAddr) -> io::Result<()> {
     }
     let slot0 = group_socket(ip)?;
     steer::attach(&slot0, &steer::program(1, &[])?)?;
+    // The device's counters, made here (where a failure can be reported) for the keeper.
+    let (memfd, pages) = CounterPages::create().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("making the device's counter pages (memfd): {e}"),
+        )
+    })?;
     // What the keeper answers with on slot 0, made here where the environment may be read.
     let guid = crate::verbs::device_attr(ip).node_guid;
     let seed = super::clock::seed_from_clock_and_pid();
@@ -174,7 +184,7 @@ pub(super) fn start(ip: IpAddr) -> io::Result<()> {
                 libc::_exit(0);
             }
         }
-        keeper_main(ip, listener, slot0, guid, seed);
+        keeper_main(ip, listener, slot0, memfd, pages, guid, seed);
     }
     drop(blocked);
     loop {
@@ -188,22 +198,38 @@ pub(super) fn start(ip: IpAddr) -> io::Result<()> {
 }
 
 /// The keeper process. Never returns.
-fn keeper_main(ip: IpAddr, listener: OwnedFd, slot0: Socket, guid: u64, seed: u64) -> ! {
+fn keeper_main(
+    ip: IpAddr,
+    listener: OwnedFd,
+    slot0: Socket,
+    memfd: OwnedFd,
+    pages: CounterPages,
+    guid: u64,
+    seed: u64,
+) -> ! {
     // SAFETY (the block): descriptor and signal housekeeping on this process's own
-    // descriptors: the listener and slot 0 move to 3 and 4, the standard descriptors to
-    // /dev/null, every other descriptor inherited from the program is closed.
-    let (listener, slot0) = unsafe {
+    // descriptors: the listener, slot 0 and the counter pages' memfd move to 3, 4 and 5, the
+    // standard descriptors to /dev/null, every other descriptor inherited from the program
+    // is closed (the pages' mapping stays: it is no descriptor).
+    let (listener, slot0, memfd) = unsafe {
         let l = libc::fcntl(listener.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100);
         let s = libc::fcntl(slot0.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100);
-        if l < 0 || s < 0 || libc::dup2(l, 3) < 0 || libc::dup2(s, 4) < 0 {
+        let m = libc::fcntl(memfd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100);
+        if l < 0
+            || s < 0
+            || m < 0
+            || libc::dup2(l, 3) < 0
+            || libc::dup2(s, 4) < 0
+            || libc::dup2(m, 5) < 0
+        {
             libc::_exit(1);
         }
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         for fd in 0..3 {
             libc::dup2(null, fd);
         }
-        if libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32) != 0 {
-            for fd in 5..4096 {
+        if libc::syscall(libc::SYS_close_range, 6u32, u32::MAX, 0u32) != 0 {
+            for fd in 6..4096 {
                 libc::close(fd);
             }
         }
@@ -214,13 +240,18 @@ fn keeper_main(ip: IpAddr, listener: OwnedFd, slot0: Socket, guid: u64, seed: u6
             libc::SIGPIPE,
         ]);
         libc::chdir(c"/".as_ptr());
-        // The originals (3 and 4 are now the same sockets) were closed by close_range or
+        // The originals (3, 4 and 5 are now the same files) were closed by close_range or
         // are the dups themselves; forget the owners without closing again.
         std::mem::forget(listener);
         std::mem::forget(slot0);
-        (OwnedFd::from_raw_fd(3), Socket::from_raw_fd(4))
+        std::mem::forget(memfd);
+        (
+            OwnedFd::from_raw_fd(3),
+            Socket::from_raw_fd(4),
+            OwnedFd::from_raw_fd(5),
+        )
     };
-    let mut k = Keeper::new(ip, listener, slot0, guid, seed);
+    let mut k = Keeper::new(ip, listener, slot0, (memfd, pages), guid, seed);
     k.serve();
     // SAFETY: ends the keeper without running the program's atexit handlers.
     unsafe { libc::_exit(0) }
@@ -247,6 +278,15 @@ struct Keeper {
     cm: CmEngine,
     /// Datagrams for no live slot (an unknown QPN, an unanswered MAD, a bad ICRC).
     dropped: u64,
+    /// The device's counter pages ([`super::counter_pages`]) and their memfd, handed to
+    /// every process with its slot.
+    pages: CounterPages,
+    memfd: OwnedFd,
+    /// What the keeper counted, as rxe counts for its device (slot 0's block of `pages`):
+    /// the drops, the MADs received and the answers sent.
+    counters: Counters,
+    /// `counters` as last added to slot 0's block.
+    published: Counters,
     started: Instant,
     clock: super::SystemClock,
     served_any: bool,
@@ -254,7 +294,14 @@ struct Keeper {
 }
 
 impl Keeper {
-    fn new(ip: IpAddr, listener: OwnedFd, slot0: Socket, guid: u64, seed: u64) -> Keeper {
+    fn new(
+        ip: IpAddr,
+        listener: OwnedFd,
+        slot0: Socket,
+        (memfd, pages): (OwnedFd, CounterPages),
+        guid: u64,
+        seed: u64,
+    ) -> Keeper {
         Keeper {
             ip,
             listener,
@@ -265,6 +312,10 @@ impl Keeper {
             last: 0,
             cm: CmEngine::new(CmConfig::new(ip, guid, seed)),
             dropped: 0,
+            pages,
+            memfd,
+            counters: Counters::default(),
+            published: Counters::default(),
             started: Instant::now(),
             clock: super::SystemClock::new(),
             served_any: false,
@@ -316,8 +367,18 @@ impl Keeper {
                 self.accept();
             }
             self.cm.handle_timeout(self.clock.now());
+            self.publish();
             self.flush_cm();
+            self.publish();
         }
+    }
+
+    /// Adds what the keeper counted since it last did to slot 0's block of the counter
+    /// pages.
+    fn publish(&mut self) {
+        let pages = &self.pages;
+        self.counters
+            .hand_on_growth(&mut self.published, |i, n| pages.add(0, i, n));
     }
 
     /// A new process: its slot, with the slot's socket.
@@ -344,7 +405,8 @@ impl Keeper {
             let _ = send_record(fd.as_raw_fd(), &rec);
             return;
         };
-        if send_slot(fd.as_raw_fd(), slot as u8, self.socks[slot].as_raw_fd()).is_ok() {
+        let fds = [self.socks[slot].as_raw_fd(), self.memfd.as_raw_fd()];
+        if send_slot(fd.as_raw_fd(), slot as u8, fds).is_ok() {
             self.taken[slot] = true;
             self.last = slot;
             self.clients.push(Client {
@@ -463,7 +525,9 @@ impl Keeper {
     }
 
     /// Reads every datagram waiting on slot `s`'s socket (slot 0, or a slot no process
-    /// holds): CM MADs are answered, the rest dropped and counted.
+    /// holds): CM MADs are answered, the rest dropped and counted (each in `dropped`, and by
+    /// its reason in the device's counters, or, for a QP1 datagram too short for a MAD,
+    /// received there: rxe's QP1 receives it and ib_mad drops it).
     fn drain(&mut self, s: usize) {
         let Some(sock) = self.socks.get(s) else {
             return;
@@ -487,29 +551,45 @@ impl Keeper {
             if n < 0 {
                 return;
             }
-            let src = super::sockaddr::socket_addr_from_storage(&from);
             // A MAD naming a comm ID of a process gone (its slot's socket) is answered as
             // slot 0's are: the kernel CM answers a DREQ for a connection it no longer has
             // with a DREP and a REP with REJ (invalid comm ID), so that the peer of a killed
             // process is told at once instead of retrying until its CM timeout.
-            let answered = src.is_some_and(|src| self.on_slot0(src, n as usize));
-            if !answered {
-                self.dropped += 1;
+            let outcome = match super::sockaddr::socket_addr_from_storage(&from) {
+                Some(src) => self.on_slot0(src, n as usize),
+                None => Slot0::Dropped(DropReason::BadFraming),
+            };
+            match outcome {
+                Slot0::Answered => self.counters.rcvd_pkts += 1,
+                Slot0::Dropped(why) => {
+                    self.counters.count_drop(why);
+                    self.dropped += 1;
+                }
+                Slot0::NoMad => {
+                    self.counters.rcvd_pkts += 1;
+                    self.dropped += 1;
+                }
             }
         }
     }
 
     /// A datagram for slot 0 or a slot no process holds from `src` (`len` bytes in `buf`):
-    /// a CM MAD goes to slot 0's engine. Returns whether it was one (with a good ICRC).
-    fn on_slot0(&mut self, src: SocketAddr, len: usize) -> bool {
+    /// a CM MAD goes to slot 0's engine.
+    fn on_slot0(&mut self, src: SocketAddr, len: usize) -> Slot0 {
         let Some(data) = self.buf.get(..len) else {
-            return false;
+            return Slot0::Dropped(DropReason::Truncated);
         };
-        let Ok(p) = RocePacket::parse(data) else {
-            return false;
+        let p = match RocePacket::parse(data) {
+            Ok(p) => p,
+            Err(e) => return Slot0::Dropped(DropReason::from(e)),
         };
-        if p.repr.bth.dest_qpn != 1 || p.repr.deth.is_none() || p.payload.len() < MAD_LEN {
-            return false;
+        // rxe's checks before its ICRC check: the QP exists and takes the opcode's
+        // transport (QP1 is UD).
+        if p.repr.bth.dest_qpn != 1 {
+            return Slot0::Dropped(DropReason::UnknownQp);
+        }
+        if p.repr.deth.is_none() {
+            return Slot0::Dropped(DropReason::WrongQpType);
         }
         let ip = match (src.ip(), self.ip) {
             (IpAddr::V4(s), IpAddr::V4(d)) => IcrcIp::V4 {
@@ -525,17 +605,19 @@ impl Keeper {
                 src_port: src.port(),
                 dst_port: ROCE_V2_UDP_PORT,
             },
-            _ => return false,
+            _ => return Slot0::Dropped(DropReason::BadFraming),
         };
         // Over IPv4 the ICRC covers the IP ID the socket does not show (as the device's
         // receive path, which solves for it).
         if !p.icrc_ok(&ip) && solve_ipv4_ident(&ip, p.body, p.icrc).is_none() {
-            return false;
+            return Slot0::Dropped(DropReason::IcrcMismatch);
         }
-        let mad = &p.payload[..MAD_LEN];
+        let Some(mad) = p.payload.get(..MAD_LEN) else {
+            return Slot0::NoMad;
+        };
         let now = self.clock.now();
         self.cm.handle_mad(now, src.ip(), mad);
-        true
+        Slot0::Answered
     }
 
     /// Sends what slot 0's CM answers; its events (none the keeper acts on) are dropped.
@@ -550,16 +632,37 @@ impl Keeper {
             if sock.is_none() {
                 sock = super::sock::new_send_socket(self.ip, super::qp1::SOURCE_PORT, false).ok();
             }
-            let Some(s) = &sock else {
-                continue;
-            };
+            // Counted as a device counts what it sends: before it leaves (so that a peer
+            // that sees the answer sees it counted), with `send_err` when it could not.
+            self.counters.sent_pkts += 1;
+            self.publish();
             let mut out = [0u8; super::qp1::DATAGRAM_LEN];
-            if let Some(n) = super::qp1::datagram(self.ip, super::qp1::SOURCE_PORT, &m, &mut out) {
-                let to = SockAddr::from(SocketAddr::new(m.dst, ROCE_V2_UDP_PORT));
-                let _ = s.send_to(&out[..n], &to);
+            let sent = match (
+                &sock,
+                super::qp1::datagram(self.ip, super::qp1::SOURCE_PORT, &m, &mut out),
+            ) {
+                (Some(s), Some(n)) => {
+                    let to = SockAddr::from(SocketAddr::new(m.dst, ROCE_V2_UDP_PORT));
+                    s.send_to(&out[..n], &to).is_ok()
+                }
+                _ => false,
+            };
+            if !sent {
+                self.counters.send_err += 1;
             }
         }
     }
+}
+
+/// What the keeper did with a datagram for slot 0 or a slot no process holds.
+enum Slot0 {
+    /// A CM MAD to QP1, handed to slot 0's CM (received, as rxe's QP1 receives it).
+    Answered,
+    /// Dropped before rxe would count it received, for this reason.
+    Dropped(DropReason),
+    /// A well-formed datagram to QP1 too short for a MAD: received, then dropped (by
+    /// ib_mad, on rxe's host).
+    NoMad,
 }
 
 fn pollfd(fd: RawFd) -> libc::pollfd {
@@ -570,8 +673,9 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
     }
 }
 
-/// Sends the greeting: `slot` and, attached, the socket `sock`.
-fn send_slot(fd: RawFd, slot: u8, sock: RawFd) -> io::Result<()> {
+/// Sends the greeting: `slot` and, attached, `fds`: the slot's socket and the counter
+/// pages' memfd.
+fn send_slot(fd: RawFd, slot: u8, fds: [RawFd; 2]) -> io::Result<()> {
     let mut rec = [0u8; REPLY_LEN];
     rec[0] = OP_SLOT;
     rec[1] = slot;
@@ -580,22 +684,26 @@ fn send_slot(fd: RawFd, slot: u8, sock: RawFd) -> io::Result<()> {
         iov_len: rec.len(),
     };
     let mut cbuf = [0u64; 8];
+    let fds_len = std::mem::size_of_val(&fds) as u32;
     // SAFETY: msghdr is plain data; all zero is valid. The CMSG_* calls write one
-    // SCM_RIGHTS header and descriptor inside `cbuf` (CMSG_SPACE(4) = 24 < 64 bytes).
+    // SCM_RIGHTS header and two descriptors inside `cbuf` (CMSG_SPACE(8) = 24 < 64 bytes).
     let n = unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &raw mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+        msg.msg_controllen = libc::CMSG_SPACE(fds_len) as usize;
         let c = libc::CMSG_FIRSTHDR(&raw const msg);
         if c.is_null() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-        libc::CMSG_DATA(c).cast::<RawFd>().write_unaligned(sock);
+        (*c).cmsg_len = libc::CMSG_LEN(fds_len) as usize;
+        let data = libc::CMSG_DATA(c).cast::<RawFd>();
+        for (i, f) in fds.into_iter().enumerate() {
+            data.add(i).write_unaligned(f);
+        }
         libc::sendmsg(fd, &raw const msg, libc::MSG_NOSIGNAL)
     };
     if n == rec.len() as isize {

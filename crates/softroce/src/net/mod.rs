@@ -37,6 +37,9 @@
 //!   drive the same devices and engines deterministically.
 //! - [`steer`]: the `SO_REUSEPORT` steering program that lets processes share a device
 //!   address: each datagram to the socket of the process that owns its QP or CM ID.
+//! - [`share`]: a process's share of a device's address (its slot, from the device's keeper,
+//!   `keeper`); [`counter_pages`]: the shared memory where the processes of a shared device
+//!   keep its counters.
 //! - [`oob`]: the out-of-band TCP exchange of QP endpoints and remote buffers that the
 //!   examples and the demo use.
 
@@ -44,6 +47,7 @@ pub mod batch;
 pub mod clock;
 pub mod cm;
 pub mod cm_loop;
+pub mod counter_pages;
 pub mod discover;
 mod fork;
 mod icmp;

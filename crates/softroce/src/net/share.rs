@@ -8,8 +8,11 @@
 //! destination QP (or, on QP1, its listener or connection). [`Share::join`] connects to the
 //! keeper over the Unix socket `@softroce/<ip>` (abstract namespace: one per network
 //! namespace, as the address is), starting the keeper first when nobody answers there, and
-//! receives its slot number and a duplicate of its slot's socket (`SCM_RIGHTS`). The process
-//! then receives on that socket exactly as a device with the port to itself does.
+//! receives its slot number, a duplicate of its slot's socket and the device's counter pages
+//! (`SCM_RIGHTS`; [`super::counter_pages`]). The process then receives on that socket exactly
+//! as a device with the port to itself does, and adds what its device counts to its slot's
+//! block of the counter pages ([`Share::counters`]), where every process of the device reads
+//! the device's counters.
 //!
 //! While the process lives it keeps the connection; [`Share::listen`] and
 //! [`Share::unlisten`] put its CM listeners in the group's program, so that a REQ for one of
@@ -18,12 +21,14 @@
 //! datagrams that still come are the keeper's drops.
 //!
 //! The messages on the connection are `SOCK_SEQPACKET` records: the keeper's greeting
-//! (`b'S'`, the slot, with the socket attached), then requests of 16 bytes (an op,
-//! three zero bytes, four zero bytes, the service ID little-endian) each answered by a
-//! reply of 8 bytes (the op, three zero bytes, an errno little-endian, 0 for
-//! success); the reply to `b'D'` ([`Share::keeper_drops`]) has the count after those 8
-//! bytes (u64 little-endian). Source of the conventions (QPN and comm-ID slots): [`super::steer`].
+//! (`b'S'`, the slot, with the socket and the counter pages' memfd attached, in that order),
+//! then requests of 16 bytes (an op, three zero bytes, four zero bytes, the service ID
+//! little-endian) each answered by a reply of 8 bytes (the op, three zero bytes, an errno
+//! little-endian, 0 for success); the reply to `b'D'` ([`Share::keeper_drops`]) has the
+//! count after those 8 bytes (u64 little-endian). Source of the conventions (QPN and
+//! comm-ID slots): [`super::steer`].
 
+use super::counter_pages::{CounterPages, SlotCounters};
 use super::fork::{Unshared, unshared};
 use super::keeper::{
     DROPS_REPLY_LEN, NAME_TAKEN, OP_DROPS, OP_LISTEN, OP_SLOT, OP_UNLISTEN, REPLY_LEN, REQ_LEN,
@@ -33,6 +38,7 @@ use parking_lot::Mutex;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 /// The environment variable that turns sharing off: `SOFTROCE_SHARE=0` makes each device
 /// bind the address's port 4791 alone, as softroce did before devices were shared (a second
@@ -54,6 +60,8 @@ pub struct Share {
     /// The connection to the keeper; requests and their replies under the lock.
     ctl: Mutex<OwnedFd>,
     slot: u8,
+    /// The device's counters: this process's slot's block of the keeper's counter pages.
+    counters: Arc<SlotCounters>,
 }
 
 impl Share {
@@ -62,17 +70,22 @@ impl Share {
     /// Errors: EADDRINUSE when the address's port is someone else's (a device opened with
     /// `SOFTROCE_SHARE=0`, or kernel rxe); EADDRNOTAVAIL for an address not on this host;
     /// EAGAIN when no keeper could be reached after [`JOIN_TRIES`] tries (each failed try
-    /// met a keeper that was exiting); other socket and `fork` errors.
+    /// met a keeper that was exiting); `InvalidData` when the keeper's greeting does not
+    /// carry a socket and counter pages of this build's layout (a keeper of another
+    /// softroce build); other socket, `fork` and `mmap` errors.
     pub fn join(ip: IpAddr) -> io::Result<(Share, OwnedFd)> {
         let mut last = io::Error::from_raw_os_error(libc::EAGAIN);
         for _ in 0..JOIN_TRIES {
             match connect(ip) {
                 Ok(ctl) => match greeting(&ctl) {
-                    Ok((slot, sock)) => {
+                    Ok((slot, sock, memfd)) => {
+                        // Closing `ctl` on an error gives the slot back.
+                        let pages = CounterPages::open(&memfd)?;
                         let share = Share {
                             _unshared: unshared(ctl.as_raw_fd()),
                             ctl: Mutex::new(ctl),
                             slot,
+                            counters: Arc::new(SlotCounters::new(pages, slot)),
                         };
                         return Ok((share, sock));
                     }
@@ -112,6 +125,13 @@ impl Share {
         self.slot
     }
 
+    /// The device's counters, shared by every process of the device: where this process
+    /// adds its counts (its slot's block) and reads the device's
+    /// ([`crate::verbs::SharedCounters`]).
+    pub fn counters(&self) -> Arc<SlotCounters> {
+        self.counters.clone()
+    }
+
     /// Makes the REQs and SIDR_REQs for `service_id` that reach the device come to this
     /// process. Errors: EADDRINUSE when another process listens on it (as the kernel CM's
     /// `cm_insert_listen` refuses a second listener of a service ID on a device), ENOSPC when
@@ -129,9 +149,11 @@ impl Share {
     /// How many datagrams the device's keeper dropped since it started: those for a slot no
     /// process holds (a QPN or CM comm ID of no process, or of a process gone) that are not
     /// CM MADs it answers, and datagrams on slot 0 that are not a well-formed MAD to QP1
-    /// (rxe counts its drops per device the same way). A process's own drops (an unknown QPN
-    /// in its slot, a bad ICRC) are its device's counters. Errors: EPIPE when the keeper is
-    /// gone.
+    /// (rxe counts its drops per device the same way). Each is in the device's counters
+    /// too (slot 0's block of the counter pages), by its drop reason, or, for a datagram to
+    /// QP1 too short for a MAD, in `rcvd_pkts`. A process's own drops (an unknown QPN in its
+    /// slot, a bad ICRC) are its part of the device's counters. Errors: EPIPE when the
+    /// keeper is gone.
     pub fn keeper_drops(&self) -> io::Result<u64> {
         let mut reply = [0u8; DROPS_REPLY_LEN];
         self.exchange(OP_DROPS, 0, &mut reply)?;
@@ -182,10 +204,10 @@ fn connect(ip: IpAddr) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Reads the keeper's greeting: the slot and its socket.
-fn greeting(ctl: &OwnedFd) -> io::Result<(u8, OwnedFd)> {
+/// Reads the keeper's greeting: the slot, its socket and the counter pages' memfd.
+fn greeting(ctl: &OwnedFd) -> io::Result<(u8, OwnedFd, OwnedFd)> {
     let mut rec = [0u8; REPLY_LEN];
-    // Room for one descriptor's control message (CMSG_SPACE(sizeof(int)) is 24 on Linux).
+    // Room for the greeting's two descriptors (CMSG_SPACE(2 * sizeof(int)) is 24 on Linux).
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec {
         iov_base: rec.as_mut_ptr().cast(),
@@ -208,7 +230,7 @@ fn greeting(ctl: &OwnedFd) -> io::Result<(u8, OwnedFd)> {
             return Err(e);
         }
     };
-    let mut fd: Option<OwnedFd> = None;
+    let mut fds: Vec<OwnedFd> = Vec::new();
     // SAFETY: the CMSG_* walk stays inside `msg.msg_control` as recvmsg filled it; a
     // SCM_RIGHTS message's data holds descriptors now owned by this process.
     unsafe {
@@ -219,19 +241,27 @@ fn greeting(ctl: &OwnedFd) -> io::Result<(u8, OwnedFd)> {
                 let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
                     / std::mem::size_of::<RawFd>();
                 for i in 0..count {
-                    let got = OwnedFd::from_raw_fd(data.add(i).read_unaligned());
-                    if fd.is_none() {
-                        fd = Some(got);
-                    }
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
                 }
             }
             c = libc::CMSG_NXTHDR(&raw const msg, c);
         }
     }
-    match (n, fd) {
-        (REPLY_LEN, Some(fd)) if rec[0] == OP_SLOT && rec[1] != 0 => Ok((rec[1], fd)),
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+    let mut fds = fds.into_iter();
+    match (n, fds.next(), fds.next(), fds.next()) {
+        (REPLY_LEN, Some(sock), Some(memfd), None)
+            if rec[0] == OP_SLOT && rec[1] != 0 && !truncated =>
+        {
+            Ok((rec[1], sock, memfd))
+        }
+        (REPLY_LEN, Some(_), _, _) if rec[0] == OP_SLOT && rec[1] != 0 => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the device keeper's greeting did not carry a socket and counter pages \
+             (a keeper of another softroce build?)",
+        )),
         // The greeting says why the keeper could not give a slot (all taken: EBUSY).
-        (REPLY_LEN, None) if rec[0] == OP_SLOT => {
+        (REPLY_LEN, None, _, _) if rec[0] == OP_SLOT => {
             let e = i32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
             Err(io::Error::from_raw_os_error(if e == 0 {
                 libc::EIO

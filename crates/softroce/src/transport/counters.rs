@@ -190,11 +190,168 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// How many counters there are: rxe's 16 ([`Counters::entries`]' first ones) and one per
+    /// [`DropReason`].
+    pub const LEN: usize = 16 + DropReason::ALL.len();
+
+    /// The counters' names, in the order of [`Counters::values`] and [`Counters::entries`].
+    pub const NAMES: [&'static str; Counters::LEN] = {
+        let rxe = [
+            "sent_pkts",
+            "rcvd_pkts",
+            "duplicate_request",
+            "out_of_seq_request",
+            "rcvd_rnr_err",
+            "send_rnr_err",
+            "rcvd_seq_err",
+            "ack_deferred",
+            "retry_exceeded_err",
+            "retry_rnr_exceeded_err",
+            "completer_retry_err",
+            "send_err",
+            "link_downed",
+            "rdma_sends",
+            "rdma_recvs",
+            "retransmitted_pkts",
+        ];
+        let mut names = [""; Counters::LEN];
+        let mut i = 0;
+        while i < rxe.len() {
+            names[i] = rxe[i];
+            i += 1;
+        }
+        let mut d = 0;
+        while d < DropReason::ALL.len() {
+            names[rxe.len() + d] = DropReason::ALL[d].name();
+            d += 1;
+        }
+        names
+    };
+
     /// Counts one dropped packet.
     pub fn drop_packet(&mut self, why: DropReason) {
         tracing::debug!(target: "softroce::drop", reason = why.name(), "packet dropped");
+        self.count_drop(why);
+    }
+
+    /// Counts one dropped packet, as [`Counters::drop_packet`] without its trace event (for
+    /// a shared device's keeper, a forked process that may take no lock of the program's,
+    /// `tracing`'s included).
+    pub fn count_drop(&mut self, why: DropReason) {
         if let Some(i) = DropReason::ALL.iter().position(|r| *r == why) {
             self.drops[i] += 1;
+        }
+    }
+
+    /// Every counter's value, in the order of [`Counters::NAMES`].
+    pub fn values(&self) -> [u64; Counters::LEN] {
+        let rxe = [
+            self.sent_pkts,
+            self.rcvd_pkts,
+            self.duplicate_request,
+            self.out_of_seq_request,
+            self.rcvd_rnr_err,
+            self.send_rnr_err,
+            self.rcvd_seq_err,
+            self.ack_deferred,
+            self.retry_exceeded_err,
+            self.retry_rnr_exceeded_err,
+            self.completer_retry_err,
+            self.send_err,
+            self.link_downed,
+            self.rdma_sends,
+            self.rdma_recvs,
+            self.retransmitted_pkts,
+        ];
+        let mut v = [0u64; Counters::LEN];
+        v[..rxe.len()].copy_from_slice(&rxe);
+        v[rxe.len()..].copy_from_slice(&self.drops);
+        v
+    }
+
+    /// The counters whose values, in the order of [`Counters::NAMES`], are `v`.
+    pub fn from_values(v: &[u64; Counters::LEN]) -> Counters {
+        let mut drops = [0u64; DropReason::ALL.len()];
+        drops.copy_from_slice(&v[16..]);
+        Counters {
+            sent_pkts: v[0],
+            rcvd_pkts: v[1],
+            duplicate_request: v[2],
+            out_of_seq_request: v[3],
+            rcvd_rnr_err: v[4],
+            send_rnr_err: v[5],
+            rcvd_seq_err: v[6],
+            ack_deferred: v[7],
+            retry_exceeded_err: v[8],
+            retry_rnr_exceeded_err: v[9],
+            completer_retry_err: v[10],
+            send_err: v[11],
+            link_downed: v[12],
+            rdma_sends: v[13],
+            rdma_recvs: v[14],
+            retransmitted_pkts: v[15],
+            drops,
+        }
+    }
+
+    /// Calls `grew(i, n)` for each counter `i` (in the order of [`Counters::NAMES`]) that
+    /// grew by `n` since `published`, these counters as they were when last handed on, and
+    /// makes `published` these counters. For the part of a shared device's counters a
+    /// process adds to the device's shared memory (`verbs::SharedCounters`), on the data
+    /// path: straight-line compares, no copy when nothing moved. Counters only grow; one
+    /// below its published value gives the wrapped difference, never a panic.
+    pub fn hand_on_growth(&self, published: &mut Counters, mut grew: impl FnMut(usize, u64)) {
+        let mut field = |i: usize, now: u64, old: &mut u64| {
+            if now != *old {
+                grew(i, now.wrapping_sub(*old));
+                *old = now;
+            }
+        };
+        field(0, self.sent_pkts, &mut published.sent_pkts);
+        field(1, self.rcvd_pkts, &mut published.rcvd_pkts);
+        field(2, self.duplicate_request, &mut published.duplicate_request);
+        field(
+            3,
+            self.out_of_seq_request,
+            &mut published.out_of_seq_request,
+        );
+        field(4, self.rcvd_rnr_err, &mut published.rcvd_rnr_err);
+        field(5, self.send_rnr_err, &mut published.send_rnr_err);
+        field(6, self.rcvd_seq_err, &mut published.rcvd_seq_err);
+        field(7, self.ack_deferred, &mut published.ack_deferred);
+        field(
+            8,
+            self.retry_exceeded_err,
+            &mut published.retry_exceeded_err,
+        );
+        field(
+            9,
+            self.retry_rnr_exceeded_err,
+            &mut published.retry_rnr_exceeded_err,
+        );
+        field(
+            10,
+            self.completer_retry_err,
+            &mut published.completer_retry_err,
+        );
+        field(11, self.send_err, &mut published.send_err);
+        field(12, self.link_downed, &mut published.link_downed);
+        field(13, self.rdma_sends, &mut published.rdma_sends);
+        field(14, self.rdma_recvs, &mut published.rdma_recvs);
+        field(
+            15,
+            self.retransmitted_pkts,
+            &mut published.retransmitted_pkts,
+        );
+        if self.drops != published.drops {
+            for (d, (now, old)) in self
+                .drops
+                .iter()
+                .zip(published.drops.iter_mut())
+                .enumerate()
+            {
+                field(16 + d, *now, old);
+            }
         }
     }
 
@@ -234,29 +391,71 @@ impl Counters {
         }
     }
 
-    /// `(name, value)` pairs in rxe's order, then the drop reasons.
+    /// `(name, value)` pairs in rxe's order, then the drop reasons ([`Counters::NAMES`]).
     pub fn entries(&self) -> Vec<(&'static str, u64)> {
-        let mut v = vec![
-            ("sent_pkts", self.sent_pkts),
-            ("rcvd_pkts", self.rcvd_pkts),
-            ("duplicate_request", self.duplicate_request),
-            ("out_of_seq_request", self.out_of_seq_request),
-            ("rcvd_rnr_err", self.rcvd_rnr_err),
-            ("send_rnr_err", self.send_rnr_err),
-            ("rcvd_seq_err", self.rcvd_seq_err),
-            ("ack_deferred", self.ack_deferred),
-            ("retry_exceeded_err", self.retry_exceeded_err),
-            ("retry_rnr_exceeded_err", self.retry_rnr_exceeded_err),
-            ("completer_retry_err", self.completer_retry_err),
-            ("send_err", self.send_err),
-            ("link_downed", self.link_downed),
-            ("rdma_sends", self.rdma_sends),
-            ("rdma_recvs", self.rdma_recvs),
-            ("retransmitted_pkts", self.retransmitted_pkts),
-        ];
-        for (r, n) in DropReason::ALL.iter().zip(self.drops.iter()) {
-            v.push((r.name(), *n));
+        Counters::NAMES.into_iter().zip(self.values()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbered() -> Counters {
+        let mut v = [0u64; Counters::LEN];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = 100 + i as u64;
         }
-        v
+        Counters::from_values(&v)
+    }
+
+    #[test]
+    fn values_follow_the_names_and_come_back() {
+        let c = numbered();
+        assert_eq!(Counters::from_values(&c.values()), c);
+        assert_eq!(
+            (c.sent_pkts, c.rcvd_pkts, c.retransmitted_pkts),
+            (100, 101, 115)
+        );
+        assert_eq!(c.dropped(DropReason::Truncated), 116);
+        assert_eq!(c.dropped(DropReason::UdReceiveTooShort), 100 + 36);
+        let e = c.entries();
+        assert_eq!(e.len(), Counters::LEN);
+        assert_eq!(e[0], ("sent_pkts", 100));
+        assert_eq!(e[11], ("send_err", 111));
+        assert_eq!(e[15], ("retransmitted_pkts", 115));
+        assert_eq!(e[16 + 5], ("icrc_errors", 121));
+        let mut names = Counters::NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Counters::LEN, "names are distinct");
+    }
+
+    #[test]
+    fn hand_on_growth_gives_what_grew_once() {
+        let grown = |c: &Counters, published: &mut Counters| {
+            let mut v = Vec::new();
+            c.hand_on_growth(published, |i, n| v.push((Counters::NAMES[i], n)));
+            v
+        };
+        let mut published = Counters::default();
+        let mut c = Counters::default();
+        assert_eq!(grown(&c, &mut published), []);
+        c.sent_pkts = 3;
+        c.retransmitted_pkts = 1;
+        c.count_drop(DropReason::BadQkey);
+        assert_eq!(
+            grown(&c, &mut published),
+            [("sent_pkts", 3), ("retransmitted_pkts", 1), ("bad_qkey", 1)]
+        );
+        assert_eq!(published, c);
+        assert_eq!(grown(&c, &mut published), [], "nothing new");
+        c.sent_pkts += 2;
+        assert_eq!(grown(&c, &mut published), [("sent_pkts", 2)]);
+        // Every counter has its index.
+        let every = numbered();
+        let mut seen = [0u64; Counters::LEN];
+        every.hand_on_growth(&mut Counters::default(), |i, n| seen[i] = n);
+        assert_eq!(seen, every.values());
     }
 }

@@ -6,7 +6,7 @@
 
 use super::cq::{CqShared, PollHook};
 use super::event::{AsyncEvents, EventElement, EventType, SignalQueue};
-use super::{Clock, Error, ErrorKind, Gid, Link, Result};
+use super::{Clock, Error, ErrorKind, Gid, Link, Result, SharedCounters};
 use crate::transport::{
     Completion, Counters, CqSel, Instant, MemoryTable, PathMtu, QpEngine, QpEvent, SrqQueue,
 };
@@ -114,6 +114,21 @@ pub(super) struct QpSlot {
     pub(super) query: super::modify::QpQuery,
     pub(super) send_cq: Arc<CqShared>,
     pub(super) recv_cq: Arc<CqShared>,
+    /// The engine's counters as last added to the device's shared counters
+    /// ([`Shared::shared_counters`]); all 0 while the device has none.
+    pub(super) published: Counters,
+}
+
+impl QpSlot {
+    pub(super) fn new(engine: QpEngine, send_cq: Arc<CqShared>, recv_cq: Arc<CqShared>) -> QpSlot {
+        QpSlot {
+            engine,
+            query: super::modify::QpQuery::new(),
+            send_cq,
+            recv_cq,
+            published: Counters::default(),
+        }
+    }
 }
 
 pub(super) struct State {
@@ -124,6 +139,9 @@ pub(super) struct State {
     pub(super) next_pd: u32,
     pub(super) live_pds: Vec<u32>,
     pub(super) counters: Counters,
+    /// `counters` as last added to the device's shared counters
+    /// ([`Shared::shared_counters`]); all 0 while the device has none.
+    pub(super) published: Counters,
     /// CNPs received with a good ICRC and ignored (softroce has no congestion control).
     pub(super) rp_cnp_ignored: u64,
     /// Multicast groups this device's QPs are attached to: group address -> QPNs, in
@@ -139,6 +157,9 @@ pub(super) struct Shared {
     pub(super) cfg: DeviceConfig,
     pub(super) gids: [GidEntry; GID_ENTRIES],
     pub(super) link: Arc<dyn Link>,
+    /// The counters this device shares with the other processes on its address
+    /// ([`Link::shared_counters`]), where it adds what it counts.
+    pub(super) shared_counters: Option<Arc<dyn SharedCounters>>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) state: Mutex<State>,
     pub(super) events: AsyncEvents,
@@ -195,12 +216,18 @@ impl Device {
             mrs,
             qps,
             counters,
+            published,
             tx_batch,
             ..
         } = st;
         let Some(slot) = qps.get_mut(&qpn) else {
             return;
         };
+        let share = self.shared.shared_counters.as_deref();
+        // Whether the engine may have counted something not yet added to the shared
+        // counters (the input that led to this pump, a local operation).
+        let mut unpublished = true;
+        let mut send_errs = 0;
         // Local operations (REG_MR, LOCAL_INV, BIND_MW) run when the requester reaches
         // them; after one runs the requester may have more to send. Each round's datagrams
         // go to the link as one batch, so it can send them with few system calls.
@@ -210,7 +237,13 @@ impl Device {
                 batch.push(t);
             }
             if !batch.is_empty() {
-                counters.send_err += self.shared.link.send_batch(&batch) as u64;
+                // Counted in the shared counters before they leave: a process that sees
+                // their answer sees them counted.
+                if let Some(share) = share {
+                    publish(share, slot.engine.counters(), &mut slot.published);
+                }
+                unpublished = false;
+                send_errs += self.shared.link.send_batch(&batch) as u64;
                 for t in batch.drain(..) {
                     crate::transport::bufpool::give(t.payload);
                 }
@@ -218,6 +251,17 @@ impl Device {
             *tx_batch = batch;
             if !slot.engine.run_local_ops(mrs) {
                 break;
+            }
+            unpublished = true;
+        }
+        counters.send_err += send_errs;
+        // Before the completions: a process that sees one sees what led to it counted.
+        if let Some(share) = share {
+            if unpublished {
+                publish(share, slot.engine.counters(), &mut slot.published);
+            }
+            if send_errs != 0 {
+                publish(share, counters, published);
             }
         }
         while let Some(Completion { cq, wc, solicited }) = slot.engine.poll_completion() {
@@ -243,6 +287,39 @@ impl Device {
             self.shared.events.push(t, EventElement::Qp(qpn));
         }
     }
+
+    /// Adds what the device's own counters (not its QPs') counted since they were last
+    /// added to its shared counters, if it has them.
+    pub(super) fn publish_device_counters(&self, st: &mut State) {
+        if let Some(share) = &self.shared.shared_counters {
+            publish(share.as_ref(), &st.counters, &mut st.published);
+        }
+    }
+
+    /// Adds what QP `qpn` counted since its counts were last added to the device's shared
+    /// counters, if it has them.
+    pub(super) fn publish_qp_counters(&self, st: &mut State, qpn: u32) {
+        if let (Some(share), Some(slot)) = (&self.shared.shared_counters, st.qps.get_mut(&qpn)) {
+            publish(share.as_ref(), slot.engine.counters(), &mut slot.published);
+        }
+    }
+
+    /// Adds everything the device counted and did not yet add to its shared counters: its
+    /// own counters' and every QP's.
+    pub(super) fn publish_all_counters(&self, st: &mut State) {
+        let Some(share) = &self.shared.shared_counters else {
+            return;
+        };
+        for slot in st.qps.values_mut() {
+            publish(share.as_ref(), slot.engine.counters(), &mut slot.published);
+        }
+        publish(share.as_ref(), &st.counters, &mut st.published);
+    }
+}
+
+/// Adds to `share` what `counters` counted since `published`, their values when last added.
+fn publish(share: &dyn SharedCounters, counters: &Counters, published: &mut Counters) {
+    counters.hand_on_growth(published, |i, n| share.add(i, n));
 }
 
 pub(super) struct SrqEntry {

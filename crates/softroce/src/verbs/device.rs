@@ -311,12 +311,11 @@ impl Device {
         let mut qps = BTreeMap::new();
         qps.insert(
             GSI_QPN,
-            QpSlot {
-                engine: gsi_engine(&cfg, link.as_ref()),
-                query: super::modify::QpQuery::new(),
-                send_cq: gsi_cq.clone(),
-                recv_cq: gsi_cq.clone(),
-            },
+            QpSlot::new(
+                gsi_engine(&cfg, link.as_ref()),
+                gsi_cq.clone(),
+                gsi_cq.clone(),
+            ),
         );
         let state = State {
             mrs: MemoryTable::new(cfg.seed),
@@ -326,6 +325,7 @@ impl Device {
             next_pd: 1,
             live_pds: Vec::new(),
             counters: Counters::default(),
+            published: Counters::default(),
             rp_cnp_ignored: 0,
             mcast: BTreeMap::new(),
             tx_batch: Vec::new(),
@@ -334,6 +334,7 @@ impl Device {
             shared: Arc::new(Shared {
                 cfg,
                 gids,
+                shared_counters: link.shared_counters(),
                 link,
                 clock,
                 state: Mutex::new(state),
@@ -451,9 +452,36 @@ impl Device {
         &self.shared.gids
     }
 
-    /// Device-level counters plus every QP's.
+    /// The device's counters (rxe's `hw_counters`, one per drop reason after them): what
+    /// its receive path counted and what every QP counted, destroyed QPs included (they only
+    /// grow, as rxe's). For a device whose address several processes share (its link's
+    /// [`Link::shared_counters`](super::Link::shared_counters), `net::share`) they are the
+    /// device's, as rxe's are: the sum over every process that has used the address since
+    /// the device's keeper started, those gone (exited or killed) and the keeper itself
+    /// (datagrams for no process's QP, CM answers for no listener) included; this process's
+    /// part is [`Device::process_counters`]. Otherwise they are this device's alone, the
+    /// same as [`Device::process_counters`].
     pub fn counters(&self) -> Counters {
-        let st = self.shared.state.lock();
+        let mut st = self.shared.state.lock();
+        match &self.shared.shared_counters {
+            Some(share) => {
+                // Whatever this process counted is in the total it reads.
+                self.publish_all_counters(&mut st);
+                drop(st);
+                share.total()
+            }
+            None => Self::own_counters(&st),
+        }
+    }
+
+    /// This process's part of the device's counters: what this device (its receive path
+    /// and its QPs, destroyed ones included) counted, whether or not other processes share
+    /// the address ([`Device::counters`]).
+    pub fn process_counters(&self) -> Counters {
+        Self::own_counters(&self.shared.state.lock())
+    }
+
+    fn own_counters(st: &State) -> Counters {
         let mut c = st.counters.clone();
         for slot in st.qps.values() {
             c.add(slot.engine.counters());

@@ -20,6 +20,8 @@ mod mw;
 mod pd;
 mod qp;
 mod rx;
+#[cfg(test)]
+mod shared_counters_tests;
 mod srq;
 
 pub use crate::transport::{
@@ -205,6 +207,35 @@ pub trait Link: Send + Sync {
     fn leave_multicast(&self, group: IpAddr) {
         let _ = group;
     }
+
+    /// The device counters this link's device shares with the other processes that opened
+    /// a device on its address ([`SharedCounters`]; `net::share`), asked once, when the
+    /// device is made. `None`, the default: the address is this device's alone, and its
+    /// counters are its own.
+    fn shared_counters(&self) -> Option<std::sync::Arc<dyn SharedCounters>> {
+        None
+    }
+}
+
+/// The counters of a device whose address several processes share, each with its own
+/// [`Device`] on it (`net::share`), as every process of a host shares kernel rxe's device and
+/// its `hw_counters`. Each process adds what its device counts to its own part; the device's
+/// counters are the sum of the parts.
+///
+/// A device adds what it counted (what grew since it last added: a few counters per
+/// packet) before the datagrams it caused leave and before the completions it caused are
+/// delivered, at the end of each receive batch, and before a destroyed QP's counts join the
+/// device's own; a read of [`Device::counters`] adds everything first. So a process that sees
+/// the answer or the completion of a packet sees the packet counted.
+pub trait SharedCounters: Send + Sync {
+    /// Adds `n` to counter `index` (in the order of [`Counters::NAMES`]) of this process's
+    /// part; nothing for an index past them.
+    fn add(&self, index: usize, n: u64);
+
+    /// The device's counters: the sum of every part (every process that has used the
+    /// device's address, those gone included, and whatever serves the address between
+    /// them, such as `net::share`'s keeper).
+    fn total(&self) -> Counters;
 }
 
 /// A monotonic clock for the device. `net::SystemClock` reads the real one.

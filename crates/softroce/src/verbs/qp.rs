@@ -136,12 +136,11 @@ impl Pd {
         }
         st.qps.insert(
             qpn,
-            QpSlot {
+            QpSlot::new(
                 engine,
-                query: super::modify::QpQuery::new(),
-                send_cq: init.send_cq.shared.clone(),
-                recv_cq: init.recv_cq.shared.clone(),
-            },
+                init.send_cq.shared.clone(),
+                init.recv_cq.shared.clone(),
+            ),
         );
         Ok(Qp {
             dev: self.dev.clone(),
@@ -694,10 +693,14 @@ impl Drop for Qp {
         for g in groups {
             self.dev.detach_locked(&mut st, g, self.qpn);
         }
-        // Device counters only grow (as rxe's hw_counters): keep the QP's counts.
+        // Device counters only grow (as rxe's hw_counters): the device's own counts keep
+        // the QP's. Its counts in the device's shared counters stay there (what it counted
+        // since its last pump is added first), now as part of the device's own.
+        self.dev.publish_qp_counters(&mut st, self.qpn);
         if let Some(slot) = st.qps.remove(&self.qpn) {
             let c = slot.engine.counters().clone();
             st.counters.add(&c);
+            st.published.add(&slot.published);
         }
         st.srqs.detach(self.qpn);
     }

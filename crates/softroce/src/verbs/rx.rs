@@ -89,12 +89,11 @@ impl Device {
                 let src = SocketAddr::new(d.src, d.src_port);
                 self.handle_received(src, d.dst, d.payload, hdrs);
             }
-            _ => self
-                .shared
-                .state
-                .lock()
-                .counters
-                .drop_packet(DropReason::BadFraming),
+            _ => {
+                let mut st = self.shared.state.lock();
+                st.counters.drop_packet(DropReason::BadFraming);
+                self.publish_device_counters(&mut st);
+            }
         }
     }
 
@@ -191,6 +190,7 @@ impl Device {
         // and before it is copied to each member (whose type, state and Q_Key checks then
         // drop it per QP); the members' engines do not count it again.
         st.counters.rcvd_pkts += 1;
+        self.publish_device_counters(st);
         for qpn in members {
             // The same receive path as a unicast datagram: a member on an SRQ is lent the
             // SRQ's head WR (rxe `rxe_rcv_mcast_pkt` -> `rxe_rcv_pkt` -> `get_srq_wqe`).
@@ -311,6 +311,9 @@ impl RxBatch<'_> {
 
 impl Drop for RxBatch<'_> {
     fn drop(&mut self) {
+        // The batch's drops (and its multicast packets) are the device's own counts; the
+        // QPs' are added as each is pumped.
+        self.dev.publish_device_counters(&mut self.st);
         for qpn in core::mem::take(&mut self.touched) {
             self.dev.pump(&mut self.st, qpn, self.now);
         }

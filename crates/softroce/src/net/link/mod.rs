@@ -743,6 +743,11 @@ impl UdpLink {
 }
 
 impl Link for UdpLink {
+    fn shared_counters(&self) -> Option<Arc<dyn crate::verbs::SharedCounters>> {
+        let c = self.share.as_ref()?.counters();
+        Some(c)
+    }
+
     fn poll_unreachable(&self) -> Option<IpAddr> {
         self.take_icmp_errors();
         self.unreachable.lock().pop_front()
