@@ -446,6 +446,11 @@ impl CmEngine {
         self.listens.get(&service_id).copied()
     }
 
+    /// Every service ID listened on, in order, with its backlog.
+    pub fn listened(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.listens.iter().map(|(&sid, &backlog)| (sid, backlog))
+    }
+
     /// Requests for `service_id` the application has not answered yet: connections in
     /// REQ_RCVD, MRA_REQ_SENT or SIDR_REQ_RCVD. They count against the listener's backlog.
     pub fn pending_requests(&self, service_id: u64) -> usize {

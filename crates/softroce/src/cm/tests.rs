@@ -867,6 +867,8 @@ fn idle_listen_backlog_is_clamped_as_ucma_does() {
     assert_eq!(e.listen_with_backlog(4, 1), Err(CmError::AddrInUse));
     assert!(e.unlisten(4));
     assert_eq!(e.backlog(4), None);
+    let listened: Vec<_> = e.listened().collect();
+    assert_eq!(listened, [(1, 1024), (2, 1024), (3, 1024)]);
 }
 
 // kernel ucma_event_handler + cm_destroy_id(-ENOMEM): a REQ beyond the backlog is dropped
