@@ -152,7 +152,7 @@ fn fail_device(dev: usize, why: String) {
 /// Stops when the state or the device is gone; fails when `softroce_mad_recv` says EIO (the
 /// device failed). Panics (only) when the test hook `SOFTROCE_TEST_PANIC=rdmacm:<ms>` asks
 /// it to.
-struct Driver {
+pub(super) struct Driver {
     dev: usize,
     /// The device's `ibv_context`, open for the life of the process.
     ctx: usize,
@@ -161,9 +161,26 @@ struct Driver {
     mad: [u8; 256],
 }
 
+impl Driver {
+    /// The driver of device `dev` (context `ctx`), with the test hook's panic time if
+    /// `SOFTROCE_TEST_PANIC` asks for one. What [`start_driver`]'s thread runs, and what the
+    /// in-memory bench (`cma::testing`, feature `testing`) runs one round at a time
+    /// (`softroce::net::cm_loop::run_once`). Errors: ENODEV without libibverbs.so.1.
+    pub(super) fn new(dev: usize, ctx: usize) -> Result<Driver, c_int> {
+        Ok(Driver {
+            dev,
+            ctx,
+            ibv: ibv()?,
+            panic_at: softroce::net::panic::test_panic_delay("rdmacm")
+                .map(|d| std::time::Instant::now() + d),
+            mad: [0; 256],
+        })
+    }
+}
+
 /// What one `softroce_mad_recv` gave: its result (1 a MAD, 2 an ICMP "unreachable", 0
 /// nothing, < 0 an error) and the sender.
-struct Recv {
+pub(super) struct Recv {
     got: c_int,
     from: Option<SocketAddr>,
 }
@@ -236,15 +253,7 @@ impl softroce::net::cm_loop::CmLoop for Driver {
 /// that will not come.
 /// Errors: `EAGAIN` when the thread cannot start.
 fn start_driver(dev: usize, ctx: usize, name: &str) -> Result<(), c_int> {
-    let ibv = ibv()?;
-    let driver = Driver {
-        dev,
-        ctx,
-        ibv,
-        panic_at: softroce::net::panic::test_panic_delay("rdmacm")
-            .map(|d| std::time::Instant::now() + d),
-        mad: [0; 256],
-    };
+    let driver = Driver::new(dev, ctx)?;
     softroce::net::cm_loop::spawn(
         format!("softroce-cm-{name}"),
         format!("librdmacm CM driver thread of device {name}"),
