@@ -84,16 +84,12 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             return Err(libc::EINVAL);
         };
         let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
-        let unanswered = s.req.take().is_some();
-        let sidr_unanswered = std::mem::take(&mut s.sidr_pending);
+        s.req = None;
+        s.sidr_pending = false;
         if let (Some(d), Some(c)) = (dev, comm) {
-            // A request never answered is refused, a connection not disconnected is (REJ,
-            // SIDR_REP REJECT, DREQ or DREP: see `End::Destroyed`).
-            let how = End::Destroyed {
-                unanswered,
-                sidr_unanswered,
-            };
-            let _ = end_connection(&mut st, d, id as usize, c, now(), how);
+            // The connection ends as its state says (REJ, SIDR_REP REJECT, DREQ or DREP:
+            // see `End::Destroyed`).
+            let _ = end_connection(&mut st, d, id as usize, c, now(), End::Destroyed);
             pump(&mut st, d);
         }
         // Events queued for it and not yet taken go with it.
