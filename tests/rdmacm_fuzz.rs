@@ -273,3 +273,25 @@ fn seeds_reach_their_states() {
     rig.step(&linger()[4]);
     assert_eq!(rig.bench.ids().len(), 2, "the new listener took it");
 }
+
+/// A listener destroyed with a CONNECT_REQUEST the application has not taken: the event
+/// goes, its new id is destroyed and the request refused (kernel ucma_cleanup_ctx_events);
+/// before, the event stayed queued naming the freed listener (a fuzz finding,
+/// seeds_rdmacm/regress-listener-destroyed-with-queued-request).
+#[test]
+fn a_destroyed_listeners_untaken_requests_are_refused() {
+    let hold = |op| Op::Hold(Box::new(op));
+    let mut rig = run(&[
+        lib(LISTEN_FLOW, 0, 0),
+        peer(P_CONNECT, 0, 0),
+        hold(to_l(0)),
+        hold(peer(P_CONNECT, 0, 0)),
+        hold(to_l(0)),
+    ]);
+    assert_eq!((rig.bench.queued_events(), rig.bench.ids().len()), (2, 1));
+    rig.step(&hold(lib(DESTROY, 0, 0)));
+    assert_eq!((rig.bench.queued_events(), rig.bench.ids().len()), (0, 0));
+    assert_eq!(rig.peer.connections().count(), 2);
+    rig.step(&to_p(0));
+    assert_eq!(rig.peer.connections().count(), 0, "both REQs were rejected");
+}
