@@ -295,3 +295,48 @@ fn a_destroyed_listeners_untaken_requests_are_refused() {
     rig.step(&to_p(0));
     assert_eq!(rig.peer.connections().count(), 0, "both REQs were rejected");
 }
+
+/// An rdma_reject or rdma_accept that fails leaves the id its connection and request:
+/// rdma_reject of an established connection is EINVAL and the id can still disconnect it;
+/// rdma_accept with too much private data (RC: 196 bytes, SIDR: 136) is EINVAL and a
+/// second rdma_accept succeeds. Before, the id forgot its connection first, leaving it in
+/// the engine with no id (a fuzz finding, seeds_rdmacm/regress-reject-established).
+#[test]
+fn a_failed_reject_or_accept_keeps_the_connection() {
+    let mut rig = run(&connect()[..4]);
+    let id = rig.bench.ids()[0];
+    assert_eq!(rig.bench.reject(id, &[]), Err(libc::EINVAL));
+    assert_eq!(rig.bench.conn_state(id), Some(CmState::Established));
+    rig.bench.check_invariants().unwrap();
+    rig.bench.disconnect(id).unwrap();
+    assert_eq!(rig.bench.conn_state(id), Some(CmState::DreqSent));
+    drop(rig); // (one bench at a time)
+
+    let too_long = softroce_rdmacm::testing::ConnParam {
+        private_data: vec![7; 200],
+        ..Default::default()
+    };
+    for listen in [0, LISTEN_UDP] {
+        let mut rig = run(&[
+            lib(LISTEN_FLOW, 0, listen),
+            peer(P_CONNECT + 5 * listen, 0, 0),
+        ]);
+        rig.step(&to_l(0));
+        let id = rig.bench.ids()[1];
+        assert_eq!(rig.bench.accept(id, Some(&too_long)), Err(libc::EINVAL));
+        let want = if listen == 0 {
+            CmState::ReqRcvd
+        } else {
+            CmState::SidrReqRcvd
+        };
+        assert_eq!(rig.bench.conn_state(id), Some(want));
+        rig.bench.check_invariants().unwrap();
+        rig.bench.accept(id, None).unwrap();
+        let want = if listen == 0 {
+            Some(CmState::RepSent)
+        } else {
+            None
+        };
+        assert_eq!(rig.bench.conn_state(id), want);
+    }
+}

@@ -192,10 +192,12 @@ fn accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c
     let mut st = state()?;
     let s = st.id_mut(id)?;
     let psn = s.starting_psn;
-    if std::mem::take(&mut s.sidr_pending) {
+    if s.sidr_pending {
         return sidr_accept(&mut st, id, conn_param);
     }
-    let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.take()) else {
+    // The request stays the id's until the engine took the REP: an rdma_accept that fails
+    // (private data too long, the QP refused) may be tried again, or the request rejected.
+    let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.clone()) else {
         return Err(libc::EINVAL);
     };
     let peer = s
@@ -236,6 +238,7 @@ fn accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c
     };
     let o = st.open(dev)?;
     o.cm.accept(now(), comm, &p).map_err(|e| e.errno())?;
+    st.id_mut(id)?.req = None;
     pump(&mut st, dev);
     Ok(())
 }
@@ -256,14 +259,15 @@ pub(crate) extern "C" fn rdma_accept(
 
 /// rdma_accept of a SIDR request: a SIDR_REP with the id's QP (or conn_param's qp_num),
 /// rdma_cm's Q_Key and the private data; the request is then answered and gone (the
-/// passive side of a UD id gets no ESTABLISHED, as with the kernel).
+/// passive side of a UD id gets no ESTABLISHED, as with the kernel). On an error the
+/// request stays the id's.
 fn sidr_accept(
     st: &mut State,
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
 ) -> Result<(), c_int> {
     let s = st.id_mut(id)?;
-    let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
+    let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
         return Err(libc::EINVAL);
     };
     // SAFETY: live id; conn_param NULL or the caller's, its private data its length.
@@ -285,6 +289,9 @@ fn sidr_accept(
         private_data: user,
     };
     let r = end_connection(st, dev, id as usize, comm, now(), how);
+    if r.is_ok() {
+        st.id_mut(id)?.sidr_pending = false;
+    }
     pump(st, dev);
     r
 }
@@ -297,11 +304,10 @@ pub(crate) extern "C" fn rdma_reject(
     ffi!({
         let mut st = state()?;
         let s = st.id_mut(id)?;
-        let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
+        let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
             return Err(libc::EINVAL);
         };
-        s.req = None;
-        let sidr = std::mem::take(&mut s.sidr_pending);
+        let sidr = s.sidr_pending;
         let data = if private_data.is_null() {
             &[][..]
         } else {
@@ -319,7 +325,11 @@ pub(crate) extern "C" fn rdma_reject(
         } else {
             End::Reject(data)
         };
+        // A connection the engine cannot refuse (ESTABLISHED, say) stays the id's: EINVAL.
         end_connection(&mut st, dev, id as usize, comm, now(), how)?;
+        let s = st.id_mut(id)?;
+        s.req = None;
+        s.sidr_pending = false;
         pump(&mut st, dev);
         Ok(0)
     })

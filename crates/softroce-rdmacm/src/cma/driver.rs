@@ -362,10 +362,14 @@ pub(super) enum End<'a> {
     Destroyed,
 }
 
-/// Ends connection `comm` of id `addr` on device `dev` at time `now`: the id forgets it,
-/// the device forgets whose it was (later engine events for it find no id), and the engine
-/// is told as `how` says. The caller then queues the id's event or pumps. Errors: those of
-/// the engine's REJ or SIDR_REP, as errnos; none when the device is not open.
+/// Ends connection `comm` of id `addr` on device `dev` at time `now`: the engine is told
+/// as `how` says, then the id forgets the connection and the device whose it was (later
+/// engine events for it find no id). The caller then queues the id's event or pumps.
+/// Errors: those of the engine's REJ or SIDR_REP, as errnos: the engine refused (the
+/// connection is in no state to be rejected or answered), and nothing changed, the id
+/// keeps its connection. Before, the id forgot it first, so an `rdma_reject` of an
+/// established connection left it in the engine with no id (found by the rdmacm_driver
+/// fuzz target).
 pub(super) fn end_connection(
     st: &mut State,
     dev: usize,
@@ -374,16 +378,15 @@ pub(super) fn end_connection(
     now: Instant,
     how: End<'_>,
 ) -> Result<(), c_int> {
+    if let Some(o) = st.devs[dev].open.as_mut() {
+        end_in_engine(o, comm, now, how)?;
+        o.comms.remove(&comm);
+        stand_in_sync(o, comm);
+    }
     if let Some(s) = st.ids.get_mut(&addr) {
         s.comm = None;
     }
-    let Some(o) = st.devs[dev].open.as_mut() else {
-        return Ok(());
-    };
-    o.comms.remove(&comm);
-    let r = end_in_engine(o, comm, now, how);
-    stand_in_sync(o, comm);
-    r
+    Ok(())
 }
 
 /// [`end_connection`]'s part in the engine, as `how` says.

@@ -134,7 +134,8 @@ fn sockaddr(a: SocketAddr) -> libc::sockaddr_storage {
 impl Bench {
     /// The library with one device at `ip` (rdma_cm's CM configuration, engine and id
     /// randomness from `seed`), at time 1 ns, with one event channel and no id. Waits for
-    /// another bench of the process to finish first.
+    /// another bench of the process to be dropped first (so a thread that holds one and
+    /// makes a second waits forever).
     /// Panics: when the process's libibverbs was looked up before the first bench, or the
     /// library's state was made without it (the bench cannot run there).
     pub fn new(ip: IpAddr, seed: u64) -> Bench {
