@@ -340,3 +340,48 @@ fn a_failed_reject_or_accept_keeps_the_connection() {
         assert_eq!(rig.bench.conn_state(id), want);
     }
 }
+
+/// Runs the file `$RDMACM_FUZZ_INPUT` (a fuzz finding, say) through the check on stable.
+#[test]
+#[ignore = "runs the file named by RDMACM_FUZZ_INPUT"]
+fn replay_input() {
+    let path = std::env::var_os("RDMACM_FUZZ_INPUT").expect("RDMACM_FUZZ_INPUT names a file");
+    let data = std::fs::read(&path).expect("read the input");
+    for op in Op::decode(&data) {
+        eprintln!("{op:?}");
+    }
+    rdmacm::check_rdmacm(&data);
+}
+
+/// rdma_connect needs a route the application resolved: an id only bound, and a passive
+/// id (whose address is what its peer's rdma_cm header says), are EINVAL, and a passive id
+/// resolves nothing. Before, a passive id whose request had ended sent a REQ to the
+/// address a cut header named, 10.0.0.0 (a fuzz finding,
+/// seeds_rdmacm/regress-connect-from-passive-id).
+#[test]
+fn rdma_connect_needs_a_resolved_route() {
+    let mut rig = run(&[lib(LISTEN_FLOW, 0, 0), peer(P_CONNECT, 0, 0), to_l(0)]);
+    let (listener, passive) = (rig.bench.ids()[0], rig.bench.ids()[1]);
+    rig.bench.reject(passive, &[]).unwrap();
+    let p_addr = std::net::SocketAddr::new(rdmacm::P_IP, rdmacm::P_PORT);
+    for id in [listener, passive] {
+        assert_eq!(rig.bench.connect(id, None), Err(libc::EINVAL));
+        assert_eq!(rig.bench.resolve(id, p_addr), Err(libc::EINVAL));
+    }
+    let bound = rig
+        .bench
+        .create_id(softroce_rdmacm::abi::RDMA_PS_TCP)
+        .unwrap();
+    let l_addr = std::net::SocketAddr::new(rdmacm::L_IP, 0);
+    rig.bench.bind(bound, l_addr).unwrap();
+    assert_eq!(rig.bench.connect(bound, None), Err(libc::EINVAL));
+    rig.bench.resolve(bound, p_addr).unwrap();
+    rig.bench.connect(bound, None).unwrap();
+    assert_eq!(rig.bench.conn_state(bound), Some(CmState::ReqSent));
+    assert!(
+        rig.bench
+            .take_sent()
+            .iter()
+            .all(|(to, _)| *to == rdmacm::P_IP)
+    );
+}

@@ -123,6 +123,13 @@ fn connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), 
     if s.comm.is_some() {
         return Err(libc::EISCONN);
     }
+    // Only to a route the application resolved (kernel rdma_connect: state
+    // ROUTE_RESOLVED). A passive id's address is the one its peer's rdma_cm header names,
+    // which rdma_connect must not send a REQ to: before, one whose request had ended
+    // connected to whatever address a (cut) header said (a fuzz finding).
+    if !s.route_resolved {
+        return Err(libc::EINVAL);
+    }
     // SAFETY: live id; conn_param NULL or the caller's.
     let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
     // SAFETY: as above.

@@ -267,6 +267,11 @@ fn resolve_addr(
     let dst = sockaddr_of(dst_addr)?;
     let mut st = state()?;
     let s = st.id_mut(id)?;
+    // A listening or passive id resolves nothing (kernel rdma_resolve_addr: state IDLE or
+    // ADDR_BOUND, else EINVAL), so it never connects.
+    if s.listening || s.listen_id != 0 {
+        return Err(libc::EINVAL);
+    }
     let bound = s.local;
     let bound_dev = s.dev;
     match (bound, src_addr.is_null()) {
@@ -309,6 +314,11 @@ pub(crate) extern "C" fn rdma_resolve_addr(
 fn resolve_route(id: *mut rdma_cm_id) -> Result<(), c_int> {
     let mut st = state()?;
     let s = st.id_mut(id)?;
+    // As rdma_resolve_addr: not for a listening or passive id (kernel: state
+    // ADDR_RESOLVED, else EINVAL).
+    if s.listening || s.listen_id != 0 {
+        return Err(libc::EINVAL);
+    }
     let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
         return Err(libc::EINVAL);
     };
