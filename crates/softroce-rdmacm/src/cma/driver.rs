@@ -421,8 +421,9 @@ fn end_in_engine(o: &mut OpenDev, comm: CommId, now: Instant, how: End<'_>) -> R
 ///   DREQ_RCVD: the DREP the peer waits for (perftest's server destroys its ids without
 ///   rdma_disconnect; without the DREP rxe retries its DREQ and rejects the next REQ from
 ///   the same QPN as stale, REJ 10); REP_SENT, MRA_REP_RCVD (accepted, no RTU yet): DREQ,
-///   where the kernel sends a REJ, because a peer whose RTU is on its way is ESTABLISHED
-///   and ignores a REJ there (so does the engine) but answers a DREQ;
+///   where the kernel sends a REJ, because a peer whose RTU is on its way is ESTABLISHED,
+///   where softroce's engine drops a REJ (the kernel's takes it), and either answers a
+///   DREQ (spec/deviations.toml);
 /// - DREQ_SENT and TIMEWAIT end by their own timers.
 ///
 /// Before, only a request the id still held and ESTABLISHED / DREQ_RCVD were ended: a
