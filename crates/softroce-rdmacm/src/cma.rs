@@ -15,7 +15,9 @@
 //! - `ids`: create, destroy, bind, resolve; `rdma_create_ep`; ports; devices;
 //! - `connections`: listen, connect, accept, reject, establish, disconnect, get_request;
 //! - `options`: `rdma_set_option`, `rdma_init_qp_attr`, ECE;
-//! - `mcast`: multicast joins and leaves (no CM messages on RoCE: no SA).
+//! - `mcast`: multicast joins and leaves (no CM messages on RoCE: no SA);
+//! - `testing` (feature `testing`): the in-memory bench that runs the driver and the
+//!   entry points above against a libibverbs.so.1 held in memory, for the fuzz target.
 //!
 //! Entry points and driver threads take the lock, call the engine, then pump its events
 //! (into rdma_cm events, applying REQ/REP to the id's QP) and MADs (onto QP1 through
@@ -36,6 +38,8 @@ mod options;
 mod qp;
 mod requests;
 mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod transitions;
 
 pub(crate) use connections::{

@@ -108,10 +108,20 @@ fn load() -> Result<Ibv, String> {
     }
 }
 
+/// The functions of the process's libibverbs.so.1, looked up on first use ([`ibv`]).
+static IBV: OnceLock<Result<Ibv, String>> = OnceLock::new();
+
 /// libibverbs.so.1's functions, or ENODEV (said once on stderr) when they are missing.
 pub(crate) fn ibv() -> Result<&'static Ibv, c_int> {
-    static IBV: OnceLock<Result<Ibv, String>> = OnceLock::new();
     IBV.get_or_init(|| load().inspect_err(|e| eprintln!("softroce librdmacm: {e}")))
         .as_ref()
         .map_err(|_| libc::ENODEV)
+}
+
+/// (Feature `testing`.) Makes `table` this process's libibverbs.so.1 instead of the one
+/// `dlopen` would find: the in-memory bench's (`cma::testing`). Returns whether it is in
+/// place: false when [`ibv`] already looked the library up.
+#[cfg(feature = "testing")]
+pub(crate) fn install(table: Ibv) -> bool {
+    IBV.set(Ok(table)).is_ok()
 }

@@ -42,6 +42,11 @@ mod cma;
 mod ibv;
 
 pub(crate) use addrinfo::*;
+/// (Feature `testing`.) The in-memory bench: this library's CM driver and `rdma_*` calls
+/// against a libibverbs.so.1 held in memory, one step at a time (the `rdmacm_driver` fuzz
+/// target and tests/rdmacm_fuzz.rs).
+#[cfg(feature = "testing")]
+pub use cma::testing;
 pub(crate) use cma::*;
 
 // The panic boundary and errno helpers are the two libraries' shared ones.

@@ -123,6 +123,13 @@ fn connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), 
     if s.comm.is_some() {
         return Err(libc::EISCONN);
     }
+    // Only to a route the application resolved (kernel rdma_connect: state
+    // ROUTE_RESOLVED). A passive id's address is the one its peer's rdma_cm header names,
+    // which rdma_connect must not send a REQ to: before, one whose request had ended
+    // connected to whatever address a (cut) header said (a fuzz finding).
+    if !s.route_resolved {
+        return Err(libc::EINVAL);
+    }
     // SAFETY: live id; conn_param NULL or the caller's.
     let (idr, cp) = unsafe { (&*id, conn_param.as_ref()) };
     // SAFETY: as above.
@@ -192,10 +199,12 @@ fn accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c
     let mut st = state()?;
     let s = st.id_mut(id)?;
     let psn = s.starting_psn;
-    if std::mem::take(&mut s.sidr_pending) {
+    if s.sidr_pending {
         return sidr_accept(&mut st, id, conn_param);
     }
-    let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.take()) else {
+    // The request stays the id's until the engine took the REP: an rdma_accept that fails
+    // (private data too long, the QP refused) may be tried again, or the request rejected.
+    let (Some(dev), Some(comm), Some(req)) = (s.dev, s.comm, s.req.clone()) else {
         return Err(libc::EINVAL);
     };
     let peer = s
@@ -236,6 +245,7 @@ fn accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> Result<(), c
     };
     let o = st.open(dev)?;
     o.cm.accept(now(), comm, &p).map_err(|e| e.errno())?;
+    st.id_mut(id)?.req = None;
     pump(&mut st, dev);
     Ok(())
 }
@@ -256,14 +266,15 @@ pub(crate) extern "C" fn rdma_accept(
 
 /// rdma_accept of a SIDR request: a SIDR_REP with the id's QP (or conn_param's qp_num),
 /// rdma_cm's Q_Key and the private data; the request is then answered and gone (the
-/// passive side of a UD id gets no ESTABLISHED, as with the kernel).
+/// passive side of a UD id gets no ESTABLISHED, as with the kernel). On an error the
+/// request stays the id's.
 fn sidr_accept(
     st: &mut State,
     id: *mut rdma_cm_id,
     conn_param: *mut rdma_conn_param,
 ) -> Result<(), c_int> {
     let s = st.id_mut(id)?;
-    let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
+    let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
         return Err(libc::EINVAL);
     };
     // SAFETY: live id; conn_param NULL or the caller's, its private data its length.
@@ -285,6 +296,9 @@ fn sidr_accept(
         private_data: user,
     };
     let r = end_connection(st, dev, id as usize, comm, now(), how);
+    if r.is_ok() {
+        st.id_mut(id)?.sidr_pending = false;
+    }
     pump(st, dev);
     r
 }
@@ -297,11 +311,10 @@ pub(crate) extern "C" fn rdma_reject(
     ffi!({
         let mut st = state()?;
         let s = st.id_mut(id)?;
-        let (Some(dev), Some(comm)) = (s.dev, s.comm.take()) else {
+        let (Some(dev), Some(comm)) = (s.dev, s.comm) else {
             return Err(libc::EINVAL);
         };
-        s.req = None;
-        let sidr = std::mem::take(&mut s.sidr_pending);
+        let sidr = s.sidr_pending;
         let data = if private_data.is_null() {
             &[][..]
         } else {
@@ -319,7 +332,11 @@ pub(crate) extern "C" fn rdma_reject(
         } else {
             End::Reject(data)
         };
+        // A connection the engine cannot refuse (ESTABLISHED, say) stays the id's: EINVAL.
         end_connection(&mut st, dev, id as usize, comm, now(), how)?;
+        let s = st.id_mut(id)?;
+        s.req = None;
+        s.sidr_pending = false;
         pump(&mut st, dev);
         Ok(0)
     })

@@ -152,7 +152,7 @@ fn fail_device(dev: usize, why: String) {
 /// Stops when the state or the device is gone; fails when `softroce_mad_recv` says EIO (the
 /// device failed). Panics (only) when the test hook `SOFTROCE_TEST_PANIC=rdmacm:<ms>` asks
 /// it to.
-struct Driver {
+pub(super) struct Driver {
     dev: usize,
     /// The device's `ibv_context`, open for the life of the process.
     ctx: usize,
@@ -161,9 +161,26 @@ struct Driver {
     mad: [u8; 256],
 }
 
+impl Driver {
+    /// The driver of device `dev` (context `ctx`), with the test hook's panic time if
+    /// `SOFTROCE_TEST_PANIC` asks for one. What [`start_driver`]'s thread runs, and what the
+    /// in-memory bench (`cma::testing`, feature `testing`) runs one round at a time
+    /// (`softroce::net::cm_loop::run_once`). Errors: ENODEV without libibverbs.so.1.
+    pub(super) fn new(dev: usize, ctx: usize) -> Result<Driver, c_int> {
+        Ok(Driver {
+            dev,
+            ctx,
+            ibv: ibv()?,
+            panic_at: softroce::net::panic::test_panic_delay("rdmacm")
+                .map(|d| std::time::Instant::now() + d),
+            mad: [0; 256],
+        })
+    }
+}
+
 /// What one `softroce_mad_recv` gave: its result (1 a MAD, 2 an ICMP "unreachable", 0
 /// nothing, < 0 an error) and the sender.
-struct Recv {
+pub(super) struct Recv {
     got: c_int,
     from: Option<SocketAddr>,
 }
@@ -236,15 +253,7 @@ impl softroce::net::cm_loop::CmLoop for Driver {
 /// that will not come.
 /// Errors: `EAGAIN` when the thread cannot start.
 fn start_driver(dev: usize, ctx: usize, name: &str) -> Result<(), c_int> {
-    let ibv = ibv()?;
-    let driver = Driver {
-        dev,
-        ctx,
-        ibv,
-        panic_at: softroce::net::panic::test_panic_delay("rdmacm")
-            .map(|d| std::time::Instant::now() + d),
-        mad: [0; 256],
-    };
+    let driver = Driver::new(dev, ctx)?;
     softroce::net::cm_loop::spawn(
         format!("softroce-cm-{name}"),
         format!("librdmacm CM driver thread of device {name}"),
@@ -345,22 +354,22 @@ pub(super) enum End<'a> {
         qkey: u32,
         private_data: &'a [u8],
     },
-    /// The id is destroyed: a request it never answered is refused (`unanswered`: REJ;
-    /// `sidr_unanswered`: SIDR_REP REJECT), as rdma-core's kernel does; a connection the
-    /// application did not disconnect is disconnected, as the kernel's cm_destroy_id does:
-    /// DREQ when established, the DREP a received DREQ waits for (perftest's server destroys
-    /// its ids without rdma_disconnect; without the DREP rxe retries its DREQ and rejects
-    /// the next REQ from the same QPN as stale, REJ 10). What the engine says is ignored.
-    Destroyed {
-        unanswered: bool,
-        sidr_unanswered: bool,
-    },
+    /// The id is destroyed: its connection ends as the kernel's `cm_destroy_id` ends it,
+    /// by its state in the engine ([`destroyed_in_engine`]), so that none is left that only
+    /// the gone id could end: a connect not answered yet is abandoned, a request or a REP
+    /// not answered is refused, a connection not disconnected is disconnected. What the
+    /// engine says is ignored.
+    Destroyed,
 }
 
-/// Ends connection `comm` of id `addr` on device `dev` at time `now`: the id forgets it,
-/// the device forgets whose it was (later engine events for it find no id), and the engine
-/// is told as `how` says. The caller then queues the id's event or pumps. Errors: those of
-/// the engine's REJ or SIDR_REP, as errnos; none when the device is not open.
+/// Ends connection `comm` of id `addr` on device `dev` at time `now`: the engine is told
+/// as `how` says, then the id forgets the connection and the device whose it was (later
+/// engine events for it find no id). The caller then queues the id's event or pumps.
+/// Errors: those of the engine's REJ or SIDR_REP, as errnos: the engine refused (the
+/// connection is in no state to be rejected or answered), and nothing changed, the id
+/// keeps its connection. Before, the id forgot it first, so an `rdma_reject` of an
+/// established connection left it in the engine with no id (found by the rdmacm_driver
+/// fuzz target).
 pub(super) fn end_connection(
     st: &mut State,
     dev: usize,
@@ -369,16 +378,15 @@ pub(super) fn end_connection(
     now: Instant,
     how: End<'_>,
 ) -> Result<(), c_int> {
+    if let Some(o) = st.devs[dev].open.as_mut() {
+        end_in_engine(o, comm, now, how)?;
+        o.comms.remove(&comm);
+        stand_in_sync(o, comm);
+    }
     if let Some(s) = st.ids.get_mut(&addr) {
         s.comm = None;
     }
-    let Some(o) = st.devs[dev].open.as_mut() else {
-        return Ok(());
-    };
-    o.comms.remove(&comm);
-    let r = end_in_engine(o, comm, now, how);
-    stand_in_sync(o, comm);
-    r
+    Ok(())
 }
 
 /// [`end_connection`]'s part in the engine, as `how` says.
@@ -395,26 +403,45 @@ fn end_in_engine(o: &mut OpenDev, comm: CommId, now: Instant, how: End<'_>) -> R
             o.cm.sidr_reply(now, comm, status, qpn, qkey, private_data)
                 .map_err(|e| e.errno())
         }
-        End::Destroyed {
-            unanswered,
-            sidr_unanswered,
-        } => {
-            if unanswered {
-                let _ = o.cm.reject(now, comm, &[]);
-            }
-            if sidr_unanswered {
-                let _ = o.cm.sidr_reply(now, comm, SidrStatus::REJECT, 0, 0, &[]);
-            }
-            let state =
-                o.cm.connections()
-                    .find(|(id, _)| *id == comm)
-                    .map(|(_, s)| s);
-            if matches!(state, Some(CmState::Established | CmState::DreqRcvd)) {
-                let _ = o.cm.disconnect(now, comm);
-            }
+        End::Destroyed => {
+            destroyed_in_engine(&mut o.cm, comm, now);
             Ok(())
         }
     }
+}
+
+/// [`End::Destroyed`]: ends connection `comm` of a destroyed id as the kernel's
+/// `cm_destroy_id` does, by its state in `cm`:
+/// - a connect not answered yet is abandoned: REQ_SENT, MRA_REQ_RCVD: REJ (timeout);
+///   SIDR_REQ_SENT: forgotten (`CmEngine::cancel`);
+/// - a request or a REP not answered is refused: REQ_RCVD, MRA_REQ_SENT, REP_RCVD: REJ
+///   (consumer defined), also after an `rdma_accept` that failed before its REP;
+///   SIDR_REQ_RCVD: SIDR_REP (reject);
+/// - a connection the application did not disconnect is disconnected: ESTABLISHED: DREQ;
+///   DREQ_RCVD: the DREP the peer waits for (perftest's server destroys its ids without
+///   rdma_disconnect; without the DREP rxe retries its DREQ and rejects the next REQ from
+///   the same QPN as stale, REJ 10); REP_SENT, MRA_REP_RCVD (accepted, no RTU yet): DREQ,
+///   where the kernel sends a REJ, because a peer whose RTU is on its way is ESTABLISHED,
+///   where softroce's engine drops a REJ (the kernel's takes it), and either answers a
+///   DREQ (spec/deviations.toml);
+/// - DREQ_SENT and TIMEWAIT end by their own timers.
+///
+/// Before, only a request the id still held and ESTABLISHED / DREQ_RCVD were ended: a
+/// destroyed id's pending connect, unanswered REP or accepted connection stayed in the
+/// engine with no id, and a REP or RTU then left it waiting forever for an application
+/// that was gone (found by the rdmacm_driver fuzz target).
+fn destroyed_in_engine(cm: &mut CmEngine, comm: CommId, now: Instant) {
+    let _ = match cm.state(comm) {
+        Some(CmState::ReqSent | CmState::MraReqRcvd | CmState::SidrReqSent) => cm.cancel(now, comm),
+        Some(CmState::ReqRcvd | CmState::MraReqSent | CmState::RepRcvd) => {
+            cm.reject(now, comm, &[])
+        }
+        Some(CmState::SidrReqRcvd) => cm.sidr_reply(now, comm, SidrStatus::REJECT, 0, 0, &[]),
+        Some(CmState::Established | CmState::DreqRcvd | CmState::RepSent | CmState::MraRepRcvd) => {
+            cm.disconnect(now, comm)
+        }
+        Some(CmState::Idle | CmState::DreqSent | CmState::Timewait) | None => Ok(()),
+    };
 }
 
 fn on_event(st: &mut State, dev: usize, ev: CmEvent) {
@@ -568,4 +595,168 @@ fn sidr_response(id: *mut rdma_cm_id, peer: IpAddr, rep: &SidrRepRepr) -> Box<Ev
         u.ah_attr = ud_ah_attr(peer);
     }
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softroce::cm::{AcceptParams, ConnectParams};
+    use softroce::wire::cm::{CmMadRepr, CmMsgRepr, RejReason, port_space, rdma_cm_service_id};
+
+    const L: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+    const P: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    const TCP: u64 = rdma_cm_service_id(port_space::TCP, 7174);
+    const UDP: u64 = rdma_cm_service_id(port_space::UDP, 7174);
+
+    /// The library's engine L and a peer's P, both listening on TCP and UDP port 7174.
+    fn pair() -> (CmEngine, CmEngine) {
+        let mut l = CmEngine::new(CmConfig::new(L, 1, 1));
+        let mut p = CmEngine::new(CmConfig::new(P, 2, 2));
+        for e in [&mut l, &mut p] {
+            e.listen(TCP).unwrap();
+            e.listen(UDP).unwrap();
+        }
+        (l, p)
+    }
+
+    /// Hands `from`'s MADs (sent from `ip`) to `to`; drops both sides' events.
+    fn pass(from: &mut CmEngine, ip: IpAddr, to: &mut CmEngine) {
+        while let Some(m) = from.poll_mad() {
+            to.handle_mad(Instant::ZERO, ip, &m.mad[..]);
+        }
+        while from.poll_event().is_some() || to.poll_event().is_some() {}
+    }
+
+    fn connect(e: &mut CmEngine, peer: IpAddr) -> CommId {
+        let to = SocketAddr::new(peer, 7174);
+        let from = SocketAddr::new(e.config().local_ip, 40000);
+        let c = ConnectParams::rdma_cm(from, to, port_space::TCP, 0x11, 1, 3, &[]).unwrap();
+        e.connect(Instant::ZERO, &c).unwrap()
+    }
+
+    fn accept(e: &mut CmEngine, id: CommId) {
+        let a = AcceptParams {
+            local_qpn: 0x22,
+            starting_psn: 2,
+            responder_resources: 0,
+            initiator_depth: 0,
+            target_ack_delay: 0,
+            rnr_retry_count: 7,
+            srq: false,
+            private_data: Vec::new(),
+        };
+        e.accept(Instant::ZERO, id, &a).unwrap();
+    }
+
+    /// The only connection of `e`.
+    fn only(e: &CmEngine) -> CommId {
+        let c: Vec<_> = e.connections().collect();
+        assert_eq!(c.len(), 1, "{c:?}");
+        c[0].0
+    }
+
+    /// Destroys L's connection `id` in `state`: what L sends, and its state after.
+    fn destroy(l: &mut CmEngine, id: CommId, state: CmState) -> (Vec<CmMsgRepr>, Option<CmState>) {
+        assert_eq!(l.state(id), Some(state));
+        while l.poll_mad().is_some() {}
+        destroyed_in_engine(l, id, Instant::ZERO);
+        let mut sent = Vec::new();
+        while let Some(m) = l.poll_mad() {
+            sent.push(CmMadRepr::parse(&m.mad[..]).unwrap().msg);
+        }
+        (sent, l.state(id))
+    }
+
+    fn rej_reason(sent: &[CmMsgRepr]) -> Option<RejReason> {
+        match sent {
+            [CmMsgRepr::Rej(r)] => Some(r.reason),
+            _ => None,
+        }
+    }
+
+    // kernel cm_destroy_id: every state of a destroyed id's connection is ended, none is
+    // left for an application that is gone.
+    #[test]
+    fn a_destroyed_ids_connection_ends_in_every_state() {
+        // Active: REQ_SENT (REJ timeout), REP_RCVD (REJ), ESTABLISHED (DREQ).
+        let (mut l, mut p) = pair();
+        let id = connect(&mut l, P);
+        let (sent, after) = destroy(&mut l, id, CmState::ReqSent);
+        assert_eq!((rej_reason(&sent), after), (Some(RejReason::TIMEOUT), None));
+
+        let (mut l, mut p2) = pair();
+        let id = connect(&mut l, P);
+        pass(&mut l, L, &mut p2);
+        let pid = only(&p2);
+        accept(&mut p2, pid);
+        pass(&mut p2, P, &mut l);
+        let (sent, after) = destroy(&mut l, id, CmState::RepRcvd);
+        assert_eq!(
+            (rej_reason(&sent), after),
+            (Some(RejReason::CONSUMER_DEFINED), None)
+        );
+
+        let (mut l, mut p3) = pair();
+        let id = connect(&mut l, P);
+        pass(&mut l, L, &mut p3);
+        let pid = only(&p3);
+        accept(&mut p3, pid);
+        pass(&mut p3, P, &mut l);
+        l.establish(Instant::ZERO, id).unwrap();
+        pass(&mut l, L, &mut p3);
+        let (sent, after) = destroy(&mut l, id, CmState::Established);
+        assert!(matches!(sent[..], [CmMsgRepr::Dreq(_)]), "{sent:?}");
+        assert_eq!(after, Some(CmState::DreqSent));
+
+        // Passive: REQ_RCVD (REJ), REP_SENT (DREQ), DREQ_RCVD (DREP).
+        let (mut l, _) = pair();
+        connect(&mut p, L);
+        pass(&mut p, P, &mut l);
+        let id = only(&l);
+        let (sent, after) = destroy(&mut l, id, CmState::ReqRcvd);
+        assert_eq!(
+            (rej_reason(&sent), after),
+            (Some(RejReason::CONSUMER_DEFINED), None)
+        );
+
+        let (mut l, mut p) = pair();
+        connect(&mut p, L);
+        pass(&mut p, P, &mut l);
+        let id = only(&l);
+        accept(&mut l, id);
+        pass(&mut l, L, &mut p);
+        let (sent, after) = destroy(&mut l, id, CmState::RepSent);
+        assert!(matches!(sent[..], [CmMsgRepr::Dreq(_)]), "{sent:?}");
+        assert_eq!(after, Some(CmState::DreqSent));
+
+        let (mut l, mut p) = pair();
+        let pid = connect(&mut p, L);
+        pass(&mut p, P, &mut l);
+        let id = only(&l);
+        accept(&mut l, id);
+        pass(&mut l, L, &mut p);
+        p.establish(Instant::ZERO, pid).unwrap();
+        pass(&mut p, P, &mut l);
+        p.disconnect(Instant::ZERO, pid).unwrap();
+        pass(&mut p, P, &mut l);
+        let (sent, after) = destroy(&mut l, id, CmState::DreqRcvd);
+        assert!(matches!(sent[..], [CmMsgRepr::Drep(_)]), "{sent:?}");
+        assert_eq!(after, Some(CmState::Timewait));
+
+        // SIDR: SIDR_REQ_SENT (forgotten, no message), SIDR_REQ_RCVD (SIDR_REP reject).
+        let (mut l, mut p) = pair();
+        let id = l.sidr_request(Instant::ZERO, P, UDP, &[]).unwrap();
+        let (sent, after) = destroy(&mut l, id, CmState::SidrReqSent);
+        assert_eq!((sent.len(), after, l.poll_timeout()), (0, None, None));
+
+        p.sidr_request(Instant::ZERO, L, UDP, &[]).unwrap();
+        pass(&mut p, P, &mut l);
+        let id = only(&l);
+        let (sent, after) = destroy(&mut l, id, CmState::SidrReqRcvd);
+        let status = match &sent[..] {
+            [CmMsgRepr::SidrRep(r)] => Some(r.status),
+            _ => None,
+        };
+        assert_eq!((status, after), (Some(SidrStatus::REJECT), None));
+    }
 }

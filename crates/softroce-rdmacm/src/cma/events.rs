@@ -164,6 +164,25 @@ pub(super) fn drop_queued(ch: *mut rdma_event_channel, mut pred: impl FnMut(&Eve
     }
 }
 
+/// (Feature `testing`.) The events queued on channel `ch`, oldest first: each one's id,
+/// listening id (0: none) and kind. For the in-memory bench's checks.
+#[cfg(feature = "testing")]
+pub(super) fn queued(ch: *mut rdma_event_channel) -> Vec<(usize, usize, c_int)> {
+    if ch.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: every channel of an id is one of our boxed `Channel`s.
+    let chan = unsafe { &*ch.cast::<Channel>() };
+    let q = chan.queue.lock();
+    q.iter()
+        .map(|&e| {
+            // SAFETY: queued events are live boxes nobody was handed.
+            let ev = unsafe { &(*(e as *const Event)).ev };
+            (ev.id as usize, ev.listen_id as usize, ev.event)
+        })
+        .collect()
+}
+
 /// Moves the events of `id` queued on channel `from` to the end of channel `to`, in order
 /// (the kernel's `ucma_migrate_id` moves an id's unread events to its new file).
 pub(super) fn move_queued(

@@ -69,49 +69,81 @@ pub(crate) extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
         }
         let mut st = state()?;
-        let Some(s) = st.ids.get_mut(&(id as usize)).filter(|s| !s.destroyed) else {
-            return Err(libc::EINVAL);
-        };
-        s.destroyed = true;
-        let was_listening = std::mem::take(&mut s.listening);
-        s.qp_init_attr = None;
-        if was_listening {
-            // SAFETY: a live id.
-            let ps = unsafe { (*id).ps };
-            linger(&mut st, id, ps);
-        }
-        let Some(s) = st.ids.get_mut(&(id as usize)) else {
-            return Err(libc::EINVAL);
-        };
-        let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
-        let unanswered = s.req.take().is_some();
-        let sidr_unanswered = std::mem::take(&mut s.sidr_pending);
-        if let (Some(d), Some(c)) = (dev, comm) {
-            // A request never answered is refused, a connection not disconnected is (REJ,
-            // SIDR_REP REJECT, DREQ or DREP: see `End::Destroyed`).
-            let how = End::Destroyed {
-                unanswered,
-                sidr_unanswered,
-            };
-            let _ = end_connection(&mut st, d, id as usize, c, now(), how);
-            pump(&mut st, d);
-        }
-        // Events queued for it and not yet taken go with it.
-        // SAFETY: `id` is live until freed below.
-        let ch = unsafe { (*id).channel };
-        drop_queued(ch, |e| e.ev.id == id);
-        if sync {
-            // SAFETY: live id; the channel is its own, now without events.
-            unsafe { (*id).channel = std::ptr::null_mut() };
-            rdma_destroy_event_channel(ch);
-        }
-        if out == 0 {
-            st.ids.remove(&(id as usize));
-            free_id(id);
-        }
-        // Else freed by the last rdma_ack_cm_event.
+        destroy(&mut st, id)?;
         Ok(0)
     })
+}
+
+/// `rdma_destroy_id`'s work under the state's lock: the id is marked destroyed, its listen
+/// lingers, its connection ends ([`End::Destroyed`]), the requests it was handed as a
+/// listener and the application never took go with it ([`drop_requests`]), its queued
+/// events are dropped (a synchronous id's channel destroyed), and it is freed now or at its
+/// last ack. Errors: EINVAL for an id that is not live.
+fn destroy(st: &mut State, id: *mut rdma_cm_id) -> Result<(), c_int> {
+    let Some(s) = st.ids.get_mut(&(id as usize)).filter(|s| !s.destroyed) else {
+        return Err(libc::EINVAL);
+    };
+    s.destroyed = true;
+    let was_listening = std::mem::take(&mut s.listening);
+    s.qp_init_attr = None;
+    if was_listening {
+        // SAFETY: a live id.
+        let ps = unsafe { (*id).ps };
+        linger(st, id, ps);
+    }
+    let Some(s) = st.ids.get_mut(&(id as usize)) else {
+        return Err(libc::EINVAL);
+    };
+    let (dev, comm, out, sync) = (s.dev, s.comm.take(), s.events_out, s.sync);
+    s.req = None;
+    s.sidr_pending = false;
+    if let (Some(d), Some(c)) = (dev, comm) {
+        // The connection ends as its state says (REJ, SIDR_REP REJECT, DREQ or DREP:
+        // see `End::Destroyed`).
+        let _ = end_connection(st, d, id as usize, c, now(), End::Destroyed);
+        pump(st, d);
+    }
+    if was_listening {
+        drop_requests(st, id);
+    }
+    // Events queued for it and not yet taken go with it.
+    // SAFETY: `id` is live until freed below.
+    let ch = unsafe { (*id).channel };
+    drop_queued(ch, |e| e.ev.id == id);
+    if sync {
+        // SAFETY: live id; the channel is its own, now without events.
+        unsafe { (*id).channel = std::ptr::null_mut() };
+        rdma_destroy_event_channel(ch);
+    }
+    if out == 0 {
+        st.ids.remove(&(id as usize));
+        free_id(id);
+    }
+    // Else freed by the last rdma_ack_cm_event.
+    Ok(())
+}
+
+/// The CONNECT_REQUESTs listener `listener` was handed that wait on its channel, not taken
+/// by the application: the events go, and their new ids are destroyed ([`destroy`]: the
+/// request refused, REJ or SIDR_REP(reject)), as the kernel's `ucma_cleanup_ctx_events`
+/// destroys the new ids of a destroyed listener's unread requests. Before, the events
+/// stayed queued with `listen_id` naming the freed listener (and with a synchronous
+/// listener, its channel freed them and their ids leaked); found by the rdmacm_driver fuzz
+/// target.
+fn drop_requests(st: &mut State, listener: *mut rdma_cm_id) {
+    let mut new_ids = Vec::new();
+    // SAFETY: a live id (freed only after this).
+    let ch = unsafe { (*listener).channel };
+    drop_queued(ch, |e| {
+        let mine = e.ev.event == event::CONNECT_REQUEST && e.ev.listen_id == listener;
+        if mine {
+            new_ids.push(e.ev.id);
+        }
+        mine
+    });
+    for new in new_ids {
+        let _ = destroy(st, new);
+    }
 }
 
 /// A listening id went away: the service IDs it listened on that no other id listens on
@@ -235,6 +267,11 @@ fn resolve_addr(
     let dst = sockaddr_of(dst_addr)?;
     let mut st = state()?;
     let s = st.id_mut(id)?;
+    // A listening or passive id resolves nothing (kernel rdma_resolve_addr: state IDLE or
+    // ADDR_BOUND, else EINVAL), so it never connects.
+    if s.listening || s.listen_id != 0 {
+        return Err(libc::EINVAL);
+    }
     let bound = s.local;
     let bound_dev = s.dev;
     match (bound, src_addr.is_null()) {
@@ -277,6 +314,11 @@ pub(crate) extern "C" fn rdma_resolve_addr(
 fn resolve_route(id: *mut rdma_cm_id) -> Result<(), c_int> {
     let mut st = state()?;
     let s = st.id_mut(id)?;
+    // As rdma_resolve_addr: not for a listening or passive id (kernel: state
+    // ADDR_RESOLVED, else EINVAL).
+    if s.listening || s.listen_id != 0 {
+        return Err(libc::EINVAL);
+    }
     let (Some(local), Some(remote), Some(dev)) = (s.local, s.remote, s.dev) else {
         return Err(libc::EINVAL);
     };

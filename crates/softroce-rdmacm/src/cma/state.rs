@@ -331,9 +331,39 @@ pub(super) fn clock() -> softroce::net::SystemClock {
     *CLOCK.get_or_init(softroce::net::SystemClock::new)
 }
 
-/// The library's time: [`clock`]'s.
+/// The library's time: [`clock`]'s (with feature `testing`, the bench's clock once a bench
+/// set it, [`BENCH_NOW`]).
 pub(super) fn now() -> Instant {
+    #[cfg(feature = "testing")]
+    if let t @ 1.. = BENCH_NOW.load(std::sync::atomic::Ordering::SeqCst) {
+        return Instant::from_nanos(t);
+    }
     softroce::verbs::Clock::now(&clock())
+}
+
+/// (Feature `testing`.) The in-memory bench's time in ns, which [`now`] returns instead of
+/// the real clock's while it is not 0 (`cma::testing` sets it; nothing else does).
+#[cfg(feature = "testing")]
+pub(super) static BENCH_NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// (Feature `testing`.) Replaces the process's rdma_cm state with `fresh`, making it first
+/// if no call made it yet; returns the state it replaced (`None`: there was none). Errors:
+/// the error of an earlier first use that failed (then the state can never be made). Only
+/// the in-memory bench (`cma::testing`) calls it, before and after each run, holding no
+/// other lock of the library.
+#[cfg(feature = "testing")]
+pub(super) fn replace_state(fresh: State) -> Result<Option<State>, c_int> {
+    let mut fresh = Some(fresh);
+    let s = STATE.get_or_init(|| {
+        let first = fresh.take().map(|st| Mutex::new(PerProcess::new(st)));
+        first.ok_or(libc::EIO)
+    });
+    let m = s.as_ref().map_err(|e| *e)?;
+    let Some(f) = fresh else { return Ok(None) };
+    let mut p = m.lock();
+    // (Another process's state is never here: the bench does not fork.)
+    let cur = p.get_or_reset(|| Err(libc::EIO))?;
+    Ok(Some(std::mem::replace(cur, f)))
 }
 
 pub(super) fn new_id(

@@ -446,6 +446,11 @@ impl CmEngine {
         self.listens.get(&service_id).copied()
     }
 
+    /// Every service ID listened on, in order, with its backlog.
+    pub fn listened(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.listens.iter().map(|(&sid, &backlog)| (sid, backlog))
+    }
+
     /// Requests for `service_id` the application has not answered yet: connections in
     /// REQ_RCVD, MRA_REQ_SENT or SIDR_REQ_RCVD. They count against the listener's backlog.
     pub fn pending_requests(&self, service_id: u64) -> usize {
@@ -596,10 +601,20 @@ impl CmEngine {
     /// (reason Timeout, as when the REQ's retries run out) and the connection is gone,
     /// without an event. This is what the kernel's `cm_destroy_id` does when rdma_cm
     /// destroys an id whose connect is pending; the Rust API's connect calls it when its
-    /// caller's timeout is over first.
+    /// caller's timeout is over first. A SIDR request with no answer yet (SIDR_REQ_SENT) is
+    /// forgotten without a message (SIDR has no REJ; `cm_destroy_id` cancels its MAD), so
+    /// it is not retried and a late SIDR_REP finds nothing.
     /// Errors: [`CmError::NoSuchId`], [`CmError::InvalidState`] in any other state.
     pub fn cancel(&mut self, _now: Instant, id: CommId) -> Result<(), CmError> {
-        self.expect_state(id, "cancel", &[CmState::ReqSent, CmState::MraReqRcvd])?;
+        let state = self.expect_state(
+            id,
+            "cancel",
+            &[CmState::ReqSent, CmState::MraReqRcvd, CmState::SidrReqSent],
+        )?;
+        if state == CmState::SidrReqSent {
+            self.remove(id.0);
+            return Ok(());
+        }
         let c = self.conn_api(id)?;
         let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
         self.send_rej(peer, tid, id.0, remote, msg_ref::REQ, CmReject::Timeout);

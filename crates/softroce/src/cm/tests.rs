@@ -630,6 +630,29 @@ fn sidr_req_sent_sidr_rep_reports_qpn_and_qkey() {
     assert_eq!((p.a.connection_count(), p.b.connection_count()), (0, 0));
 }
 
+// kernel cm_destroy_id: IB_CM_SIDR_REQ_SENT cancels the MAD; no message, no retry.
+#[test]
+fn sidr_req_sent_cancel_forgets_the_request_and_a_late_sidr_rep_finds_nothing() {
+    let mut p = Pair::new();
+    let udp = rdma_cm_service_id(port_space::UDP, 7174);
+    p.b.listen(udp).unwrap();
+    let id = p.a.sidr_request(p.now, B_IP, udp, &[]).unwrap();
+    let req = p.take_a();
+    p.a.cancel(p.now, id).unwrap();
+    assert!(p.take_a().is_empty(), "SIDR has no REJ");
+    assert_eq!((p.a.connection_count(), p.a.poll_timeout()), (0, None));
+    p.deliver_b(&req);
+    let Some(CmEvent::SidrRequest { id: b_id, .. }) = p.b.poll_event() else {
+        panic!()
+    };
+    p.b.sidr_reply(p.now, b_id, SidrStatus::SUCCESS, 0x28, 0x0123_4567, &[])
+        .unwrap();
+    let rep = p.take_b();
+    p.deliver_a(&rep);
+    assert_eq!(p.a.poll_event(), None);
+    assert_eq!(p.a.connection_count(), 0);
+}
+
 #[test]
 fn idle_sidr_req_for_unknown_service_gets_unsupported() {
     let mut p = Pair::new();
@@ -867,6 +890,8 @@ fn idle_listen_backlog_is_clamped_as_ucma_does() {
     assert_eq!(e.listen_with_backlog(4, 1), Err(CmError::AddrInUse));
     assert!(e.unlisten(4));
     assert_eq!(e.backlog(4), None);
+    let listened: Vec<_> = e.listened().collect();
+    assert_eq!(listened, [(1, 1024), (2, 1024), (3, 1024)]);
 }
 
 // kernel ucma_event_handler + cm_destroy_id(-ENOMEM): a REQ beyond the backlog is dropped

@@ -71,17 +71,23 @@ pub fn wait_for_capped(next: Option<Instant>, now: Instant, cap: Duration) -> Du
     })
 }
 
-/// Runs `l` until it ends, on `clock`'s time.
+/// Runs `l` until it ends, on `clock`'s time: [`run_once`] over and over.
 pub fn run<L: CmLoop>(l: &mut L, clock: &dyn Clock) -> LoopEnd {
     loop {
-        let step = l
-            .next_timer()
-            .and_then(|next| l.wait(wait_for(next, clock.now())))
-            .and_then(|input| l.turn(clock.now(), input));
-        if let Err(end) = step {
+        if let Err(end) = run_once(l, clock) {
             return end;
         }
     }
+}
+
+/// One round of the loop on `clock`'s time: the next timer, the wait up to it
+/// ([`wait_for`]), the turn. What [`run`] repeats; a harness that owns the clock (the
+/// in-memory bench of librdmacm.so.1's driver, feature `testing` there) calls it once per
+/// input. `Err` when the loop ends.
+pub fn run_once<L: CmLoop>(l: &mut L, clock: &dyn Clock) -> Result<(), LoopEnd> {
+    l.next_timer()
+        .and_then(|next| l.wait(wait_for(next, clock.now())))
+        .and_then(|input| l.turn(clock.now(), input))
 }
 
 /// Starts thread `name` running `l` on `clock` ([`run`]) under a panic guard. When the loop
@@ -183,6 +189,27 @@ mod tests {
             wait_for_capped(Some(Instant::from_nanos(45_000_000)), Instant::ZERO, s),
             ms(45)
         );
+    }
+
+    #[test]
+    fn run_once_is_one_round_of_the_loop() {
+        let clock = Arc::new(ManualClock::new());
+        let mut l = Scripted {
+            clock: clock.clone(),
+            timer: Some(Instant::from_nanos(5_000_000)),
+            waits: Vec::new(),
+            fired: 0,
+            turns: 0,
+            end_after: 2,
+        };
+        assert_eq!(run_once(&mut l, &*clock), Ok(()));
+        assert_eq!((l.waits.len(), l.turns, l.fired), (1, 1, 1));
+        assert_eq!(run_once(&mut l, &*clock), Ok(()));
+        assert_eq!(
+            run_once(&mut l, &*clock),
+            Err(LoopEnd::Failed("scripted end".into()))
+        );
+        assert_eq!(l.turns, 2, "an ended loop does not turn");
     }
 
     #[test]
