@@ -134,7 +134,7 @@ fn bad_cma() -> Vec<Op> {
 }
 
 /// P's SIDR_REQ to L's UDP listener, accepted; L's SIDR_REQ to P, answered; a SIDR_REQ to
-/// L whose cma header is missing, rejected.
+/// L whose cma header is missing (SIDR_REP reject, no id).
 fn sidr() -> Vec<Op> {
     vec![
         lib(LISTEN_FLOW, 0, LISTEN_UDP), // id 0: UDP 10.0.0.2:7174
@@ -147,8 +147,8 @@ fn sidr() -> Vec<Op> {
         to_p(0),
         peer(P_SIDR_REPLY, 0, 0),
         to_l(0),               // ESTABLISHED (UD)
-        req(7, 0, 1, 2, 7, 0), // SIDR_REQ without a cma header: id 3
-        lib(REJECT, 3, 0),
+        req(7, 0, 1, 2, 7, 0), // SIDR_REQ without a cma header: SIDR_REP(reject)
+        lib(REJECT, 3, 0),     // (an id that does not exist: on the listener, EINVAL)
         Op::NextTimer,
     ]
 }
@@ -384,4 +384,39 @@ fn rdma_connect_needs_a_resolved_route() {
             .iter()
             .all(|(to, _)| *to == rdmacm::P_IP)
     );
+}
+
+/// A SIDR_REQ for L's UDP listener is a CONNECT_REQUEST only with an rdma_cm header that
+/// names L; every other header (another address, CMA version 1, IPv4 under IP version 6,
+/// IPv6, IP version 5, zero, none) gets SIDR_REP(reject) and makes no id, as the kernel
+/// (cma_ib_id_from_event finds no listener, cm_destroy_id rejects), and as a REQ gets REJ 28.
+#[test]
+fn a_sidr_req_whose_cma_header_names_another_address_is_rejected() {
+    use softroce::wire::cm::{CmMadRepr, CmMsgRepr, SidrStatus};
+    use softroce::wire::mad::MadHdrRepr;
+    for cma in 0..8 {
+        let mut rig = run(&[lib(LISTEN_FLOW, 0, LISTEN_UDP)]);
+        // SIDR_REQ (kind 7) for UDP 7174 (service 2) from P, request ID 1, header `cma`.
+        let msg = rig.build(rdmacm::P_IP, 7, (1, 0), 2, cma, 0x40);
+        let mad = CmMadRepr {
+            hdr: MadHdrRepr::cm(1, msg.attr_id()),
+            msg,
+        };
+        rig.bench.deliver(rdmacm::P_IP, &mad.to_bytes()).unwrap();
+        rig.bench.check_invariants().unwrap();
+        let sent: Vec<_> = rig.bench.take_sent();
+        let statuses: Vec<_> = sent
+            .iter()
+            .filter_map(|(_, m)| match CmMadRepr::parse(&m[..]).map(|p| p.msg) {
+                Ok(CmMsgRepr::SidrRep(r)) => Some(r.status),
+                _ => None,
+            })
+            .collect();
+        if cma == 0 {
+            assert_eq!((rig.bench.queued_events(), statuses.len()), (1, 0));
+        } else {
+            assert_eq!(rig.bench.queued_events(), 0, "header variant {cma}");
+            assert_eq!(statuses, [SidrStatus::REJECT], "header variant {cma}");
+        }
+    }
 }

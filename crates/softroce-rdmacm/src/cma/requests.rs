@@ -2,8 +2,9 @@
 //! passive id on the device (its listener's channel, context and port space; the peer's
 //! address from the cma header) and queues CONNECT_REQUEST on the listener's channel. A REQ
 //! for a service ID that lingers (`LISTEN_LINGER`) is parked for the next listener; one
-//! nobody listens on gets REJ 8, one whose cma header does not match REJ 28 (kernel
-//! `cma_ib_req_handler`, `cm_format_req_event`, `cma_sidr_req_handler`).
+//! nobody listens on gets REJ 8, one whose cma header does not match REJ 28 (a SIDR_REQ:
+//! SIDR_REP unsupported, and reject) (kernel `cma_ib_req_handler`, `cm_format_req_event`,
+//! `cma_sidr_req_handler`).
 
 use super::addr::{set_route, ud_ah_attr};
 use super::events::{new_channel, new_event, post_on, set_private};
@@ -37,7 +38,8 @@ pub(super) fn listener_for(st: &State, dev: usize, service_id: u64) -> Option<us
 
 /// A SIDR_REQ for a listening UD id: a new id on the device, and CONNECT_REQUEST on the
 /// listener's channel with the request's private data after the cma header (kernel
-/// `cma_sidr_req_handler`). No listener: SIDR_REP(unsupported).
+/// `cma_sidr_req_handler`). No listener: SIDR_REP(unsupported); a cma header that does not
+/// name the device's address: SIDR_REP(reject).
 pub(super) fn sidr_request(
     st: &mut State,
     dev: usize,
@@ -56,6 +58,17 @@ pub(super) fn sidr_request(
         .map(|h| CmaHdrRepr::parse(&h))
         .ok()
         .filter(|h| h.cma_version == 0 && matches!(h.ip_version, 4 | 6));
+    // A listened service ID, but an rdma_cm IP header that does not parse or names another
+    // address: the kernel's rdma_cm finds no listener (`cma_ib_id_from_event`, as for a
+    // REQ in connect_request), its ib_cm destroys the new id, which answers SIDR_REP
+    // (reject) (`cm_destroy_id`). Before, such a SIDR_REQ made a passive id whose peer
+    // address was the packet's.
+    if !softroce::cm::rdma_cm::req_matches_listener(req.service_id, cma.as_ref(), st.devs[dev].ip) {
+        if let Some(o) = st.devs[dev].open.as_mut() {
+            let _ = o.cm.sidr_reply(now(), comm, SidrStatus::REJECT, 0, 0, &[]);
+        }
+        return;
+    }
     let Some(id) = passive_id(st, dev, lid, comm, peer, cma, None) else {
         return;
     };
