@@ -3,7 +3,7 @@
 //! ([`super::share`]) adds what its device counts to these pages and reads the device's
 //! counters from them (docs/architecture.md, "A host's device").
 //!
-//! The pages are a memfd that the keeper ([`super::keeper`]) makes when it starts and hands
+//! The pages are a memfd that the keeper (`net::keeper`) makes when it starts and hands
 //! each process with its slot's socket (`SCM_RIGHTS`). It is [`PAGES_LEN`] bytes long,
 //! sealed against shrinking and growing (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`: no
 //! access through a mapping of it can fall past its end) and allocated when made

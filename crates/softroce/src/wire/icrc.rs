@@ -266,7 +266,7 @@ pub fn icrc_of_body(ip: &IcrcIp, body: &[u8]) -> [u8; 4] {
 ///
 /// `L` depends only on where the ID field sits from the end of the packet, that is on the
 /// body's length, not on its bytes or the addresses: each thread keeps the reduced bases of
-/// the last [`IDENT_BASES`] body lengths it solved. Cost: one CRC pass over the packet (17
+/// the last `IDENT_BASES` (8) body lengths it solved. Cost: one CRC pass over the packet (17
 /// for a body length the thread has not solved lately).
 pub fn solve_ipv4_ident(ip: &IcrcIp, body: &[u8], received: [u8; 4]) -> Option<u16> {
     let IcrcIp::V4 {
