@@ -647,6 +647,29 @@ mod tests {
         d
     }
 
+    /// A PD on `d`, one CQ of 8, a QP of `qp_type` on it (all sends signaled) and an MR of
+    /// `mr_len` bytes with local write.
+    fn qp_with_mr(
+        d: &Device,
+        qp_type: QpType,
+        mr_len: usize,
+    ) -> (crate::verbs::Pd, Cq, crate::verbs::Qp, crate::verbs::Mr) {
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(8).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type,
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap: QpCap::default(),
+                sq_sig_all: true,
+                srq: None,
+            })
+            .unwrap();
+        let mr = pd.reg_mr(mr_len, AccessFlags::LOCAL_WRITE).unwrap();
+        (pd, cq, qp, mr)
+    }
+
     // While an application thread busy-polls, the driver thread only serves timers
     // (mckey's receiver spins on ibv_poll_cq): the busy polls must receive the multicast
     // group sockets as well as the unicast one, or group datagrams reach the engine only
@@ -664,20 +687,8 @@ mod tests {
         let group = Gid::from(Ipv4Addr::new(239, 24, 0, 3));
         const QKEY: u32 = 0x1234_5678;
         let ud = |d: &Device| {
-            let pd = d.alloc_pd().unwrap();
-            let cq = d.create_cq(8).unwrap();
-            let qp = pd
-                .create_qp(&QpInitAttr {
-                    qp_type: QpType::Ud,
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    cap: QpCap::default(),
-                    sq_sig_all: true,
-                    srq: None,
-                })
-                .unwrap();
+            let (pd, cq, qp, mr) = qp_with_mr(d, QpType::Ud, 256);
             qp.ready_ud(QKEY, 0).unwrap();
-            let mr = pd.reg_mr(256, AccessFlags::LOCAL_WRITE).unwrap();
             (pd, cq, qp, mr)
         };
         let (_rpd, rcq, rqp, rmr) = ud(&r);
@@ -728,24 +739,8 @@ mod tests {
             IpAddr::V4(Ipv4Addr::new(127, 0, 24, 72)),
         )
         .expect("open a device on loopback");
-        let rc = |d: &Device| {
-            let pd = d.alloc_pd().unwrap();
-            let cq = d.create_cq(8).unwrap();
-            let qp = pd
-                .create_qp(&QpInitAttr {
-                    qp_type: QpType::Rc,
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    cap: QpCap::default(),
-                    sq_sig_all: true,
-                    srq: None,
-                })
-                .unwrap();
-            let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-            (pd, cq, qp, mr)
-        };
-        let (_apd, acq, aqp, amr) = rc(&a);
-        let (_bpd, bcq, bqp, bmr) = rc(&b);
+        let (_apd, acq, aqp, amr) = qp_with_mr(&a, QpType::Rc, 64);
+        let (_bpd, bcq, bqp, bmr) = qp_with_mr(&b, QpType::Rc, 64);
         let connect = |qp: &crate::verbs::Qp, peer: &crate::verbs::Qp, ip: Ipv4Addr| {
             let mut c = RcConnect::new(peer.qp_num(), Gid::from(ip), 100, 100);
             c.path_mtu = PathMtu::Mtu1024;
