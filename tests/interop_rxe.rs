@@ -2091,6 +2091,55 @@ fn pcap_roce(path: &Path) -> Res<Vec<RocePkt>> {
         .collect())
 }
 
+/// A RoCE packet of a tap capture, for the middleware scenarios' checks.
+struct TapPacket {
+    /// Capture time, µs.
+    t: u64,
+    /// Sent by the host (softroce), not by the guest (rxe).
+    from_host: bool,
+    /// The BTH opcode: its top 3 bits are 0 for RC (0x11 its ACK, 0x0c an RDMA READ
+    /// request) and 3 for UD (IBTA Vol 1 9.2).
+    opcode: u8,
+    /// The IP total length, bytes.
+    ip_len: u64,
+}
+
+impl TapPacket {
+    /// An RC packet other than an ACK.
+    fn is_rc_data(&self) -> bool {
+        self.opcode >> 5 == 0 && self.opcode != 0x11
+    }
+}
+
+/// The RoCE packets of the tap capture `pcap`, as [`TapPacket`]s; `host_ip` is softroce's.
+fn tap_packets(host_ip: &str, pcap: &Path) -> Res<Vec<TapPacket>> {
+    let host: [u8; 4] = host_ip
+        .parse::<std::net::Ipv4Addr>()
+        .map_err(|e| e.to_string())?
+        .octets();
+    Ok(pcap_roce_ip(pcap)?
+        .into_iter()
+        .filter_map(|(t, ip)| {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            Some(TapPacket {
+                t,
+                from_host: ip[12..16] == host,
+                opcode: *ip.get(ihl + 8)?,
+                ip_len: u64::from(u16::from_be_bytes([ip[2], ip[3]])),
+            })
+        })
+        .collect())
+}
+
+/// How many of softroce's packets in `pkts` came after rxe's last one (rxe's process may be
+/// gone then: its counters cannot count them).
+fn host_packets_after_rxe_last(pkts: &[TapPacket]) -> u64 {
+    let rxe_last = pkts.iter().filter(|p| !p.from_host).map(|p| p.t).max();
+    pkts.iter()
+        .filter(|p| p.from_host && rxe_last.is_some_and(|t| p.t > t))
+        .count() as u64
+}
+
 /// tcpdump on the tap, in the namespace (the host's side of the wire, where the kernel has
 /// already cut softroce's GSO batches into packets).
 fn host_capture(rig: &Rig, file: &Path) -> Res<HostProc> {
@@ -2481,29 +2530,27 @@ fn ucx(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
             t.iters, t.size, t.tls, fin[5], fin[7]
         )
     };
-    // The BTH opcode's top 3 bits: 0 RC, 3 UD (IBTA Vol 1 9.2); 0x11 is the RC ACK.
-    let host: [u8; 4] = rig
-        .host_ip
-        .parse::<std::net::Ipv4Addr>()
-        .map_err(|e| e.to_string())?
-        .octets();
-    let pkts: Vec<(u64, bool, u8, usize)> = pcap_roce_ip(&pcap)?
-        .into_iter()
-        .filter_map(|(t, ip)| {
-            let ihl = usize::from(ip[0] & 0x0f) * 4;
-            let opcode = *ip.get(ihl + 8)?;
-            let len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-            Some((t, ip[12..16] == host, opcode, len))
-        })
-        .collect();
-    let rc_data = |p: &&(u64, bool, u8, usize)| p.2 >> 5 == 0 && p.2 != 0x11;
-    let from_softroce = pkts.iter().filter(|p| p.1).count() as u64;
+    let pkts = tap_packets(&rig.host_ip, &pcap)?;
+    let from_softroce = pkts.iter().filter(|p| p.from_host).count() as u64;
     let rxe_sent = pkts.len() as u64 - from_softroce;
-    let sr_rc = pkts.iter().filter(|p| p.1).filter(rc_data).count() as u64;
-    let sr_rc_acks = pkts.iter().filter(|p| p.1 && p.2 == 0x11).count() as u64;
-    let sr_ud = pkts.iter().filter(|p| p.1 && p.2 >> 5 == 3).count() as u64;
-    let rc_all = pkts.iter().filter(rc_data).count() as u64;
-    let rc_bytes = pkts.iter().filter(rc_data).map(|p| p.3 as u64).sum::<u64>();
+    let sr_rc = pkts
+        .iter()
+        .filter(|p| p.from_host && p.is_rc_data())
+        .count() as u64;
+    let sr_rc_acks = pkts
+        .iter()
+        .filter(|p| p.from_host && p.opcode == 0x11)
+        .count() as u64;
+    let sr_ud = pkts
+        .iter()
+        .filter(|p| p.from_host && p.opcode >> 5 == 3)
+        .count() as u64;
+    let rc_all = pkts.iter().filter(|p| p.is_rc_data()).count() as u64;
+    let rc_bytes = pkts
+        .iter()
+        .filter(|p| p.is_rc_data())
+        .map(|p| p.ip_len)
+        .sum::<u64>();
     let iters = u64::from(t.iters);
     if t.tls.starts_with("rc_") {
         // tag_lat is a ping-pong: each side sends a message an iteration. In tag_bw the
@@ -2520,17 +2567,13 @@ fn ucx(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         );
     } else {
         ensure!(
-            sr_ud >= iters && pkts.iter().all(|p| p.2 >> 5 == 3),
+            sr_ud >= iters && pkts.iter().all(|p| p.opcode >> 5 == 3),
             "the data did not go over UD alone: softroce sent {sr_ud} UD packets for {iters} \
              iterations, the tap carried {} others",
-            pkts.iter().filter(|p| p.2 >> 5 != 3).count()
+            pkts.iter().filter(|p| p.opcode >> 5 != 3).count()
         );
     }
-    let rxe_last = pkts.iter().filter(|p| !p.1).map(|p| p.0).max();
-    let after_rxe = pkts
-        .iter()
-        .filter(|p| p.1 && rxe_last.is_some_and(|t| p.0 > t))
-        .count() as u64;
+    let after_rxe = host_packets_after_rxe_last(&pkts);
     let rcvd = g(&rxe, "rcvd_pkts");
     ensure!(
         from_softroce > 0 && rcvd <= from_softroce && from_softroce - rcvd <= after_rxe,
@@ -2807,22 +2850,7 @@ fn mpi(rig: &Rig, log: &mut String, role: Role) -> Res<String> {
         rtts.push(format!("{size} B × {iters} {us:.0} µs"));
     }
 
-    // The BTH opcode's top 3 bits: 0 RC (0x11 its ACK, 0x0c an RDMA READ request), 3 UD.
-    let me: [u8; 4] = rig
-        .host_ip
-        .parse::<std::net::Ipv4Addr>()
-        .map_err(|e| e.to_string())?
-        .octets();
-    let pkts: Vec<(u64, bool, u8, u64)> = pcap_roce_ip(&pcap)?
-        .into_iter()
-        .filter_map(|(t, ip)| {
-            let ihl = usize::from(ip[0] & 0x0f) * 4;
-            let opcode = *ip.get(ihl + 8)?;
-            let len = u64::from(u16::from_be_bytes([ip[2], ip[3]]));
-            Some((t, ip[12..16] == me, opcode, len))
-        })
-        .collect();
-    let rc_data = |p: &&(u64, bool, u8, u64)| p.2 >> 5 == 0 && p.2 != 0x11;
+    let pkts = tap_packets(&rig.host_ip, &pcap)?;
     let payload: u64 = MPI_SIZES
         .iter()
         .map(|(s, n, _)| u64::from(*s) * u64::from(*n))
@@ -2834,13 +2862,12 @@ fn mpi(rig: &Rig, log: &mut String, role: Role) -> Res<String> {
         .sum();
     let mut per_side = Vec::new();
     for (side, mine) in [("softroce", true), ("rxe", false)] {
-        let rc: Vec<&(u64, bool, u8, u64)> = pkts
+        let rc: Vec<&TapPacket> = pkts
             .iter()
-            .filter(|p| p.1 == mine)
-            .filter(rc_data)
+            .filter(|p| p.from_host == mine && p.is_rc_data())
             .collect();
-        let bytes: u64 = rc.iter().map(|p| p.3).sum();
-        let reads = rc.iter().filter(|p| p.2 == 0x0c).count() as u64;
+        let bytes: u64 = rc.iter().map(|p| p.ip_len).sum();
+        let reads = rc.iter().filter(|p| p.opcode == 0x0c).count() as u64;
         ensure!(
             bytes >= payload,
             "{side} sent {} RC packets (not ACKs) of {bytes} bytes with their headers; its \
@@ -2854,15 +2881,17 @@ fn mpi(rig: &Rig, log: &mut String, role: Role) -> Res<String> {
         );
         per_side.push((rc.len(), reads));
     }
-    let from_softroce = pkts.iter().filter(|p| p.1).count() as u64;
+    let from_softroce = pkts.iter().filter(|p| p.from_host).count() as u64;
     let rxe_sent = pkts.len() as u64 - from_softroce;
-    let sr_acks = pkts.iter().filter(|p| p.1 && p.2 == 0x11).count();
-    let sr_ud = pkts.iter().filter(|p| p.1 && p.2 >> 5 == 3).count();
-    let rxe_last = pkts.iter().filter(|p| !p.1).map(|p| p.0).max();
-    let after_rxe = pkts
+    let sr_acks = pkts
         .iter()
-        .filter(|p| p.1 && rxe_last.is_some_and(|t| p.0 > t))
-        .count() as u64;
+        .filter(|p| p.from_host && p.opcode == 0x11)
+        .count();
+    let sr_ud = pkts
+        .iter()
+        .filter(|p| p.from_host && p.opcode >> 5 == 3)
+        .count();
+    let after_rxe = host_packets_after_rxe_last(&pkts);
     // The rank's UCX connects to itself too (MPI_Init of a lone rank on rxe: 5 packets sent
     // and received): rxe hands those packets to itself (rxe_loopback), they never reach the
     // wire, and both counters count them.
