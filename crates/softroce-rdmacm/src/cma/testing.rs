@@ -514,24 +514,8 @@ impl Bench {
             ));
         }
         let st = state().map_err(|e| format!("no state: errno {e}"))?;
-        let live = |a: usize| st.ids.get(&a).is_some_and(|s| !s.destroyed);
-        if !live(id) {
-            return Err(format!("{name}: its id is not live"));
-        }
-        if kind == event::CONNECT_REQUEST {
-            if !st
-                .ids
-                .get(&listen)
-                .is_some_and(|s| !s.destroyed && s.listening)
-            {
-                return Err(format!(
-                    "{name}: listener {listen:#x} is not a live listener"
-                ));
-            }
-            if self.known.contains(&id) {
-                return Err(format!("{name}: a CONNECT_REQUEST for an id already held"));
-            }
-        } else {
+        check_event_id(&st, &name, (id, listen, kind), &self.known)?;
+        if kind != event::CONNECT_REQUEST {
             if listen != 0 {
                 return Err(format!("{name}: a listener {listen:#x}"));
             }
@@ -651,6 +635,35 @@ impl Drop for Bench {
     }
 }
 
+/// What every event (handed out or waiting; `event`: id, listener, kind) must name: a live
+/// id, and for a CONNECT_REQUEST a live listener and an id the application (`known`) does
+/// not hold yet. `name` starts each error.
+fn check_event_id(
+    st: &State,
+    name: &str,
+    (id, listen, kind): (usize, usize, c_int),
+    known: &[usize],
+) -> Result<(), String> {
+    if st.ids.get(&id).is_none_or(|s| s.destroyed) {
+        return Err(format!("{name}: its id is not live"));
+    }
+    if kind == event::CONNECT_REQUEST {
+        if !st
+            .ids
+            .get(&listen)
+            .is_some_and(|s| !s.destroyed && s.listening)
+        {
+            return Err(format!(
+                "{name}: listener {listen:#x} is not a live listener"
+            ));
+        }
+        if known.contains(&id) {
+            return Err(format!("{name}: a CONNECT_REQUEST for an id already held"));
+        }
+    }
+    Ok(())
+}
+
 /// Every event waiting on the application's channel (`waiting`: id, listener, kind)
 /// names a live id: a CONNECT_REQUEST a new one (not held yet) and a live listener, any
 /// other event an id the application holds or one an earlier CONNECT_REQUEST hands over.
@@ -659,26 +672,10 @@ fn check_queued(
     waiting: &[(usize, usize, c_int)],
     known: &[usize],
 ) -> Result<(), String> {
-    let live = |a: usize| st.ids.get(&a).is_some_and(|s| !s.destroyed);
     for (i, &(id, listen, kind)) in waiting.iter().enumerate() {
         let name = format!("queued event {kind} of id {id:#x}");
-        if !live(id) {
-            return Err(format!("{name}: its id is not live"));
-        }
-        if kind == event::CONNECT_REQUEST {
-            if !st
-                .ids
-                .get(&listen)
-                .is_some_and(|s| !s.destroyed && s.listening)
-            {
-                return Err(format!(
-                    "{name}: listener {listen:#x} is not a live listener"
-                ));
-            }
-            if known.contains(&id) {
-                return Err(format!("{name}: a CONNECT_REQUEST for an id already held"));
-            }
-        } else {
+        check_event_id(st, &name, (id, listen, kind), known)?;
+        if kind != event::CONNECT_REQUEST {
             let handed = waiting[..i]
                 .iter()
                 .any(|&(e, _, k)| e == id && k == event::CONNECT_REQUEST);
