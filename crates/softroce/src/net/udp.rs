@@ -764,13 +764,18 @@ mod tests {
         amr.write(0, b"acknowledged").unwrap();
         aqp.post_send(&[SendWr::new(1, WrOpcode::Send, vec![amr.sge(0, 12)])])
             .unwrap();
-        // B's driver received the SEND and sent its ACK (loopback queues it on A's socket
-        // within the send) before the receive completes.
         let mut wc = [Wc::default()];
         assert_eq!(bcq.wait(&mut wc, Duration::from_secs(10)), 1);
         assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, 5));
-        // A's retransmit timer (8 µs) comes due while nothing has received the ACK.
+        // B's driver sends the ACK at the end of its receive batch, after the receive
+        // completed: wait for that send (B's only datagram; loopback queues it on A's socket
+        // within the send call, before the count moves).
         let end = std::time::Instant::now() + Duration::from_secs(10);
+        while b.link().tx_datagrams.load(Ordering::SeqCst) == 0 {
+            assert!(std::time::Instant::now() < end, "B never sent its ACK");
+            std::thread::yield_now();
+        }
+        // A's retransmit timer (8 µs) comes due while nothing has received the ACK.
         while !a.timer_due() {
             assert!(
                 std::time::Instant::now() < end,
