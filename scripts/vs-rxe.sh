@@ -21,6 +21,9 @@
 # compare t_typical and the 99 % percentile. A ratio above 1 is better for softroce on a
 # bandwidth row and worse on a latency row. Raw perftest output: RUNDIR/vs-rxe-*.out.
 #
+# softroce's environment variables (SOFTROCE_RT=1, SOFTROCE_BUSY_POLL=0, ...) set for this script
+# are set for the softroce runs in the guest.
+#
 # Needs what tests/interop/run.sh needs (root, /dev/net/tun, qemu: it installs and builds the
 # same way) and a release build of softroce (built here). Takes about 5 min per round on an
 # idle 2-core host. Pause anything else that uses the CPU: under TCG the guest's two vCPUs
@@ -38,7 +41,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=${2:?}; shift 2 ;;
     --tests) tests=${2:?}; shift 2 ;;
     --sizes) sizes=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "usage: scripts/vs-rxe.sh [--rounds N] [--tests T] [--sizes S]" >&2; exit 2 ;;
   esac
 done
@@ -77,11 +80,18 @@ job() {
   local stack=$1 f=$run/vs-rxe-job.sh t s
   {
     echo 'source /share/lib.sh'
+    # softroce's own settings (SOFTROCE_RT, SOFTROCE_BUSY_POLL, ...) reach the guest's runs.
+    local v
+    for v in $(compgen -e | grep '^SOFTROCE_' | grep -v '^SOFTROCE_INTEROP'); do
+      printf 'export %s=%q\n' "$v" "${!v}"
+    done
     if [[ $stack == rxe ]]; then
       cat <<'EOF'
 modprobe rdma_rxe
 if ip link show va >/dev/null 2>&1; then
-  rdma link add rxea type rxe netdev va && rdma link add rxeb type rxe netdev vb || exit 96
+  # the veth pair of an earlier round; the devices too if rxe ran last
+  [[ -e /sys/class/infiniband/rxea ]] || rdma link add rxea type rxe netdev va || exit 96
+  [[ -e /sys/class/infiniband/rxeb ]] || rdma link add rxeb type rxe netdev vb || exit 96
 else
   rxe_pair_up || exit 96
 fi

@@ -61,6 +61,7 @@ pub mod pcap;
 pub mod pcap_reader;
 mod qp1;
 mod raw;
+pub mod sched;
 pub mod share;
 pub mod sim;
 mod sock;

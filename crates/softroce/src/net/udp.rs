@@ -113,8 +113,11 @@ impl UdpDevice {
             std::thread::Builder::new()
                 .name(format!("softroce-{}", device.name()))
                 .spawn(move || {
+                    // Real time where the process may (net::sched); no spinning then: a
+                    // SCHED_FIFO thread that spins keeps the CPU from the application.
+                    let rt = super::sched::realtime_wanted() && super::sched::enter_realtime();
                     // No silent hang: a panic fails the device, which wakes its waiters.
-                    let run = || drive(&device, &link, &stop, &panic_for_test);
+                    let run = || drive(&device, &link, &stop, &panic_for_test, !rt);
                     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
                         let msg = super::panic::message(&*p);
                         super::panic::report(
@@ -323,8 +326,16 @@ impl Drop for UdpDevice {
 /// (engine sends answers); between datagrams, run due timers. Sleeps at most [`MAX_PARK`]
 /// so a timer armed by another thread is served late by at most that much. Plain UDP
 /// receives are batched with `recvmmsg` and, with GRO, each buffer is cut at the segment
-/// size the kernel reports. Panics (only) when a test asked it to with `panic_for_test`.
-fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool, panic_for_test: &AtomicBool) {
+/// size the kernel reports. With `spin`, it spins [`DRIVER_SPIN`] on non-blocking receives
+/// before it blocks while traffic flows (not at real-time priority: [`super::sched`]).
+/// Panics (only) when a test asked it to with `panic_for_test`.
+fn drive(
+    device: &Device,
+    link: &UdpLink,
+    stop: &AtomicBool,
+    panic_for_test: &AtomicBool,
+    spin: bool,
+) {
     let mut buf = vec![0u8; 65536];
     let mut seg_buf = Vec::with_capacity(65536);
     let mut timeout = None;
@@ -392,7 +403,7 @@ fn drive(device: &Device, link: &UdpLink, stop: &AtomicBool, panic_for_test: &At
                 // sleeping in the kernel: a sleeping receiver costs the sender a wakeup (an
                 // IPI, then a context switch here; ≈ 45–65 µs end to end, docs/performance.md#measured-costs-on-this-machine-class).
                 let mut got = Err(io::ErrorKind::WouldBlock.into());
-                if busy_until.is_some_and(|t| std::time::Instant::now() < t) {
+                if spin && busy_until.is_some_and(|t| std::time::Instant::now() < t) {
                     let spin_end = std::time::Instant::now() + DRIVER_SPIN;
                     loop {
                         got = rx.recv(link.recv.as_raw_fd(), false);
