@@ -2034,8 +2034,6 @@ fn capi_tool(name: &str) -> CapiTool {
 
 /// One RoCE packet of a capture: source address, IP total length, capture time in µs, UDP
 /// checksum.
-type RocePkt = ([u8; 4], u16, u64, u16);
-
 /// The IPv4 RoCE datagrams (UDP 4791) of an Ethernet pcap: capture time in µs, the IPv4
 /// header onwards (as captured).
 fn pcap_roce_ip(path: &Path) -> Res<Vec<(u64, Vec<u8>)>> {
@@ -2075,22 +2073,6 @@ fn pcap_roce_ip(path: &Path) -> Res<Vec<(u64, Vec<u8>)>> {
     Ok(out)
 }
 
-/// The RoCE packets (UDP 4791) of an Ethernet/IPv4 pcap.
-fn pcap_roce(path: &Path) -> Res<Vec<RocePkt>> {
-    Ok(pcap_roce_ip(path)?
-        .into_iter()
-        .map(|(t, ip)| {
-            let udp = &ip[usize::from(ip[0] & 0x0f) * 4..];
-            (
-                [ip[12], ip[13], ip[14], ip[15]],
-                u16::from_be_bytes([ip[2], ip[3]]),
-                t,
-                u16::from_be_bytes([udp[6], udp[7]]),
-            )
-        })
-        .collect())
-}
-
 /// A RoCE packet of a tap capture, for the middleware scenarios' checks.
 struct TapPacket {
     /// Capture time, µs.
@@ -2102,6 +2084,8 @@ struct TapPacket {
     opcode: u8,
     /// The IP total length, bytes.
     ip_len: u64,
+    /// The UDP checksum as captured (0: none; softroce leaves it 0 where rxe does).
+    udp_csum: u16,
 }
 
 impl TapPacket {
@@ -2126,6 +2110,7 @@ fn tap_packets(host_ip: &str, pcap: &Path) -> Res<Vec<TapPacket>> {
                 from_host: ip[12..16] == host,
                 opcode: *ip.get(ihl + 8)?,
                 ip_len: u64::from(u16::from_be_bytes([ip[2], ip[3]])),
+                udp_csum: u16::from_be_bytes([*ip.get(ihl + 6)?, *ip.get(ihl + 7)?]),
             })
         })
         .collect())
@@ -2296,17 +2281,12 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
             t.iters, t.size
         )
     };
-    let pkts = pcap_roce(&pcap)?;
-    let host: [u8; 4] = rig
-        .host_ip
-        .parse::<std::net::Ipv4Addr>()
-        .map_err(|e| e.to_string())?
-        .octets();
-    let from_softroce: Vec<&RocePkt> = pkts.iter().filter(|p| p.0 == host).collect();
-    let csum_zero = from_softroce.iter().filter(|p| p.3 == 0).count();
+    let pkts = tap_packets(&rig.host_ip, &pcap)?;
+    let from_softroce: Vec<&TapPacket> = pkts.iter().filter(|p| p.from_host).collect();
+    let csum_zero = from_softroce.iter().filter(|p| p.udp_csum == 0).count();
     let sent = from_softroce.len() as u64;
     let rxe_sent = (pkts.len() - from_softroce.len()) as u64;
-    let oversized = from_softroce.iter().filter(|p| p.1 > 1500).count();
+    let oversized = from_softroce.iter().filter(|p| p.ip_len > 1500).count();
     ensure!(
         oversized == 0,
         "{oversized} packets from softroce longer than the link MTU in the capture (a GSO \
@@ -2314,11 +2294,7 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     );
     // After rxe's last packet its tool may already be destroying its QPs (srq_pingpong stops
     // as soon as its own counts are reached): rxe drops what reaches a destroyed QP uncounted.
-    let rxe_last = pkts.iter().filter(|p| p.0 != host).map(|p| p.2).max();
-    let after_rxe = from_softroce
-        .iter()
-        .filter(|p| rxe_last.is_some_and(|t| p.2 > t))
-        .count() as u64;
+    let after_rxe = host_packets_after_rxe_last(&pkts);
     let slack = if name == "srq" { after_rxe } else { 0 };
     let rcvd = g(&rxe, "rcvd_pkts");
     ensure!(
@@ -3405,12 +3381,10 @@ fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         !ours.contains("REJ") && !theirs.contains("REJ"),
         "a REJ on the wire: softroce {ours}; rxe {theirs}"
     );
-    let host4: [u8; 4] = rig
-        .host_ip
-        .parse::<std::net::Ipv4Addr>()
-        .map_err(|e| e.to_string())?
-        .octets();
-    let sent = pcap_roce(&pcap)?.iter().filter(|p| p.0 == host4).count() as u64;
+    let sent = tap_packets(&rig.host_ip, &pcap)?
+        .iter()
+        .filter(|p| p.from_host)
+        .count() as u64;
     let rcvd = rxe.get("rcvd_pkts").copied().unwrap_or(0);
     ensure!(
         sent > 0 && rcvd == sent,
@@ -3593,12 +3567,10 @@ fn cm_reject(rig: &Rig, log: &mut String, role: Role) -> Res<String> {
         asks == "REQ REQ REQ SIDR_REQ" && answers == "REJ(8) REJ(8) REJ(8) SIDR_REP(1)",
         "MADs on the wire: requests {asks}; answers {answers}"
     );
-    let host4: [u8; 4] = rig
-        .host_ip
-        .parse::<std::net::Ipv4Addr>()
-        .map_err(|e| e.to_string())?
-        .octets();
-    let sent = pcap_roce(&pcap)?.iter().filter(|p| p.0 == host4).count() as u64;
+    let sent = tap_packets(&rig.host_ip, &pcap)?
+        .iter()
+        .filter(|p| p.from_host)
+        .count() as u64;
     let rcvd = rxe.get("rcvd_pkts").copied().unwrap_or(0);
     ensure!(
         rcvd == sent,
