@@ -7,13 +7,16 @@
 # ssh. The program is tests/c/mpi_ring.c unless one is given: every rank checks its data.
 #
 #   scripts/mpi-netns.sh [--hosts N] [--ranks R] [--loss PCT] [--delay MS] [--keep]
-#                        [--softroce PATH] [-- PROGRAM ARGS...]
+#                        [--drop-first N:LEN] [--softroce PATH] [-- PROGRAM ARGS...]
 #
 #   --hosts N      namespaces srmpi-<pid>-h1..hN (default 4), addresses 10.77.0.1..N/24
 #   --ranks R      ranks per host (default 2)
 #   --loss PCT     netem loss on every host's link, each way (default 1)
 #   --delay MS     netem delay on every host's link, each way (default 1)
 #   --keep         leave the namespaces up at the end (--down removes every srmpi-* one)
+#   --drop-first N:LEN  also drop exactly the first N RoCEv2 datagrams of IP length LEN that
+#                  leave host h2 (nftables), e.g. 2:100 for UCX 1.13's ud_verbs wireup reply
+#                  to h1 and its first resend; prints how many it dropped
 #   --softroce P   the softroce binary (default target/release/softroce, built if missing)
 #
 # Needs root (ip netns, tc), mpicc/mpirun (libopenmpi-dev, openmpi-bin) and ucx-utils. Prints
@@ -27,6 +30,7 @@ ranks=2
 loss=1
 delay=1
 keep=0
+drop_first=
 softroce=
 prog=()
 while [ $# -gt 0 ]; do
@@ -36,9 +40,10 @@ while [ $# -gt 0 ]; do
     --loss) loss=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --keep) keep=1; shift ;;
+    --drop-first) drop_first=$2; shift 2 ;;
     --softroce) softroce=$2; shift 2 ;;
     --down) for ns in $(ip netns list | awk '/^srmpi-/ {print $1}'); do ip netns del "$ns"; done; exit 0 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     --) shift; prog=("$@"); break ;;
     *) echo "mpi-netns.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -132,14 +137,38 @@ for i in $(seq "$hosts"); do
   echo "h$i slots=$ranks" >> "$work/hostfile"
 done
 echo "== links: $how"
+if [ -n "$drop_first" ]; then
+  if ! [[ $drop_first =~ ^([0-9]+):([0-9]+)$ ]] || [ "$hosts" -lt 2 ]; then
+    echo "mpi-netns.sh: --drop-first N:LEN needs two hosts or more" >&2
+    exit 2
+  fi
+  command -v nft >/dev/null || { echo "mpi-netns.sh: --drop-first needs nft (apt-get install nftables)" >&2; exit 2; }
+  # numgen inc counts the rule's matches from 0: the first N are dropped.
+  ip netns exec "$p-h2" nft -f - <<NFT
+table netdev srmpi_first {
+  chain egress_eth0 {
+    type filter hook egress device "eth0" priority -1;
+    udp dport 4791 ip length ${BASH_REMATCH[2]} numgen inc mod 1000000000 < ${BASH_REMATCH[1]} counter drop
+  }
+}
+NFT
+fi
 
 # mpirun's "ssh": runs the daemon's command line on host h<i> in its namespace, under
 # `softroce exec` with that host's address, so that its ranks find softroce0 there.
+# Each host gets its own session directory (orte_tmpdir_base), as a real host has its own
+# /tmp: the namespaces share one file system and one host name, and Open MPI 4.1's daemons
+# of one job on one node name race in it. In 1 launch in 15-30 one daemon's mkdir of the
+# job's directory lost (EEXIST: orte_init fails, the daemon exits 213 with its output on
+# /dev/null) or one daemon crashed in hwloc_shmem_topology_write (the topology file the
+# rtc_hwloc component writes there), and mpirun waited for it forever.
 cat > "$work/netns-rsh" <<EOF
 #!/bin/sh
 # netns-rsh HOST COMMAND...: plm_rsh_agent of scripts/mpi-netns.sh.
 host=\$1; shift
 i=\${host#h}
+mkdir -p "$work/tmp-\$host"
+export OMPI_MCA_orte_tmpdir_base="$work/tmp-\$host"
 exec ip netns exec "$p-\$host" "$softroce" exec --ip "10.77.0.\$i" -- sh -c "\$*"
 EOF
 chmod +x "$work/netns-rsh"
@@ -153,7 +182,7 @@ UCX_TLS=rc_verbs,ud_verbs:aux,self UCX_NET_DEVICES=softroce0:1 \
   -np $((hosts * ranks)) --map-by slot \
   --mca plm_rsh_agent "$work/netns-rsh" --mca plm_rsh_no_tree_spawn 1 \
   --mca oob_tcp_if_include eth0 --mca pml ucx --mca btl self \
-  -x UCX_TLS -x UCX_NET_DEVICES -x UCX_UD_VERBS_ETH_DGID_CHECK=n \
+  -x UCX_TLS -x UCX_NET_DEVICES -x UCX_UD_VERBS_ETH_DGID_CHECK=n -x UCX_ADAPTIVE_PROGRESS=n \
   "${prog[@]}"
 rc=$?
 set -e
@@ -170,6 +199,10 @@ if [[ $how == nftables* ]]; then
              END { for (j = 1; j + 1 <= k; j += 2) print n[j], n[j + 1] }')
   done
   echo "== links: $sent packets sent, $dropped dropped"
+fi
+if [ -n "$drop_first" ]; then
+  n=$(ip netns exec "$p-h2" nft list table netdev srmpi_first | awk '/counter packets/ { for (i = 1; i <= NF; i++) if ($i == "packets") print $(i + 1) }')
+  echo "== drop-first: $n dropped"
 fi
 echo "== mpirun exit $rc"
 exit $rc

@@ -81,11 +81,21 @@ pub fn lib_dir() -> Result<PathBuf, BoxError> {
 ///   reads a received packet's IP version from `wc.sl`, where mlx5 puts it; rxe and softroce
 ///   leave `sl` 0, so UCX would check the IPv4 header as an IPv6 destination GID and drop
 ///   every packet.
+/// - `UCX_ADAPTIVE_PROGRESS=n`: with adaptive progress (UCX 1.13's default) UCP stops
+///   progressing an auxiliary `ud_verbs` interface it sees idle and removes its resend timer,
+///   even while the interface holds a wireup reply its peer has not acknowledged; only a packet
+///   arriving on that interface runs its resends again. When the reply and its one resend are
+///   lost (softroce's datagrams can be, in a socket buffer or on a lossy link; so can rxe's),
+///   the peer, whose request was acknowledged, sends nothing more and the connection waits
+///   forever. Every interface is then progressed, timers included.
 pub fn middleware_defaults(is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'static str)> {
-    [("UCX_UD_VERBS_ETH_DGID_CHECK", "n")]
-        .into_iter()
-        .filter(|(n, _)| !is_set(n))
-        .collect()
+    [
+        ("UCX_UD_VERBS_ETH_DGID_CHECK", "n"),
+        ("UCX_ADAPTIVE_PROGRESS", "n"),
+    ]
+    .into_iter()
+    .filter(|(n, _)| !is_set(n))
+    .collect()
 }
 
 /// Execs the program; returns only on failure.
@@ -139,11 +149,23 @@ mod tests {
     use super::middleware_defaults;
 
     #[test]
-    fn ucx_dgid_check_is_off_unless_set() {
+    fn ucx_settings_apply_unless_set() {
         assert_eq!(
             middleware_defaults(|_| false),
-            vec![("UCX_UD_VERBS_ETH_DGID_CHECK", "n")]
+            vec![
+                ("UCX_UD_VERBS_ETH_DGID_CHECK", "n"),
+                ("UCX_ADAPTIVE_PROGRESS", "n")
+            ]
         );
-        assert!(middleware_defaults(|n| n == "UCX_UD_VERBS_ETH_DGID_CHECK").is_empty());
+        assert_eq!(
+            middleware_defaults(|n| n == "UCX_UD_VERBS_ETH_DGID_CHECK"),
+            vec![("UCX_ADAPTIVE_PROGRESS", "n")]
+        );
+        assert!(
+            middleware_defaults(
+                |n| n == "UCX_UD_VERBS_ETH_DGID_CHECK" || n == "UCX_ADAPTIVE_PROGRESS"
+            )
+            .is_empty()
+        );
     }
 }

@@ -106,7 +106,9 @@ enum Command {
         - SOFTROCE_LOG=debug says what the devices did; the README's Troubleshooting table \
         lists\n    the common messages.\n  \
         - Middleware: exec sets UCX_UD_VERBS_ETH_DGID_CHECK=n unless it is set (UCX's \
-        ud_verbs reads\n    the IP version from wc.sl, which rxe and softroce leave 0).")]
+        ud_verbs reads\n    the IP version from wc.sl, which rxe and softroce leave 0), and \
+        UCX_ADAPTIVE_PROGRESS=n\n    (else a lost UCX wireup reply can stop a connection \
+        for good).")]
     Exec(exec::ExecArgs),
     /// Writes the /sys/class/infiniband* files of softroce's devices (those `exec` shows its
     /// program) under a directory, with /dev/infiniband placeholders, and prints the mounts
