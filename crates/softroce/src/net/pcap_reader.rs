@@ -262,6 +262,7 @@ pub fn link_type(d: pcap_file::DataLink) -> Result<LinkType, u32> {
         D::ETHERNET => Ok(LinkType::Ethernet),
         D::RAW | D::IPV4 | D::IPV6 | D::Unknown(12 | 14) => Ok(LinkType::RawIp),
         D::LINUX_SLL => Ok(LinkType::LinuxSll),
+        D::LINUX_SLL2 => Ok(LinkType::LinuxSll2),
         other => Err(u32::from(other)),
     }
 }

@@ -37,9 +37,16 @@ pub enum LinkType {
     /// Raw IPv4/IPv6 (pcap LINKTYPE_RAW = 101, LINKTYPE_IPV4 = 228, LINKTYPE_IPV6 = 229, or
     /// DLT_RAW 12/14), and what a raw IP socket receives.
     RawIp,
-    /// Linux cooked capture v1, what `tcpdump -i any` writes (LINKTYPE_LINUX_SLL = 113).
+    /// Linux cooked capture v1, what older `tcpdump -i any` writes (LINKTYPE_LINUX_SLL = 113).
     LinuxSll,
+    /// Linux cooked capture v2, what `tcpdump -i any` writes since libpcap 1.10
+    /// (LINKTYPE_LINUX_SLL2 = 276): a 20-byte header whose first two bytes are the EtherType.
+    LinuxSll2,
 }
+
+/// Length of a LINKTYPE_LINUX_SLL2 header: protocol (2), reserved (2), interface index (4),
+/// ARPHRD type (2), packet type (1), address length (1), address (8).
+const SLL2_HEADER_LEN: usize = 20;
 
 /// Cuts a UDP datagram out of a frame.
 ///
@@ -51,6 +58,13 @@ pub fn parse_frame(frame: &[u8], link: LinkType) -> Result<UdpDatagram<'_>> {
         LinkType::Ethernet => SlicedPacket::from_ethernet(frame),
         LinkType::RawIp => SlicedPacket::from_ip(frame),
         LinkType::LinuxSll => SlicedPacket::from_linux_sll(frame),
+        // etherparse has no SLL2: the EtherType names the protocol after the header.
+        LinkType::LinuxSll2 => match frame.get(..SLL2_HEADER_LEN) {
+            Some([0x08, 0x00, ..] | [0x86, 0xdd, ..]) => {
+                SlicedPacket::from_ip(&frame[SLL2_HEADER_LEN..])
+            }
+            _ => return Err(Error::BadFraming),
+        },
     }
     .map_err(|_| Error::BadFraming)?;
     // Offset of a sub-slice of `frame` from its start.
@@ -162,6 +176,29 @@ mod tests {
         let d = parse_frame(&sll, LinkType::LinuxSll).unwrap();
         assert_eq!(d.ip_header, &CX4_CNP_FRAME[14..34]);
         assert_eq!(d.payload, &CX4_CNP_FRAME[42..]);
+    }
+
+    #[test]
+    fn linux_cooked_capture_v2_is_cut_after_its_20_bytes() {
+        // SLL2: EtherType IPv4, reserved, ifindex 3, ARPHRD_ETHER, outgoing (4), 6-byte
+        // address padded to 8.
+        let mut sll2 = vec![
+            0x08, 0x00, 0, 0, 0, 0, 0, 3, 0, 1, 4, 6, 0x7c, 0xfe, 0x90, 0x64, 0x3b, 0x32, 0, 0,
+        ];
+        sll2.extend_from_slice(&CX4_CNP_FRAME[14..]);
+        let d = parse_frame(&sll2, LinkType::LinuxSll2).unwrap();
+        assert_eq!(d.ip_header, &CX4_CNP_FRAME[14..34]);
+        assert_eq!(d.payload, &CX4_CNP_FRAME[42..]);
+        // Another protocol (ARP), and a header cut short.
+        sll2[1] = 0x06;
+        assert_eq!(
+            parse_frame(&sll2, LinkType::LinuxSll2),
+            Err(Error::BadFraming)
+        );
+        assert_eq!(
+            parse_frame(&sll2[..19], LinkType::LinuxSll2),
+            Err(Error::BadFraming)
+        );
     }
 
     #[test]
