@@ -473,16 +473,13 @@ fn qperf_rc_and_rc_rdma_tests_over_rdma_cm() {
     println!("{t}");
 }
 
-/// Open MPI across hosts (issue 21 item 5): `scripts/mpi-netns.sh` with 4 hosts of 2 ranks,
-/// each host a network namespace with its own address and softroce device, the links
-/// dropping 1 % of the packets each way (netem, or an nftables rule where the kernel has
-/// no netem). mpirun starts its daemons through `ip netns exec`; the ranks pass the ring
-/// token, a 1 MiB buffer from the first host to the last and an allreduce, over rc_verbs.
-/// Needs root (network namespaces); otherwise SKIPPED, except under `CI=true`.
-#[test]
-fn open_mpi_across_four_namespaces_with_loss() {
+/// Runs `scripts/mpi-netns.sh ARGS --softroce SOFTROCE` (mpi_ring across network
+/// namespaces) and returns its output and stdout once it succeeded; `None` when Open MPI is
+/// missing or the test is not root (SKIPPED; under `CI=true` a missing root fails). Fails the
+/// test when the script fails or runs longer than `limit`.
+fn mpi_netns(args: &[&str], limit: Duration) -> Option<(String, String)> {
     if !tool("mpicc", "libopenmpi-dev") || !tool("mpirun", "openmpi-bin") {
-        return;
+        return None;
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -491,27 +488,34 @@ fn open_mpi_across_four_namespaces_with_loss() {
             "CI=true: network namespaces need root"
         );
         println!("SKIPPED: network namespaces need root");
-        return;
+        return None;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mpi-netns.sh");
     let mut c = Command::new(script);
-    c.args([
-        "--hosts",
-        "4",
-        "--ranks",
-        "2",
-        "--loss",
-        "1",
-        "--softroce",
-        SOFTROCE,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let out = wait(c.spawn().unwrap(), Duration::from_secs(300), "mpi-netns.sh");
+    c.args(args)
+        .args(["--softroce", SOFTROCE])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait(c.spawn().unwrap(), limit, "mpi-netns.sh");
     let t = text(&out);
     assert!(out.status.success(), "mpi-netns.sh {t}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    Some((t, stdout))
+}
+
+/// Open MPI across hosts (issue 21 item 5): `scripts/mpi-netns.sh` with 4 hosts of 2 ranks,
+/// each host a network namespace with its own address and softroce device, the links
+/// dropping 1 % of the packets each way (netem, or an nftables rule where the kernel has
+/// no netem). mpirun starts its daemons through `ip netns exec`; the ranks pass the ring
+/// token, a 1 MiB buffer from the first host to the last and an allreduce, over rc_verbs.
+/// Needs root (network namespaces); otherwise SKIPPED, except under `CI=true`.
+#[test]
+fn open_mpi_across_four_namespaces_with_loss() {
+    let args = ["--hosts", "4", "--ranks", "2", "--loss", "1"];
+    let Some((t, stdout)) = mpi_netns(&args, Duration::from_secs(300)) else {
+        return;
+    };
     assert!(stdout.lines().any(|l| l == "mpi_ring: ok 8"), "{t}");
     // The links did drop packets (nftables counts them; netem's loss is not counted here).
     if let Some(l) = stdout
@@ -541,21 +545,7 @@ fn open_mpi_across_four_namespaces_with_loss() {
 /// under `CI=true`.
 #[test]
 fn open_mpi_wireup_survives_two_lost_replies() {
-    if !tool("mpicc", "libopenmpi-dev") || !tool("mpirun", "openmpi-bin") {
-        return;
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true: network namespaces need root"
-        );
-        println!("SKIPPED: network namespaces need root");
-        return;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mpi-netns.sh");
-    let mut c = Command::new(script);
-    c.args([
+    let args = [
         "--hosts",
         "2",
         "--ranks",
@@ -566,16 +556,10 @@ fn open_mpi_wireup_survives_two_lost_replies() {
         "0",
         "--drop-first",
         "2:100",
-        "--softroce",
-        SOFTROCE,
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let out = wait(c.spawn().unwrap(), Duration::from_secs(120), "mpi-netns.sh");
-    let t = text(&out);
-    assert!(out.status.success(), "mpi-netns.sh {t}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    ];
+    let Some((t, stdout)) = mpi_netns(&args, Duration::from_secs(120)) else {
+        return;
+    };
     assert!(stdout.lines().any(|l| l == "mpi_ring: ok 2"), "{t}");
     assert!(
         stdout.lines().any(|l| l == "== drop-first: 2 dropped"),
