@@ -139,7 +139,7 @@ done
 echo "== links: $how"
 if [ -n "$drop_first" ]; then
   if ! [[ $drop_first =~ ^([0-9]+):([0-9]+)$ ]] || [ "$hosts" -lt 2 ]; then
-    echo "mpi-netns.sh: --drop-first N:LEN needs two hosts or more" >&2
+    echo "mpi-netns.sh: --drop-first takes N:LEN and needs two hosts or more" >&2
     exit 2
   fi
   command -v nft >/dev/null || { echo "mpi-netns.sh: --drop-first needs nft (apt-get install nftables)" >&2; exit 2; }
@@ -186,6 +186,11 @@ UCX_TLS=rc_verbs,ud_verbs:aux,self UCX_NET_DEVICES=softroce0:1 \
   "${prog[@]}"
 rc=$?
 set -e
+# The packet count of every nftables counter in table TABLE of namespace NS, in rule order.
+counter_packets() {
+  ip netns exec "$1" nft list table netdev "$2" 2>/dev/null \
+    | awk '/counter packets/ { for (i = 1; i <= NF; i++) if ($i == "packets") print $(i + 1) }'
+}
 # What the nftables rules saw: every packet that left a link end, and those dropped.
 if [[ $how == nftables* ]]; then
   sent=0
@@ -194,15 +199,12 @@ if [[ $how == nftables* ]]; then
     while read -r all drop; do
       sent=$((sent + all))
       dropped=$((dropped + drop))
-    done < <(ip netns exec "$ns" nft list table netdev srmpi 2>/dev/null \
-      | awk '/counter packets/ { for (i = 1; i <= NF; i++) if ($i == "packets") n[++k] = $(i + 1) }
-             END { for (j = 1; j + 1 <= k; j += 2) print n[j], n[j + 1] }')
+    done < <(counter_packets "$ns" srmpi | paste - -)
   done
   echo "== links: $sent packets sent, $dropped dropped"
 fi
 if [ -n "$drop_first" ]; then
-  n=$(ip netns exec "$p-h2" nft list table netdev srmpi_first | awk '/counter packets/ { for (i = 1; i <= NF; i++) if ($i == "packets") print $(i + 1) }')
-  echo "== drop-first: $n dropped"
+  echo "== drop-first: $(counter_packets "$p-h2" srmpi_first) dropped"
 fi
 echo "== mpirun exit $rc"
 exit $rc

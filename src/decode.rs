@@ -1,7 +1,8 @@
 //! `softroce decode [--json] FILE`: explains every frame of a pcap or pcapng file.
 //!
 //! Link types: Ethernet (1), raw IP (101, and 228/229 IPv4/IPv6, DLT_RAW 12/14) and Linux
-//! cooked capture v1 and v2 (113, 276: `tcpdump -i any`). Frames are numbered from 1 in file order, as Wireshark numbers them.
+//! cooked capture v1 and v2 (113, 276: `tcpdump -i any`). Frames are numbered from 1 in file
+//! order, as Wireshark numbers them.
 //! A RoCEv2 frame is a UDP datagram to port 4791. Its ICRC is checked over the IP and UDP
 //! headers exactly as captured (`icrc_ok`: true or false; null when there is nothing to check:
 //! no RoCEv2 datagram, fewer bytes than a BTH and an ICRC, or a frame cut by the snap length).

@@ -538,8 +538,8 @@ fn open_mpi_across_four_namespaces_with_loss() {
 /// two RoCEv2 datagrams of IP length 100 it sends: UCX 1.13's `ud_verbs` wireup reply to the
 /// first rank and the reply's one resend. With UCX's adaptive progress (its default) the
 /// second rank's idle `ud_verbs` interface then has no resend timer and the first rank, whose
-/// request was acknowledged, sends nothing more: the job hung in its first MPI_Send (1 CI run
-/// in 20 with 1 % random loss). `softroce exec` sets `UCX_ADAPTIVE_PROGRESS=n` (src/exec.rs).
+/// request was acknowledged, sends nothing more: the job hung in its first MPI_Send (2 runs
+/// in about 100 of `open_mpi_across_four_namespaces_with_loss`'s job in a loop). `softroce exec` sets `UCX_ADAPTIVE_PROGRESS=n` (src/exec.rs).
 /// The script's count of dropped datagrams checks that the rule met the reply (a UCX whose
 /// reply has another size fails here, not silently). Needs root; otherwise SKIPPED, except
 /// under `CI=true`.
