@@ -2086,6 +2086,11 @@ struct TapPacket {
     ip_len: u64,
     /// The UDP checksum as captured (0: none; softroce leaves it 0 where rxe does).
     udp_csum: u16,
+    /// The BTH's destination QP and PSN.
+    dqpn: u32,
+    psn: u32,
+    /// For a MAD to QP1: its attribute ID (a CM message: 0x10 REQ ... 0x16 DREP).
+    mad_attr: Option<u16>,
 }
 
 impl TapPacket {
@@ -2111,9 +2116,55 @@ fn tap_packets(host_ip: &str, pcap: &Path) -> Res<Vec<TapPacket>> {
                 opcode: *ip.get(ihl + 8)?,
                 ip_len: u64::from(u16::from_be_bytes([ip[2], ip[3]])),
                 udp_csum: u16::from_be_bytes([*ip.get(ihl + 6)?, *ip.get(ihl + 7)?]),
+                dqpn: u32::from_be_bytes([0, *ip.get(ihl + 13)?, ip[ihl + 14], ip[ihl + 15]]),
+                psn: u32::from_be_bytes([0, *ip.get(ihl + 17)?, ip[ihl + 18], ip[ihl + 19]]),
+                // UDP 8, BTH 12, DETH 8, then the MAD header, whose attribute ID is at 16.
+                mad_attr: ip
+                    .get(ihl + 8 + 20 + 16..ihl + 8 + 20 + 18)
+                    .filter(|_| {
+                        u32::from_be_bytes([0, ip[ihl + 13], ip[ihl + 14], ip[ihl + 15]]) == 1
+                    })
+                    .map(|a| u16::from_be_bytes([a[0], a[1]])),
             })
         })
         .collect())
+}
+
+/// The last `n` RoCE packets of the tap capture `pcap`, one line each (time from the first
+/// packet in µs, direction, BTH opcode, destination QP, PSN, IP length, and a MAD's CM
+/// message name), for a failure message: a count that does not match says which packets
+/// were on the wire when the tools tore down their QPs.
+fn tap_tail(host_ip: &str, pcap: &Path, n: usize) -> String {
+    let pkts = match tap_packets(host_ip, pcap) {
+        Ok(p) => p,
+        Err(e) => return format!("(no capture: {e})"),
+    };
+    let t0 = pkts.first().map_or(0, |p| p.t);
+    let mut s = format!(
+        "the capture's last {} of {} packets ({}):",
+        n.min(pkts.len()),
+        pkts.len(),
+        pcap.display()
+    );
+    for p in &pkts[pkts.len().saturating_sub(n)..] {
+        let _ = write!(
+            s,
+            "\n  +{} us {} opcode {:#04x} QP {:#x} PSN {} IP {} B{}",
+            p.t - t0,
+            if p.from_host {
+                "softroce->rxe"
+            } else {
+                "rxe->softroce"
+            },
+            p.opcode,
+            p.dqpn,
+            p.psn,
+            p.ip_len,
+            p.mad_attr
+                .map_or(String::new(), |a| format!(" MAD {}", cm_attr_name(a)))
+        );
+    }
+    s
 }
 
 /// How many of softroce's packets in `pkts` came after rxe's last one (rxe's process may be
@@ -2300,8 +2351,9 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     ensure!(
         sent > 0 && rcvd <= sent && sent - rcvd <= slack,
         "rxe accepted {rcvd} packets, softroce's library sent {sent} (the tap's capture; \
-         {after_rxe} of them after rxe's last packet); drops on the way: {}",
-        path_drops(&rxe)
+         {after_rxe} of them after rxe's last packet); drops on the way: {}; {}",
+        path_drops(&rxe),
+        tap_tail(&rig.host_ip, &pcap, 24)
     );
     ensure!(
         rxe_sent == g(&rxe, "sent_pkts"),
@@ -2554,8 +2606,9 @@ fn ucx(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     ensure!(
         from_softroce > 0 && rcvd <= from_softroce && from_softroce - rcvd <= after_rxe,
         "rxe accepted {rcvd} packets, softroce sent {from_softroce} (the tap's capture; \
-         {after_rxe} of them after rxe's last packet); drops on the way: {}",
-        path_drops(&rxe)
+         {after_rxe} of them after rxe's last packet); drops on the way: {}; {}",
+        path_drops(&rxe),
+        tap_tail(&rig.host_ip, &pcap, 24)
     );
     ensure!(
         rxe_sent == g(&rxe, "sent_pkts"),
@@ -3389,8 +3442,9 @@ fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     ensure!(
         sent > 0 && rcvd == sent,
         "rxe accepted {rcvd} packets, softroce sent {sent} (the tap's capture); drops on the \
-         way: {}",
-        path_drops(&rxe)
+         way: {}; {}",
+        path_drops(&rxe),
+        tap_tail(&rig.host_ip, &pcap, 24)
     );
     Ok(format!(
         "{shape}; CM MADs softroce: {ours}; rxe: {theirs} (QP1 from UDP port 0xd872, Q_Key \
@@ -4203,4 +4257,30 @@ fn report(
     );
     let _ = writeln!(md, "\n## The guest\n\n```\n{}```", manifest);
     md
+}
+
+/// `tap_tail` on a real capture (two kernel rxe devices, `ib_send_bw -R`; 10.77.0.1 plays
+/// softroce's part): the run ends with a handshake SEND and its ACK, then the CM's two
+/// disconnects (DREQ, DREP each way) on QP1.
+#[test]
+fn tap_tail_lists_the_last_packets_of_a_capture() {
+    let pcap = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/captures/23-send-bw-rdmacm.pcap");
+    let tail = tap_tail("10.77.0.1", &pcap, 6);
+    let lines: Vec<&str> = tail.lines().collect();
+    assert_eq!(lines.len(), 7, "{tail}");
+    assert!(
+        lines[0].starts_with("the capture's last 6 of 64 packets"),
+        "{tail}"
+    );
+    let want = [
+        "+727690 us softroce->rxe opcode 0x04 QP 0x24 PSN 14374683 IP 100 B",
+        "+727882 us rxe->softroce opcode 0x11 QP 0x24 PSN 14374683 IP 48 B",
+        "+731214 us rxe->softroce opcode 0x64 QP 0x1 PSN 4 IP 308 B MAD DREQ",
+        "+739451 us softroce->rxe opcode 0x64 QP 0x1 PSN 2 IP 308 B MAD DREP",
+        "+760894 us softroce->rxe opcode 0x64 QP 0x1 PSN 3 IP 308 B MAD DREQ",
+        "+771454 us rxe->softroce opcode 0x64 QP 0x1 PSN 5 IP 308 B MAD DREP",
+    ];
+    for (l, w) in lines[1..].iter().zip(want) {
+        assert_eq!(l.trim(), w, "{tail}");
+    }
 }
