@@ -13,6 +13,7 @@ use softroce::wire::RocePacket;
 use softroce::wire::ip_udp::parse_frame;
 use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
+use std::os::unix::process::CommandExt;
 use std::process::Child;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -62,14 +63,21 @@ fn killed_server_disconnects_its_client(sig: libc::c_int, sip: &str, cip: &str, 
     let dir = std::env::temp_dir().join(format!("softroce-cm-kill-{}-{sig}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("client.pcap");
-    let server = Kill(
-        exec(
-            sip,
-            &["rping", "-s", "-a", sip, "-p", port, "-C", "100000000"],
-        )
-        .spawn()
-        .unwrap(),
+    let mut cmd = exec(
+        sip,
+        &["rping", "-s", "-a", sip, "-p", port, "-C", "100000000"],
     );
+    // SIGINT at its default action in the server, as in a terminal's foreground job: a test
+    // run started in the background without job control (`cargo test &` in a script, nohup)
+    // inherits SIGINT ignored, exec keeps it so, and the server would never die of it.
+    // SAFETY: signal(2) is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let server = Kill(cmd.spawn().unwrap());
     wait_device(sip.parse().unwrap());
     // The client pings until the server dies. A client whose REQ came before the server's
     // rdma_listen is rejected, as with the kernel, and started again (at most 3 times).
