@@ -51,9 +51,12 @@ fn pair_env(
     let port = free_port().to_string();
     let mut common = args.to_vec();
     common.extend([port_flag, &port]);
-    let server = with_env(exec(server_ip, &common)).spawn().unwrap();
-    // The server listens on TCP once its device is up; the clients retry only briefly.
-    std::thread::sleep(Duration::from_millis(700));
+    let mut server = Some(with_env(exec(server_ip, &common)).spawn().unwrap());
+    // The server listens on TCP once its device is up, and the clients do not retry: wait
+    // for the listening socket (a fixed 700 ms once was too short at the start of a soak
+    // run: the client gave up and the server waited for it until the 40 s limit).
+    wait_tcp_listen(port.parse().unwrap(), &mut server);
+    let server = server.take().unwrap();
     let mut client_args = common.clone();
     client_args.push("127.0.0.1");
     let client = with_env(exec(client_ip, &client_args)).spawn().unwrap();
