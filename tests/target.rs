@@ -452,6 +452,25 @@ fn post_send_drives_a_second_target() {
     }
     let (_, d) = resp.send(r#"{"dump_mr": {"index": 0, "offset": 100, "length": 3}}"#);
     assert_eq!(d["hex"], "53656e");
+    // Each post_send's reply comes before its WR's `wc` line (the protocol's order; once, in
+    // a soak run, a fast WRITE's line came first). 200 WRITEs, each awaited.
+    for wr_id in 100..300u64 {
+        let (kind, p) = req.send(&format!(
+            r#"{{"post_send": {{"opcode": "write", "length": 4, "remote_addr": {}, "rkey": {rkey}, "wr_id": {wr_id}}}}}"#,
+            va + 200
+        ));
+        assert_eq!(
+            (kind.as_str(), &p["wr_id"]),
+            ("post_send", &wr_id.into()),
+            "{p}"
+        );
+        let wc = next_send_wc(&req);
+        assert_eq!(
+            (&wc["wr_id"], &wc["status"]),
+            (&wr_id.into(), &"IBV_WC_SUCCESS".into()),
+            "{wc}"
+        );
+    }
     let (_, p) = req.send(&format!(
         r#"{{"post_send": {{"opcode": "read", "length": 8, "remote_addr": {}, "rkey": {rkey}, "wr_id": 9}}}}"#,
         va + 252

@@ -17,6 +17,8 @@ enum Outcome {
     Reply(Value),
     /// Write this reply and exit.
     Quit(Value),
+    /// The reply is written already (`post_send`); read the next command.
+    Written,
 }
 
 /// Reads command lines until EOF, `quit` or a broken stdout.
@@ -60,6 +62,7 @@ pub(super) fn command_loop(t: &Target) {
         }
         match handle_line(t, text) {
             Ok(Outcome::Reply(v)) => emit(t, &v),
+            Ok(Outcome::Written) => {}
             Ok(Outcome::Quit(v)) => {
                 emit(t, &v);
                 break;
@@ -105,7 +108,19 @@ fn handle_line(t: &Target, text: &str) -> Result<Outcome, CmdError> {
     let reply = match cmd.as_str() {
         "connect" => cmd_connect(t, &a)?,
         "post_recv" => cmd_post_recv(t, &a)?,
-        "post_send" => cmd_post_send(t, &a)?,
+        "post_send" => {
+            // The reply comes before the WR's `wc` line, as the protocol says: the completion
+            // thread writes that line under the stdout lock, which this thread holds from
+            // before the post until its reply is out (`emit` takes it again: it is
+            // reentrant). Without it a fast completion's line once came first (a soak run
+            // of tests/target.rs). Only here: `connect` takes the lock the completion
+            // thread holds while it writes an event, and must not hold stdout.
+            let out = std::io::stdout().lock();
+            let reply = cmd_post_send(t, &a)?;
+            emit(t, &reply);
+            drop(out);
+            return Ok(Outcome::Written);
+        }
         "dump_mr" => cmd_dump_mr(t, &a)?,
         "write_mr" => cmd_write_mr(t, &a)?,
         "counters" => {
