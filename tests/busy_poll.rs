@@ -151,10 +151,19 @@ fn busy_polled_ping_pong_delivers_every_message_once() {
         // (the figures are measured by `softroce perf --busy-poll`, not asserted here). What
         // must hold: every SEND and ACK went out, and ACKs did ride along with replies.
         let l = s.dev.link();
+        // A's last ACK is sent by its driver thread, which counts a datagram once its
+        // sendmsg has returned: B's driver thread can receive it and this thread see B's
+        // completion before that (a soak run beside CPU hogs read 399). So wait for the
+        // count; the deadline only ends a failing run.
+        let end = Instant::now() + Duration::from_secs(10);
+        while l.tx_datagrams.load(Relaxed) < 2 * u64::from(ROUNDS) && Instant::now() < end {
+            std::thread::yield_now();
+        }
         let (calls, dgrams) = (l.tx_syscalls.load(Relaxed), l.tx_datagrams.load(Relaxed));
         assert!(
             dgrams >= 2 * u64::from(ROUNDS),
-            "{dgrams} datagrams in {ROUNDS} rounds"
+            "{}: {dgrams} datagrams in {ROUNDS} rounds",
+            s.dev.ip()
         );
         if l.gso() {
             assert!(
