@@ -2110,20 +2110,19 @@ fn tap_packets(host_ip: &str, pcap: &Path) -> Res<Vec<TapPacket>> {
         .into_iter()
         .filter_map(|(t, ip)| {
             let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let dqpn = u32::from_be_bytes([0, *ip.get(ihl + 13)?, ip[ihl + 14], ip[ihl + 15]]);
             Some(TapPacket {
                 t,
                 from_host: ip[12..16] == host,
                 opcode: *ip.get(ihl + 8)?,
                 ip_len: u64::from(u16::from_be_bytes([ip[2], ip[3]])),
                 udp_csum: u16::from_be_bytes([*ip.get(ihl + 6)?, *ip.get(ihl + 7)?]),
-                dqpn: u32::from_be_bytes([0, *ip.get(ihl + 13)?, ip[ihl + 14], ip[ihl + 15]]),
+                dqpn,
                 psn: u32::from_be_bytes([0, *ip.get(ihl + 17)?, ip[ihl + 18], ip[ihl + 19]]),
                 // UDP 8, BTH 12, DETH 8, then the MAD header, whose attribute ID is at 16.
                 mad_attr: ip
                     .get(ihl + 8 + 20 + 16..ihl + 8 + 20 + 18)
-                    .filter(|_| {
-                        u32::from_be_bytes([0, ip[ihl + 13], ip[ihl + 14], ip[ihl + 15]]) == 1
-                    })
+                    .filter(|_| dqpn == 1)
                     .map(|a| u16::from_be_bytes([a[0], a[1]])),
             })
         })
