@@ -18,17 +18,8 @@ if [ "$(id -u)" = 0 ] && [ -z "${PERF_SHARED_IN_NS:-}" ]; then
 fi
 ip link set lo up 2>/dev/null || true
 
-# Waits until something listens on TCP port $1 (the perf server's exchange).
-listening() {
-  local want
-  want=$(printf ':%04X' "$1")
-  for _ in $(seq 500); do
-    awk -v w="$want" '$2 ~ w"$" && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp && return 0
-    sleep 0.01
-  done
-  echo "perf-shared.sh: nothing listens on TCP $1" >&2
-  return 1
-}
+# listening PORT: waits for the server's TCP exchange socket.
+. scripts/tcp-listening.sh
 
 run() { # TEST ARGS...: one server/client pair, the client's result row
   local test=$1

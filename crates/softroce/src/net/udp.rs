@@ -24,7 +24,7 @@ use crate::wire::ROCE_V2_UDP_PORT;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -101,6 +101,8 @@ impl UdpDevice {
                 device: device.clone(),
                 link: link.clone(),
                 group_buf: parking_lot::Mutex::new(Vec::new()),
+                last_active_cq: AtomicUsize::new(0),
+                idle_polls: AtomicU32::new(0),
             });
             device.set_poll_hook(Arc::new(BusyPoll(Arc::downgrade(&poller))));
             poller
@@ -239,9 +241,46 @@ struct BusyPoller {
     /// The receive buffer of the multicast group sockets (64 KiB once a group is joined),
     /// taken with `try_lock` by one poller at a time.
     group_buf: parking_lot::Mutex<Vec<u8>>,
+    /// The CQ ([`Cq::id`]) whose poll last received datagrams or returned completions; 0
+    /// before any did. See [`flushes_held_acks`].
+    last_active_cq: AtomicUsize,
+    /// Polls in a row that neither received nor returned anything.
+    idle_polls: AtomicU32,
+}
+
+/// Idle polls of other CQs in a row after which held ACKs go anyway (each looks at the
+/// socket, about 1 µs: docs/performance.md), for an application that stops polling the CQ
+/// its last completions came from and waits on another one.
+const IDLE_POLLS_BEFORE_FLUSH: u32 = 16;
+
+/// True when a busy poll of CQ `cq` that neither received nor returned anything should send
+/// the ACKs held back: the application came back to the CQ that last gave it something
+/// (`last_active`; or none did yet) and found nothing, so it waits for the peer; or
+/// `idle_polls` polls in a row (this one included) found nothing. An idle poll of another
+/// CQ is not that: UCX polls every CQ of every interface each progress round and answers
+/// (a request that carries the held ACKs along) only after the round, so a flush on the
+/// first idle CQ after the one that received costs a datagram and a system call per
+/// message (`ucx_perftest -t tag_lat`: 2.2 `sendmsg` per round trip instead of 1.4).
+fn flushes_held_acks(last_active: usize, cq: usize, idle_polls: u32) -> bool {
+    last_active == 0 || last_active == cq || idle_polls >= IDLE_POLLS_BEFORE_FLUSH
 }
 
 impl BusyPoller {
+    /// Notes what a poll of `cq` did: it received datagrams (`delivered`) or returned
+    /// completions (`returned`), or neither. Returns true when the ACKs held back should go
+    /// now ([`flushes_held_acks`]).
+    fn note_poll(&self, cq: &Cq, delivered: bool, returned: bool) -> bool {
+        let me = cq.id();
+        if delivered || returned {
+            self.last_active_cq.store(me, Ordering::Relaxed);
+            self.idle_polls.store(0, Ordering::Relaxed);
+            return false;
+        }
+        let idle = self.idle_polls.load(Ordering::Relaxed).saturating_add(1);
+        self.idle_polls.store(idle, Ordering::Relaxed);
+        flushes_held_acks(self.last_active_cq.load(Ordering::Relaxed), me, idle)
+    }
+
     /// Polls `cq` into `out`: when the CQ holds nothing to return (or `out` is empty: a poll
     /// that only drives the device), it first receives and handles whatever datagrams are
     /// waiting on the device's socket, in this thread, without blocking.
@@ -262,6 +301,7 @@ impl BusyPoller {
         if !out.is_empty() {
             let n = cq.poll_queued(out);
             if n > 0 {
+                self.note_poll(cq, false, true);
                 if link.holds_too_many_acks() {
                     link.flush_deferred();
                 }
@@ -289,8 +329,9 @@ impl BusyPoller {
         // The ACKs held back wait while the application has something new to act on (what
         // this poll delivered or returned: it may answer with a request that carries the
         // ACKs along, see `send_batch`). A poll that neither received nor returned anything
-        // means it waits for the peer, so they go now.
-        if (!delivered && n == 0) || link.holds_too_many_acks() {
+        // means it waits for the peer, so they go now, unless it is a poll of another CQ
+        // (`flushes_held_acks`).
+        if self.note_poll(cq, delivered, n > 0) || link.holds_too_many_acks() {
             link.flush_deferred();
         }
         n
@@ -686,6 +727,32 @@ mod tests {
         (pd, cq, qp, mr)
     }
 
+    /// The QP, CQ, MR and PD of one side of [`rc_pair`].
+    type Side = (crate::verbs::Pd, Cq, crate::verbs::Qp, crate::verbs::Mr);
+
+    /// A busy-polled device on 127.0.24.`a` without a driver thread and a plain one on
+    /// 127.0.24.`b` (named `peer`), each with an RC QP of 64-byte MR (`qp_with_mr`),
+    /// connected to each other with MTU 1024 and what `tune` sets on both.
+    fn rc_pair(
+        a: u8,
+        b: u8,
+        peer: &str,
+        tune: impl Fn(&mut crate::verbs::RcConnect),
+    ) -> (UdpDevice, UdpDevice, Side, Side) {
+        let (ia, ib) = (Ipv4Addr::new(127, 0, 24, a), Ipv4Addr::new(127, 0, 24, b));
+        let da = busy_device_without_driver(ia);
+        let db = UdpDevice::open(peer, IpAddr::V4(ib)).expect("open a device on loopback");
+        let sa = qp_with_mr(&da, QpType::Rc, 64);
+        let sb = qp_with_mr(&db, QpType::Rc, 64);
+        for (qp, other, ip) in [(&sa.2, &sb.2, ib), (&sb.2, &sa.2, ia)] {
+            let mut c = crate::verbs::RcConnect::new(other.qp_num(), Gid::from(ip), 100, 100);
+            c.path_mtu = crate::verbs::PathMtu::Mtu1024;
+            tune(&mut c);
+            qp.connect_rc(&c).unwrap();
+        }
+        (da, db, sa, sb)
+    }
+
     // While an application thread busy-polls, the driver thread only serves timers
     // (mckey's receiver spins on ibv_poll_cq): the busy polls must receive the multicast
     // group sockets as well as the unicast one, or group datagrams reach the engine only
@@ -748,25 +815,12 @@ mod tests {
     // RETRY_EXC_ERR, so this fails whenever the timer runs first.
     #[test]
     fn a_due_retransmit_timer_waits_for_the_ack_already_on_the_socket() {
-        use crate::verbs::{PathMtu, RcConnect};
-        let a = busy_device_without_driver(Ipv4Addr::new(127, 0, 24, 71));
-        let b = UdpDevice::open(
-            "softroce_ack_peer",
-            IpAddr::V4(Ipv4Addr::new(127, 0, 24, 72)),
-        )
-        .expect("open a device on loopback");
-        let (_apd, acq, aqp, amr) = qp_with_mr(&a, QpType::Rc, 64);
-        let (_bpd, bcq, bqp, bmr) = qp_with_mr(&b, QpType::Rc, 64);
-        let connect = |qp: &crate::verbs::Qp, peer: &crate::verbs::Qp, ip: Ipv4Addr| {
-            let mut c = RcConnect::new(peer.qp_num(), Gid::from(ip), 100, 100);
-            c.path_mtu = PathMtu::Mtu1024;
-            // The shortest ACK timeout (8.192 µs) and no retry: one timeout is fatal.
-            c.timeout = 1;
-            c.retry_cnt = 0;
-            qp.connect_rc(&c).unwrap();
-        };
-        connect(&aqp, &bqp, Ipv4Addr::new(127, 0, 24, 72));
-        connect(&bqp, &aqp, Ipv4Addr::new(127, 0, 24, 71));
+        // The shortest ACK timeout (8.192 µs) and no retry: one timeout is fatal.
+        let (a, b, (_apd, acq, aqp, amr), (_bpd, bcq, bqp, bmr)) =
+            rc_pair(71, 72, "softroce_ack_peer", |c| {
+                c.timeout = 1;
+                c.retry_cnt = 0;
+            });
         bqp.post_recv(&[RecvWr {
             wr_id: 5,
             sg_list: vec![bmr.sge(0, 64)],
@@ -798,6 +852,81 @@ mod tests {
         assert_eq!(acq.poll_queued(&mut wc), 1, "the SEND completed");
         assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, 1));
         assert_eq!(aqp.counters().completer_retry_err, 0, "no retry was spent");
+    }
+
+    // An idle poll sends the held ACKs only when it is a poll of the CQ that last gave
+    // something (or none did), or after IDLE_POLLS_BEFORE_FLUSH idle polls in a row.
+    #[test]
+    fn only_an_idle_poll_of_the_last_active_cq_or_a_long_idle_run_flushes() {
+        let n = IDLE_POLLS_BEFORE_FLUSH;
+        for (last_active, cq, idle, flushes) in [
+            (0, 7, 1, true),  // nothing was received or returned yet
+            (7, 7, 1, true),  // back at the CQ that gave the last completions
+            (7, 8, 1, false), // another CQ of the same progress round
+            (7, 8, n - 1, false),
+            (7, 8, n, true), // the application waits on another CQ
+        ] {
+            assert_eq!(
+                flushes_held_acks(last_active, cq, idle),
+                flushes,
+                "{last_active} {cq} {idle}"
+            );
+        }
+    }
+
+    // UCX polls every CQ of every interface in a progress round and posts its answer only
+    // after the round: the ACK a poll of the receive CQ holds back must survive the idle
+    // polls of the other CQs, or it leaves alone instead of with the answer. The receiver's
+    // driver thread is stopped, so only its polls send (its count of sent datagrams).
+    #[test]
+    fn idle_polls_of_another_cq_keep_the_held_ack() {
+        // An ACK timeout of 4.3 s: no retransmission while the receiver holds its ACK.
+        let (r, _s, (_rpd, rcq, rqp, rmr), (_spd, scq, sqp, smr)) =
+            rc_pair(91, 92, "softroce_hold_tx", |c| c.timeout = 20);
+        let other = r.create_cq(8).unwrap();
+        let sent = || r.link().tx_datagrams.load(Ordering::SeqCst);
+        let mut wc = [Wc::default()];
+        // The deadline only ends a failing run.
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        for round in 0..2u64 {
+            rqp.post_recv(&[RecvWr {
+                wr_id: round,
+                sg_list: vec![rmr.sge(0, 64)],
+            }])
+            .unwrap();
+            smr.write(0, b"held").unwrap();
+            sqp.post_send(&[SendWr::new(round, WrOpcode::Send, vec![smr.sge(0, 4)])])
+                .unwrap();
+            while r.poll_cq(&rcq, &mut wc) == 0 {
+                assert!(std::time::Instant::now() < end, "the SEND never arrived");
+            }
+            assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, round));
+            let before = sent();
+            // Round 0: one idle poll of another CQ keeps the ACK, the next idle poll of the
+            // receive CQ sends it. Round 1: the receive CQ is not polled again; the ACK
+            // goes on the IDLE_POLLS_BEFORE_FLUSH-th idle poll of the other CQ.
+            let keeps = if round == 0 {
+                1
+            } else {
+                IDLE_POLLS_BEFORE_FLUSH - 1
+            };
+            for i in 0..keeps {
+                assert_eq!(r.poll_cq(&other, &mut wc), 0);
+                assert_eq!(
+                    sent(),
+                    before,
+                    "round {round}: idle poll {i} of another CQ sent"
+                );
+            }
+            if round == 0 {
+                assert_eq!(r.poll_cq(&rcq, &mut wc), 0);
+            } else {
+                assert_eq!(r.poll_cq(&other, &mut wc), 0);
+            }
+            assert_eq!(sent(), before + 1, "round {round}: the held ACK did not go");
+            assert_eq!(scq.wait(&mut wc, Duration::from_secs(10)), 1);
+            assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, round));
+        }
     }
 
     /// Runs `f` in a thread and returns what it gives, waiting up to 20 s for it: the

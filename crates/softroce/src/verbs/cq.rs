@@ -138,6 +138,12 @@ impl Cq {
         Cq { shared }
     }
 
+    /// A number that identifies this CQ among the live CQs of the process (never 0): its
+    /// shared state's address, as an `ibv_cq` pointer identifies a CQ.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
     /// True when `self` and `other` are handles to the same CQ (as comparing `ibv_cq`
     /// pointers).
     pub fn same_cq(&self, other: &Cq) -> bool {
