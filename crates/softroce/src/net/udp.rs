@@ -731,19 +731,20 @@ mod tests {
     type Side = (crate::verbs::Pd, Cq, crate::verbs::Qp, crate::verbs::Mr);
 
     /// A busy-polled device on 127.0.24.`a` without a driver thread and a plain one on
-    /// 127.0.24.`b` (named `peer`), each with an RC QP of 64-byte MR (`qp_with_mr`),
-    /// connected to each other with MTU 1024 and what `tune` sets on both.
+    /// 127.0.24.`b` (named `peer`), each with an RC QP and an MR of `mr_len` bytes
+    /// (`qp_with_mr`), connected to each other with MTU 1024 and what `tune` sets on both.
     fn rc_pair(
         a: u8,
         b: u8,
         peer: &str,
+        mr_len: usize,
         tune: impl Fn(&mut crate::verbs::RcConnect),
     ) -> (UdpDevice, UdpDevice, Side, Side) {
         let (ia, ib) = (Ipv4Addr::new(127, 0, 24, a), Ipv4Addr::new(127, 0, 24, b));
         let da = busy_device_without_driver(ia);
         let db = UdpDevice::open(peer, IpAddr::V4(ib)).expect("open a device on loopback");
-        let sa = qp_with_mr(&da, QpType::Rc, 64);
-        let sb = qp_with_mr(&db, QpType::Rc, 64);
+        let sa = qp_with_mr(&da, QpType::Rc, mr_len);
+        let sb = qp_with_mr(&db, QpType::Rc, mr_len);
         for (qp, other, ip) in [(&sa.2, &sb.2, ib), (&sb.2, &sa.2, ia)] {
             let mut c = crate::verbs::RcConnect::new(other.qp_num(), Gid::from(ip), 100, 100);
             c.path_mtu = crate::verbs::PathMtu::Mtu1024;
@@ -817,7 +818,7 @@ mod tests {
     fn a_due_retransmit_timer_waits_for_the_ack_already_on_the_socket() {
         // The shortest ACK timeout (8.192 µs) and no retry: one timeout is fatal.
         let (a, b, (_apd, acq, aqp, amr), (_bpd, bcq, bqp, bmr)) =
-            rc_pair(71, 72, "softroce_ack_peer", |c| {
+            rc_pair(71, 72, "softroce_ack_peer", 64, |c| {
                 c.timeout = 1;
                 c.retry_cnt = 0;
             });
@@ -882,7 +883,7 @@ mod tests {
     fn idle_polls_of_another_cq_keep_the_held_ack() {
         // An ACK timeout of 4.3 s: no retransmission while the receiver holds its ACK.
         let (r, _s, (_rpd, rcq, rqp, rmr), (_spd, scq, sqp, smr)) =
-            rc_pair(91, 92, "softroce_hold_tx", |c| c.timeout = 20);
+            rc_pair(91, 92, "softroce_hold_tx", 64, |c| c.timeout = 20);
         let other = r.create_cq(8).unwrap();
         let sent = || r.link().tx_datagrams.load(Ordering::SeqCst);
         let mut wc = [Wc::default()];
@@ -926,6 +927,63 @@ mod tests {
             assert_eq!(sent(), before + 1, "round {round}: the held ACK did not go");
             assert_eq!(scq.wait(&mut wc, Duration::from_secs(10)), 1);
             assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, round));
+        }
+    }
+
+    // A busy poller that keeps finding completions never polls idle, so the ACKs it holds
+    // must still go once ACK_AFTER_DATAGRAMS datagrams came in: the peer's window is 128
+    // PSNs, and ACKs that wait for an idle poll let it fill the window and stop (UCX's
+    // tag_bw spent most of its time that way). Here 8 SENDs of 5 packets (40 datagrams)
+    // are all on the receiver's socket before it polls, one completion per poll, none idle.
+    #[test]
+    fn a_poller_that_never_polls_idle_still_acks_a_stream() {
+        const MSG: usize = 5 * 1024;
+        let (r, s, (_rpd, rcq, rqp, rmr), (_spd, scq, sqp, smr)) =
+            rc_pair(93, 94, "softroce_stream_tx", 8 * MSG, |c| c.timeout = 20);
+        let wrs: Vec<RecvWr> = (0..8)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sg_list: vec![rmr.sge(i as usize * MSG, MSG as u32)],
+            })
+            .collect();
+        rqp.post_recv(&wrs).unwrap();
+        let sends: Vec<SendWr> = (0..8)
+            .map(|i| {
+                SendWr::new(
+                    i,
+                    WrOpcode::Send,
+                    vec![smr.sge(i as usize * MSG, MSG as u32)],
+                )
+            })
+            .collect();
+        sqp.post_send(&sends).unwrap();
+        // The deadline only ends a failing run.
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        // Loopback queues a datagram on the receiver's socket within the send call.
+        while s.link().tx_datagrams.load(Ordering::SeqCst) < 40 {
+            assert!(
+                std::time::Instant::now() < end,
+                "the sender did not send 40 datagrams"
+            );
+            std::thread::yield_now();
+        }
+        let mut wc = [Wc::default()];
+        for i in 0..8 {
+            assert_eq!(r.poll_cq(&rcq, &mut wc), 1, "poll {i} found no completion");
+            assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, i));
+        }
+        assert!(
+            r.link().tx_datagrams.load(Ordering::SeqCst) >= 1,
+            "40 datagrams in, 8 completions out, no idle poll: no ACK went"
+        );
+        // The idle poll that sends what is still held (the receiver has no driver thread).
+        assert_eq!(r.poll_cq(&rcq, &mut wc), 0);
+        let mut done = 0;
+        while done < 8 {
+            let n = scq.wait(&mut wc, Duration::from_secs(10));
+            assert_eq!(n, 1, "the sender's SEND {done} did not complete");
+            assert_eq!(wc[0].status, WcStatus::Success);
+            done += 1;
         }
     }
 

@@ -22,8 +22,9 @@ use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
 use sockets::{
-    DEFER_MAX_HELD, IDENT_DELTA_CACHE, IdentDeltaKey, IdentDeltas, PIGGYBACK_MAX, SENDMMSG_MSGS,
-    SendSockets, body_and_icrc, gsi_source_port, gso_refused, may_wait, send_socket,
+    ACK_AFTER_DATAGRAMS, DEFER_MAX_HELD, IDENT_DELTA_CACHE, IdentDeltaKey, IdentDeltas,
+    PIGGYBACK_MAX, SENDMMSG_MSGS, SendSockets, body_and_icrc, gsi_source_port, gso_refused,
+    may_wait, send_socket,
 };
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -208,6 +209,9 @@ pub struct UdpLink {
     pub(super) poller_takes_socket: AtomicBool,
     /// ACKs held back by a busy poll until its completions are handed out.
     pub(super) deferred: Mutex<Vec<Transmit>>,
+    /// `rx_datagrams` when held ACKs last went (or none were held): see
+    /// [`UdpLink::holds_too_many_acks`].
+    rx_at_flush: AtomicU64,
     /// Set while received datagrams are delivered ([`deliver`], by whoever holds `rx`): the
     /// ACKs they cause are held back in `deferred`. The driver thread sends them together
     /// at the end of each receive batch; a busy poll sends them at the next poll, after the
@@ -312,6 +316,7 @@ impl UdpLink {
             adaptive: busy_poll && opts.busy_poll_adaptive,
             poller_takes_socket: AtomicBool::new(true),
             deferred: Mutex::new(Vec::new()),
+            rx_at_flush: AtomicU64::new(0),
             holding_acks: AtomicBool::new(false),
         })
     }
@@ -381,6 +386,8 @@ impl UdpLink {
     /// peer's completer as an unexpected response).
     pub(super) fn flush_deferred(&self) {
         let mut held = self.deferred.lock();
+        self.rx_at_flush
+            .store(self.rx_datagrams.load(Ordering::Relaxed), Ordering::Relaxed);
         if !held.is_empty() {
             let _ = self.send_now(&held);
             held.clear();
@@ -394,10 +401,20 @@ impl UdpLink {
         !self.adaptive || self.poller_takes_socket.load(Ordering::Relaxed)
     }
 
-    /// True when a busy poller holds [`DEFER_MAX_HELD`] ACKs or more: they go now even if the
-    /// application has something new to answer.
+    /// True when the ACKs a busy poller holds back must go now even if the application has
+    /// something new to answer: [`DEFER_MAX_HELD`] of them wait, or [`ACK_AFTER_DATAGRAMS`]
+    /// datagrams came in since held ACKs last went. The second bounds how far a streaming
+    /// peer gets into its window before it hears from us: an application that keeps finding
+    /// completions never polls idle, and ACKs that wait for that let the peer fill its
+    /// 128-PSN window and stop, then wait while this side drains the window, sends the ACK,
+    /// and idles until new packets arrive (`ucx_perftest -t tag_bw`: one ACK per about 108
+    /// packets, both sides idle most of the time).
     pub(super) fn holds_too_many_acks(&self) -> bool {
-        self.deferred.lock().len() >= DEFER_MAX_HELD
+        let since = self
+            .rx_datagrams
+            .load(Ordering::Relaxed)
+            .wrapping_sub(self.rx_at_flush.load(Ordering::Relaxed));
+        since >= ACK_AFTER_DATAGRAMS || self.deferred.lock().len() >= DEFER_MAX_HELD
     }
 
     /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out
@@ -842,6 +859,8 @@ impl Link for UdpLink {
                 let failed = self.send_now(&all);
                 drop(all);
                 held.clear();
+                self.rx_at_flush
+                    .store(self.rx_datagrams.load(Ordering::Relaxed), Ordering::Relaxed);
                 return failed;
             }
         }

@@ -52,6 +52,11 @@ pub(super) fn gsi_source_port() -> u16 {
 /// A busy poll that returns completions sends the held-back ACKs anyway once this many wait.
 pub(super) const DEFER_MAX_HELD: usize = 32;
 
+/// ... or once this many datagrams came in since held ACKs last went: a quarter of the
+/// 128-PSN window of an rxe or softroce requester (rxe's RXE_MAX_UNACKED_PSNS), so the ACK
+/// is on its way while the peer still has three quarters of its window to send.
+pub(super) const ACK_AFTER_DATAGRAMS: u64 = 32;
+
 /// At most this many requests in one batch take the held-back ACKs along (a latency-bound
 /// reply; a bulk batch is not copied for it).
 pub(super) const PIGGYBACK_MAX: usize = 4;
