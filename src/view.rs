@@ -137,7 +137,9 @@ pub fn class_tree(devices: &[DeviceAddr], cdev: (u32, u32)) -> Vec<(PathBuf, Nod
     );
     for (i, d) in devices.iter().enumerate() {
         let a = softroce::verbs::device_attr(d.ip);
-        let p = softroce::verbs::port_attr(DeviceConfig::new(&d.name, d.ip).active_mtu);
+        let mut cfg = DeviceConfig::new(&d.name, d.ip);
+        softroce::net::set_rxe_port(&mut cfg);
+        let p = softroce::verbs::port_attr(&cfg);
         let dev = ib.join(&d.name);
         dir(&mut t, dev.clone());
         file(&mut t, dev.join("node_type"), "1: CA".into());

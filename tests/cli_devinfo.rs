@@ -1,6 +1,9 @@
 //! `softroce devinfo` as a newcomer types it after `ibv_devinfo` (issue 17 item 3): `-l`, `-v`,
 //! `-d NAME`, `-i PORT`, and devices that cannot be opened. Addresses in 127.0.91.0/24, which
 //! no other test uses; a UDP socket of this test holds a "taken" address; nothing is sent.
+//! The port's rate on a veth is read in a network namespace of the test's own (root).
+
+mod netns;
 
 use std::net::UdpSocket;
 use std::process::Command;
@@ -121,4 +124,34 @@ fn a_device_that_cannot_be_opened_is_an_error_not_port_active() {
         err.contains("opening device softroce1 on 127.0.91.7"),
         "{err}"
     );
+}
+
+// Kernel rxe sets its port's speed and width from the netdev's ethtool link speed
+// (ib_get_eth_speed): 2.5 Gbps SDR 1X on `lo` (no speed; the test above), 10 Gbps FDR10 1X
+// on a veth (10000 Mb/s). In a namespace of this test's own (root): a veth pair, a device
+// on each end's address.
+#[test]
+fn a_port_on_a_veth_has_the_rate_rxe_gives_a_10_gbps_link() {
+    let Some(ns) = netns::Netns::create_or_skip("rate") else {
+        return;
+    };
+    for args in [
+        &["link", "add", "v0", "type", "veth", "peer", "name", "v1"][..],
+        &["addr", "add", "10.91.0.1/24", "dev", "v0"],
+        &["addr", "add", "10.91.0.2/24", "dev", "v1"],
+        &["link", "set", "v0", "up"],
+        &["link", "set", "v1", "up"],
+    ] {
+        ns.ip(args).unwrap();
+    }
+    let o = Command::new("ip")
+        .args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_softroce")])
+        .args(["devinfo", "-v", "--ip", "10.91.0.1"])
+        .env_remove("SOFTROCE_IP")
+        .output()
+        .expect("runs");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = "\t\t\tactive_width:\t\t1X (1)\n\t\t\tactive_speed:\t\t10.0 Gbps (8)\n";
+    assert!(out.contains(want), "{want:?} missing:\n{out}");
 }

@@ -39,12 +39,8 @@ fn ip_fields_as_sent_in_a_test_netns() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let ns = match Netns::create("ipf") {
-        Ok(ns) => ns,
-        Err(why) => {
-            eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
-            return;
-        }
+    let Some(ns) = Netns::create_or_skip("ipf") else {
+        return;
     };
     ns.ip(&["addr", "add", "fd00:93::2/128", "dev", "lo", "nodad"])
         .unwrap();

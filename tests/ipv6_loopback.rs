@@ -41,12 +41,8 @@ fn ipv6_end_to_end_in_a_test_netns() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return; // the re-run executes only `in_netns`
     }
-    let ns = match Netns::create("v6") {
-        Ok(ns) => ns,
-        Err(why) => {
-            eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
-            return;
-        }
+    let Some(ns) = Netns::create_or_skip("v6") else {
+        return;
     };
     ns.ip(&["addr", "add", "fd00:5f::2/128", "dev", "lo", "nodad"])
         .unwrap();

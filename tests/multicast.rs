@@ -290,12 +290,8 @@ fn ipv6_group_across_a_veth_pair_in_a_test_netns() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let ns = match Netns::create("mc6") {
-        Ok(ns) => ns,
-        Err(why) => {
-            eprintln!("SKIPPED: this test needs its own network namespace (root): {why}");
-            return;
-        }
+    let Some(ns) = Netns::create_or_skip("mc6") else {
+        return;
     };
     for args in [
         &["link", "add", "v0", "type", "veth", "peer", "name", "v1"][..],

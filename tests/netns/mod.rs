@@ -40,6 +40,16 @@ impl Netns {
         Ok(ns)
     }
 
+    /// [`Netns::create`], or None after printing why this machine cannot (the caller
+    /// returns: the test is skipped, saying so).
+    pub fn create_or_skip(tag: &str) -> Option<Netns> {
+        Netns::create(tag)
+            .map_err(|why| {
+                eprintln!("SKIPPED: this test needs its own network namespace (root): {why}")
+            })
+            .ok()
+    }
+
     /// Runs `ip -n NAME ARGS`.
     pub fn ip(&self, args: &[&str]) -> Result<(), String> {
         let mut all = vec!["-n", self.0.as_str()];

@@ -1,10 +1,10 @@
-//! Net: the network interface that owns a device's address, and its MTU.
+//! Net: the network interface that owns a device's address, its MTU and its link speed.
 //!
 //! rdma_cm sizes a RoCE route's path MTU from the MTU of the interface the route leaves by
 //! (`cma.c` `cma_resolve_iboe_route`), so softroce's librdmacm asks here for the MTU of the
 //! interface holding its device's address. Lookups use the calling thread's network namespace
-//! (`getifaddrs`, then `SIOCGIFMTU` on a UDP socket), never `/sys`, which shows the namespace
-//! that mounted it.
+//! (`getifaddrs`, then `SIOCGIFMTU` or `SIOCETHTOOL` on a UDP socket), never `/sys`, which
+//! shows the namespace that mounted it.
 
 use std::ffi::CStr;
 use std::net::IpAddr;
@@ -24,6 +24,47 @@ pub fn link_mtu(ip: IpAddr) -> Option<u32> {
 pub fn rxe_port_mtu(netdev_mtu: u32) -> crate::transport::PathMtu {
     use crate::transport::PathMtu;
     PathMtu::largest_fitting(netdev_mtu.saturating_sub(80)).unwrap_or(PathMtu::Mtu256)
+}
+
+/// The link speed in Mb/s of the interface a device on `ip` sends by ([`interface_name`]),
+/// as ethtool reports it (`ETHTOOL_GSET`): 10000 on a veth, for example. None when the
+/// interface reports none: Linux `lo` has no such ethtool operation, a virtio NIC and a link
+/// that is down report SPEED_UNKNOWN; also when no interface does or a system call fails.
+pub fn link_speed_mbps(ip: IpAddr) -> Option<u32> {
+    let name = find_interface(ip, true)?;
+    interface_speed(&name)
+}
+
+/// `(active_speed, active_width)`, the `IB_SPEED_*` and `IB_WIDTH_*` codes kernel rxe gives
+/// its port on a netdev of `mbps` Mb/s (None: unknown, taken as 1000), as
+/// `ib_get_eth_speed` maps them (drivers/infiniband/core/verbs.c, Linux 6.1): up to 1 Gb/s
+/// SDR 1X (2.5 Gb/s, also `lo`), 10 Gb/s FDR10 1X, 20 Gb/s DDR 4X, 25 Gb/s EDR 1X, 40 Gb/s
+/// FDR10 4X, faster EDR 4X.
+pub fn rxe_port_rate(mbps: Option<u32>) -> (u8, u8) {
+    const SDR: u8 = 1;
+    const DDR: u8 = 2;
+    const FDR10: u8 = 8;
+    const EDR: u8 = 32;
+    const W1X: u8 = 1;
+    const W4X: u8 = 2;
+    match mbps.unwrap_or(1000) {
+        0..=1000 => (SDR, W1X),
+        1001..=10_000 => (FDR10, W1X),
+        10_001..=20_000 => (DDR, W4X),
+        20_001..=25_000 => (EDR, W1X),
+        25_001..=40_000 => (FDR10, W4X),
+        _ => (EDR, W4X),
+    }
+}
+
+/// Sets in `cfg` what kernel rxe derives from the netdev holding `cfg.ip`: the active MTU,
+/// capped at [`rxe_port_mtu`] of the link's MTU, and the speed and width
+/// ([`rxe_port_rate`] of the link's speed).
+pub fn set_rxe_port(cfg: &mut crate::verbs::DeviceConfig) {
+    if let Some(mtu) = link_mtu(cfg.ip) {
+        cfg.active_mtu = cfg.active_mtu.min(rxe_port_mtu(mtu));
+    }
+    (cfg.active_speed, cfg.active_width) = rxe_port_rate(link_speed_mbps(cfg.ip));
 }
 
 /// The name of the interface holding `ip`, from `getifaddrs`.
@@ -112,6 +153,67 @@ fn find_interface(ip: IpAddr, subnet: bool) -> Option<Vec<u8>> {
     exact.or(containing)
 }
 
+/// `struct ethtool_cmd` of linux/ethtool.h, the legacy `ETHTOOL_GSET` answer (44 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolCmd {
+    cmd: u32,
+    supported: u32,
+    advertising: u32,
+    speed: u16,
+    duplex: u8,
+    port: u8,
+    phy_address: u8,
+    transceiver: u8,
+    autoneg: u8,
+    mdio_support: u8,
+    maxtxpkt: u32,
+    maxrxpkt: u32,
+    speed_hi: u16,
+    eth_tp_mdix: u8,
+    eth_tp_mdix_ctrl: u8,
+    lp_advertising: u32,
+    reserved: [u32; 2],
+}
+
+/// linux/ethtool.h `ETHTOOL_GSET`; linux/sockios.h `SIOCETHTOOL`.
+const ETHTOOL_GSET: u32 = 0x1;
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+/// The link speed in Mb/s of interface `name` (`SIOCETHTOOL` `ETHTOOL_GSET`, which needs no
+/// privilege); None when the driver has none to give or reports SPEED_UNKNOWN.
+fn interface_speed(name: &[u8]) -> Option<u32> {
+    // SAFETY: a zeroed ifreq is a valid value (integers and arrays).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= req.ifr_name.len() {
+        return None;
+    }
+    for (d, &s) in req.ifr_name.iter_mut().zip(name) {
+        *d = s as libc::c_char;
+    }
+    let mut cmd = EthtoolCmd {
+        cmd: ETHTOOL_GSET,
+        ..EthtoolCmd::default()
+    };
+    req.ifr_ifru.ifru_data = (&raw mut cmd).cast();
+    // SAFETY: a plain socket(2) call; the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: SIOCETHTOOL reads ifr_name and the command at ifr_data, which points at `cmd`
+    // (alive and unmoved until the call returns), and writes at most an ethtool_cmd there.
+    let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL, &mut req) };
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        return None;
+    }
+    // ethtool_cmd_speed(): SPEED_UNKNOWN is -1, all ones.
+    let speed = u32::from(cmd.speed) | u32::from(cmd.speed_hi) << 16;
+    (speed != u32::MAX).then_some(speed)
+}
+
 /// The MTU of interface `name` (`SIOCGIFMTU`).
 fn interface_mtu(name: &[u8]) -> Option<u32> {
     // SAFETY: a zeroed ifreq is a valid value (integers and arrays).
@@ -161,6 +263,33 @@ mod tests {
         ] {
             assert_eq!(rxe_port_mtu(netdev), want, "netdev MTU {netdev}");
         }
+    }
+
+    #[test]
+    fn rxe_port_rate_follows_ib_get_eth_speed() {
+        for (mbps, want) in [
+            (None, (1, 1)),
+            (Some(10), (1, 1)), // a tun/tap device
+            (Some(1000), (1, 1)),
+            (Some(1001), (8, 1)),
+            (Some(10_000), (8, 1)), // a veth
+            (Some(20_000), (2, 2)),
+            (Some(25_000), (32, 1)),
+            (Some(40_000), (8, 2)),
+            (Some(100_000), (32, 2)),
+        ] {
+            assert_eq!(rxe_port_rate(mbps), want, "{mbps:?} Mb/s");
+        }
+        assert_eq!(std::mem::size_of::<EthtoolCmd>(), 44);
+    }
+
+    #[test]
+    fn the_loopback_interface_has_no_link_speed() {
+        // Linux `lo` has no ethtool link settings: rxe takes it as 1 Gb/s, SDR 1X.
+        assert_eq!(
+            link_speed_mbps(IpAddr::V4(Ipv4Addr::new(127, 0, 77, 1))),
+            None
+        );
     }
 
     #[test]

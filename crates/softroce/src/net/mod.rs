@@ -72,7 +72,9 @@ pub mod udp;
 
 pub use clock::{ManualClock, SystemClock, seed_from_clock_and_pid};
 pub use cm::CmDriver;
-pub use iface::{interface_name, link_mtu, rxe_port_mtu};
+pub use iface::{
+    interface_name, link_mtu, link_speed_mbps, rxe_port_mtu, rxe_port_rate, set_rxe_port,
+};
 pub use link::UdpLink;
 pub use link::UdpOptions;
 pub use oob::{QpEndpoint, RemoteBuf};

@@ -63,14 +63,14 @@ impl UdpDevice {
 
     /// Opens a device from a full config and explicit options. The port's active MTU is
     /// `cfg.active_mtu` capped as kernel rxe sets it from the netdev holding the address
-    /// ([`rxe_port_mtu`](super::rxe_port_mtu): 1024 on a 1500-byte link). Errors: as
+    /// ([`rxe_port_mtu`](super::rxe_port_mtu): 1024 on a 1500-byte link), its speed and
+    /// width rxe's for that netdev's link speed ([`rxe_port_rate`](super::rxe_port_rate):
+    /// 10 Gb/s on a veth, 2.5 Gb/s on `lo`). Errors: as
     /// [`UdpDevice::open`]; with `exact_icrc` on IPv4, EPERM without CAP_NET_RAW.
     pub fn open_with_options(mut cfg: DeviceConfig, opts: &UdpOptions) -> io::Result<UdpDevice> {
         // The port's active MTU is at most what kernel rxe gives a port on the interface
-        // holding the address (1024 on a 1500-byte link; 4096 on `lo`).
-        if let Some(link) = super::link_mtu(cfg.ip) {
-            cfg.active_mtu = cfg.active_mtu.min(super::rxe_port_mtu(link));
-        }
+        // holding the address (1024 on a 1500-byte link; 4096 on `lo`); its rate is rxe's.
+        super::set_rxe_port(&mut cfg);
         let link = Arc::new(UdpLink::bind_with(cfg.ip, opts).map_err(|e| {
             let hint = match e.kind() {
                 io::ErrorKind::AddrInUse => {

@@ -27,6 +27,13 @@ pub struct DeviceConfig {
     pub seed: u64,
     /// Active MTU of the port.
     pub active_mtu: PathMtu,
+    /// The port's `IB_SPEED_*` and `IB_WIDTH_*` codes (`ibv_port_attr.active_speed`,
+    /// `active_width`): SDR 1X (2.5 Gb/s) here, what rxe gives a netdev of 1 Gb/s or of no
+    /// known speed such as `lo`; a device on a link set from its speed
+    /// (`net::rxe_port_rate`).
+    pub active_speed: u8,
+    /// See [`DeviceConfig::active_speed`].
+    pub active_width: u8,
     /// The slot of a shared device this device is (`net::steer`): its QPNs are
     /// `slot << 16 ..= slot << 16 | 0xffff`. `None`: a device with its address to itself,
     /// whose QPNs run from 0x11 as rxe's.
@@ -45,6 +52,8 @@ impl DeviceConfig {
             ip,
             seed,
             active_mtu: PathMtu::Mtu4096,
+            active_speed: 1,
+            active_width: 1,
             qpn_slot: None,
         }
     }

@@ -135,9 +135,10 @@ pub struct PortAttr {
     pub port_cap_flags: u32,
     /// Virtual lanes, encoded as `ibv_port_attr.max_vl_num` (1: one VL), as rxe.
     pub max_vl_num: u8,
-    /// `IB_WIDTH_*` code; rxe reports 1X (1).
+    /// `IB_WIDTH_*` code ([`DeviceConfig::active_width`](super::DeviceConfig)).
     pub active_width: u8,
-    /// `IB_SPEED_*` code; rxe reports SDR, 2.5 Gbps (1).
+    /// `IB_SPEED_*` code ([`DeviceConfig::active_speed`](super::DeviceConfig)); rxe
+    /// reports SDR, 2.5 Gbps (1), on a netdev of 1 Gb/s or of no known speed.
     pub active_speed: u8,
     /// Physical port state; LINK_UP (5), as rxe with its netdev up.
     pub phys_state: u8,
@@ -280,22 +281,21 @@ pub fn device_attr(ip: IpAddr) -> DeviceAttr {
     }
 }
 
-/// What `ibv_query_port` reports for port 1 of a device whose port runs at `active_mtu`
-/// ([`DeviceConfig::active_mtu`](super::DeviceConfig)), without opening it:
-/// [`Device::query_port`] of an open device is this.
-pub fn port_attr(active_mtu: PathMtu) -> PortAttr {
+/// What `ibv_query_port` reports for port 1 of a device built from `cfg` (its active MTU,
+/// speed and width), without opening it: [`Device::query_port`] of an open device is this.
+pub fn port_attr(cfg: &super::DeviceConfig) -> PortAttr {
     PortAttr {
         state: 4,
         max_mtu: PathMtu::Mtu4096,
-        active_mtu,
+        active_mtu: cfg.active_mtu,
         gid_tbl_len: GID_TBL_LEN,
         pkey_tbl_len: 1,
         link_layer: "Ethernet",
         max_msg_sz: crate::transport::MAX_MSG_BYTES,
         port_cap_flags: 0x0001_0000,
         max_vl_num: 1,
-        active_width: 1,
-        active_speed: 1,
+        active_width: cfg.active_width,
+        active_speed: cfg.active_speed,
         phys_state: 5,
     }
 }
@@ -423,7 +423,7 @@ impl Device {
                 "query_port: only port 1 exists",
             ));
         }
-        Ok(port_attr(self.shared.cfg.active_mtu))
+        Ok(port_attr(&self.shared.cfg))
     }
 
     /// `ibv_query_gid` of a populated entry (the first [`GID_ENTRIES`] of the table).
