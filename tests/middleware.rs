@@ -407,10 +407,11 @@ fn libfabric_fi_pingpong_verbs_msg() {
 /// row, the client having exited with status 0: once in 8 runs beside the other tests of
 /// this file, and 8 times in 100 runs alone (2026-12-07, docs/testing.md). The faulting
 /// instruction is rxm posting a receive again (`fid_ep->msg->recv`) on a message endpoint
-/// its teardown has freed: libfabric's own bug (ofiwg/libfabric issue 11828, fixed by pull
-/// request 12674 in 2026: `rxm_close_conn` closed the endpoint, then flushed the CQ whose
-/// queued completions still named it), present in Debian 12's 1.17 whichever device the
-/// completions come from. Once, before the fixes above, the client hung with no output.
+/// its teardown has freed: libfabric's own bug, reported upstream as ofiwg/libfabric issue
+/// 11828 (a receive posted from `rxm_flush_msg_cq` in `rxm_close_conn`); pull request 12674
+/// (2026) makes `rxm_close_conn` flush the CQ before it closes the endpoints, whose queued
+/// completions named them. Debian 12's 1.17 closes first, whichever device the completions
+/// come from. Once, before the fixes above, the client hung with no output.
 /// Run it with `cargo test --test middleware -- --ignored libfabric`.
 #[test]
 #[ignore = "libfabric 1.17's rxm teardown use-after-free (ofiwg/libfabric#11828) crashes the server about 1 run in 12"]
