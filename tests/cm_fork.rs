@@ -21,3 +21,27 @@ fn a_forked_child_uses_rdma_cm_on_devices_of_its_own() {
         println!("{text}");
     }
 }
+
+// The deadline's report names where the overrunning child's processes wait: here a shell
+// whose child `sleep` is in a timed sleep (the cm_fork hang seen once in CI left only its
+// output; the next one will say which call or lock the child waited in).
+#[test]
+fn an_overrunning_child_is_reported_with_where_it_waits() {
+    let mut c = std::process::Command::new("sh");
+    c.args(["-c", "sleep 30 >/dev/null 2>&1; true"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let err =
+        std::panic::catch_unwind(|| wait(child, std::time::Duration::from_millis(300), "sleeper"))
+            .expect_err("the sleeper overran its deadline");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("sleeper: still running after"), "{msg}");
+    assert!(msg.contains("where its processes waited:"), "{msg}");
+    assert!(msg.contains(" sh\n"), "the shell's process line: {msg}");
+    assert!(msg.contains(" sleep\n"), "its child's process line: {msg}");
+    assert!(
+        msg.contains("  thread ") && msg.contains(", syscall "),
+        "{msg}"
+    );
+}

@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,8 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
             return child.wait_with_output().unwrap();
         }
         if Instant::now() > deadline {
+            // Where it waits, read before it is ended (the cause of a hang seen once).
+            let report = stuck_report(child.id());
             let (stdout, stderr) = (
                 read_in_background(child.stdout.take()),
                 read_in_background(child.stderr.take()),
@@ -66,13 +68,86 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
             let _ = child.wait();
             let until = Instant::now() + Duration::from_secs(10);
             panic!(
-                "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}",
+                "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}\nwhere its \
+                 processes waited:\n{report}",
                 String::from_utf8_lossy(&stdout(until)),
                 String::from_utf8_lossy(&stderr(until))
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// What each process of `pid`'s tree waits in, for a test whose child overran its deadline:
+/// every thread's name, kernel wait channel and system call (`/proc/TID/{comm,wchan,syscall}`:
+/// the number first, 202 a futex, 7 poll, 232 epoll_wait, 45/47 recvfrom/recvmsg), and where
+/// gdb is installed each thread's stack (`gdb -batch -p`, up to 20 s a process).
+pub fn stuck_report(pid: u32) -> String {
+    use std::fmt::Write as _;
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    // (pid, ppid) of every process: "pid (comm) state ppid ...", comm may hold anything.
+    let all: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = read(&e.path().join("stat"));
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while let Some(&p) = tree.get(i) {
+        tree.extend(all.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    let mut out = String::new();
+    for p in tree {
+        let dir = PathBuf::from(format!("/proc/{p}"));
+        let _ = writeln!(out, "process {p} {}", read(&dir.join("comm")).trim());
+        let mut tids: Vec<PathBuf> = std::fs::read_dir(dir.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        tids.sort();
+        for t in tids {
+            let syscall = read(&t.join("syscall"));
+            let _ = writeln!(
+                out,
+                "  thread {} {}: wchan {}, syscall {}",
+                t.file_name().unwrap_or_default().to_string_lossy(),
+                read(&t.join("comm")).trim(),
+                read(&t.join("wchan")).trim(),
+                syscall.split_whitespace().next().unwrap_or("?")
+            );
+        }
+        if have("gdb") {
+            let bt = Command::new("timeout")
+                .args(["20", "gdb", "-q", "-batch", "-p", &p.to_string()])
+                .args(["-ex", "thread apply all bt 20"])
+                .output();
+            if let Ok(o) = bt {
+                for l in String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter(|l| l.starts_with('#') || l.starts_with("Thread "))
+                    .take(150)
+                {
+                    let _ = writeln!(out, "    {l}");
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Reads `pipe` to its end in a thread; the returned function gives what was read by then
