@@ -339,7 +339,8 @@ fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str, port: u16) {
         server_ip,
         &["fi_pingpong", "-p", "verbs", "-e", ep, "-B", p.as_str()],
     );
-    s.stdin(Stdio::null());
+    // In the scratch directory: where libinfinipath writes its crash report (below).
+    s.stdin(Stdio::null()).current_dir(&dir);
     let mut server = Kill(Some(s.spawn().unwrap()));
     wait_tcp_listen(port, &mut server.0);
     let mut c = exec_pcap(
@@ -360,8 +361,12 @@ fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str, port: u16) {
     let what = format!("fi_pingpong -e {ep}");
     let client = wait(c.spawn().unwrap(), Duration::from_secs(120), &what);
     let server = wait(server.0.take().unwrap(), Duration::from_secs(60), &what);
+    let known_crash = ep == "rdm" && !server.status.success() && rxm_teardown_crash(&dir, &server);
+    if known_crash {
+        println!("{what}: the server hit libfabric 1.17's rxm teardown crash after its last row");
+    }
     assert!(
-        client.status.success() && server.status.success(),
+        client.status.success() && (server.status.success() || known_crash),
         "{what}: client {}\nserver {}",
         text(&client),
         text(&server)
@@ -385,6 +390,32 @@ fn fi_pingpong(ep: &str, server_ip: &str, client_ip: &str, port: u16) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// True when the fi_pingpong server in `dir` ended by libfabric 1.17's rxm teardown
+/// use-after-free after printing every row: libinfinipath's SIGSEGV handler (loaded with
+/// libfabric's psm provider) wrote its backtrace (`*.btr`) in the server's directory, signal 11
+/// at the call libfabric.so.1.20.0+0xb7882 (rxm posting a receive through a freed message
+/// endpoint), and exited 1. Upstream: ofiwg/libfabric issue 11828; pull request 12674 (2026)
+/// makes `rxm_close_conn` flush the CQ before it closes the endpoints. Any other end of the
+/// server is a failure.
+fn rxm_teardown_crash(dir: &Path, server: &std::process::Output) -> bool {
+    let rows_done = String::from_utf8_lossy(&server.stdout)
+        .lines()
+        .any(|l| l.starts_with("1m "));
+    let report = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".btr"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .any(|t| {
+            t.contains("terminated with signal 11")
+                && t.lines()
+                    .find(|l| l.starts_with('/'))
+                    .is_some_and(|top| top.contains("libfabric.so.1(+0xb7882)"))
+        });
+    server.status.code() == Some(1) && rows_done && report
+}
+
 /// fi_pingpong over verbs' RC endpoints (`-e msg`, connected with rdma_cm), 64 B to 1 MiB.
 /// The server is on 127.0.0.1: libfabric's verbs provider lists a device's addresses from
 /// the host's interfaces (getifaddrs), where only 127.0.0.1 of 127.0.0.0/8 appears.
@@ -403,18 +434,13 @@ fn libfabric_fi_pingpong_verbs_msg() {
 
 /// fi_pingpong over verbs;ofi_rxm (`-e rdm`), 64 B to 1 MiB.
 ///
-/// Ignored in the default run: the server dies of SIGSEGV inside libfabric after its last
-/// row, the client having exited with status 0: once in 8 runs beside the other tests of
-/// this file, and 8 times in 100 runs alone (2026-12-07, docs/testing.md). The faulting
-/// instruction is rxm posting a receive again (`fid_ep->msg->recv`) on a message endpoint
-/// its teardown has freed: libfabric's own bug, reported upstream as ofiwg/libfabric issue
-/// 11828 (a receive posted from `rxm_flush_msg_cq` in `rxm_close_conn`); pull request 12674
-/// (2026) makes `rxm_close_conn` flush the CQ before it closes the endpoints, whose queued
-/// completions named them. Debian 12's 1.17 closes first, whichever device the completions
-/// come from. Once, before the fixes above, the client hung with no output.
-/// Run it with `cargo test --test middleware -- --ignored libfabric`.
+/// The server dies of SIGSEGV inside libfabric after its last row in about 1 run in 12, the
+/// client having exited with status 0 (8 times in 100 runs alone, 2026-12-07,
+/// docs/testing.md): rxm posting a receive again (`fid_ep->msg->recv`) on a message endpoint
+/// its teardown has freed, libfabric 1.17's own bug whichever device the completions come
+/// from. That end, and only that end, passes: [`rxm_teardown_crash`]. Once, before the
+/// fixes above, the client hung with no output.
 #[test]
-#[ignore = "libfabric 1.17's rxm teardown use-after-free (ofiwg/libfabric#11828) crashes the server about 1 run in 12"]
 fn libfabric_fi_pingpong_verbs_rdm() {
     fi_pingpong("rdm", "127.0.0.1", "127.0.200.11", 47593);
 }
