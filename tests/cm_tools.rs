@@ -77,8 +77,34 @@ fn pair(sip: &str, server: &[&str], cip: &str, client: &[&str]) -> (String, Stri
         text(&s),
         String::from_utf8_lossy(&s.stderr)
     );
-    assert!(c.status.success() && s.status.success(), "{report}");
+    let race = rping_exit_race(server[0], &s);
+    if race {
+        println!(
+            "{}: the server hit rping 44's exit race after its last event",
+            server[0]
+        );
+    }
+    assert!(
+        c.status.success() && (s.status.success() || race),
+        "{report}"
+    );
     (text(&s), text(&c))
+}
+
+/// True when `program`'s end is rping's own exit race (rdma-core before f3ae6534a, "rping:
+/// terminate CM event thread before exiting", 2025; Debian 12 ships 44): its main thread
+/// destroys the CM event channel while the CM thread, done with the DISCONNECTED event, has
+/// not yet called `rdma_get_cm_event` again; that call then fails with EBADF and the thread
+/// exits the process with 255, with kernel rdma_cm as with softroce's. Only that end: the
+/// server saw the disconnect, then `rdma_get_cm_event: Bad file descriptor`, status 255.
+fn rping_exit_race(program: &str, o: &Output) -> bool {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    program == "rping"
+        && o.status.code() == Some(255)
+        && stderr.contains("server DISCONNECT EVENT...")
+        && stderr
+            .trim_end()
+            .ends_with("rdma_get_cm_event: Bad file descriptor")
 }
 
 #[test]
