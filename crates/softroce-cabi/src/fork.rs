@@ -12,9 +12,14 @@
 //! `PerProcess` is not a lock: it sits behind the library's own (`Mutex<PerProcess<T>>`).
 //! That lock is the library's to keep usable across `fork` (librdmacm.so.1 holds its state's
 //! lock across it with `pthread_atfork`, so a child never inherits it locked by a thread
-//! that is not there).
+//! that is not there). [`ProcessLock`] is both in one, for a table whose child value is
+//! simply empty: the child gets a lock of its own, so the parent's lock, whichever thread
+//! held it at the `fork`, is never taken there.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::convert::Infallible;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// A value of one process: in another one (a `fork`ed child) it is replaced, on first use,
 /// by a fresh one, and the parent's is leaked (module doc).
@@ -61,6 +66,81 @@ impl<T: Default> Default for PerProcess<T> {
     /// An empty value of this process.
     fn default() -> Self {
         PerProcess::new(T::default())
+    }
+}
+
+/// A process-wide lock around a value of one process, for a library's table that its own
+/// threads use (libibverbs.so.1's MAD ports, taken by librdmacm.so.1's CM driver thread at
+/// every receive): in a `fork`ed child the first [`lock`](ProcessLock::lock) makes a new,
+/// unlocked lock around `T::default()`, and the parent's lock and value are leaked there.
+///
+/// Why not a `Mutex<PerProcess<T>>`: `fork` copies the lock as it is, and the child has only
+/// the forking thread. If another thread of the parent held the lock at that moment, it is
+/// held for ever in the child, and the child's first use waits for ever (the CM driver thread
+/// takes the MAD ports' lock every few milliseconds, so a child's `rdma_bind_addr` hung now
+/// and then: tests/cm_fork.rs). Taking the lock in a `pthread_atfork` prepare handler, as
+/// librdmacm.so.1 does for its state, deadlocks where the forking thread itself holds it
+/// (opening a shared device forks its keeper while the table of open devices is locked).
+/// Here the child never looks at the parent's lock: the process is checked before locking.
+///
+/// The lock is parking_lot's `Mutex`; the check is a `getpid` per call.
+pub struct ProcessLock<T> {
+    /// The current process's lock; null before the first use. Never freed (a `static`'s
+    /// locks live as long as the process; a replaced parent's lock is leaked in the child).
+    cur: AtomicPtr<Owned<T>>,
+    /// Send and Sync as `Mutex<T>` is.
+    _value: PhantomData<Mutex<T>>,
+}
+
+/// A lock and the process that made it.
+struct Owned<T> {
+    pid: u32,
+    lock: Mutex<T>,
+}
+
+impl<T: Default> ProcessLock<T> {
+    /// An unused lock; the value is made (`T::default()`) at the first
+    /// [`lock`](ProcessLock::lock).
+    pub const fn new() -> Self {
+        ProcessLock {
+            cur: AtomicPtr::new(std::ptr::null_mut()),
+            _value: PhantomData,
+        }
+    }
+
+    /// Locks this process's value, after replacing the lock with a new one around
+    /// `T::default()` if it is not this process's (the first use, or a `fork`ed child's).
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        let pid = std::process::id();
+        loop {
+            let p = self.cur.load(Ordering::Acquire);
+            // SAFETY: a non-null pointer here came from `Box::into_raw` below and is never
+            // freed, so it is valid for as long as `self` is.
+            if let Some(owned) = unsafe { p.as_ref() }
+                && owned.pid == pid
+            {
+                return owned.lock.lock();
+            }
+            let fresh = Box::into_raw(Box::new(Owned {
+                pid,
+                lock: Mutex::new(T::default()),
+            }));
+            if self
+                .cur
+                .compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                // Another thread of this process installed its own first: use that one.
+                // SAFETY: `fresh` was never published; this is its only owner.
+                drop(unsafe { Box::from_raw(fresh) });
+            }
+        }
+    }
+}
+
+impl<T: Default> Default for ProcessLock<T> {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -122,5 +202,53 @@ mod tests {
         let code = in_child(|| if p.get().is_empty() { 0 } else { 1 });
         assert_eq!(code, 0);
         assert_eq!(p.get(), &[5]);
+    }
+
+    #[test]
+    fn a_forked_child_gets_a_lock_of_its_own_even_while_another_thread_holds_the_parents() {
+        static TABLE: ProcessLock<Vec<u32>> = ProcessLock::new();
+        TABLE.lock().push(1);
+        // A thread of the parent holds the lock across the fork, as librdmacm.so.1's CM
+        // driver thread can hold the MAD ports' lock (with a Mutex<PerProcess> the child
+        // waited for ever).
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let g = TABLE.lock();
+            held_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            drop(g);
+        });
+        held_rx.recv().unwrap();
+        let code = in_child(|| {
+            let mut t = TABLE.lock();
+            if !t.is_empty() {
+                return 1;
+            }
+            t.push(7);
+            drop(t);
+            if *TABLE.lock() != [7] {
+                return 2;
+            }
+            0
+        });
+        assert_eq!(code, 0);
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(*TABLE.lock(), [1], "the parent keeps its value");
+    }
+
+    #[test]
+    fn threads_racing_to_the_first_lock_share_one_value() {
+        static TABLE: ProcessLock<Vec<u32>> = ProcessLock::new();
+        let threads: Vec<_> = (0..8)
+            .map(|i| std::thread::spawn(move || TABLE.lock().push(i)))
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut v = TABLE.lock().clone();
+        v.sort_unstable();
+        assert_eq!(v, (0..8).collect::<Vec<_>>());
     }
 }

@@ -14,7 +14,7 @@ use softroce::net::{UdpDevice, UdpOptions};
 use softroce::verbs::DeviceConfig;
 use softroce_cabi::abi::*;
 use softroce_cabi::ffi;
-use softroce_cabi::fork::PerProcess;
+use softroce_cabi::fork::ProcessLock;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -176,14 +176,12 @@ fn busy_poll_from_env() -> (bool, bool) {
 
 /// Engine devices open in this process, by address: a second `ibv_open_device` of a device
 /// shares the first one's socket and driver thread. A forked child opens its own
-/// ([`PerProcess`]); the parent's receive socket is not open in the child (the engine's
+/// ([`ProcessLock`]); the parent's receive socket is not open in the child (the engine's
 /// `pthread_atfork` handler), so the child's open fails with EADDRINUSE while the parent
 /// holds the device, and succeeds once the parent has closed it.
 fn open_udp(addr: &DeviceAddr) -> std::io::Result<Arc<UdpDevice>> {
-    type Open = PerProcess<HashMap<IpAddr, Weak<UdpDevice>>>;
-    static OPEN: OnceLock<Mutex<Open>> = OnceLock::new();
-    let mut guard = OPEN.get_or_init(Default::default).lock();
-    let open = guard.get();
+    static OPEN: ProcessLock<HashMap<IpAddr, Weak<UdpDevice>>> = ProcessLock::new();
+    let mut open = OPEN.lock();
     if let Some(d) = open.get(&addr.ip).and_then(Weak::upgrade) {
         return Ok(d);
     }

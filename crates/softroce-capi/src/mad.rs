@@ -31,10 +31,10 @@ use softroce::wire::grh::{GRH_LEN, grh_source};
 use softroce::wire::mad::MAD_LEN;
 use softroce_cabi::abi::ibv_context;
 use softroce_cabi::ffi;
-use softroce_cabi::fork::PerProcess;
+use softroce_cabi::fork::ProcessLock;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// QP1 of an engine device for librdmacm: the engine's [`MadRing`] and the MADs received
@@ -126,14 +126,13 @@ impl MadPort {
 
 /// The port of the engine device behind `ctx`, made on first use.
 fn port_of(ctx: *mut ibv_context) -> Result<Arc<MadPort>, c_int> {
-    // A forked child's contexts are its own: it does not get the parent's ports.
-    type Ports = PerProcess<HashMap<IpAddr, Arc<MadPort>>>;
-    static PORTS: OnceLock<Mutex<Ports>> = OnceLock::new();
+    // A forked child's contexts are its own: it gets no port of the parent's, and never
+    // the parent's lock, which the parent's CM driver thread may have held at the fork.
+    static PORTS: ProcessLock<HashMap<IpAddr, Arc<MadPort>>> = ProcessLock::new();
     // SAFETY: the caller passes NULL or a context from ibv_open_device that it has not
     // closed.
     let c: &Context = unsafe { try_ref(ctx) }?;
-    let mut guard = PORTS.get_or_init(Default::default).lock();
-    let ports = guard.get();
+    let mut ports = PORTS.lock();
     if let Some(p) = ports.get(&c.addr.ip) {
         return Ok(p.clone());
     }

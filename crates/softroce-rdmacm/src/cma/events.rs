@@ -13,9 +13,9 @@ use crate::abi::*;
 use crate::ffi;
 use crate::ibv::ibv;
 use core::ffi::{c_char, c_int};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
+use softroce_cabi::fork::ProcessLock;
 use std::collections::{HashSet, VecDeque};
-use std::sync::OnceLock;
 
 /// An event channel: the C struct (its fd an eventfd in semaphore mode, one count per queued
 /// event), then the queue.
@@ -94,9 +94,12 @@ pub(super) fn post_on(ch: *mut rdma_event_channel, ev: Box<Event>) {
 /// after destroying it (perftest's `-R` client does, when its connection is refused: its
 /// retry destroys the channel, then destroys it again); that call is refused with EBADF,
 /// what librdmacm's calls on the channel's closed fd give, instead of reading freed memory.
-fn live_channels() -> &'static Mutex<HashSet<usize>> {
-    static LIVE: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
-    LIVE.get_or_init(Default::default)
+/// Per process ([`ProcessLock`]): a `fork`ed child starts with none (its rdma_cm state starts
+/// afresh, so the parent's channels would never get an event there), and never takes the
+/// lock a thread of the parent (its `rdma_get_cm_event` loop) may have held at the fork.
+fn live_channels() -> MutexGuard<'static, HashSet<usize>> {
+    static LIVE: ProcessLock<HashSet<usize>> = ProcessLock::new();
+    LIVE.lock()
 }
 
 /// A new channel: an eventfd in semaphore mode and an empty queue (None: errno is set).
@@ -111,7 +114,7 @@ pub(super) fn new_channel() -> Option<*mut rdma_event_channel> {
         queue: Mutex::new(VecDeque::new()),
     });
     let ch = Box::into_raw(ch);
-    live_channels().lock().insert(ch as usize);
+    live_channels().insert(ch as usize);
     Some(ch.cast())
 }
 
@@ -125,7 +128,7 @@ pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
 
 pub(crate) extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     ffi!({
-        if channel.is_null() || !live_channels().lock().remove(&(channel as usize)) {
+        if channel.is_null() || !live_channels().remove(&(channel as usize)) {
             crate::set_errno(libc::EBADF);
             return;
         }
@@ -279,7 +282,7 @@ pub(crate) extern "C" fn rdma_get_cm_event(
         if channel.is_null() || event.is_null() {
             return Err(libc::EINVAL);
         }
-        if !live_channels().lock().contains(&(channel as usize)) {
+        if !live_channels().contains(&(channel as usize)) {
             return Err(libc::EBADF);
         }
         // SAFETY: a live channel of ours.

@@ -33,7 +33,7 @@ use crate::abi::*;
 use crate::ffi;
 use crate::ibv::{Ibv, ibv};
 use core::ffi::{c_int, c_void};
-use parking_lot::Mutex;
+use softroce_cabi::fork::ProcessLock;
 use std::mem::offset_of;
 
 /// verbs.h's `verbs_get_ctx_op(ctx, op)`: the extended context of `ctx` when it is one
@@ -116,8 +116,9 @@ unsafe fn ibv_create_srq_ex(
     }
 }
 
-/// The XRC domain of each device context, opened once (librdmacm's `ucma_get_xrcd`).
-static XRCDS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+/// The XRC domain of each device context, opened once (librdmacm's `ucma_get_xrcd`); per
+/// process, as the contexts are ([`ProcessLock`]).
+static XRCDS: ProcessLock<Vec<(usize, usize)>> = ProcessLock::new();
 
 /// librdmacm's `ucma_get_xrcd`: the device's XRC domain, opened on first use with
 /// `ibv_open_xrcd` (no file, `O_CREAT`). Errors: EOPNOTSUPP when the context has no
