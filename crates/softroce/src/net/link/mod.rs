@@ -21,6 +21,7 @@ use crate::verbs::Link;
 use crate::wire::{IcrcIp, ROCE_V2_UDP_PORT, icrc_of_body};
 use parking_lot::Mutex;
 use rustix::net::sockopt;
+pub(super) use sockets::FLUSH_AFTER_DATAGRAMS;
 use sockets::{
     ACK_AFTER_DATAGRAMS, DEFER_MAX_HELD, IDENT_DELTA_CACHE, IdentDeltaKey, IdentDeltas,
     PIGGYBACK_MAX, SENDMMSG_MSGS, SendSockets, body_and_icrc, gsi_source_port, gso_refused,
@@ -410,11 +411,15 @@ impl UdpLink {
     /// and idles until new packets arrive (`ucx_perftest -t tag_bw`: one ACK per about 108
     /// packets, both sides idle most of the time).
     pub(super) fn holds_too_many_acks(&self) -> bool {
-        let since = self
-            .rx_datagrams
+        self.datagrams_since_flush() >= ACK_AFTER_DATAGRAMS
+            || self.deferred.lock().len() >= DEFER_MAX_HELD
+    }
+
+    /// How many datagrams came in since held ACKs last went ([`UdpLink::flush_deferred`]).
+    pub(super) fn datagrams_since_flush(&self) -> u64 {
+        self.rx_datagrams
             .load(Ordering::Relaxed)
-            .wrapping_sub(self.rx_at_flush.load(Ordering::Relaxed));
-        since >= ACK_AFTER_DATAGRAMS || self.deferred.lock().len() >= DEFER_MAX_HELD
+            .wrapping_sub(self.rx_at_flush.load(Ordering::Relaxed))
     }
 
     /// Stops using UDP GSO, as when the kernel refuses it: runs of datagrams then go out

@@ -57,6 +57,12 @@ pub(super) const DEFER_MAX_HELD: usize = 32;
 /// is on its way while the peer still has three quarters of its window to send.
 pub(super) const ACK_AFTER_DATAGRAMS: u64 = 32;
 
+/// The driver thread answers (sends the ACKs it holds) after a received buffer once this
+/// many datagrams came in since the last answer: after each full GRO buffer of 4096-byte
+/// datagrams (64 KiB), after a few short buffers (messages that are not a multiple of the
+/// MTU are a buffer each).
+pub(in crate::net) const FLUSH_AFTER_DATAGRAMS: u64 = 16;
+
 /// At most this many requests in one batch take the held-back ACKs along (a latency-bound
 /// reply; a bulk batch is not copied for it).
 pub(super) const PIGGYBACK_MAX: usize = 4;
