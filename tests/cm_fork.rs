@@ -24,7 +24,8 @@ fn a_forked_child_uses_rdma_cm_on_devices_of_its_own() {
 
 // The deadline's report names where the overrunning child's processes wait: here a shell
 // whose child `sleep` is in a timed sleep (the cm_fork hang seen once in CI left only its
-// output; the next one will say which call or lock the child waited in).
+// output; the next one will say which call or lock the child waited in), and every process
+// of the tree is ended, not only the direct child.
 #[test]
 fn an_overrunning_child_is_reported_with_where_it_waits() {
     let mut c = std::process::Command::new("sh");
@@ -44,4 +45,32 @@ fn an_overrunning_child_is_reported_with_where_it_waits() {
         msg.contains("  thread ") && msg.contains(", syscall "),
         "{msg}"
     );
+    // The shell's child is ended too (a hung program under `softroce exec` used to outlive
+    // the test, with its driver threads and stand-ins).
+    let sleep_pid: u32 = msg
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("process ")?
+                .strip_suffix(" sleep")?
+                .parse()
+                .ok()
+        })
+        .expect("the sleep's process line");
+    // The deadline only ends a failing run; the kill is sent before `wait` panics.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{sleep_pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init to reap it.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next());
+        if stat.is_empty() || state == Some("Z") || !stat.contains("(sleep)") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "the sleeper's child {sleep_pid} still runs: {stat}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

@@ -40,7 +40,8 @@ pub fn exec_pcap<S: AsRef<OsStr>>(ip: &str, pcap: &Path, args: &[S]) -> Command 
     c
 }
 
-/// Waits for `child` up to `limit`; past that ends it and panics with what it printed.
+/// Waits for `child` up to `limit`; past that ends it (and every process it started that
+/// still runs) and panics with what it printed.
 /// Ending it: SIGTERM, so that a script's EXIT trap removes what it started
 /// (scripts/mpi-netns.sh: its namespaces and their processes), then SIGKILL after 10 s. Its
 /// output is read for at most 10 s more: a process it started and that outlives it (mpirun's
@@ -54,6 +55,9 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
         if Instant::now() > deadline {
             // Where it waits, read before it is ended (the cause of a hang seen once).
             let report = stuck_report(child.id());
+            // Its descendants, listed while they are still its: ended below with it, so that
+            // a hung program under `softroce exec` does not outlive the test.
+            let tree = process_tree(child.id());
             let (stdout, stderr) = (
                 read_in_background(child.stdout.take()),
                 read_in_background(child.stderr.take()),
@@ -66,6 +70,13 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
             }
             let _ = child.kill();
             let _ = child.wait();
+            for (p, start) in tree.into_iter().skip(1) {
+                // Only the process listed, not a later one that reused its number.
+                if process_tree(p).first() == Some(&(p, start)) {
+                    // SAFETY: kill(2) of a descendant of our child, checked by start time.
+                    unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+                }
+            }
             let until = Instant::now() + Duration::from_secs(10);
             panic!(
                 "{what}: still running after {limit:?}; stdout:\n{}\nstderr:\n{}\nwhere its \
@@ -78,6 +89,43 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
     }
 }
 
+/// `pid` and its descendants, each with its start time (`/proc/PID/stat` field 22, clock
+/// ticks after boot), parents before children.
+fn process_tree(pid: u32) -> Vec<(u32, u64)> {
+    // (pid, ppid, start) of every process: "pid (comm) state ppid ...", comm may hold
+    // anything, so the fields are counted after its closing parenthesis.
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some((
+                pid,
+                fields.get(1)?.parse().ok()?,
+                fields.get(19)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    let mut tree: Vec<(u32, u64)> = all
+        .iter()
+        .filter(|(p, _, _)| *p == pid)
+        .map(|(p, _, t)| (*p, *t))
+        .collect();
+    let mut i = 0;
+    while let Some(&(p, _)) = tree.get(i) {
+        tree.extend(
+            all.iter()
+                .filter(|(_, pp, _)| *pp == p)
+                .map(|(c, _, t)| (*c, *t)),
+        );
+        i += 1;
+    }
+    tree
+}
+
 /// What each process of `pid`'s tree waits in, for a test whose child overran its deadline:
 /// every thread's name, kernel wait channel and system call (`/proc/TID/{comm,wchan,syscall}`:
 /// the number first, 202 a futex, 7 poll, 232 epoll_wait, 45/47 recvfrom/recvmsg), and where
@@ -85,32 +133,8 @@ pub fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
 pub fn stuck_report(pid: u32) -> String {
     use std::fmt::Write as _;
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-    // (pid, ppid) of every process: "pid (comm) state ppid ...", comm may hold anything.
-    let all: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let stat = read(&e.path().join("stat"));
-            let ppid = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut tree = vec![pid];
-    let mut i = 0;
-    while let Some(&p) = tree.get(i) {
-        tree.extend(all.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
     let mut out = String::new();
-    for p in tree {
+    for (p, _) in process_tree(pid) {
         let dir = PathBuf::from(format!("/proc/{p}"));
         let _ = writeln!(out, "process {p} {}", read(&dir.join("comm")).trim());
         let mut tids: Vec<PathBuf> = std::fs::read_dir(dir.join("task"))
