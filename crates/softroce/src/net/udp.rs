@@ -939,6 +939,17 @@ mod tests {
         }
     }
 
+    /// Posts `n` receives of `msg` bytes each, back to back in `mr`, WR IDs 0 to n - 1.
+    fn post_recvs(qp: &crate::verbs::Qp, mr: &crate::verbs::Mr, n: u64, msg: usize) {
+        let wrs: Vec<RecvWr> = (0..n)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sg_list: vec![mr.sge(i as usize * msg, msg as u32)],
+            })
+            .collect();
+        qp.post_recv(&wrs).unwrap();
+    }
+
     /// Posts 8 receives of `msg` bytes on the receiver's QP and 8 SENDs of `msg` bytes on
     /// the sender's, and waits until the sender `s` sent `datagrams` (loopback queues each
     /// on the receiver's socket within the send call).
@@ -949,13 +960,7 @@ mod tests {
         msg: usize,
         datagrams: u64,
     ) {
-        let wrs: Vec<RecvWr> = (0..8)
-            .map(|i| RecvWr {
-                wr_id: i,
-                sg_list: vec![rmr.sge(i as usize * msg, msg as u32)],
-            })
-            .collect();
-        rqp.post_recv(&wrs).unwrap();
+        post_recvs(rqp, rmr, 8, msg);
         let sends: Vec<SendWr> = (0..8)
             .map(|i| {
                 SendWr::new(
@@ -1072,13 +1077,7 @@ mod tests {
         const MSG: usize = 64;
         let (s, _r, (_spd, scq, sqp, smr), (_rpd, rcq, rqp, rmr)) =
             rc_pair(97, 98, "softroce_doorbell", 4 * MSG, |c| c.timeout = 20);
-        let wrs: Vec<RecvWr> = (0..2)
-            .map(|i| RecvWr {
-                wr_id: i,
-                sg_list: vec![rmr.sge(i as usize * MSG, MSG as u32)],
-            })
-            .collect();
-        rqp.post_recv(&wrs).unwrap();
+        post_recvs(&rqp, &rmr, 2, MSG);
         let send = |i: u64| {
             SendWr::new(
                 i,
