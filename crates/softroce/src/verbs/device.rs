@@ -535,25 +535,22 @@ impl Device {
     /// thread at each turn and before a poller sleeps. Nothing (one atomic load) when no
     /// QP waits.
     pub fn pump_deferred(&self) {
-        if !self
-            .shared
-            .any_deferred
-            .swap(false, std::sync::atomic::Ordering::AcqRel)
-        {
+        use std::sync::atomic::Ordering;
+        // A plain load first: every poll comes here, and a swap would write the flag's
+        // cache line each time.
+        let flag = &self.shared.any_deferred;
+        if !flag.load(Ordering::Acquire) || !flag.swap(false, Ordering::AcqRel) {
             return;
         }
         let now = self.now();
         let mut st = self.shared.state.lock();
-        let qpns = std::mem::take(&mut st.deferred);
+        // A pump never defers, so the list stays empty meanwhile; its buffer goes back.
+        let mut qpns = std::mem::take(&mut st.deferred);
         for &qpn in &qpns {
             self.pump(&mut st, qpn, now);
         }
-        // The vector's buffer, kept for the next posts.
-        let mut qpns = qpns;
         qpns.clear();
-        if st.deferred.is_empty() {
-            st.deferred = qpns;
-        }
+        st.deferred = qpns;
     }
 
     /// Installs the link's CQ poll hook ([`PollHook`]): every later poll of this device's
