@@ -58,7 +58,7 @@
 //! `SOFTROCE_INTEROP_CACHE` moves the cache (default /var/cache/softroce-interop), where each
 //! run leaves its logs in `runs/<run>/logs/`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -237,6 +237,52 @@ impl Rig {
             readers,
             cmd: format!("{} {}", program.display(), args.join(" ")),
         })
+    }
+
+    /// The processes in the host's namespace (by PID), read from `/proc/PID/ns/net`.
+    fn netns_pids(&self) -> Res<BTreeSet<u32>> {
+        use std::os::unix::fs::MetadataExt;
+        let ns = Path::new("/run/netns").join(&self.netns);
+        let ino = std::fs::metadata(&ns)
+            .map_err(|e| format!("{}: {e}", ns.display()))?
+            .ino();
+        let want = format!("net:[{ino}]");
+        let procs = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
+        Ok(procs
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/ns/net"))
+                    .is_ok_and(|l| l.as_os_str() == want.as_str())
+            })
+            .collect())
+    }
+
+    /// Waits until every process of the namespace that is not in `before` has exited: after
+    /// a librdmacm.so.1 program, its stand-ins (crates/softroce/src/net/standin.rs: children
+    /// that outlive it to send the DREQ or DREP of each connection it left, 3 times 100 ms
+    /// apart), whose packets the tap's count and rxe's counters must both include.
+    fn wait_netns_done(&self, before: &BTreeSet<u32>, timeout: Duration) -> Res<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left: Vec<u32> = self.netns_pids()?.difference(before).copied().collect();
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let names: Vec<String> = left
+                    .iter()
+                    .map(|p| {
+                        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                        format!("{p} {}", String::from_utf8_lossy(&cmd).replace('\0', " "))
+                    })
+                    .collect();
+                return Err(format!(
+                    "processes still in the namespace {timeout:?} after the host program: {names:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// rxe's hw_counters of the guest's device, the guest's UDP and NIC drop counters
@@ -3277,7 +3323,7 @@ fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     let delay = name == "send_bw" && role == Role::SoftroceClient;
     let body = if delay {
         format!(
-            "trap mad_delay_off EXIT\nmad_delay {PERFTEST_MAD_DELAY_MS} || exit 97\ntimeout 60 {tool}"
+            "mad_delay {PERFTEST_MAD_DELAY_MS} || {{ mad_delay_off; exit 97; }}\ntimeout 60 {tool}"
         )
     } else {
         format!("timeout 60 {tool}")
@@ -3294,6 +3340,7 @@ fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     let before = rig.rxe_counters()?;
     let cap = host_capture_snap(rig, &pcap, 400)?;
     let run = (|| -> Res<(HostExit, i32, String)> {
+        let pids = rig.netns_pids()?;
         if role == Role::SoftroceServer {
             let mut host = rig.host(&softroce_bin(), &args)?;
             if let Err(e) = wait_softroce_device(rig, &mut host) {
@@ -3306,6 +3353,7 @@ fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
             } else {
                 Duration::ZERO
             });
+            rig.wait_netns_done(&pids, Duration::from_secs(10))?;
             let (rc, out) = guest?;
             Ok((host, rc, out))
         } else {
@@ -3329,6 +3377,9 @@ fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
                 "## host exit: {:?}\n## host stdout:\n{}\n## host stderr:\n{}",
                 host.code, host.stdout, host.stderr
             );
+            // The guest keeps delaying MADs until the program's stand-in has sent its last
+            // one: a packet still in netem's queue when the delay goes is lost to rxe.
+            rig.wait_netns_done(&pids, Duration::from_secs(10))?;
             let (rc, out) = job.wait(
                 rig,
                 if host.code == Some(0) {
@@ -3340,8 +3391,15 @@ fn cm_tool(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
             Ok((host, rc, out))
         }
     })();
+    let undelay = if delay {
+        rig.guest_run("mad-delay-off", "mad_delay_off", Duration::from_secs(30))
+            .map(|_| ())
+    } else {
+        Ok(())
+    };
     let cap = stop_capture(cap);
     let (host, guest_rc, guest_out) = run?;
+    undelay.map_err(|e| format!("removing the MAD delay: {e}"))?;
     let _ = writeln!(
         log,
         "## host exit: {:?}\n## host stdout:\n{}\n## host stderr:\n{}\n## guest exit: \

@@ -122,7 +122,10 @@ loss_off() {
 # ends with the server's SEND; the server calls rdma_listen only after that SEND completed, so a
 # fast client's REQ can reach rxe before the listen (REJ 8), and this perftest's retry then
 # double-frees (fixed upstream in perftest 3d9d8d0).  A longer path for MADs only lets the
-# server in the guest listen first.
+# server in the guest listen first.  mad_delay_off first stops the redirect, then lets netem's
+# queue drain (a MAD still in it when its qdisc goes is lost, and rxe's counters then miss a
+# packet the tap carried), then removes the qdisc; the suite calls it once the host's program
+# and its stand-ins have exited.
 mad_delay() {
   local ms=$1
   modprobe ifb numifbs=1 && ip link set ifb0 up || return 1
@@ -133,7 +136,13 @@ mad_delay() {
   tc qdisc add dev ifb0 root netem delay "${ms}ms" || return 1
 }
 mad_delay_off() {
+  local i
   tc qdisc del dev "$IF" ingress 2>/dev/null
+  for i in $(seq 1 100); do
+    tc -s qdisc show dev ifb0 2>/dev/null | grep -q 'backlog 0b 0p' && break
+    tc -s qdisc show dev ifb0 2>/dev/null | grep -q backlog || break
+    sleep 0.05
+  done
   tc qdisc del dev ifb0 root 2>/dev/null
   return 0
 }

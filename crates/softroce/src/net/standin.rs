@@ -16,8 +16,9 @@
 //! [`RECORD_LEN`] bytes (atomic: at most `PIPE_BUF`), and [`disarm`](StandIn::disarm)s it
 //! when the connection ends while the process lives. When the pipe reaches end of file (the
 //! process exited, however: SIGKILL included) or the child's parent changes, the child sends
-//! every armed datagram [`SENDS`] times, [`SEND_GAP`] apart, and exits. A process that ended
-//! its connections itself leaves nothing armed, and its stand-in exits silently.
+//! every armed datagram once and exits, as `cm_destroy_id` sends a dead process's DREQ (or
+//! DREP) once and cancels its retries. A process that ended its connections itself leaves
+//! nothing armed, and its stand-in exits silently.
 //!
 //! The child runs between `clone` and `_exit` only system calls that are async-signal-safe
 //! (poll, read, sendto, getppid, nanosleep, close) on memory allocated before the clone: it
@@ -35,16 +36,10 @@ use crate::wire::ROCE_V2_UDP_PORT;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
 
 /// Connections a stand-in can hold at once (a process with more has the later ones ended
 /// only by itself).
 pub const MAX_ENTRIES: usize = 512;
-/// How many times the stand-in sends each datagram (the peer answers a repeated DREQ with
-/// its DREP again, kernel `cm_dreq_handler`).
-pub const SENDS: usize = 3;
-/// The time between the stand-in's sends.
-pub const SEND_GAP: Duration = Duration::from_millis(100);
 
 /// A `sockaddr_in6`, the larger of the two address shapes.
 const ADDR_LEN: usize = 28;
@@ -279,24 +274,17 @@ fn child_main(
         {
             libc::_exit(1);
         }
-        for round in 0..SENDS {
-            if round > 0 {
-                let ts = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: SEND_GAP.as_nanos() as libc::c_long,
-                };
-                libc::nanosleep(&ts, std::ptr::null_mut());
-            }
-            for e in table.iter().filter(|e| e.used) {
-                libc::sendto(
-                    sock,
-                    e.datagram.as_ptr().cast(),
-                    DATAGRAM_LEN,
-                    0,
-                    e.addr.as_ptr().cast(),
-                    libc::socklen_t::from(e.addr_len),
-                );
-            }
+        // Once each, as the kernel: cm_destroy_id sends an established connection's DREQ
+        // and cancels its retries at once (state DREQ_SENT -> TIMEWAIT).
+        for e in table.iter().filter(|e| e.used) {
+            libc::sendto(
+                sock,
+                e.datagram.as_ptr().cast(),
+                DATAGRAM_LEN,
+                0,
+                e.addr.as_ptr().cast(),
+                libc::socklen_t::from(e.addr_len),
+            );
         }
         libc::_exit(0)
     }
@@ -341,6 +329,7 @@ fn apply(table: &mut [Entry], rec: &[u8]) {
 mod tests {
     use super::*;
     use crate::wire::{IcrcIp, RocePacket, mad::MAD_LEN};
+    use std::time::Duration;
 
     /// The `/proc/<pid>/status` field `name` (a hexadecimal signal mask) of process `pid`,
     /// with its `State` line; `None` once the process is reaped. Signals 32 and 33 are left
@@ -422,25 +411,37 @@ mod tests {
         s.arm(8, &mad(0x81)).expect("arm 8");
         s.arm(7, &mad(0x72)).expect("re-arm 7");
         s.disarm(8).expect("disarm 8");
+        let pid = s.pid();
         drop(s);
+        // The child sends before it exits: once it is reaped, all it sent is queued here.
+        let mut st = 0;
+        // SAFETY: waits for this process's own child (cloned without an exit signal: __WALL).
+        let reaped = unsafe { libc::waitpid(pid, &mut st, libc::__WALL) };
+        assert_eq!(reaped, pid, "waitpid: {}", std::io::Error::last_os_error());
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "status {st:#x}"
+        );
         let mut buf = [0u8; 512];
-        for _ in 0..SENDS {
-            let (n, from) = peer.recv_from(&mut buf).expect("a datagram within 20 s");
-            assert_eq!((n, from.port()), (DATAGRAM_LEN, SOURCE_PORT));
-            let p = RocePacket::parse(&buf[..n]).expect("parses");
-            let ip = IcrcIp::V4 {
-                src: std::net::Ipv4Addr::new(127, 0, 23, 21),
-                dst: peer_ip,
-                ident: 0,
-                src_port: SOURCE_PORT,
-                dst_port: ROCE_V2_UDP_PORT,
-            };
-            assert!(p.icrc_ok(&ip), "ICRC");
-            assert_eq!(
-                p.payload,
-                &[0x72; MAD_LEN][..],
-                "connection 7's last MAD only"
-            );
-        }
+        let (n, from) = peer.recv_from(&mut buf).expect("a datagram within 20 s");
+        assert_eq!((n, from.port()), (DATAGRAM_LEN, SOURCE_PORT));
+        let p = RocePacket::parse(&buf[..n]).expect("parses");
+        let ip = IcrcIp::V4 {
+            src: std::net::Ipv4Addr::new(127, 0, 23, 21),
+            dst: peer_ip,
+            ident: 0,
+            src_port: SOURCE_PORT,
+            dst_port: ROCE_V2_UDP_PORT,
+        };
+        assert!(p.icrc_ok(&ip), "ICRC");
+        assert_eq!(p.payload, &[0x72; MAD_LEN][..], "connection 7's last MAD");
+        // Sent once, as the kernel's cm_destroy_id sends it, and nothing for connection 8.
+        peer.set_nonblocking(true).expect("nonblocking");
+        let more = peer.recv_from(&mut buf);
+        assert!(
+            more.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+            "a second datagram: {more:?}"
+        );
     }
 }
