@@ -2221,6 +2221,50 @@ fn host_packets_after_rxe_last(pkts: &[TapPacket]) -> u64 {
         .count() as u64
 }
 
+/// How many of softroce's packets in `pkts` came after rxe's last packet from the QP they
+/// are for: ibv_srq_pingpong ends each side as soon as its own counts are reached and
+/// destroys its 16 QPs with up to one exchange per QP still on the way, and rxe drops what
+/// reaches a destroyed QP uncounted. Its protocol bounds what can be lost so: a QP sends its
+/// next message only once its last one was acknowledged and the peer's next one came in, so
+/// a softroce packet to rxe's QP X that precedes a packet of X on the tap was taken by a live
+/// X. rxe's QP X behind softroce's QP Y is read from rxe's ACKs: an ACK to Y with PSN p
+/// acknowledges softroce's request with PSN p, sent to X (the pairing most ACKs agree on).
+/// A packet to a QP with no pairing counts from rxe's last packet overall
+/// ([`host_packets_after_rxe_last`]), which this count never falls below.
+fn host_packets_after_rxe_last_on_their_qp(pkts: &[TapPacket]) -> u64 {
+    let mut sent_to: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    for p in pkts.iter().filter(|p| p.from_host && p.is_rc_data()) {
+        sent_to.entry(p.psn).or_default().insert(p.dqpn);
+    }
+    let mut votes: BTreeMap<u32, BTreeMap<u32, u64>> = BTreeMap::new();
+    let mut rxe_last_to: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in pkts.iter().filter(|p| !p.from_host) {
+        let last = rxe_last_to.entry(p.dqpn).or_default();
+        *last = (*last).max(p.t);
+        if p.opcode == 0x11 {
+            for &x in sent_to.get(&p.psn).into_iter().flatten() {
+                *votes.entry(p.dqpn).or_default().entry(x).or_default() += 1;
+            }
+        }
+    }
+    // rxe's QP -> softroce's QP it talks to.
+    let peer_of: BTreeMap<u32, u32> = votes
+        .iter()
+        .filter_map(|(&y, v)| v.iter().max_by_key(|&(_, n)| *n).map(|(&x, _)| (x, y)))
+        .collect();
+    let rxe_last = pkts.iter().filter(|p| !p.from_host).map(|p| p.t).max();
+    pkts.iter()
+        .filter(|p| p.from_host)
+        .filter(|p| {
+            let last = peer_of
+                .get(&p.dqpn)
+                .and_then(|y| rxe_last_to.get(y).copied())
+                .or(rxe_last);
+            last.is_some_and(|t| p.t > t)
+        })
+        .count() as u64
+}
+
 /// tcpdump on the tap, in the namespace (the host's side of the wire, where the kernel has
 /// already cut softroce's GSO batches into packets).
 fn host_capture(rig: &Rig, file: &Path) -> Res<HostProc> {
@@ -2273,8 +2317,9 @@ fn stop_capture(p: HostProc) -> HostExit {
 /// both exit statuses, both sides' result lines (pingpong: bytes and iterations, `-c` page
 /// checks; perftest: a row of the size and iterations, and the bandwidth servers print the
 /// client's numbers), and, from a capture on the tap, that rxe accepted every packet
-/// softroce's library sent (ibv_srq_pingpong: all but those sent after rxe's last packet,
-/// when its tool may already have destroyed its QPs), without a PSN gap on either side.
+/// softroce's library sent (ibv_srq_pingpong: all but those sent to a QP after rxe's last
+/// packet from it, when its tool may already have destroyed it), without a PSN gap on either
+/// side.
 fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
     let t = capi_tool(name);
     let perftest = t.tool.starts_with("ib_");
@@ -2388,15 +2433,17 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         "{oversized} packets from softroce longer than the link MTU in the capture (a GSO \
          batch not cut into packets?)"
     );
-    // After rxe's last packet its tool may already be destroying its QPs (srq_pingpong stops
-    // as soon as its own counts are reached): rxe drops what reaches a destroyed QP uncounted.
-    let after_rxe = host_packets_after_rxe_last(&pkts);
+    // After rxe's last packet from a QP its tool may already be destroying it (srq_pingpong
+    // stops as soon as its own counts are reached): rxe drops what reaches a destroyed QP
+    // uncounted.
+    let after_rxe = host_packets_after_rxe_last_on_their_qp(&pkts);
     let slack = if name == "srq" { after_rxe } else { 0 };
     let rcvd = g(&rxe, "rcvd_pkts");
     ensure!(
         sent > 0 && rcvd <= sent && sent - rcvd <= slack,
         "rxe accepted {rcvd} packets, softroce's library sent {sent} (the tap's capture; \
-         {after_rxe} of them after rxe's last packet); drops on the way: {}; {}",
+         {after_rxe} of them after rxe's last packet from the QP they were for); drops on \
+         the way: {}; {}",
         path_drops(&rxe),
         tap_tail(&rig.host_ip, &pcap, 24)
     );
@@ -2412,7 +2459,10 @@ fn capi(rig: &Rig, log: &mut String, role: Role, name: &str) -> Res<String> {
         "{shape}; softroce's library sent {sent} packets (UDP checksum 0 on {csum_zero} on the \
          tap), rxe accepted {rcvd}{}; rxe sent {rxe_sent}; rxe retransmit timeouts {}",
         if sent > rcvd {
-            format!(" ({} sent after rxe's last packet)", sent - rcvd)
+            format!(
+                " ({} sent after rxe's last packet from their QP)",
+                sent - rcvd
+            )
         } else {
             String::new()
         },
@@ -3905,9 +3955,9 @@ fn scenarios() -> Vec<(&'static str, &'static str, ScenarioFn)> {
         (
             "C library: ibv_srq_pingpong 4096 B",
             "ibv_srq_pingpong -s 4096 -n 500 -m 1024 -c through softroce exec vs \
-             ibv_srq_pingpong on rxe; rxe accepts every softroce packet but those sent after \
-             rxe's last packet (its tool destroys its 16 QPs as soon as its own counts are \
-             reached)",
+             ibv_srq_pingpong on rxe; rxe accepts every softroce packet but those sent to a \
+             QP after rxe's last packet from it (its tool destroys its 16 QPs as soon as its \
+             own counts are reached)",
             |r, l, role| capi(r, l, role, "srq"),
         ),
         (
@@ -4314,6 +4364,40 @@ fn report(
     );
     let _ = writeln!(md, "\n## The guest\n\n```\n{}```", manifest);
     md
+}
+
+/// The end-of-run allowance of ibv_srq_pingpong: softroce's QP 0x11 talks to rxe's 0x22 (an
+/// ACK to 0x11 with PSN 7 acknowledges softroce's request PSN 7 to 0x22), softroce's 0x12 to
+/// rxe's 0x23. rxe's last packet from 0x22 is at 30 and from 0x23 at 50: what softroce sent
+/// to 0x22 after 30 (its ACK at 40, its SEND at 60) may have reached a destroyed QP, what it
+/// sent to 0x23 before 50 may not; a packet to an rxe QP never paired (0x24 at 45) counts
+/// only after rxe's last packet overall.
+#[test]
+fn the_srq_allowance_counts_packets_after_their_qps_last() {
+    let pkt = |t, from_host, opcode, dqpn, psn| TapPacket {
+        t,
+        from_host,
+        opcode,
+        ip_len: 100,
+        udp_csum: 0,
+        dqpn,
+        psn,
+        mad_attr: None,
+    };
+    let (send, ack) = (0x04, 0x11);
+    let pkts = [
+        pkt(10, true, send, 0x22, 7),
+        pkt(20, false, ack, 0x11, 7),
+        pkt(25, true, send, 0x23, 900),
+        pkt(30, false, send, 0x11, 3),
+        pkt(40, true, ack, 0x22, 3),
+        pkt(45, true, send, 0x24, 5),
+        pkt(46, true, ack, 0x23, 12),
+        pkt(50, false, ack, 0x12, 900),
+        pkt(60, true, send, 0x22, 8),
+    ];
+    assert_eq!(host_packets_after_rxe_last(&pkts), 1);
+    assert_eq!(host_packets_after_rxe_last_on_their_qp(&pkts), 2);
 }
 
 /// `tap_tail` on a real capture (two kernel rxe devices, `ib_send_bw -R`; 10.77.0.1 plays
