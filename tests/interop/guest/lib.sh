@@ -16,6 +16,10 @@ counters() {
   for f in rx_dropped rx_missed_errors rx_crc_errors; do
     read -r v < "/sys/class/net/$IF/statistics/$f" 2>/dev/null && echo "if_$f=$v"
   done
+  # Packets the kernel dropped from a CPU's input backlog (the second column, hex, per CPU).
+  local dropped=0 row
+  while read -ra row; do dropped=$((dropped + 16#${row[1]})); done < /proc/net/softnet_stat
+  echo "if_softnet_dropped=$dropped"
 }
 
 # Wait until something listens on TCP port $1 (default 18515); fail after ~20 s.
