@@ -118,7 +118,10 @@ fn path_drops(rxe: &BTreeMap<String, u64>) -> String {
     let v: Vec<String> = rxe
         .iter()
         .filter(|(k, v)| {
-            **v > 0 && (k.starts_with("udp_") || k.starts_with("if_") || k.starts_with("tap_"))
+            **v > 0
+                && ["udp_", "if_", "tap_", "dmesg_"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
         })
         .map(|(k, v)| format!("{k}={v}"))
         .collect();

@@ -20,6 +20,10 @@ counters() {
   local dropped=0 row
   while read -ra row; do dropped=$((dropped + 16#${row[1]})); done < /proc/net/softnet_stat
   echo "if_softnet_dropped=$dropped"
+  # rxe drops a packet whose ICRC is wrong, or whose destination GID it lacks, before it
+  # counts it; kernels of rxe_recv.c's 2021-2022 shape say so in the log ("bad ICRC from
+  # ADDR", "failed matching dgid", rate limited): the count of those lines so far.
+  echo "dmesg_rxe_drops=$(dmesg 2>/dev/null | grep -cE 'bad ICRC|failed matching dgid')"
 }
 
 # Wait until something listens on TCP port $1 (default 18515); fail after ~20 s.
