@@ -112,7 +112,8 @@ const MALFORMED_DROPS: [&str; 10] = [
     "wrong_source",
 ];
 
-/// The counters of drops before rxe (the guest's UDP layer and NIC, the host's tap), for
+/// The counters of drops before rxe counts a packet (the guest's UDP layer, NIC and input
+/// backlog, the host's tap, and rxe's own silent drops where its kernel logs them), for
 /// failure messages: "name=delta" of each that is not zero, or "none".
 fn path_drops(rxe: &BTreeMap<String, u64>) -> String {
     let v: Vec<String> = rxe
@@ -263,8 +264,8 @@ impl Rig {
 
     /// Waits until every process of the namespace that is not in `before` has exited: after
     /// a librdmacm.so.1 program, its stand-ins (crates/softroce/src/net/standin.rs: children
-    /// that outlive it to send the DREQ or DREP of each connection it left, 3 times 100 ms
-    /// apart), whose packets the tap's count and rxe's counters must both include.
+    /// that outlive it to send the DREQ or DREP of each connection it left), whose packets
+    /// the tap's count and rxe's counters must both include.
     fn wait_netns_done(&self, before: &BTreeSet<u32>, timeout: Duration) -> Res<()> {
         let deadline = Instant::now() + timeout;
         loop {

@@ -21,7 +21,7 @@
 //! nothing armed, and its stand-in exits silently.
 //!
 //! The child runs between `clone` and `_exit` only system calls that are async-signal-safe
-//! (poll, read, sendto, getppid, nanosleep, close) on memory allocated before the clone: it
+//! (poll, read, bind, sendto, getppid, close) on memory allocated before the clone: it
 //! is a copy of a multi-threaded process whose other threads, and their locks, did not come
 //! along. It is cloned without an exit signal, so a program's `wait()` never sees it.
 //!
