@@ -20,24 +20,15 @@ A=127.0.115.61
 B=127.0.115.62
 PORT=18571
 
-# run_pair CMD... : server then client; prints the client's message rate.
-run_pair() {
-    timeout 60 "$@" > /tmp/capi-msg-rate.srv 2>&1 &
-    local srv=$!
-    sleep 0.7
-    local out
-    out=$(timeout 60 "${@/--ip=$A/--ip=$B}" 127.0.0.1 2>&1)
-    wait $srv
-    echo "$out" | awk '/#bytes/ {getline; print $5; exit}'
-}
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+PAIR_SRV_LOG=/tmp/capi-msg-rate.srv
+. scripts/pair-lib.sh
 
 declare -A LIB PERF RATIO
 for t in $(seq "$TRIALS"); do
     for i in "${!BINS[@]}"; do
         S=${BINS[$i]}
-        c=$(run_pair "$S" exec --ip=$A -- ib_write_bw -s 64 -n 200000 -p $PORT)
-        e=$(run_pair "$S" perf write_bw --ip=$A -s 64 -n 200000 -p $PORT)
+        c=$(run_pair "$S" exec --ip=$A -- ib_write_bw -s 64 -n 200000 -p $PORT | awk '{print $5}')
+        e=$(run_pair "$S" perf write_bw --ip=$A -s 64 -n 200000 -p $PORT | awk '{print $5}')
         r=$(awk -v c="$c" -v e="$e" 'BEGIN {if (e > 0) printf "%.3f", c / e; else print "nan"}')
         echo "trial $t, $S: ib_write_bw -s 64 $c M msg/s | perf write_bw -s 64 $e M msg/s | ratio $r"
         LIB[$i]+="$c "; PERF[$i]+="$e "; RATIO[$i]+="$r "

@@ -20,19 +20,10 @@ A=127.0.115.61
 B=127.0.115.62
 PORT=18561
 
-# run_pair CMD... : server then client; prints the client's result line.
-run_pair() {
-    timeout 60 "$@" > /tmp/capi-vs-engine.srv 2>&1 &
-    local srv=$!
-    sleep 0.7
-    local out
-    out=$(timeout 60 "${@/--ip=$A/--ip=$B}" 127.0.0.1 2>&1)
-    wait $srv
-    echo "$out" | awk '/#bytes/ {getline; print; exit}'
-}
+PAIR_SRV_LOG=/tmp/capi-vs-engine.srv
+. scripts/pair-lib.sh
 lat() { echo "$1" | awk '{print $5}'; }
 bw() { echo "$1" | awk '{print $4}'; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 declare -A R
 for t in $(seq "$TRIALS"); do
