@@ -289,9 +289,9 @@ impl Rig {
         }
     }
 
-    /// rxe's hw_counters of the guest's device, the guest's UDP and NIC drop counters
-    /// (`udp_*`, `if_*`: lib.sh `counters`) and the packets the tap could not hand to the
-    /// guest (`tap_tx_dropped`).
+    /// rxe's hw_counters of the guest's device, the guest's UDP, NIC and input-backlog drop
+    /// counters and rxe's logged silent drops (`udp_*`, `if_*`, `dmesg_*`: lib.sh
+    /// `counters`) and the packets the tap could not hand to the guest (`tap_tx_dropped`).
     fn rxe_counters(&self) -> Res<BTreeMap<String, u64>> {
         let (rc, out) = self.guest_run("counters", "counters", Duration::from_secs(30))?;
         ensure!(rc == 0, "reading rxe counters failed: {out}");
