@@ -14,6 +14,8 @@
 #   --tests T    perftest tools without "ib_" (default: write_bw read_bw send_bw write_lat
 #                read_lat send_lat)
 #   --sizes S    message sizes in bytes (default: 64 4096 65536)
+#   --build DIR  the softroce build to run: DIR/softroce and DIR/softroce-libs (default:
+#                target/release, built here), for a before/after of two builds
 #
 # Prints one row per tool and size: each stack's median over the rounds with its [min-max],
 # and the ratio softroce / rxe (median of the per-round ratios, with their range). Bandwidth
@@ -36,13 +38,15 @@ CACHE=${SOFTROCE_INTEROP_CACHE:-/var/cache/softroce-interop}
 rounds=3
 tests="write_bw read_bw send_bw write_lat read_lat send_lat"
 sizes="64 4096 65536"
+build=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=${2:?}; shift 2 ;;
     --tests) tests=${2:?}; shift 2 ;;
     --sizes) sizes=${2:?}; shift 2 ;;
+    --build) build=${2:?}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
-    *) echo "usage: scripts/vs-rxe.sh [--rounds N] [--tests T] [--sizes S]" >&2; exit 2 ;;
+    *) echo "usage: scripts/vs-rxe.sh [--rounds N] [--tests T] [--sizes S] [--build DIR]" >&2; exit 2 ;;
   esac
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "vs-rxe: --rounds wants a positive number" >&2; exit 2; }
@@ -54,12 +58,15 @@ set -e
 [[ $rc == 0 ]] || exit "$rc"
 $RIG install
 $RIG build
-cargo build --release --quiet
+if [[ -z $build ]]; then
+  cargo build --release --quiet
+  build=target/release
+fi
 
 run=$CACHE/runs/vs-rxe-$(date +%s)-$$
 mkdir -p "$run/sr"
-cp target/release/softroce "$run/sr/"
-cp -rL target/release/softroce-libs "$run/sr/"
+cp "$build/softroce" "$run/sr/"
+cp -rL "$build/softroce-libs" "$run/sr/"
 trap '$RIG down "$run" >/dev/null || true' EXIT
 $RIG up "$run"
 
