@@ -281,7 +281,15 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     ffi!({
         // SAFETY: NULL or a live CQ.
         let q = unsafe { try_ref(cq) }?;
-        q.cq.req_notify(solicited_only != 0).map_err(|e| e.errno())
+        q.cq.req_notify(solicited_only != 0)
+            .map_err(|e| e.errno())?;
+        // A program that arms its CQ may block next (on the channel's fd, which libibverbs
+        // does not see): what its posts left for the next poll leaves now.
+        // SAFETY: a live CQ's context is live.
+        if let Ok::<&Context, _>(c) = unsafe { try_ref(q.ibv.context) } {
+            c.dev.pump_deferred();
+        }
+        Ok(())
     })
 }
 

@@ -4,11 +4,13 @@
 //! checksum, as rxe sends (docs/wire-facts.md §0.7, §2.1). Used by `udp`, `link` and
 //! `mcast`.
 
+use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::sockopt;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 /// Lets an IPv6 UDP socket accept datagrams whose UDP checksum is 0. Kernel rxe sends IPv6
 /// UDP with checksum 0 (its tunnel socket allows it), which a plain Linux IPv6 socket drops
@@ -111,3 +113,19 @@ pub(super) fn unbound_send_socket(ip: IpAddr, udp_checksum: bool) -> io::Result<
 /// `SO_NO_CHECK` (Linux `include/uapi/asm-generic/socket.h`; libc does not export it for
 /// glibc targets).
 const SO_NO_CHECK: libc::c_int = 11;
+
+/// Waits at most `timeout` for `fd` to have something to read (`poll(2)` with `POLLIN`).
+/// Returns whether it has; EINTR counts as a timeout (the caller's loop looks again).
+/// Errors: those of `poll(2)`.
+pub(super) fn wait_readable(fd: &impl std::os::fd::AsFd, timeout: Duration) -> io::Result<bool> {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let timeout = Timespec {
+        tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
+        tv_nsec: timeout.subsec_nanos().into(),
+    };
+    match rustix::event::poll(&mut fds, Some(&timeout)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -18,6 +18,7 @@ use super::cm::CmDriver;
 use super::link::{FLUSH_AFTER_DATAGRAMS, UdpLink, UdpOptions};
 use super::pcap::roce_addr;
 use super::raw::split_gso_ipv4;
+use super::sock;
 use crate::cm::CmConfig;
 use crate::verbs::{Cq, Device, DeviceConfig, PollHook, Wc};
 use crate::wire::ROCE_V2_UDP_PORT;
@@ -212,6 +213,7 @@ impl UdpDevice {
             return;
         }
         self.link.poller_asleep.store(true, Ordering::SeqCst);
+        self.device.pump_deferred();
         self.link.flush_deferred();
         if let Some(t) = &self.thread {
             t.thread().unpark();
@@ -271,6 +273,9 @@ impl BusyPoller {
     /// now ([`flushes_held_acks`]).
     fn note_poll(&self, cq: &Cq, delivered: bool, returned: bool) -> bool {
         let me = cq.id();
+        if returned {
+            self.link.poll_returned();
+        }
         if delivered || returned {
             self.last_active_cq.store(me, Ordering::Relaxed);
             self.idle_polls.store(0, Ordering::Relaxed);
@@ -287,6 +292,9 @@ impl BusyPoller {
     fn poll(&self, cq: &Cq, out: &mut [Wc]) -> usize {
         let link = &*self.link;
         link.polls.fetch_add(1, Ordering::Relaxed);
+        let _running = InPoll::enter(&link.in_poll);
+        // What posts left for this poll (doorbell batching, `Qp::post_send`) leaves first.
+        self.device.pump_deferred();
         if link.poller_asleep.load(Ordering::Relaxed) {
             link.poller_asleep.store(false, Ordering::Relaxed);
         }
@@ -317,8 +325,8 @@ impl BusyPoller {
             deliver(&self.device, link, &rx, false, true);
             delivered = true;
         }
-        // The group sockets too: while a thread busy-polls, the driver thread only serves
-        // timers, so nobody else would receive them (mckey's receiver spins on its CQ).
+        // The group sockets too: while a thread busy-polls, the driver thread waits on the
+        // unicast socket only, so nobody else would receive them soon (mckey's receiver spins on its CQ).
         if link.mcast_groups.load(Ordering::Relaxed) > 0
             && let Some(mut buf) = self.group_buf.try_lock()
         {
@@ -383,6 +391,9 @@ fn drive(
     let mut polls_seen = u64::MAX;
     let mut busy_until: Option<std::time::Instant> = None;
     let mut mix = TrafficMix::new(link);
+    let mut nap = BusyNap::default();
+    let mut held_at = None;
+    *link.driver_thread.lock() = Some(std::thread::current());
     while !stop.load(Ordering::Relaxed) {
         // The test hook of `UdpDevice::inject_panic_for_test` (nothing else sets it): the
         // one panic here is the one a test asks for.
@@ -397,8 +408,19 @@ fn drive(
             park = park.min(super::mcast::MAX_PARK);
         }
         if link.busy_poll {
-            // ACKs a poller held back and has not sent yet (it may have stopped polling).
-            link.flush_deferred();
+            // What a poller's posts left and the ACKs held back, not sent yet (the poller
+            // may have stopped polling), unless the application may still answer what this
+            // thread took for it (`DRIVER_ACK_HOLD`).
+            device.pump_deferred();
+            match held_at.map(|t: std::time::Instant| t.elapsed()) {
+                Some(e) if e < DRIVER_ACK_HOLD && !link.holds_too_many_acks() => {
+                    park = park.min(DRIVER_ACK_HOLD - e);
+                }
+                _ => {
+                    held_at = None;
+                    link.flush_deferred();
+                }
+            }
             let polls = link.polls.load(Ordering::Relaxed);
             if link.adaptive {
                 mix.weigh(link);
@@ -407,10 +429,30 @@ fn drive(
                 && !link.poller_asleep.load(Ordering::SeqCst)
                 && link.poller_receives()
             {
-                // A thread is busy-polling: it receives; we only serve timers (woken early
-                // by `UdpDevice::poller_sleeps`).
+                // A thread is busy-polling: it receives. We wait on the socket for what
+                // comes while no poll runs (perftest's latency loop polls for its own
+                // completion, then spins on memory for the peer's WRITE: that WRITE is
+                // ours to take at once), serve timers, and nap while polls take what comes
+                // (`BusyNap`; woken early by `UdpDevice::poller_sleeps`).
                 polls_seen = polls;
-                std::thread::park_timeout(park.min(BUSY_DRIVER_NAP));
+                match sock::wait_readable(&link.recv, park.min(BUSY_DRIVER_NAP)) {
+                    Ok(true) if poller_quiet(link) => {
+                        if drain_socket(device, link, DRAIN_BEFORE_TIMERS, true) > 0 {
+                            nap.took();
+                            held_at.get_or_insert_with(std::time::Instant::now);
+                        }
+                    }
+                    Ok(true) => {
+                        // A poll runs: it takes what woke us. Back to the socket once a poll
+                        // hands the application completions (it may go and spin on memory
+                        // now: `UdpLink::poll_returned`), or after the nap.
+                        link.driver_awaits_poll.store(true, Ordering::SeqCst);
+                        std::thread::park_timeout(park.min(nap.missed()));
+                        link.driver_awaits_poll.store(false, Ordering::Relaxed);
+                    }
+                    Ok(false) => {}
+                    Err(_) => std::thread::park_timeout(park.min(BUSY_DRIVER_NAP)),
+                }
                 // The pollers drain the group sockets; this is for a poller that only
                 // takes what its CQ holds (adaptive mode) or stopped between two turns.
                 drain_groups(device, link, &mut buf);
@@ -505,18 +547,108 @@ fn serve_timers(device: &Device, link: &UdpLink) {
         return;
     }
     if link.raw.is_none() {
-        for _ in 0..DRAIN_BEFORE_TIMERS {
-            let Some(mut rx) = link.rx.try_lock() else {
-                break;
-            };
-            if rx.recv(link.recv.as_raw_fd(), false).is_err() {
-                break;
-            }
-            deliver(device, link, &rx, true, link.offload);
-        }
-        link.flush_deferred();
+        drain_socket(device, link, DRAIN_BEFORE_TIMERS, false);
     }
     device.handle_timeouts();
+}
+
+/// Hands what waits on the plain UDP socket to the device, without blocking: up to `batches`
+/// `recvmmsg` batches, none if another thread holds the receive buffers (a busy poller: it is
+/// receiving). The ACKs the batches cause leave at the end, or with `hold` stay held for the
+/// application's answer, as a busy poll holds them (unless [`UdpLink::holds_too_many_acks`]).
+/// Returns the batches taken.
+fn drain_socket(device: &Device, link: &UdpLink, batches: usize, hold: bool) -> usize {
+    let mut taken = 0;
+    while taken < batches {
+        let Some(mut rx) = link.rx.try_lock() else {
+            break;
+        };
+        if rx.recv(link.recv.as_raw_fd(), false).is_err() {
+            break;
+        }
+        deliver(device, link, &rx, true, hold || link.offload);
+        taken += 1;
+    }
+    if !hold || link.holds_too_many_acks() {
+        link.flush_deferred();
+    }
+    taken
+}
+
+/// How long the ACKs for what the driver thread took off a busy-polled device's socket (a
+/// WRITE its application spins on memory for) wait for the application's answer, which
+/// takes them along (`send_batch`), or its next poll. perftest's latency loops answer within
+/// microseconds, and the peer, polling for the ACK of its last message, then finds our
+/// answer in the same receive: its poll takes it, no thread wakes (without the hold: a lone
+/// ACK, the peer's poll returns, and every message after waits for a driver thread's
+/// wakeup). The peer's retransmit timer (4.096 µs × 2^timeout) is far longer for the
+/// timeouts programs set (perftest's default 14: 67 ms).
+const DRIVER_ACK_HOLD: Duration = Duration::from_micros(100);
+
+/// Counts a busy poll in [`UdpLink::in_poll`] for as long as it runs.
+struct InPoll<'a>(&'a AtomicU32);
+
+impl<'a> InPoll<'a> {
+    fn enter(running: &'a AtomicU32) -> InPoll<'a> {
+        running.fetch_add(1, Ordering::SeqCst);
+        InPoll(running)
+    }
+}
+
+impl Drop for InPoll<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// True when no busy poll runs and none started for [`QUIET_SPIN`]: a datagram on the
+/// socket now is one no poller is about to take (the application spins elsewhere, on
+/// memory, or blocks), so the driver thread takes it. A thread that polls in a loop starts
+/// its next poll well within that time (a 64 B stream polls about every 2 µs here).
+fn poller_quiet(link: &UdpLink) -> bool {
+    let polls = link.polls.load(Ordering::SeqCst);
+    let end = std::time::Instant::now() + QUIET_SPIN;
+    loop {
+        if link.in_poll.load(Ordering::SeqCst) > 0 || link.polls.load(Ordering::SeqCst) != polls {
+            return false;
+        }
+        if std::time::Instant::now() >= end {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// How long [`poller_quiet`] watches the poll count before it says no poll is coming.
+const QUIET_SPIN: Duration = Duration::from_micros(2);
+
+/// The nap of a driver thread that found datagrams on the socket while busy polls took
+/// them: [`BUSY_DRIVER_NAP_MIN`] after it last took some itself, doubling each time the
+/// socket woke it for a poller's datagrams, up to [`BUSY_DRIVER_NAP`]. A ping-pong whose
+/// application polls only for its own completions keeps it short (the driver takes every
+/// other message); a stream the application polls for keeps it long, so the socket wakes
+/// the driver thread a few thousand times a second at most, not once a datagram.
+#[derive(Debug)]
+struct BusyNap(Duration);
+
+impl Default for BusyNap {
+    fn default() -> BusyNap {
+        BusyNap(BUSY_DRIVER_NAP_MIN)
+    }
+}
+
+impl BusyNap {
+    /// The driver thread took datagrams no poll was there to take.
+    fn took(&mut self) {
+        self.0 = BUSY_DRIVER_NAP_MIN;
+    }
+
+    /// A poll was there to take them: the nap to take now (the next one is twice as long).
+    fn missed(&mut self) -> Duration {
+        let now = self.0;
+        self.0 = (now * 2).min(BUSY_DRIVER_NAP);
+        now
+    }
 }
 
 /// In adaptive busy-polling mode ([`UdpOptions::busy_poll_adaptive`]), how often the driver
@@ -627,9 +759,11 @@ const DRIVER_SPIN: Duration = Duration::from_micros(30);
 /// Traffic "flows" for this long after the last datagram received.
 const DRIVER_SPIN_AFTER_TRAFFIC: Duration = Duration::from_millis(1);
 
-/// In busy-polling mode, how long the driver thread sleeps while a thread polls (its timer
-/// service is that much late at worst).
+/// In busy-polling mode, the longest the driver thread waits on the socket or naps while a
+/// thread polls (its timer service is that much late at worst).
 const BUSY_DRIVER_NAP: Duration = Duration::from_micros(500);
+/// The shortest nap of [`BusyNap`].
+const BUSY_DRIVER_NAP_MIN: Duration = Duration::from_micros(25);
 /// In busy-polling mode, the longest the driver thread blocks in a receive (the longest a
 /// poller that starts polling waits before it gets the socket).
 const BUSY_DRIVER_RECV: Duration = Duration::from_millis(1);
@@ -934,6 +1068,17 @@ mod tests {
         }
     }
 
+    /// Posts `n` receives of `msg` bytes each, back to back in `mr`, WR IDs 0 to n - 1.
+    fn post_recvs(qp: &crate::verbs::Qp, mr: &crate::verbs::Mr, n: u64, msg: usize) {
+        let wrs: Vec<RecvWr> = (0..n)
+            .map(|i| RecvWr {
+                wr_id: i,
+                sg_list: vec![mr.sge(i as usize * msg, msg as u32)],
+            })
+            .collect();
+        qp.post_recv(&wrs).unwrap();
+    }
+
     /// Posts 8 receives of `msg` bytes on the receiver's QP and 8 SENDs of `msg` bytes on
     /// the sender's, and waits until the sender `s` sent `datagrams` (loopback queues each
     /// on the receiver's socket within the send call).
@@ -944,13 +1089,7 @@ mod tests {
         msg: usize,
         datagrams: u64,
     ) {
-        let wrs: Vec<RecvWr> = (0..8)
-            .map(|i| RecvWr {
-                wr_id: i,
-                sg_list: vec![rmr.sge(i as usize * msg, msg as u32)],
-            })
-            .collect();
-        rqp.post_recv(&wrs).unwrap();
+        post_recvs(rqp, rmr, 8, msg);
         let sends: Vec<SendWr> = (0..8)
             .map(|i| {
                 SendWr::new(
@@ -1054,6 +1193,58 @@ mod tests {
                 "the sender's SEND {i} did not complete"
             );
             assert_eq!(wc[0].status, WcStatus::Success);
+        }
+    }
+
+    // Doorbell batching (`Qp::post_send`): on a busy-polled device, a post to a QP with WRs
+    // outstanding leaves its transmit to the next poll (perftest's ib_write_bw posts one WR
+    // per call, then polls: 0.36 -> about 1 M messages/s at 64 B), and a post to an idle QP
+    // (a ping-pong) leaves at once. The sender here has no driver thread: only its posts
+    // and polls move its socket, so what each one sent is counted exactly.
+    #[test]
+    fn a_post_to_a_busy_qp_leaves_with_the_next_poll_and_one_to_an_idle_qp_at_once() {
+        const MSG: usize = 64;
+        let (s, _r, (_spd, scq, sqp, smr), (_rpd, rcq, rqp, rmr)) =
+            rc_pair(97, 98, "softroce_doorbell", 4 * MSG, |c| c.timeout = 20);
+        post_recvs(&rqp, &rmr, 2, MSG);
+        let send = |i: u64| {
+            SendWr::new(
+                i,
+                WrOpcode::Send,
+                vec![smr.sge(i as usize * MSG, MSG as u32)],
+            )
+        };
+        let sent = || s.link().tx_datagrams.load(Ordering::SeqCst);
+        sqp.post_send(&[send(0)]).unwrap();
+        assert_eq!(
+            sent(),
+            1,
+            "a post to an idle QP is sent before post_send returns"
+        );
+        // SEND 0 is outstanding: its ACK waits on the socket until a poll takes it.
+        sqp.post_send(&[send(1)]).unwrap();
+        assert_eq!(
+            sent(),
+            1,
+            "a post to a QP with a WR outstanding waits for the next poll"
+        );
+        let mut wc = [Wc::default()];
+        // This poll may also return SEND 0's completion (its ACK can be on the socket by
+        // now): it counts.
+        let mut done = s.poll_cq(&scq, &mut wc);
+        assert!(sent() >= 2, "the poll sent the waiting SEND");
+        // Both arrive and both complete (the deadline only ends a failing run).
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while done < 2 {
+            done += s.poll_cq(&scq, &mut wc);
+            assert!(
+                std::time::Instant::now() < end,
+                "{done} of 2 SENDs completed"
+            );
+        }
+        for i in 0..2 {
+            assert_eq!(rcq.wait(&mut wc, Duration::from_secs(10)), 1, "receive {i}");
+            assert_eq!((wc[0].status, wc[0].wr_id), (WcStatus::Success, i));
         }
     }
 
@@ -1190,5 +1381,109 @@ mod tests {
         );
         drop(cm);
         drop(dev);
+    }
+
+    // Issue 23 (the latency tail): while a thread busy-polls, the driver thread naps after
+    // the socket woke it for a datagram a poll was there to take, 25 µs the first time and
+    // twice as long each time again (a stream the application polls for wakes it a few
+    // thousand times a second, not once a datagram), back to 25 µs once it took datagrams
+    // no poll was there for (a ping-pong whose application spins on memory).
+    #[test]
+    fn the_driver_nap_doubles_while_polls_take_the_datagrams_and_resets_when_it_takes_one() {
+        let mut nap = BusyNap::default();
+        let naps: Vec<u128> = (0..7).map(|_| nap.missed().as_micros()).collect();
+        assert_eq!(naps, [25, 50, 100, 200, 400, 500, 500]);
+        nap.took();
+        assert_eq!(nap.missed(), BUSY_DRIVER_NAP_MIN);
+    }
+
+    // The driver thread takes a datagram off a busy-polled device's socket only when no
+    // poll runs (and none starts within QUIET_SPIN); otherwise the poll takes it.
+    #[test]
+    fn the_driver_takes_the_socket_only_while_no_poll_runs() {
+        let d = busy_device_without_driver(Ipv4Addr::new(127, 0, 24, 71));
+        let link = d.link();
+        assert!(poller_quiet(link), "no poll ran: quiet");
+        {
+            let _running = InPoll::enter(&link.in_poll);
+            assert!(!poller_quiet(link), "a poll runs");
+        }
+        assert_eq!(link.in_poll.load(Ordering::SeqCst), 0);
+        assert!(poller_quiet(link), "the poll returned");
+    }
+
+    // A driver thread that naps because a poll took what woke it goes back to the socket as
+    // soon as a poll returns completions (the application may now spin on memory for the
+    // peer's next message, which nobody else would receive): `poll_returned` wakes it.
+    #[test]
+    fn a_poll_that_returns_completions_wakes_the_napping_driver_thread() {
+        let d = busy_device_without_driver(Ipv4Addr::new(127, 0, 24, 72));
+        let link = Arc::clone(&d.link);
+        link.driver_awaits_poll.store(true, Ordering::SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let napper = {
+            let link = Arc::clone(&link);
+            std::thread::spawn(move || {
+                // In place of the device's (stopped) driver thread.
+                *link.driver_thread.lock() = Some(std::thread::current());
+                tx.send(()).unwrap();
+                // Parks until `poll_returned` clears the flag and unparks (a spurious
+                // wakeup just parks again).
+                while link.driver_awaits_poll.load(Ordering::SeqCst) {
+                    std::thread::park();
+                }
+            })
+        };
+        rx.recv().unwrap();
+        link.poll_returned();
+        assert!(!link.driver_awaits_poll.load(Ordering::SeqCst));
+        returns(move || napper.join().is_ok());
+        // Without a napping driver thread it does nothing.
+        link.poll_returned();
+        assert!(!link.driver_awaits_poll.load(Ordering::SeqCst));
+    }
+
+    // Issue 23: the ACK for a message the driver thread took off a busy-polled device's
+    // socket (its application spins on memory for it, as perftest's latency loop does)
+    // waits for the application's answer and leaves in the same system call, so that the
+    // peer, polling for that ACK, finds the answer in the same receive.
+    #[test]
+    fn the_ack_for_what_the_driver_took_waits_for_the_answer_and_leaves_with_it() {
+        const MSG: usize = 64;
+        let (a, _b, (_apd, _acq, aqp, amr), (_bpd, bcq, bqp, bmr)) =
+            rc_pair(73, 74, "softroce_ack_hold", 2 * MSG, |c| c.timeout = 20);
+        post_recvs(&aqp, &amr, 1, MSG);
+        post_recvs(&bqp, &bmr, 1, MSG);
+        let send = |mr: &crate::verbs::Mr, i: u64| {
+            SendWr::new(i, WrOpcode::Send, vec![mr.sge(MSG, MSG as u32)])
+        };
+        bqp.post_send(&[send(&bmr, 1)]).unwrap();
+        let link = a.link();
+        let sent = || link.tx_datagrams.load(Ordering::SeqCst);
+        // The deadline only ends a failing run.
+        assert_eq!(
+            sock::wait_readable(&link.recv, Duration::from_secs(10)).ok(),
+            Some(true),
+            "the SEND reached the socket"
+        );
+        let before = sent();
+        assert_eq!(drain_socket(&a, link, DRAIN_BEFORE_TIMERS, true), 1);
+        assert_eq!(link.deferred.lock().len(), 1, "the ACK is held");
+        assert_eq!(sent(), before, "nothing went out yet");
+        aqp.post_send(&[send(&amr, 2)]).unwrap();
+        assert!(
+            link.deferred.lock().is_empty(),
+            "the answer took the ACK along"
+        );
+        assert_eq!(sent(), before + 2, "the answer and the ACK");
+        // The peer: its SEND completes (the ACK) and the answer arrives.
+        let mut got = Vec::new();
+        let mut wc = [Wc::default()];
+        while got.len() < 2 {
+            assert_eq!(bcq.wait(&mut wc, Duration::from_secs(10)), 1, "{got:?}");
+            got.push((wc[0].status, wc[0].wr_id));
+        }
+        got.sort_by_key(|g| g.1);
+        assert_eq!(got, [(WcStatus::Success, 0), (WcStatus::Success, 1)]);
     }
 }

@@ -158,6 +158,8 @@ pub(super) struct State {
     pub(super) mcast: BTreeMap<IpAddr, Vec<u32>>,
     /// Reused buffer of the datagrams one `pump` hands to the link.
     pub(super) tx_batch: Vec<crate::transport::Transmit>,
+    /// QPs whose `post_send` left the transmit to the next poll ([`Device::pump_deferred`]).
+    pub(super) deferred: Vec<u32>,
 }
 
 pub(super) struct Shared {
@@ -179,6 +181,8 @@ pub(super) struct Shared {
     /// Set by [`Device::fail`]; every CQ of the device holds it, so that a
     /// [`Cq::wait`](super::Cq::wait) does not sleep once it is set.
     pub(super) fatal: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether `State::deferred` may hold a QP (read without the lock by every poll).
+    pub(super) any_deferred: std::sync::atomic::AtomicBool,
     /// The device's CQs (QP1's too), which [`Device::fail`] wakes.
     pub(super) cqs: Mutex<Vec<Weak<CqShared>>>,
     /// The queues of the completion channels made on this device, which

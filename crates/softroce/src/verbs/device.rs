@@ -329,6 +329,7 @@ impl Device {
             rp_cnp_ignored: 0,
             mcast: BTreeMap::new(),
             tx_batch: Vec::new(),
+            deferred: Vec::new(),
         };
         let dev = Device {
             shared: Arc::new(Shared {
@@ -344,6 +345,7 @@ impl Device {
                 failed: OnceLock::new(),
                 cqs: Mutex::new(vec![gsi_weak]),
                 fatal,
+                any_deferred: std::sync::atomic::AtomicBool::new(false),
                 channels: Mutex::new(Vec::new()),
             }),
         };
@@ -526,6 +528,29 @@ impl Device {
         cqs.push(Arc::downgrade(&shared));
         drop(cqs);
         Ok(Cq { shared })
+    }
+
+    /// Transmits what `post_send` left for the next poll (the QPs of [`Qp::post_send`]'s
+    /// doorbell batching): called by the link's poll hook at every CQ poll, by the driver
+    /// thread at each turn and before a poller sleeps. Nothing (one atomic load) when no
+    /// QP waits.
+    pub fn pump_deferred(&self) {
+        use std::sync::atomic::Ordering;
+        // A plain load first: every poll comes here, and a swap would write the flag's
+        // cache line each time.
+        let flag = &self.shared.any_deferred;
+        if !flag.load(Ordering::Acquire) || !flag.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let now = self.now();
+        let mut st = self.shared.state.lock();
+        // A pump never defers, so the list stays empty meanwhile; its buffer goes back.
+        let mut qpns = std::mem::take(&mut st.deferred);
+        for &qpn in &qpns {
+            self.pump(&mut st, qpn, now);
+        }
+        qpns.clear();
+        st.deferred = qpns;
     }
 
     /// Installs the link's CQ poll hook ([`PollHook`]): every later poll of this device's

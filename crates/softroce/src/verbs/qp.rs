@@ -321,6 +321,7 @@ impl Qp {
         let slot = qps
             .get_mut(&self.qpn)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "post_send: QP destroyed"))?;
+        let defer = self.may_defer(slot);
         let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
             if let Err(e) = slot.engine.post_send_mem(wr.clone(), mrs) {
@@ -328,10 +329,38 @@ impl Qp {
                 break;
             }
         }
-        self.dev.pump(&mut st, self.qpn, now);
-        drop(st);
-        self.dev.shared.link.wake();
+        self.ring(&mut st, defer, now);
         result
+    }
+
+    /// Whether this post may leave its transmit to the next poll (doorbell batching): only
+    /// on a busy-polled device (every CQ poll transmits what waits, `Device::pump_deferred`)
+    /// and only while earlier WRs of the QP are outstanding, whose ACK also transmits it.
+    /// A post to an idle QP (a ping-pong) leaves at once. perftest's `ib_write_bw` posts
+    /// one WR per `ibv_post_send` and then polls: the WRs of a window leave in one batch.
+    fn may_defer(&self, slot: &super::base::QpSlot) -> bool {
+        self.dev.shared.poll_hook.get().is_some() && slot.engine.sq_outstanding() > 0
+    }
+
+    /// After posting: transmits now, or leaves it to the next poll ([`Qp::may_defer`]).
+    fn ring(
+        &self,
+        st: &mut parking_lot::MutexGuard<'_, State>,
+        defer: bool,
+        now: crate::transport::Instant,
+    ) {
+        if defer {
+            if !st.deferred.contains(&self.qpn) {
+                st.deferred.push(self.qpn);
+            }
+            self.dev
+                .shared
+                .any_deferred
+                .store(true, std::sync::atomic::Ordering::Release);
+            return;
+        }
+        self.dev.pump(st, self.qpn, now);
+        self.dev.shared.link.wake();
     }
 
     /// [`Qp::post_send`] for a C frontend: `inline[i]`, when given, is the data of WR `i`'s
@@ -345,6 +374,7 @@ impl Qp {
         let slot = qps
             .get_mut(&self.qpn)
             .ok_or_else(|| Error::new(ErrorKind::NoEnt, "post_send: QP destroyed"))?;
+        let defer = self.may_defer(slot);
         let mut result = Ok(());
         let mut inline = inline.into_iter();
         for (i, wr) in wrs.iter().enumerate() {
@@ -357,9 +387,7 @@ impl Qp {
                 break;
             }
         }
-        self.dev.pump(&mut st, self.qpn, now);
-        drop(st);
-        self.dev.shared.link.wake();
+        self.ring(&mut st, defer, now);
         result
     }
 

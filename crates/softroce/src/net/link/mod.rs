@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Socket receive buffer we ask for, in bytes: room for a 128-PSN window of 4 KiB packets
@@ -56,12 +56,15 @@ pub struct UdpOptions {
     /// Busy-polling mode for latency: [`UdpDevice::poll_cq`](super::UdpDevice::poll_cq) receives from the device's
     /// socket itself (non-blocking) and runs the engine in the calling thread, instead of
     /// waiting for the driver thread to be woken by the kernel (a cross-core wakeup costs
-    /// ≈ 50 µs on small VMs). The driver thread still serves timers, and receives whenever
-    /// no thread has polled for a while. ACKs that a poll's datagrams cause are held back
-    /// while the application has something new (a datagram this poll received, or a
-    /// completion it returned): a request the application posts next carries them in the
-    /// same send; a poll that finds nothing sends them (so does the driver thread, within
-    /// ≈ 0.5 ms, if polling stops). Off by default: then `poll_cq` only polls the CQ.
+    /// ≈ 50 µs on small VMs). The driver thread still serves timers, receives whenever no
+    /// thread has polled for a while, and between polls takes what arrives while no poll
+    /// runs (an application that spins on memory for the peer's WRITE, as perftest's
+    /// latency tests do). ACKs that a poll's datagrams cause are held back while the
+    /// application has something new (a datagram this poll received, or a completion it
+    /// returned), and those of what the driver thread took between polls for up to 100 µs:
+    /// a request the application posts next carries them in the same send; a poll that
+    /// finds nothing sends them (so does the driver thread, within ≈ 0.5 ms, if polling
+    /// stops). Off by default: then `poll_cq` only polls the CQ.
     pub busy_poll: bool,
     /// With [`UdpOptions::busy_poll`]: busy polls receive only while the device is not
     /// mostly sending. Every 2 ms the driver thread weighs the datagrams sent against those
@@ -199,6 +202,14 @@ pub struct UdpLink {
     pub(super) busy_poll: bool,
     /// Count of busy polls; the driver thread stays off the socket while it moves.
     pub(super) polls: AtomicU64,
+    /// Busy polls running now (entered and not returned): the driver thread takes a datagram
+    /// off the socket only while none runs (`udp::poller_quiet`).
+    pub(super) in_poll: AtomicU32,
+    /// Set while the driver thread naps because a busy poll was there to take what woke it;
+    /// the next poll that returns completions wakes it ([`UdpLink::poll_returned`]).
+    pub(super) driver_awaits_poll: AtomicBool,
+    /// The device's driver thread, once it runs.
+    pub(super) driver_thread: Mutex<Option<std::thread::Thread>>,
     /// Set by [`UdpDevice::poller_sleeps`](super::UdpDevice::poller_sleeps), cleared by the
     /// next busy poll: the polling thread blocks, so the driver thread receives again at
     /// once instead of napping.
@@ -313,6 +324,9 @@ impl UdpLink {
             rx: Mutex::new(RecvBatch::new(if offload { RECV_BATCH } else { 1 })),
             busy_poll,
             polls: AtomicU64::new(0),
+            in_poll: AtomicU32::new(0),
+            driver_awaits_poll: AtomicBool::new(false),
+            driver_thread: Mutex::new(None),
             poller_asleep: AtomicBool::new(false),
             adaptive: busy_poll && opts.busy_poll_adaptive,
             poller_takes_socket: AtomicBool::new(true),
@@ -392,6 +406,18 @@ impl UdpLink {
         if !held.is_empty() {
             let _ = self.send_now(&held);
             held.clear();
+        }
+    }
+
+    /// A busy poll returned completions: the application acts on them and may not poll
+    /// again before the peer's next message (perftest's latency loop spins on memory), so
+    /// a driver thread napping while polls received goes back to the socket now.
+    pub(super) fn poll_returned(&self) {
+        if self.driver_awaits_poll.load(Ordering::Relaxed)
+            && self.driver_awaits_poll.swap(false, Ordering::SeqCst)
+            && let Some(t) = &*self.driver_thread.lock()
+        {
+            t.unpark();
         }
     }
 
