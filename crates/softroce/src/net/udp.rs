@@ -326,7 +326,8 @@ impl BusyPoller {
             delivered = true;
         }
         // The group sockets too: while a thread busy-polls, the driver thread waits on the
-        // unicast socket only, so nobody else would receive them soon (mckey's receiver spins on its CQ).
+        // unicast socket only, so nobody else would receive them soon (mckey's receiver
+        // spins on its CQ).
         if link.mcast_groups.load(Ordering::Relaxed) > 0
             && let Some(mut buf) = self.group_buf.try_lock()
         {
@@ -392,7 +393,7 @@ fn drive(
     let mut busy_until: Option<std::time::Instant> = None;
     let mut mix = TrafficMix::new(link);
     let mut nap = BusyNap::default();
-    let mut held_at = None;
+    let mut held_at: Option<std::time::Instant> = None;
     *link.driver_thread.lock() = Some(std::thread::current());
     while !stop.load(Ordering::Relaxed) {
         // The test hook of `UdpDevice::inject_panic_for_test` (nothing else sets it): the
@@ -412,7 +413,7 @@ fn drive(
             // may have stopped polling), unless the application may still answer what this
             // thread took for it (`DRIVER_ACK_HOLD`).
             device.pump_deferred();
-            match held_at.map(|t: std::time::Instant| t.elapsed()) {
+            match held_at.map(|t| t.elapsed()) {
                 Some(e) if e < DRIVER_ACK_HOLD && !link.holds_too_many_acks() => {
                     park = park.min(DRIVER_ACK_HOLD - e);
                 }
