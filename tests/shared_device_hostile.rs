@@ -70,7 +70,33 @@ fn live_pair(ip: &str, port: u16, iters: u32) -> (Lines, Lines, [u32; 2]) {
 }
 
 /// Both processes of the pair exit 0 having done all `iters` exchanges.
-fn pair_finishes(s: Lines, c: Lines, iters: u32) {
+///
+/// The pair is waited for while it makes progress, not for a fixed time: under load (a CPU
+/// hog per core beside the two busy-polling processes, `scripts/soak-tests.sh --load`) each
+/// message waits for a scheduler time slice and 20,000 exchanges took 119-128 s, past
+/// `lines`' 120 s exit limit, where an idle machine takes seconds. Progress is the device's
+/// `rdma_recvs` (every process's receive completions: the pair's messages; retransmissions
+/// and drops do not move it). Once it stands still for [`PAIR_STALL`] the pair is stuck:
+/// the device's counters are printed, and `finish` reports the processes' stacks.
+fn pair_finishes(dev: &UdpDevice, mut s: Lines, mut c: Lines, iters: u32) {
+    let mut last = dev.counters().rdma_recvs;
+    let mut moved = Instant::now();
+    while c.running() || s.running() {
+        let now = dev.counters().rdma_recvs;
+        if now != last {
+            (last, moved) = (now, Instant::now());
+        } else if moved.elapsed() > PAIR_STALL {
+            eprintln!(
+                "the pair made no progress for {PAIR_STALL:?} (client running {}, server \
+                 running {}); the device's counters:\n{:?}",
+                c.running(),
+                s.running(),
+                dev.counters()
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (cs, ct) = c.finish("ibv_rc_pingpong client");
     let (ss, st) = s.finish("ibv_rc_pingpong server");
     let done = format!("{iters} iters in");
@@ -79,6 +105,10 @@ fn pair_finishes(s: Lines, c: Lines, iters: u32) {
         "client ({cs}):\n{ct}\nserver ({ss}):\n{st}"
     );
 }
+
+/// How long the pair may go without a receive completion before [`pair_finishes`] calls it
+/// stuck (a message of rc_pingpong's takes milliseconds even under load).
+const PAIR_STALL: Duration = Duration::from_secs(30);
 
 /// Waits (up to 20 s) until `f` holds; panics naming `what` and the last value otherwise.
 fn eventually<T: std::fmt::Debug>(what: &str, mut f: impl FnMut() -> (bool, T)) {
@@ -354,7 +384,7 @@ fn a_flood_for_unowned_and_stale_qpns_is_counted_and_harms_no_one() {
         sent,
         "other drops: {d:?}"
     );
-    pair_finishes(s, c, iters);
+    pair_finishes(&dev, s, c, iters);
     keeper_answers(&mut p, dst, 7311);
     assert_eq!(
         keeper_drops(&dev) - k0,
@@ -423,5 +453,5 @@ fn cm_messages_for_a_killed_process_get_the_kernel_answers() {
         s.running() && c.running(),
         "the pair ended before the test did: give it more iterations"
     );
-    pair_finishes(s, c, iters);
+    pair_finishes(&dev, s, c, iters);
 }
