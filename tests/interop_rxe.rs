@@ -584,7 +584,30 @@ fn run_pair(
         "## host exit: {:?}\n## host stdout:\n{}\n## host stderr:\n{}",
         host.code, host.stdout, host.stderr
     );
-    let (guest_rc, guest_out) = guest?;
+    // A guest tool that failed or ran out of time often waits for a host side that gave up
+    // first (softroce perf ends a wait after `STALL`, 30 s, and says why on stderr): the
+    // failure carries the host side's end and rxe's counters (retransmits, sequence errors),
+    // not only in the run's log, which a CI machine does not keep.
+    let (guest_rc, guest_out) = guest.map_err(|e| {
+        let rxe = rig.rxe_counters().map_or_else(
+            |e| format!("(unreadable: {e})"),
+            |m| {
+                m.iter()
+                    .filter(|(_, v)| **v != 0)
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
+        );
+        format!(
+            "{e}\nhost side ({}): exit {:?}; stdout ends:\n{}\nstderr ends:\n{}\nrxe counters \
+             now (non-zero): {rxe}",
+            host_prog.display(),
+            host.code,
+            last_lines(&host.stdout, 12),
+            last_lines(&host.stderr, 12)
+        )
+    })?;
     let _ = writeln!(
         log,
         "## guest exit: {guest_rc}\n## guest output:\n{guest_out}"
@@ -594,6 +617,12 @@ fn run_pair(
         guest_rc,
         guest_out,
     })
+}
+
+/// The last `n` lines of `s`.
+fn last_lines(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn softroce_bin() -> PathBuf {
