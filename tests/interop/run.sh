@@ -15,11 +15,13 @@
 #    roles, prints the scenario × role table, powers the guest off and deletes the namespace.
 #    --update-docs rewrites docs/interop.md with the table.
 # Exit status: 0 all passed, 77 skipped (reason printed), 2 bad usage, anything else failed.
-# A suite that runs longer than $SOFTROCE_INTEROP_TIMEOUT seconds (default 1200) is stopped and
-# fails: a guard against a hang, not a speed test. The 76 scenario runs take 580-835 s on a
-# 2-core host (the TCG guest is most of it, and its speed follows the host's: docs/testing.md);
-# the guard was 720 s, set when the suite was half this size, and a run stopped at 834 s with
-# every scenario passed so far. With `cargo test` (about 10 min) CI stays under 32 min.  It never passes without running: the test binary must report its one test passed.
+# A suite that runs longer than $SOFTROCE_INTEROP_TIMEOUT seconds (default 1500) is stopped and
+# fails: a guard against a hang, not a speed test. The 76 scenario runs took 580-835 s on a
+# 2-core host on 2026-12-07 and 944-1014 s in that evening's CI runs: the TCG guest is most of
+# it, and its speed follows the host's (the rxe <-> rxe control, no softroce in it, ran 2x
+# slower than in the run docs/interop.md records; docs/testing.md). The guard was 720 s, then
+# 1200 s. With `cargo test` and the builds (about 12 min) CI stays under 38 min.
+# It never passes without running: the test binary must report its one test passed.
 # Scenarios whose softroce side does not exist yet are reported "not implemented: <why>" in
 # the table and on stdout, and do not fail the run unless SOFTROCE_INTEROP_REQUIRE_ALL=1.
 # SOFTROCE_INTEROP_ONLY=a|b runs only the scenarios whose names contain a or b (a partial run:
@@ -77,12 +79,12 @@ cargo test --release --test interop_rxe --no-run --quiet
 step "suite"
 LOG=$(mktemp /tmp/softroce-interop.XXXXXX)
 set +e
-timeout --signal=TERM "${SOFTROCE_INTEROP_TIMEOUT:-1200}" \
+timeout --signal=TERM "${SOFTROCE_INTEROP_TIMEOUT:-1500}" \
   cargo test --release --test interop_rxe -- --ignored --nocapture --test-threads=1 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 set -e
 if [[ $rc == 124 ]]; then
-  step "FAILED: the suite ran longer than ${SOFTROCE_INTEROP_TIMEOUT:-1200} s and was stopped"
+  step "FAILED: the suite ran longer than ${SOFTROCE_INTEROP_TIMEOUT:-1500} s and was stopped"
   exit 124
 elif [[ $rc != 0 ]]; then
   step "FAILED (exit $rc)"
