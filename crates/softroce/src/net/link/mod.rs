@@ -205,6 +205,9 @@ pub struct UdpLink {
     /// Busy polls running now (entered and not returned): the driver thread takes a datagram
     /// off the socket only while none runs (`udp::poller_quiet`).
     pub(super) in_poll: AtomicU32,
+    /// When the last busy poll ended ([`UdpLink::poll_ended`]): nanoseconds since `epoch`,
+    /// shifted left by one, the low bit set when that poll returned completions.
+    last_poll: AtomicU64,
     /// Set while the driver thread naps because a busy poll was there to take what woke it;
     /// the next poll that returns completions wakes it ([`UdpLink::poll_returned`]).
     pub(super) driver_awaits_poll: AtomicBool,
@@ -221,6 +224,11 @@ pub struct UdpLink {
     pub(super) poller_takes_socket: AtomicBool,
     /// ACKs held back by a busy poll until its completions are handed out.
     pub(super) deferred: Mutex<Vec<Transmit>>,
+    /// When the oldest ACK in `deferred` was held back: nanoseconds since `epoch` plus one,
+    /// 0 while none is. Written under the `deferred` lock.
+    held_since: AtomicU64,
+    /// The origin of `held_since` and `last_poll`.
+    epoch: std::time::Instant,
     /// `rx_datagrams` when held ACKs last went (or none were held): see
     /// [`UdpLink::holds_too_many_acks`].
     rx_at_flush: AtomicU64,
@@ -325,12 +333,15 @@ impl UdpLink {
             busy_poll,
             polls: AtomicU64::new(0),
             in_poll: AtomicU32::new(0),
+            last_poll: AtomicU64::new(0),
             driver_awaits_poll: AtomicBool::new(false),
             driver_thread: Mutex::new(None),
             poller_asleep: AtomicBool::new(false),
             adaptive: busy_poll && opts.busy_poll_adaptive,
             poller_takes_socket: AtomicBool::new(true),
             deferred: Mutex::new(Vec::new()),
+            held_since: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             rx_at_flush: AtomicU64::new(0),
             holding_acks: AtomicBool::new(false),
         })
@@ -406,6 +417,7 @@ impl UdpLink {
         if !held.is_empty() {
             let _ = self.send_now(&held);
             held.clear();
+            self.held_since.store(0, Ordering::Relaxed);
         }
     }
 
@@ -439,6 +451,42 @@ impl UdpLink {
     pub(super) fn holds_too_many_acks(&self) -> bool {
         self.datagrams_since_flush() >= ACK_AFTER_DATAGRAMS
             || self.deferred.lock().len() >= DEFER_MAX_HELD
+    }
+
+    /// Nanoseconds since the link's `epoch` (saturating; 584 years).
+    fn nanos(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// How long the oldest ACK held back ([`UdpLink::flush_deferred`]) has waited, whoever
+    /// holds it (a busy poll for its application's answer, or the driver thread for the
+    /// answer to what it took); `None` when none is held.
+    pub(super) fn held_for(&self) -> Option<std::time::Duration> {
+        let since = self.held_since.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(std::time::Duration::from_nanos(
+            self.nanos().saturating_sub(since),
+        ))
+    }
+
+    /// Records the end of a busy poll, and whether it returned completions.
+    pub(super) fn poll_ended(&self, returned: bool) {
+        let stamp = (self.nanos() << 1) | u64::from(returned);
+        self.last_poll.store(stamp, Ordering::SeqCst);
+    }
+
+    /// True when the last busy poll ended less than `window` ago and returned nothing: the
+    /// application is in a loop that polls until something comes (it will poll again),
+    /// even if it does not run at this moment (on a core this thread may have taken from
+    /// it). A poll that returned completions says the opposite: the application acts on
+    /// them and may not poll again for a while (perftest's latency loop spins on memory).
+    pub(super) fn polling_in_a_loop(&self, window: std::time::Duration) -> bool {
+        let stamp = self.last_poll.load(Ordering::SeqCst);
+        if stamp == 0 || stamp & 1 == 1 {
+            return false;
+        }
+        let ended = stamp >> 1;
+        let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos().saturating_sub(ended) < window
     }
 
     /// How many datagrams came in since held ACKs last went ([`UdpLink::flush_deferred`]).
@@ -871,7 +919,12 @@ impl Link for UdpLink {
         if self.holding_acks.load(Ordering::Relaxed) && ts.iter().all(may_wait) {
             // ACKs only: they wait for the end of the receive batch (driver thread) or the
             // next poll (busy polling, so the application's reply goes first).
-            self.deferred.lock().extend(ts.iter().cloned());
+            let mut held = self.deferred.lock();
+            if held.is_empty() {
+                self.held_since
+                    .store(self.nanos().saturating_add(1), Ordering::Relaxed);
+            }
+            held.extend(ts.iter().cloned());
             return 0;
         }
         // Held ACKs go before any other response (READ responses, ACKs), which share their
@@ -890,6 +943,7 @@ impl Link for UdpLink {
                 let failed = self.send_now(&all);
                 drop(all);
                 held.clear();
+                self.held_since.store(0, Ordering::Relaxed);
                 self.rx_at_flush
                     .store(self.rx_datagrams.load(Ordering::Relaxed), Ordering::Relaxed);
                 return failed;
