@@ -56,15 +56,16 @@ pub struct UdpOptions {
     /// Busy-polling mode for latency: [`UdpDevice::poll_cq`](super::UdpDevice::poll_cq) receives from the device's
     /// socket itself (non-blocking) and runs the engine in the calling thread, instead of
     /// waiting for the driver thread to be woken by the kernel (a cross-core wakeup costs
-    /// ≈ 50 µs on small VMs). The driver thread still serves timers, receives whenever no
-    /// thread has polled for a while, and between polls takes what arrives while no poll
-    /// runs (an application that spins on memory for the peer's WRITE, as perftest's
+    /// ≈ 50 µs on small VMs). The driver thread still serves timers; while polls come in
+    /// it naps (0.5 ms) without waiting on the socket and then takes what no poll took;
+    /// after a nap without polls it waits on the socket and takes what arrives while no
+    /// poll runs (an application that spins on memory for the peer's WRITE, as perftest's
     /// latency tests do). ACKs that a poll's datagrams cause are held back while the
     /// application has something new (a datagram this poll received, or a completion it
-    /// returned), and those of what the driver thread took between polls for up to 100 µs:
-    /// a request the application posts next carries them in the same send; a poll that
-    /// finds nothing sends them (so does the driver thread, within ≈ 0.5 ms, if polling
-    /// stops). Off by default: then `poll_cq` only polls the CQ.
+    /// returned), and those of what the driver thread took likewise: a request the
+    /// application posts next carries them in the same send; a poll that finds nothing
+    /// sends them, and the driver thread does once they have waited 0.5 ms. Off by default:
+    /// then `poll_cq` only polls the CQ.
     pub busy_poll: bool,
     /// With [`UdpOptions::busy_poll`]: busy polls receive only while the device is not
     /// mostly sending. Every 2 ms the driver thread weighs the datagrams sent against those
