@@ -426,28 +426,24 @@ fn drive(
             if link.adaptive {
                 mix.weigh(link);
             }
-            let polling = !link.poller_asleep.load(Ordering::SeqCst) && link.poller_receives();
-            if polling && polls == polls_seen {
-                // No poll since we last looked: the application spins elsewhere (perftest's
-                // latency loop spins on memory for the peer's WRITE, which is ours to take
-                // at once) or works. Wait on the socket, without the receive buffers, so a
-                // poll that comes back still receives itself.
-                let readable = sock::wait_readable(&link.recv, park.min(BUSY_DRIVER_RECV));
-                take_unpolled(device, link, readable, &mut nap, park);
-                drain_groups(device, link, &mut buf);
-                serve_timers(device, link);
-                continue;
-            }
-            if polling {
-                // A thread is busy-polling: it receives. We nap without waiting on the
-                // socket (each datagram would wake us for nothing, and on two cores that
-                // a ping-pong's applications keep busy a wakeup takes a core from one of
-                // them: in the rig's TCG guest each one cost hundreds of µs), then take
-                // what no poll took, serve timers, and nap again while polls take what
-                // comes (`BusyNap`; woken early by `UdpDevice::poller_sleeps`).
-                polls_seen = polls;
-                std::thread::park_timeout(park.min(BUSY_DRIVER_NAP));
-                let readable = sock::wait_readable(&link.recv, Duration::ZERO);
+            if !link.poller_asleep.load(Ordering::SeqCst) && link.poller_receives() {
+                let readable = if polls == polls_seen {
+                    // No poll since we last looked: the application spins elsewhere
+                    // (perftest's latency loop spins on memory for the peer's WRITE, which is
+                    // ours to take at once) or works. Wait on the socket, without the receive
+                    // buffers, so a poll that comes back still receives itself.
+                    sock::wait_readable(&link.recv, park.min(BUSY_DRIVER_RECV))
+                } else {
+                    // A thread is busy-polling: it receives. We nap without waiting on the
+                    // socket (each datagram would wake us for nothing, and on two cores that
+                    // a ping-pong's applications keep busy a wakeup takes a core from one of
+                    // them: in the rig's TCG guest each one cost hundreds of µs), then take
+                    // what no poll took, serve timers, and nap again while polls take what
+                    // comes (`BusyNap`; woken early by `UdpDevice::poller_sleeps`).
+                    polls_seen = polls;
+                    std::thread::park_timeout(park.min(BUSY_DRIVER_NAP));
+                    sock::wait_readable(&link.recv, Duration::ZERO)
+                };
                 take_unpolled(device, link, readable, &mut nap, park);
                 // The pollers drain the group sockets; this is for a poller that only
                 // takes what its CQ holds (adaptive mode) or stopped between two turns.
@@ -663,8 +659,8 @@ const QUIET_SPIN: Duration = Duration::from_micros(2);
 const POLL_LOOP_WINDOW: Duration = Duration::from_micros(100);
 
 /// The nap of a driver thread that found datagrams on the socket while busy polls took
-/// them: [`BUSY_DRIVER_NAP_MIN`] after it last took some itself, doubling each time the
-/// socket woke it for a poller's datagrams, up to [`BUSY_DRIVER_NAP`]. A ping-pong whose
+/// them: [`BUSY_DRIVER_NAP_MIN`] after it last took some itself, doubling each time it
+/// found a poll there to take them, up to [`BUSY_DRIVER_NAP`]. A ping-pong whose
 /// application polls only for its own completions keeps it short (the driver takes every
 /// other message); a stream the application polls for keeps it long, so the socket wakes
 /// the driver thread a few thousand times a second at most, not once a datagram.

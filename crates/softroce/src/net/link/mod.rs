@@ -417,8 +417,7 @@ impl UdpLink {
             .store(self.rx_datagrams.load(Ordering::Relaxed), Ordering::Relaxed);
         if !held.is_empty() {
             let _ = self.send_now(&held);
-            held.clear();
-            self.held_since.store(0, Ordering::Relaxed);
+            self.release_held(&mut held);
         }
     }
 
@@ -452,6 +451,13 @@ impl UdpLink {
     pub(super) fn holds_too_many_acks(&self) -> bool {
         self.datagrams_since_flush() >= ACK_AFTER_DATAGRAMS
             || self.deferred.lock().len() >= DEFER_MAX_HELD
+    }
+
+    /// Empties the held ACKs once they went; `held` is the `deferred` lock's contents (so
+    /// `held_since` is 0 exactly while nothing is held).
+    fn release_held(&self, held: &mut Vec<Transmit>) {
+        held.clear();
+        self.held_since.store(0, Ordering::Relaxed);
     }
 
     /// Nanoseconds since the link's `epoch` (saturating; 584 years).
@@ -943,8 +949,7 @@ impl Link for UdpLink {
                 // thread overtakes these ACKs on the wire.
                 let failed = self.send_now(&all);
                 drop(all);
-                held.clear();
-                self.held_since.store(0, Ordering::Relaxed);
+                self.release_held(&mut held);
                 self.rx_at_flush
                     .store(self.rx_datagrams.load(Ordering::Relaxed), Ordering::Relaxed);
                 return failed;
