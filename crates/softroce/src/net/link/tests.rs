@@ -103,3 +103,57 @@ fn ident_deltas_turn_the_icrc_for_id_0_into_the_icrc_for_id_i() {
         assert!(Arc::ptr_eq(&table, &link.ident_deltas(ip, dst, port, len)));
     }
 }
+
+/// `stage_messages` copies each message's parts into one buffer, in order, and hands back
+/// one part per message with the message's GSO segment size, so a staged send carries
+/// exactly the bytes the gathered one would.
+#[test]
+fn staged_messages_carry_their_parts_bytes_in_order() {
+    let (a, b, c, d) = ([1u8; 5], [2u8; 3], [3u8; 4], [4u8; 7]);
+    let parts = [
+        TxPart::from(&a[..]),
+        TxPart::from(&b[..]),
+        TxPart::from(&c[..]),
+        TxPart::from(&d[..]),
+    ];
+    let msgs = [
+        GatheredMsg {
+            first: 0,
+            count: 3,
+            segment_bytes: Some(4),
+        },
+        GatheredMsg {
+            first: 3,
+            count: 1,
+            segment_bytes: None,
+        },
+    ];
+    let mut staging = vec![9u8; 100];
+    let none = TxPart::from(&[][..]);
+    let mut parts_out = [none; SENDMMSG_MSGS];
+    let mut msgs_out = [msgs[1]; SENDMMSG_MSGS];
+    let (p, m) = stage_messages(&parts, &msgs, &mut staging, &mut parts_out, &mut msgs_out);
+    assert_eq!(p.len(), 2);
+    let bytes = |t: &TxPart<'_>| {
+        let mut v = Vec::new();
+        t.copy_into(&mut v);
+        v
+    };
+    assert_eq!(bytes(&p[0]), [&a[..], &b[..], &c[..]].concat());
+    assert_eq!(bytes(&p[1]), d.to_vec());
+    assert_eq!(
+        m,
+        &[
+            GatheredMsg {
+                first: 0,
+                count: 1,
+                segment_bytes: Some(4),
+            },
+            GatheredMsg {
+                first: 1,
+                count: 1,
+                segment_bytes: None,
+            },
+        ]
+    );
+}
