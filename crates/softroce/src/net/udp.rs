@@ -206,7 +206,7 @@ impl UdpDevice {
     /// In busy-polling mode, says that the thread that has been polling is about to block
     /// (on a completion channel, say): the ACKs its polls held back leave now and the
     /// driver thread goes back to receiving at once, instead of after the nap it takes while
-    /// polls come in (up to 0.5 ms). The next poll undoes it. Does nothing
+    /// polls come in (up to 5 ms). The next poll undoes it. Does nothing
     /// outside busy-polling mode.
     pub fn poller_sleeps(&self) {
         if !self.link.busy_poll {
@@ -803,9 +803,18 @@ const DRIVER_SPIN: Duration = Duration::from_micros(30);
 /// Traffic "flows" for this long after the last datagram received.
 const DRIVER_SPIN_AFTER_TRAFFIC: Duration = Duration::from_millis(1);
 
-/// In busy-polling mode, the longest the driver thread waits on the socket or naps while a
-/// thread polls (its timer service is that much late at worst).
-const BUSY_DRIVER_NAP: Duration = Duration::from_micros(500);
+/// In busy-polling mode, the longest the driver thread naps while a thread polls (the
+/// polls receive; the nap ends sooner for a due QP timer, an ACK held too long, or
+/// [`UdpDevice::poller_sleeps`]). 5 ms ([`MAX_PARK`]), not 0.5: in the rig's TCG guest each
+/// wakeup of the driver thread took a vCPU from a spinning application (a ping-pong's
+/// driver threads woke about once a message, 13-19 thousand context switches per 1,000
+/// round trips of `ib_write_lat`; 7-9 thousand with 5 ms naps), and write_lat 64 B went from
+/// 6.6x to 2.9x kernel rxe's t_typical (docs/performance.md, "Longer naps of the driver
+/// thread while polls receive"). What it costs: a datagram that arrives after the
+/// application's last poll, while it spins elsewhere, waits for the nap to end; perftest's
+/// latency loops (poll for their own completion, then spin on memory for the peer's WRITE)
+/// mostly find the WRITE taken by the poll that took its ACK, which travels with it.
+const BUSY_DRIVER_NAP: Duration = MAX_PARK;
 /// The shortest nap of [`BusyNap`].
 const BUSY_DRIVER_NAP_MIN: Duration = Duration::from_micros(25);
 /// In busy-polling mode, the longest the driver thread blocks in a receive (the longest a
@@ -1435,8 +1444,8 @@ mod tests {
     #[test]
     fn the_driver_nap_doubles_while_polls_take_the_datagrams_and_resets_when_it_takes_one() {
         let mut nap = BusyNap::default();
-        let naps: Vec<u128> = (0..7).map(|_| nap.missed().as_micros()).collect();
-        assert_eq!(naps, [25, 50, 100, 200, 400, 500, 500]);
+        let naps: Vec<u128> = (0..10).map(|_| nap.missed().as_micros()).collect();
+        assert_eq!(naps, [25, 50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
         nap.took();
         assert_eq!(nap.missed(), BUSY_DRIVER_NAP_MIN);
     }

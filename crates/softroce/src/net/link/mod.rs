@@ -57,7 +57,7 @@ pub struct UdpOptions {
     /// socket itself (non-blocking) and runs the engine in the calling thread, instead of
     /// waiting for the driver thread to be woken by the kernel (a cross-core wakeup costs
     /// ≈ 50 µs on small VMs). The driver thread still serves timers; while polls come in
-    /// it naps (0.5 ms) without waiting on the socket and then takes what no poll took;
+    /// it naps (up to 5 ms) without waiting on the socket and then takes what no poll took;
     /// after a nap without polls it waits on the socket and takes what arrives while no
     /// poll runs (an application that spins on memory for the peer's WRITE, as perftest's
     /// latency tests do). ACKs that a poll's datagrams cause are held back while the
