@@ -685,12 +685,7 @@ impl UdpLink {
             part_heap.resize(4 * j, none);
             &mut part_heap
         };
-        let msgs_array = [GatheredMsg {
-            first: 0,
-            count: 0,
-            segment_bytes: None,
-        }; SENDMMSG_MSGS];
-        let mut msgs = msgs_array;
+        let mut msgs = [NO_MSG; SENDMMSG_MSGS];
         let mut np = 0;
         for (m, &(start, n, seg)) in msgs.iter_mut().zip(plan) {
             let first = np;
@@ -726,16 +721,10 @@ impl UdpLink {
         } else {
             Vec::new()
         };
-        let mut staged_parts = [none; SENDMMSG_MSGS];
-        let mut staged_msgs = msgs_array;
+        let staged;
         let (parts, msgs) = if stage {
-            stage_messages(
-                parts,
-                msgs,
-                &mut staging,
-                &mut staged_parts,
-                &mut staged_msgs,
-            )
+            staged = stage_messages(parts, msgs, &mut staging);
+            staged.as_slices()
         } else {
             (parts, msgs)
         };
@@ -1013,17 +1002,37 @@ thread_local! {
     static STAGING: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Copies each of `msgs` (runs of `parts`) into `staging`, one after the other, and returns
-/// the same messages as one part each: `parts_out[k]` is message `k`'s bytes in `staging`.
-/// The parts' bytes are read as [`TxPart::copy_into`] says (registered memory under the
+/// An empty entry of a list of [`GatheredMsg`]s.
+const NO_MSG: GatheredMsg = GatheredMsg {
+    first: 0,
+    count: 0,
+    segment_bytes: None,
+};
+
+/// The messages of a send as [`stage_messages`] copied them: message `k` is `parts[k]`,
+/// one part in the staging buffer, with `msgs[k]` naming it; `n` of each are used.
+struct Staged<'s> {
+    parts: [TxPart<'s>; SENDMMSG_MSGS],
+    msgs: [GatheredMsg; SENDMMSG_MSGS],
+    n: usize,
+}
+
+impl<'s> Staged<'s> {
+    /// The used parts and messages, as `send_gathered_batch` takes them.
+    fn as_slices(&self) -> (&[TxPart<'s>], &[GatheredMsg]) {
+        (&self.parts[..self.n], &self.msgs[..self.n])
+    }
+}
+
+/// Copies each of `msgs` (runs of `parts`, at most [`SENDMMSG_MSGS`]) into `staging`, one
+/// after the other, and returns the same messages as one part each, over `staging`. The
+/// parts' bytes are read as [`TxPart::copy_into`] says (registered memory under the
 /// caller's device lock).
 fn stage_messages<'s>(
     parts: &[TxPart<'_>],
     msgs: &[GatheredMsg],
     staging: &'s mut Vec<u8>,
-    parts_out: &'s mut [TxPart<'s>; SENDMMSG_MSGS],
-    msgs_out: &'s mut [GatheredMsg; SENDMMSG_MSGS],
-) -> (&'s [TxPart<'s>], &'s [GatheredMsg]) {
+) -> Staged<'s> {
     staging.clear();
     let mut ends = [0usize; SENDMMSG_MSGS];
     for (end, m) in ends.iter_mut().zip(msgs) {
@@ -1033,16 +1042,20 @@ fn stage_messages<'s>(
         *end = staging.len();
     }
     let staging: &'s [u8] = staging;
-    let n = msgs.len().min(SENDMMSG_MSGS);
+    let mut staged = Staged {
+        parts: [TxPart::from(&[][..]); SENDMMSG_MSGS],
+        msgs: [NO_MSG; SENDMMSG_MSGS],
+        n: msgs.len().min(SENDMMSG_MSGS),
+    };
     let mut start = 0;
     for (k, (m, &end)) in msgs.iter().zip(&ends).enumerate() {
-        parts_out[k] = TxPart::from(staging.get(start..end).unwrap_or_default());
-        msgs_out[k] = GatheredMsg {
+        staged.parts[k] = TxPart::from(staging.get(start..end).unwrap_or_default());
+        staged.msgs[k] = GatheredMsg {
             first: k,
             count: 1,
             segment_bytes: m.segment_bytes,
         };
         start = end;
     }
-    (&parts_out[..n], &msgs_out[..n])
+    staged
 }

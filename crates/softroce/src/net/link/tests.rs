@@ -129,10 +129,8 @@ fn staged_messages_carry_their_parts_bytes_in_order() {
         },
     ];
     let mut staging = vec![9u8; 100];
-    let none = TxPart::from(&[][..]);
-    let mut parts_out = [none; SENDMMSG_MSGS];
-    let mut msgs_out = [msgs[1]; SENDMMSG_MSGS];
-    let (p, m) = stage_messages(&parts, &msgs, &mut staging, &mut parts_out, &mut msgs_out);
+    let staged = stage_messages(&parts, &msgs, &mut staging);
+    let (p, m) = staged.as_slices();
     assert_eq!(p.len(), 2);
     let bytes = |t: &TxPart<'_>| {
         let mut v = Vec::new();
