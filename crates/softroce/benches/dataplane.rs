@@ -147,7 +147,11 @@ fn engine_write(c: &mut Criterion) {
         qp_type: QpType::Rc,
         send_cq: cq,
         recv_cq: cq,
-        cap: QpCap::default(),
+        // perftest's default send queue (-t 128) holds a window of 100.
+        cap: QpCap {
+            max_send_wr: 128,
+            ..QpCap::default()
+        },
         sq_sig_all: false,
         srq: None,
     };
@@ -160,6 +164,8 @@ fn engine_write(c: &mut Criterion) {
     }
     let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     const LEN: usize = 64 << 10;
+    const SMALL: u32 = 64;
+    const WINDOW: usize = 100;
     let src = pa.reg_mr(LEN, all).unwrap();
     let dst = pb.reg_mr(LEN, all).unwrap();
     let mut g = c.benchmark_group("engine");
@@ -176,6 +182,35 @@ fn engine_write(c: &mut Criterion) {
             assert!(done && wc[0].status == WcStatus::Success);
         })
     });
+    // perftest's `ib_write_bw -s 64` window: 100 WRITEs of 64 B in one post, the last one
+    // signaled (its completion stands for all), each a packet of its own and an ACK.
+    g.throughput(Throughput::Elements(WINDOW as u64));
+    g.bench_function(
+        "100 x 64 B RDMA WRITE on the simulator (per message)",
+        |bch| {
+            let wrs: Vec<SendWr> = (0..WINDOW)
+                .map(|i| {
+                    let off = (i % 64) * SMALL as usize;
+                    let mut w =
+                        SendWr::new(i as u64, WrOpcode::RdmaWrite, vec![src.sge(off, SMALL)]);
+                    w.remote_addr = dst.addr() + off as u64;
+                    w.rkey = dst.rkey();
+                    w.send_flags = if i + 1 == WINDOW {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::empty()
+                    };
+                    w
+                })
+                .collect();
+            bch.iter(|| {
+                qa.post_send(&wrs).unwrap();
+                let mut wc = [Wc::default()];
+                let done = sim.run_until(Duration::from_secs(1), || ca.poll(&mut wc) == 1);
+                assert!(done && wc[0].status == WcStatus::Success);
+            })
+        },
+    );
     g.finish();
 }
 

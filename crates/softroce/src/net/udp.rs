@@ -395,6 +395,7 @@ fn drive(
     let mut busy_until: Option<std::time::Instant> = None;
     let mut mix = TrafficMix::new(link);
     let mut nap = BusyNap::default();
+    let mut unpolled = UnpolledSpin::new(std::time::Instant::now());
     *link.driver_thread.lock() = Some(std::thread::current());
     while !stop.load(Ordering::Relaxed) {
         // The test hook of `UdpDevice::inject_panic_for_test` (nothing else sets it): the
@@ -424,6 +425,8 @@ fn drive(
                 _ => link.flush_deferred(),
             }
             let polls = link.polls.load(Ordering::Relaxed);
+            let now = std::time::Instant::now();
+            unpolled.observe(polls, link.rx_datagrams.load(Ordering::Relaxed), now);
             if link.adaptive {
                 mix.weigh(link);
             }
@@ -432,8 +435,20 @@ fn drive(
                     // No poll since we last looked: the application spins elsewhere
                     // (perftest's latency loop spins on memory for the peer's WRITE, which is
                     // ours to take at once) or works. Wait on the socket, without the receive
-                    // buffers, so a poll that comes back still receives itself.
-                    sock::wait_readable(&link.recv, park.min(BUSY_DRIVER_RECV))
+                    // buffers, so a poll that comes back still receives itself. An
+                    // application that has not polled for long (a READ responder, a WRITE
+                    // sink) is looked for first by a short spin (`UnpolledSpin`).
+                    let budget = if spin {
+                        unpolled.budget(now)
+                    } else {
+                        Duration::ZERO
+                    };
+                    let mut readable = spin_readable(link, polls, now + budget);
+                    if matches!(readable, Ok(false)) && link.polls.load(Ordering::Relaxed) == polls
+                    {
+                        readable = sock::wait_readable(&link.recv, park.min(BUSY_DRIVER_RECV));
+                    }
+                    readable
                 } else {
                     // A thread is busy-polling: it receives. We nap without waiting on the
                     // socket (each datagram would wake us for nothing, and on two cores that
@@ -692,6 +707,91 @@ impl BusyNap {
         let now = self.0;
         self.0 = (now * 2).min(BUSY_DRIVER_NAP);
         now
+    }
+}
+
+/// Looks at the socket without blocking, yielding the CPU between looks, until it is
+/// readable (or fails), a busy poll starts (`link.polls` moves from `polls`), or `end`.
+/// Returns the last look (`Ok(false)`: nothing came).
+fn spin_readable(link: &UdpLink, polls: u64, end: std::time::Instant) -> io::Result<bool> {
+    loop {
+        let r = sock::wait_readable(&link.recv, Duration::ZERO);
+        if !matches!(r, Ok(false))
+            || link.polls.load(Ordering::Relaxed) != polls
+            || std::time::Instant::now() >= end
+        {
+            return r;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// In busy-polling mode, how long the driver thread spins on the socket before it blocks
+/// there, for an application that does not poll (a READ responder: perftest's `ib_read_lat`
+/// server never calls softroce during the test; a WRITE sink). Its driver thread takes every
+/// request, and one that sleeps in `poll(2)` between requests is woken by each: in the rig's
+/// TCG guest a wakeup on the idle vCPU took hundreds of µs (`ib_read_lat -s 64` t_typical
+/// 610 µs [397-640] without the spin, 401 [244-429] with it, 5 rounds each; kernel rxe
+/// 138-161 µs in the same runs; docs/performance.md, "A spin for applications that do not
+/// poll").
+/// The spin lasts twice the last interval between receives, at least [`DRIVER_SPIN`] and at
+/// most [`UNPOLLED_SPIN_MAX`], and only while datagrams came in the last
+/// [`DRIVER_SPIN_AFTER_TRAFFIC`] and no busy poll ran for [`UNPOLLED_AFTER`] (an
+/// application that polls takes what comes itself, and a spinning driver thread would take
+/// a core from it). It yields between looks, so a thread that shares the core runs.
+#[derive(Debug)]
+struct UnpolledSpin {
+    /// The poll count last seen, and when it was first seen.
+    polls: u64,
+    polls_at: std::time::Instant,
+    /// The receive count last seen, and when it was first seen.
+    rx: u64,
+    rx_at: std::time::Instant,
+    /// The last interval between two moves of the receive count.
+    gap: Duration,
+}
+
+/// The longest spin of [`UnpolledSpin`].
+const UNPOLLED_SPIN_MAX: Duration = Duration::from_micros(500);
+/// [`UnpolledSpin`] spins only once no busy poll ran for this long: two of the driver
+/// thread's longest naps.
+const UNPOLLED_AFTER: Duration = Duration::from_millis(10);
+
+impl UnpolledSpin {
+    fn new(now: std::time::Instant) -> UnpolledSpin {
+        UnpolledSpin {
+            polls: u64::MAX,
+            polls_at: now,
+            rx: u64::MAX,
+            rx_at: now,
+            gap: Duration::ZERO,
+        }
+    }
+
+    /// Notes the device's poll and receive counts at `now` (once a turn of the driver loop).
+    fn observe(&mut self, polls: u64, rx: u64, now: std::time::Instant) {
+        if polls != self.polls {
+            self.polls = polls;
+            self.polls_at = now;
+        }
+        if rx != self.rx {
+            if self.rx != u64::MAX {
+                self.gap = now.saturating_duration_since(self.rx_at);
+            }
+            self.rx = rx;
+            self.rx_at = now;
+        }
+    }
+
+    /// How long to spin at `now` before blocking (zero: block at once).
+    fn budget(&self, now: std::time::Instant) -> Duration {
+        let flowing = now.saturating_duration_since(self.rx_at) < DRIVER_SPIN_AFTER_TRAFFIC;
+        let unpolled = now.saturating_duration_since(self.polls_at) >= UNPOLLED_AFTER;
+        if flowing && unpolled {
+            (self.gap * 2).clamp(DRIVER_SPIN, UNPOLLED_SPIN_MAX)
+        } else {
+            Duration::ZERO
+        }
     }
 }
 
@@ -1448,6 +1548,45 @@ mod tests {
         assert_eq!(naps, [25, 50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
         nap.took();
         assert_eq!(nap.missed(), BUSY_DRIVER_NAP_MIN);
+    }
+
+    // Issue 23 (read_lat in the rig's guest): the driver thread of a busy-polled device
+    // whose application does not poll spins on the socket before it blocks: twice the last
+    // interval between receives, within [DRIVER_SPIN, UNPOLLED_SPIN_MAX], only while
+    // datagrams keep coming and only once no poll ran for UNPOLLED_AFTER.
+    #[test]
+    fn the_driver_spins_for_an_application_that_does_not_poll_while_traffic_flows() {
+        let t0 = std::time::Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let mut s = UnpolledSpin::new(t0);
+        s.observe(7, 0, t0);
+        assert_eq!(
+            s.budget(t0),
+            Duration::ZERO,
+            "no traffic yet, a poll just ran"
+        );
+        // Requests 200 µs apart, no poll since t0.
+        let mut now = 0;
+        for rx in 1..=60 {
+            now = 200 * rx;
+            s.observe(7, rx, at(now));
+        }
+        assert!(at(now) - t0 >= UNPOLLED_AFTER);
+        assert_eq!(s.budget(at(now)), Duration::from_micros(400));
+        // Back to back: at least DRIVER_SPIN; far apart: at most UNPOLLED_SPIN_MAX.
+        s.observe(7, 61, at(now + 1));
+        assert_eq!(s.budget(at(now + 1)), DRIVER_SPIN);
+        s.observe(7, 62, at(now + 901));
+        assert_eq!(s.budget(at(now + 901)), UNPOLLED_SPIN_MAX);
+        // Silence for DRIVER_SPIN_AFTER_TRAFFIC: block at once.
+        let quiet = now + 901 + DRIVER_SPIN_AFTER_TRAFFIC.as_micros() as u64;
+        assert_eq!(s.budget(at(quiet)), Duration::ZERO);
+        // A poll ran: the poller takes what comes, for UNPOLLED_AFTER no spin.
+        s.observe(8, 63, at(quiet + 10));
+        assert_eq!(s.budget(at(quiet + 20)), Duration::ZERO);
+        let later = quiet + 10 + UNPOLLED_AFTER.as_micros() as u64;
+        s.observe(8, 64, at(later));
+        assert!(s.budget(at(later)) > Duration::ZERO);
     }
 
     // The driver thread takes a datagram off a busy-polled device's socket only when no
